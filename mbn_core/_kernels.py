@@ -1,0 +1,190 @@
+"""Hot loops of MBN, compiled with numba.
+
+Pure functions only: no estimator state, no validation ("prior validation of data is
+assumed"). Every kernel releases the GIL so the estimator can run clusterings on several
+threads, and none starts threads of its own.
+
+Integer codes enter as int32 and centers as int32 row indices; callers convert.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# splitmix64 constants (Steele, Lea & Flood 2014): a stateless, well-mixed 64-bit hash.
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+@njit(inline="always")
+def _splitmix64(seed, key):
+    z = seed + np.uint64(key) * _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(nogil=True, cache=True)
+def dimension_kept(seed, keys, threshold):
+    """Whether each one-hot dimension in ``keys`` is chosen by the clustering ``seed``.
+
+    A dimension is kept when its hash falls below ``threshold`` (= fraction * 2**64), so
+    the choice can be evaluated for just the dimensions a computation touches.
+    """
+    out = np.empty(keys.shape[0], np.bool_)
+    for t in range(keys.shape[0]):
+        out[t] = _splitmix64(seed, keys[t]) < threshold
+    return out
+
+
+@njit(nogil=True, cache=True, fastmath={"nnan", "ninf", "nsz"})
+def best_scores(scores, tolerance, best, near_tie):
+    """Row-wise argmax of ``scores`` and a flag for rows whose runner-up is within tolerance.
+
+    ``best[i]`` is the lowest index holding the row maximum. ``near_tie[i]`` is set when
+    another entry lies within ``tolerance[i]`` of the maximum: float32 rounding could have
+    reordered such rows, so the caller re-ranks them exactly.
+    """
+    n_rows, n_cols = scores.shape
+    for i in range(n_rows):
+        row = scores[i]
+        top = row[0]
+        for j in range(1, n_cols):
+            top = max(top, row[j])
+        floor = top - tolerance[i]
+        close = 0
+        for j in range(n_cols):
+            close += row[j] >= floor
+        first = 0
+        while row[first] != top:
+            first += 1
+        best[i] = first
+        near_tie[i] = close > 1
+
+
+@njit(nogil=True, cache=True)
+def build_postings(codes, n_values):
+    """Invert a code matrix: for each (clustering v, value c) the rows whose code is c.
+
+    Returns ``indptr`` (length V * n_values + 1) and ``rows`` such that the rows with
+    ``codes[:, v] == c`` are ``rows[indptr[key]:indptr[key + 1]]`` for ``key = v * n_values + c``,
+    in increasing order.
+    """
+    n_rows, n_clusterings = codes.shape
+    n_keys = n_clusterings * n_values
+    indptr = np.zeros(n_keys + 1, np.int64)
+    for i in range(n_rows):
+        for v in range(n_clusterings):
+            indptr[v * n_values + codes[i, v] + 1] += 1
+    for key in range(n_keys):
+        indptr[key + 1] += indptr[key]
+    fill = indptr[:-1].copy()
+    rows = np.empty(n_rows * n_clusterings, np.int32)
+    for i in range(n_rows):
+        for v in range(n_clusterings):
+            key = v * n_values + codes[i, v]
+            rows[fill[key]] = i
+            fill[key] += 1
+    return indptr, rows
+
+
+@njit(nogil=True, cache=True)
+def locate_postings(indptr, center_codes, n_values, start, length):
+    """For every center row and clustering, where its code's posting list lies.
+
+    Done once per layer, so each clustering reads a center's V posting ranges as two
+    contiguous rows instead of V scattered look-ups into ``indptr``.
+    """
+    n_centers, n_clusterings = center_codes.shape
+    for r in range(n_centers):
+        for v in range(n_clusterings):
+            key = v * n_values + center_codes[r, v]
+            start[r, v] = indptr[key]
+            length[r, v] = indptr[key + 1] - indptr[key]
+
+
+@njit(nogil=True, cache=True)
+def upper_codes(rows, start, length, center_codes, centers, n_values, seed, threshold,
+                keep_all, n_points, out):
+    """One upper-layer clustering: each point's center with the most shared chosen codes.
+
+    The similarity of point x and center w is w^T x over the chosen one-hot dimensions,
+    i.e. the number of clusterings v where both have the same code c and the dimension
+    (v, c) is chosen. Iterating over centers and their posting lists touches only the
+    pairs that share a code, so the cost is k * V + (number of shared codes), never the
+    dense n x k similarity matrix. Ties go to the lowest center index; a point sharing
+    nothing with any center gets center 0 (all similarities are 0).
+    """
+    n_clusterings = center_codes.shape[1]
+    best_count = np.zeros(n_points, np.int32)
+    count = np.zeros(n_points, np.int32)
+    out[:] = 0
+    range_start = np.empty(n_clusterings, np.int64)
+    range_length = np.empty(n_clusterings, np.int64)
+    positions = np.empty(max(64, 8 * n_clusterings), np.int64)
+    points = np.empty(positions.shape[0], np.int32)
+    for j in range(centers.shape[0]):
+        r = centers[j]
+        n_ranges = 0
+        total = 0
+        for v in range(n_clusterings):
+            key = v * n_values + center_codes[r, v]
+            range_start[n_ranges] = start[r, v]
+            range_length[n_ranges] = length[r, v]
+            keep = keep_all or _splitmix64(seed, key) < threshold
+            total += range_length[n_ranges] * keep
+            n_ranges += keep
+        if 2 * total > n_points:
+            # Long posting lists (deep layers): count, then sweep all points once.
+            for q in range(n_ranges):
+                s = range_start[q]
+                for p in range(s, s + range_length[q]):
+                    count[rows[p]] += 1
+            for i in range(n_points):
+                c = count[i]
+                if c > best_count[i]:
+                    best_count[i] = c
+                    out[i] = j
+                count[i] = 0
+        else:
+            # Short, scattered lists: expand positions first so the loads of ``rows``
+            # are independent and the CPU can overlap their cache misses.
+            if total > positions.shape[0]:
+                positions = np.empty(2 * total, np.int64)
+                points = np.empty(2 * total, np.int32)
+            t = 0
+            for q in range(n_ranges):
+                s = range_start[q]
+                for p in range(range_length[q]):
+                    positions[t + p] = s + p
+                t += range_length[q]
+            for t in range(total):
+                points[t] = rows[positions[t]]
+            for t in range(total):
+                count[points[t]] += 1
+            for t in range(total):
+                i = points[t]
+                c = count[i]
+                if c > best_count[i]:
+                    best_count[i] = c
+                    out[i] = j
+                count[i] = 0
+
+
+@njit(nogil=True, cache=True)
+def project_codes(codes, table, offset, out):
+    """PCA of one-hot codes without the one-hot matrix: out[i] = sum_v table[v, codes[i, v]] - offset.
+
+    The sum runs over v in a fixed order, so a row's result does not depend on the batch.
+    """
+    n_rows, n_clusterings = codes.shape
+    n_components = table.shape[2]
+    for i in range(n_rows):
+        for c in range(n_components):
+            out[i, c] = -offset[c]
+        for v in range(n_clusterings):
+            entry = table[v, codes[i, v]]
+            for c in range(n_components):
+                out[i, c] += entry[c]

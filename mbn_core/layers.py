@@ -1,0 +1,332 @@
+"""The k-centers layers of an MBN: a dense bottom layer and one-hot upper layers.
+
+A layer is V independent k-centers clusterings. Each clustering picks a random subset of the
+input dimensions and k random training points as centers, and codes every point by its
+nearest center. The functions that encode one clustering are pure functions of
+(data, chosen features, centers) so a layer can be mapped over any pool of workers.
+
+Exactness: the bottom layer ranks centers with a float32 GEMM, then re-ranks in float64 every
+row whose runner-up lies within the GEMM's rounding-error bound. The result is the exact
+nearest center (lowest index on exact ties) whatever the batch, so ``transform`` of a batch
+equals ``transform`` of each row alone, bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from mbn_core import _kernels
+
+_FLOAT32_EPS = float(np.finfo(np.float32).eps) / 2  # unit roundoff u
+# Re-rank rows whose runner-up is within this multiple of the worst-case GEMM error.
+# 2 is the bound for two scores; the margin covers float64 re-ranking of candidates.
+_TIE_MARGIN = 4.0
+# Rows per GEMM block: keeps the score block (rows x k float32) within the L2 cache.
+_BLOCK_BYTES = 2 << 20
+
+
+def smallest_uint(max_value: int) -> type[np.unsignedinteger]:
+    """The narrowest unsigned dtype holding values in [0, max_value]."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if max_value <= np.iinfo(dtype).max:
+            return dtype
+    return np.uint64
+
+
+def compact_values(X: np.ndarray) -> np.ndarray:
+    """Store dense input in the smallest dtype that holds it exactly as float32.
+
+    Images arrive as uint8 pixels or floats that are whole numbers; storing them as uint8 or
+    uint16 quarters or halves the exact model without changing any computed distance.
+    """
+    X32 = np.asarray(X, dtype=np.float32)
+    if X32.size and np.array_equal(X32, np.rint(X32)):
+        low, high = float(X32.min()), float(X32.max())
+        if low >= 0:
+            dtype = smallest_uint(int(high))
+            if dtype in (np.uint8, np.uint16):
+                return X32.astype(dtype)
+    return X32
+
+
+def _block_rows(n_centers: int) -> int:
+    return int(max(32, min(4096, _BLOCK_BYTES // (4 * max(n_centers, 1)))))
+
+
+def bottom_clustering_codes(
+    X: np.ndarray | sp.csr_matrix,
+    features: np.ndarray,
+    center_values: np.ndarray,
+    metric: str,
+) -> np.ndarray:
+    """Nearest center of every row of X for one bottom-layer clustering.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d + 1), float32, or CSR matrix of shape (n, d), float32
+        The input. A dense X carries a trailing column of ones (see ``with_ones_column``) so
+        the squared-norm term rides inside the GEMM.
+    features : ndarray of shape (d_chosen,)
+        Indices of the chosen input dimensions.
+    center_values : ndarray of shape (k, d_chosen), float32
+        The centers restricted to the chosen dimensions.
+    metric : {"euclidean", "cosine"}
+        Smallest squared distance, or largest cosine similarity on the chosen dimensions.
+
+    Returns
+    -------
+    codes : ndarray of shape (n,), int32
+    """
+    n_centers, n_chosen = center_values.shape
+    W = center_values.astype(np.float64)
+    sq_norms = np.einsum("ij,ij->i", W, W)
+    norms = np.sqrt(sq_norms)
+    # The GEMM computes x.w + bias, then argmax: bias = -|w|^2 / 2 gives the nearest center.
+    weights = np.empty((n_chosen + 1, n_centers), dtype=np.float32)
+    gamma = (n_chosen + 1) * _FLOAT32_EPS / (1 - (n_chosen + 1) * _FLOAT32_EPS)
+    if metric == "euclidean":
+        weights[:n_chosen] = center_values.T
+        weights[n_chosen] = -0.5 * sq_norms
+        w_max = float(norms.max())
+        error_per_norm = (gamma + _FLOAT32_EPS) * w_max
+        error_const = (gamma + _FLOAT32_EPS) * 0.5 * w_max**2
+    else:
+        safe = np.where(norms > 0, norms, 1.0)
+        weights[:n_chosen] = (W / safe[:, None]).T
+        weights[n_chosen] = 0.0
+        error_per_norm = gamma + 2 * _FLOAT32_EPS
+        error_const = 0.0
+
+    n_rows = X.shape[0]
+    codes = np.empty(n_rows, dtype=np.int32)
+    block = _block_rows(n_centers)
+    sparse_input = sp.issparse(X)
+    if sparse_input:
+        X_chosen = X[:, features].tocsr()
+    else:
+        gather = np.append(features, X.shape[1] - 1)
+    near_tie = np.empty(block, dtype=np.bool_)
+    for start in range(0, n_rows, block):
+        stop = min(start + block, n_rows)
+        if sparse_input:
+            A = X_chosen[start:stop]
+            scores = np.asarray(A @ weights[:n_chosen], dtype=np.float32)
+            scores += weights[n_chosen]
+            x_norms = np.sqrt(np.asarray(A.multiply(A).sum(axis=1), dtype=np.float64).ravel())
+        else:
+            A = np.take(X[start:stop], gather, axis=1)
+            scores = A @ weights
+            chosen = A[:, :n_chosen].astype(np.float64)
+            x_norms = np.sqrt(np.einsum("ij,ij->i", chosen, chosen))
+        tolerance = (_TIE_MARGIN * (error_per_norm * x_norms + error_const)).astype(np.float32)
+        best = codes[start:stop]
+        _kernels.best_scores(scores, tolerance, best, near_tie[: stop - start])
+        for i in np.flatnonzero(near_tie[: stop - start]):
+            row = scores[i]
+            candidates = np.flatnonzero(row >= row.max() - tolerance[i])
+            if sparse_input:
+                x = np.asarray(A[i].toarray(), dtype=np.float64).ravel()
+            else:
+                x = A[i, :n_chosen].astype(np.float64)
+            best[i] = candidates[_exact_best(x, W[candidates], norms[candidates], metric)]
+    return codes
+
+
+def _exact_best(x: np.ndarray, W: np.ndarray, norms: np.ndarray, metric: str) -> int:
+    """Index of the best of a few candidate centers, ranked in float64 in a fixed order."""
+    if metric == "euclidean":
+        distances = ((W - x) ** 2).sum(axis=1)
+        return int(np.argmin(distances))
+    similarity = (W * x).sum(axis=1)
+    similarity = np.divide(similarity, norms, out=np.zeros_like(similarity), where=norms > 0)
+    return int(np.argmax(similarity))
+
+
+def with_ones_column(X: np.ndarray) -> np.ndarray:
+    """float32 copy of dense X with a trailing column of ones (the GEMM's bias input)."""
+    out = np.empty((X.shape[0], X.shape[1] + 1), dtype=np.float32)
+    out[:, :-1] = X
+    out[:, -1] = 1.0
+    return out
+
+
+@dataclass(frozen=True)
+class BottomLayer:
+    """A fitted bottom layer: V k-centers clusterings of the raw input.
+
+    Attributes
+    ----------
+    feature_masks : ndarray of shape (V, ceil(d / 8)), uint8
+        Bit-packed chosen input dimensions of each clustering.
+    shift_masks : ndarray of shape (V, ceil(d / 8)), uint8, or None
+        Bit-packed dimensions whose center values are cyclically shifted by one center
+        (the random reconstruction of the arXiv version); None when disabled.
+    centers : ndarray of shape (V, k), unsigned int
+        Rows of ``center_data`` that serve as each clustering's centers.
+    center_data : ndarray or CSR matrix of shape (n_center_rows, d)
+        The training rows used as centers, in the smallest exact dtype.
+    metric : {"euclidean", "cosine"}
+    """
+
+    feature_masks: np.ndarray
+    shift_masks: np.ndarray | None
+    centers: np.ndarray
+    center_data: np.ndarray | sp.csr_matrix
+    metric: str
+
+    @property
+    def n_centers(self) -> int:
+        return int(self.centers.shape[1])
+
+    @property
+    def n_features(self) -> int:
+        return int(self.center_data.shape[1])
+
+    def features(self, clustering: int) -> np.ndarray:
+        bits = np.unpackbits(self.feature_masks[clustering], count=self.n_features)
+        return np.flatnonzero(bits)
+
+    def center_values(self, clustering: int) -> np.ndarray:
+        """The (k, d_chosen) float32 centers of one clustering, reconstruction applied."""
+        features = self.features(clustering)
+        rows = self.centers[clustering]
+        if sp.issparse(self.center_data):
+            values = self.center_data[rows][:, features].toarray()
+        else:
+            values = self.center_data[np.ix_(rows, features)]
+        values = np.asarray(values, dtype=np.float32)
+        if self.shift_masks is not None:
+            shifted = np.unpackbits(self.shift_masks[clustering], count=self.n_features)
+            local = np.flatnonzero(shifted[features])
+            values[:, local] = np.roll(values[:, local], 1, axis=0)
+        return values
+
+    def clustering_codes(self, X: np.ndarray | sp.csr_matrix, clustering: int) -> np.ndarray:
+        return bottom_clustering_codes(
+            X, self.features(clustering), self.center_values(clustering), self.metric
+        )
+
+    @property
+    def nbytes(self) -> int:
+        arrays = [self.feature_masks, self.centers]
+        if self.shift_masks is not None:
+            arrays.append(self.shift_masks)
+        data = self.center_data
+        if sp.issparse(data):
+            arrays += [data.data, data.indices, data.indptr]
+        else:
+            arrays.append(data)
+        return sum(a.nbytes for a in arrays)
+
+
+def keep_threshold(fraction: float) -> np.uint64:
+    """Hash threshold that keeps a one-hot dimension with probability ``fraction``."""
+    return np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))
+
+
+@dataclass(frozen=True)
+class UpperLayer:
+    """A fitted upper layer: V k-centers clusterings of the previous layer's one-hot codes.
+
+    The input is the concatenation of the previous layer's V one-hot codes, V * k_prev
+    dimensions. Each clustering keeps every one of them with probability
+    ``feature_fraction``, decided by hashing (seed, dimension): the choice is never
+    materialised, and is evaluated only where a center has a one.
+
+    Attributes
+    ----------
+    centers : ndarray of shape (V, k), unsigned int
+        Rows of ``center_codes`` that serve as each clustering's centers.
+    center_codes : ndarray of shape (n_center_rows, V_prev), unsigned int
+        Previous-layer codes of the training points used as centers.
+    seeds : ndarray of shape (V,), uint64
+        Seeds of each clustering's dimension choice.
+    n_values : int
+        k of the previous layer (codes lie in [0, n_values)).
+    feature_fraction : float
+        Probability that a one-hot dimension is chosen.
+    """
+
+    centers: np.ndarray
+    center_codes: np.ndarray
+    seeds: np.ndarray
+    n_values: int
+    feature_fraction: float
+
+    @property
+    def n_centers(self) -> int:
+        return int(self.centers.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return self.centers.nbytes + self.center_codes.nbytes + self.seeds.nbytes
+
+
+@dataclass(frozen=True)
+class Postings:
+    """Posting lists of a batch's previous-layer codes, located for a layer's center rows.
+
+    Shared by all V clusterings of a layer: built once per layer and batch.
+    """
+
+    rows: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    n_points: int
+
+    @classmethod
+    def build(cls, codes: np.ndarray, center_codes: np.ndarray, n_values: int) -> Postings:
+        indptr, rows = _kernels.build_postings(codes, n_values)
+        start = np.empty(center_codes.shape, dtype=np.int64)
+        length = np.empty(center_codes.shape, dtype=np.int32)
+        _kernels.locate_postings(indptr, center_codes, n_values, start, length)
+        return cls(rows=rows, start=start, length=length, n_points=codes.shape[0])
+
+
+def upper_clustering_codes(
+    postings: Postings,
+    center_codes: np.ndarray,
+    centers: np.ndarray,
+    n_values: int,
+    seed: np.uint64,
+    feature_fraction: float,
+) -> np.ndarray:
+    """Nearest center of every point of a batch for one upper-layer clustering.
+
+    Parameters
+    ----------
+    postings : Postings
+        The batch's previous-layer codes, inverted (``Postings.build``).
+    center_codes : ndarray of shape (n_center_rows, V_prev), int32
+        Previous-layer codes of the candidate center rows.
+    centers : ndarray of shape (k,), int32
+        This clustering's centers, as rows of ``center_codes``.
+    n_values : int
+        k of the previous layer.
+    seed : uint64
+        Seed of this clustering's choice of one-hot dimensions.
+    feature_fraction : float
+        Probability that a one-hot dimension is chosen.
+
+    Returns
+    -------
+    codes : ndarray of shape (n_points,), int32
+    """
+    out = np.empty(postings.n_points, dtype=np.int32)
+    _kernels.upper_codes(
+        postings.rows,
+        postings.start,
+        postings.length,
+        center_codes,
+        centers,
+        n_values,
+        np.uint64(seed),
+        keep_threshold(feature_fraction),
+        feature_fraction >= 1.0,
+        postings.n_points,
+        out,
+    )
+    return out

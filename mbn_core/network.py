@@ -1,0 +1,534 @@
+"""Multilayer Bootstrap Network estimator (scikit-learn API)."""
+
+from __future__ import annotations
+
+import numbers
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.decomposition import PCA
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted, validate_data
+from threadpoolctl import threadpool_limits
+
+from mbn_core import _kernels
+from mbn_core.layers import (
+    BottomLayer,
+    Postings,
+    UpperLayer,
+    compact_values,
+    smallest_uint,
+    upper_clustering_codes,
+    with_ones_column,
+)
+
+ProgressCallback = Callable[[int, int, int], object]
+
+METRICS = ("euclidean", "cosine")
+# With fewer input dimensions than this, "auto" keeps them all: a random half of two or
+# three coordinates would make each clustering a degenerate partition along one axis.
+AUTO_MIN_FEATURES = 8
+# Above this many one-hot entries the top PCA runs sparse (ARPACK) instead of dense.
+_DENSE_PCA_MAX_ENTRIES = 5_000_000
+
+
+class TrainingStopped(RuntimeError):  # noqa: N818 - reads as what happened
+    """Raised by ``MBN.fit`` when the callback asked to stop; the estimator is left unfitted."""
+
+
+@dataclass(frozen=True)
+class _Top:
+    """PCA of the last layer's one-hot codes, as a lookup table."""
+
+    table: np.ndarray  # (V, k_L, n_components) float64
+    offset: np.ndarray  # (n_components,) float64
+    explained_variance_ratio: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return self.table.nbytes + self.offset.nbytes
+
+
+class MBN(TransformerMixin, BaseEstimator):
+    """Multilayer Bootstrap Network for nonlinear dimensionality reduction.
+
+    Each layer is ``n_clusterings`` k-centers clusterings. A clustering picks a random subset
+    of its input dimensions and k random training points as centers (without replacement),
+    and codes every point by its nearest center. The one-hot codes of a layer feed the next,
+    smaller layer; PCA of the top layer's codes gives the embedding (Zhang, "Multilayer
+    bootstrap networks", Neural Networks 2018).
+
+    Parameters
+    ----------
+    n_components : int, default=None
+        Dimension of the embedding. None means ``n_classes``.
+    n_clusterings : int, default=400
+        Clusterings per layer (V). Robust for V >= 100.
+    feature_fraction : float in (0, 1] or "auto", default="auto"
+        Fraction of input dimensions each clustering chooses (a). "auto" is 0.5, except that
+        the bottom layer keeps at least ``min(d, 8)`` of its d input dimensions, so
+        low-dimensional data (2-D or 3-D manifolds) is not cut into one-axis partitions.
+        At the bottom exactly ``round(a * d)`` dimensions are chosen without replacement; at
+        the upper layers each of the V * k one-hot dimensions is chosen independently with
+        probability a (the same in distribution for their thousands of dimensions, and it
+        never has to be materialised).
+    k1 : int, float in (0, 1] or "auto", default="auto"
+        Centers per clustering in the bottom layer. "auto" is ``0.5 * n_samples``; a float is
+        that fraction of ``n_samples``. Capped by ``k_max``.
+    delta : float in (0, 1), default=0.5
+        Each layer has ``floor(delta * k)`` centers, k being the layer below's.
+    n_classes : int, default=10
+        Guessed number of classes c: layers stop before k < 1.5 c, and the default
+        ``n_components`` is c.
+    ks : sequence of int, default=None
+        Explicit centers per layer, bottom first; overrides ``k1``, ``delta`` and ``k_max``.
+    k_max : int, default=None
+        Cap on ``k1`` (the paper's hardware limit). None means no cap. Fit time grows
+        linearly with k1: a bottom-layer clustering costs ``2 * n * a*d * k1`` flops.
+    metric : {"euclidean", "cosine"}, default="euclidean"
+        Bottom-layer similarity: squared Euclidean distance, or cosine similarity on the
+        chosen dimensions (for bag-of-words text). Upper layers always count shared codes.
+    shift_fraction : float in [0, 1), default=0.0
+        Random reconstruction (r, arXiv version): for this fraction of each bottom
+        clustering's chosen dimensions, the centers' values are shifted cyclically by one
+        center. 0 disables it; around 0.5 can help on tiny data sets.
+    random_state : int, RandomState instance or None, default=None
+        Seed of every random choice. The same seed gives the same model.
+    n_jobs : int, default=None
+        Threads running clusterings in parallel; BLAS is held to one thread meanwhile so the
+        cores are not oversubscribed. None or -1 uses every available core.
+    callback : callable, default=None
+        Called as ``callback(layer, clustering, total)`` after each clustering with the
+        0-based layer index, the clusterings of that layer finished so far, and the
+        layer's total. Returning True stops training: ``fit`` raises ``TrainingStopped``
+        and the estimator stays as it was.
+
+    Attributes
+    ----------
+    ks_ : list of int
+        Centers per layer, bottom first.
+    n_components_ : int
+        Dimension of the embedding.
+    layers_ : list
+        The fitted layers (``BottomLayer`` then ``UpperLayer`` objects).
+    explained_variance_ratio_ : ndarray of shape (n_components_,)
+        Variance of the top codes explained by each embedding dimension.
+    n_features_in_ : int
+        Number of input features.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import load_digits
+    >>> from mbn_core import MBN
+    >>> X, _ = load_digits(return_X_y=True)
+    >>> mbn = MBN(n_components=2, n_clusterings=50, random_state=0)
+    >>> mbn.fit_transform(X).shape
+    (1797, 2)
+    """
+
+    def __init__(
+        self,
+        n_components: int | None = None,
+        n_clusterings: int = 400,
+        feature_fraction: float | str = "auto",
+        k1: int | float | str = "auto",
+        delta: float = 0.5,
+        n_classes: int = 10,
+        ks: Sequence[int] | None = None,
+        k_max: int | None = None,
+        metric: str = "euclidean",
+        shift_fraction: float = 0.0,
+        random_state: int | np.random.RandomState | None = None,
+        n_jobs: int | None = None,
+        callback: ProgressCallback | None = None,
+    ) -> None:
+        self.n_components = n_components
+        self.n_clusterings = n_clusterings
+        self.feature_fraction = feature_fraction
+        self.k1 = k1
+        self.delta = delta
+        self.n_classes = n_classes
+        self.ks = ks
+        self.k_max = k_max
+        self.metric = metric
+        self.shift_fraction = shift_fraction
+        self.random_state = random_state
+        self.n_jobs = n_jobs
+        self.callback = callback
+
+    # ------------------------------------------------------------------ fitting
+
+    def fit(self, X, y=None):
+        """Fit the network to X.
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix of shape (n_samples, n_features)
+            Training data. Any real dtype (computed in float32); sparse input is kept sparse.
+        y : ignored
+
+        Returns
+        -------
+        self : MBN
+        """
+        self._fit(X)
+        return self
+
+    def fit_transform(self, X, y=None):
+        """Fit the network and return the embedding of X (equal to ``fit(X).transform(X)``)."""
+        return self._fit(X)
+
+    def _fit(self, X) -> np.ndarray:
+        self._validate_params()
+        X = validate_data(
+            self,
+            X,
+            accept_sparse="csr",
+            dtype=[np.float64, np.float32],
+            ensure_min_samples=2,
+            reset=True,
+        )
+        n_samples, n_features = X.shape
+        ks = self.layer_sizes(n_samples)
+        n_components = self.n_classes if self.n_components is None else self.n_components
+        n_top = self.n_clusterings * ks[-1]
+        if n_components > min(n_samples, n_top):
+            raise ValueError(
+                f"n_components={n_components} must be <= min(n_samples, n_clusterings * "
+                f"ks[-1]) = {min(n_samples, n_top)}"
+            )
+        rng = check_random_state(self.random_state)
+        X_work = _float32_input(X)
+        n_chosen = self._n_bottom_features(n_features)
+        n_threads = _effective_threads(self.n_jobs)
+
+        with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_threads) as pool:
+            runner = _LayerRunner(pool, self.callback)
+            bottom, codes = self._fit_bottom(X, X_work, ks[0], n_chosen, rng, runner)
+            layers: list[BottomLayer | UpperLayer] = [bottom]
+            del X_work
+            for index, k in enumerate(ks[1:], start=1):
+                layer, codes = self._fit_upper(codes, ks[index - 1], k, rng, runner, index)
+                layers.append(layer)
+            top = _fit_top(codes, ks[-1], n_components, rng)
+            embedding = _project(codes, top)
+
+        self.ks_ = list(ks)
+        self.n_components_ = n_components
+        self.layers_ = layers
+        self.top_ = top
+        self.explained_variance_ratio_ = top.explained_variance_ratio
+        return embedding
+
+    def layer_sizes(self, n_samples: int) -> list[int]:
+        """Centers per layer that ``fit`` uses for ``n_samples`` training points."""
+        if self.ks is not None:
+            ks = [int(k) for k in self.ks]
+            too_many = [k for k in ks if k > n_samples]
+            if too_many:
+                raise ValueError(
+                    f"ks={list(self.ks)} asks for {too_many[0]} centers but there are only "
+                    f"{n_samples} samples"
+                )
+            return ks
+        if self.k1 == "auto":
+            k1 = round(0.5 * n_samples)
+        elif isinstance(self.k1, numbers.Integral):
+            k1 = int(self.k1)
+            if k1 > n_samples:
+                raise ValueError(f"k1={k1} centers is more than the {n_samples} samples")
+        else:
+            k1 = round(float(self.k1) * n_samples)
+        if self.k_max is not None:
+            k1 = min(k1, int(self.k_max))
+        k1 = max(2, min(k1, n_samples))
+        ks = [k1]
+        while (k := int(self.delta * ks[-1])) >= 1.5 * self.n_classes:
+            ks.append(k)
+        return ks
+
+    def _n_bottom_features(self, n_features: int) -> int:
+        if self.feature_fraction == "auto":
+            return max(round(0.5 * n_features), min(n_features, AUTO_MIN_FEATURES))
+        return max(1, round(float(self.feature_fraction) * n_features))
+
+    def _upper_fraction(self) -> float:
+        return 0.5 if self.feature_fraction == "auto" else float(self.feature_fraction)
+
+    def _fit_bottom(self, X, X_work, k, n_chosen, rng, runner):
+        n_samples, n_features = X.shape
+        V = self.n_clusterings
+        features = np.zeros((V, n_features), dtype=bool)
+        shifted = np.zeros((V, n_features), dtype=bool) if self.shift_fraction > 0 else None
+        centers = np.empty((V, k), dtype=np.int64)
+        for v in range(V):
+            chosen = rng.choice(n_features, n_chosen, replace=False)
+            features[v, chosen] = True
+            centers[v] = rng.choice(n_samples, k, replace=False)
+            if shifted is not None:
+                n_shift = round(self.shift_fraction * n_chosen)
+                shifted[v, rng.choice(chosen, n_shift, replace=False)] = True
+        rows, local = np.unique(centers, return_inverse=True)
+        if sp.issparse(X):
+            center_data = X[rows].astype(np.float32)
+            center_data.sort_indices()
+        else:
+            center_data = compact_values(X[rows])
+        layer = BottomLayer(
+            feature_masks=np.packbits(features, axis=1),
+            shift_masks=None if shifted is None else np.packbits(shifted, axis=1),
+            centers=local.reshape(V, k).astype(smallest_uint(len(rows) - 1)),
+            center_data=center_data,
+            metric=self.metric,
+        )
+        codes = runner.run_layer(
+            0, V, lambda v: layer.clustering_codes(X_work, v), n_samples
+        )
+        return layer, codes
+
+    def _fit_upper(self, codes, n_values, k, rng, runner, index):
+        n_samples = codes.shape[0]
+        V = self.n_clusterings
+        fraction = self._upper_fraction()
+        centers = np.stack([rng.choice(n_samples, k, replace=False) for _ in range(V)])
+        seeds = rng.randint(0, 2**63, size=V, dtype=np.int64).astype(np.uint64)
+        postings = Postings.build(codes, codes, n_values)
+        centers32 = centers.astype(np.int32)
+
+        def encode(v: int) -> np.ndarray:
+            return upper_clustering_codes(
+                postings, codes, centers32[v], n_values, seeds[v], fraction
+            )
+
+        new_codes = runner.run_layer(index, V, encode, n_samples)
+        rows, local = np.unique(centers, return_inverse=True)
+        layer = UpperLayer(
+            centers=local.reshape(V, k).astype(smallest_uint(len(rows) - 1)),
+            center_codes=codes[rows].astype(smallest_uint(n_values - 1)),
+            seeds=seeds,
+            n_values=n_values,
+            feature_fraction=fraction,
+        )
+        return layer, new_codes
+
+    # ------------------------------------------------------------------ inference
+
+    def transform(self, X):
+        """Embed X with the fitted network.
+
+        Deterministic and batch independent: row i of ``transform(X)`` equals
+        ``transform(X[i:i+1])[0]`` bit for bit, and ``transform`` of the training data
+        reproduces ``fit_transform``.
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix of shape (n_samples, n_features)
+
+        Returns
+        -------
+        embedding : ndarray of shape (n_samples, n_components_), float64
+        """
+        codes = self._encode(X, len(self.layers_))
+        return _project(codes, self.top_)
+
+    def encode(self, X, layer: int = -1) -> np.ndarray:
+        """Integer codes of X at one layer: column v is the center index in clustering v.
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix of shape (n_samples, n_features)
+        layer : int, default=-1
+            0-based layer index; negative values count from the top.
+
+        Returns
+        -------
+        codes : ndarray of shape (n_samples, n_clusterings), smallest unsigned dtype
+        """
+        check_is_fitted(self)
+        n_layers = len(self.layers_)
+        if not isinstance(layer, numbers.Integral) or not -n_layers <= layer < n_layers:
+            raise ValueError(f"layer={layer!r} must be an integer in [{-n_layers}, {n_layers})")
+        depth = layer % n_layers + 1
+        codes = self._encode(X, depth)
+        return codes.astype(smallest_uint(self.ks_[depth - 1] - 1))
+
+    def _encode(self, X, depth: int) -> np.ndarray:
+        check_is_fitted(self)
+        X = validate_data(
+            self, X, accept_sparse="csr", dtype=[np.float64, np.float32], reset=False
+        )
+        n_samples = X.shape[0]
+        n_threads = _effective_threads(self.n_jobs)
+        X_work = _float32_input(X)
+        with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_threads) as pool:
+            runner = _LayerRunner(pool, None)
+            bottom = self.layers_[0]
+            codes = runner.run_layer(
+                0, len(bottom.centers), lambda v: bottom.clustering_codes(X_work, v), n_samples
+            )
+            for index, layer in enumerate(self.layers_[1:depth], start=1):
+                codes = _encode_upper(codes, layer, runner, index)
+        return codes
+
+    # ------------------------------------------------------------------ helpers
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the fitted model's arrays (what exact prediction needs)."""
+        check_is_fitted(self)
+        return sum(layer.nbytes for layer in self.layers_) + self.top_.nbytes
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        return tags
+
+    def _validate_params(self) -> None:
+        _check_int("n_clusterings", self.n_clusterings, 1)
+        _check_int("n_classes", self.n_classes, 1)
+        if self.n_components is not None:
+            _check_int("n_components", self.n_components, 1)
+        if self.feature_fraction != "auto":
+            _check_real("feature_fraction", self.feature_fraction, 0.0, 1.0, low_open=True)
+        if self.k1 != "auto":
+            if isinstance(self.k1, numbers.Integral) and not isinstance(self.k1, bool):
+                _check_int("k1", self.k1, 2)
+            else:
+                _check_real("k1", self.k1, 0.0, 1.0, low_open=True)
+        _check_real("delta", self.delta, 0.0, 1.0, low_open=True, high_open=True)
+        if self.ks is not None:
+            if isinstance(self.ks, str | bytes) or not isinstance(self.ks, Sequence | np.ndarray):
+                raise ValueError(f"ks must be a sequence of integers >= 2, got {self.ks!r}")
+            if len(self.ks) == 0:
+                raise ValueError("ks must list at least one layer size")
+            for k in self.ks:
+                _check_int("ks", k, 2)
+        if self.k_max is not None:
+            _check_int("k_max", self.k_max, 2)
+        if self.metric not in METRICS:
+            raise ValueError(f"metric must be one of {METRICS}, got {self.metric!r}")
+        _check_real("shift_fraction", self.shift_fraction, 0.0, 1.0, high_open=True)
+        if self.n_jobs is not None and (
+            not isinstance(self.n_jobs, numbers.Integral)
+            or isinstance(self.n_jobs, bool)
+            or self.n_jobs == 0
+        ):
+            raise ValueError(f"n_jobs must be a nonzero integer or None, got {self.n_jobs!r}")
+        if self.callback is not None and not callable(self.callback):
+            raise ValueError(f"callback must be callable, got {self.callback!r}")
+
+
+class _LayerRunner:
+    """Runs a layer's clusterings on a thread pool, reporting progress to the callback."""
+
+    def __init__(self, pool: ThreadPoolExecutor, callback: ProgressCallback | None) -> None:
+        self.pool = pool
+        self.callback = callback
+
+    def run_layer(
+        self, layer: int, n_clusterings: int, encode: Callable[[int], np.ndarray], n_rows: int
+    ) -> np.ndarray:
+        codes = np.empty((n_rows, n_clusterings), dtype=np.int32)
+        stopped = False
+
+        def task(v: int) -> None:
+            if not stopped:
+                codes[:, v] = encode(v)
+
+        futures: list[Future[None]] = [self.pool.submit(task, v) for v in range(n_clusterings)]
+        try:
+            for done, future in enumerate(futures, start=1):
+                future.result()
+                if self.callback is not None and self.callback(layer, done, n_clusterings):
+                    stopped = True
+                    raise TrainingStopped(
+                        f"training stopped by the callback in layer {layer} after {done} "
+                        f"of {n_clusterings} clusterings"
+                    )
+        finally:
+            for future in futures:
+                future.cancel()
+        return codes
+
+
+def _encode_upper(codes, layer: UpperLayer, runner: _LayerRunner, index: int) -> np.ndarray:
+    center_codes = layer.center_codes.astype(np.int32)
+    postings = Postings.build(codes, center_codes, layer.n_values)
+    centers = layer.centers.astype(np.int32)
+
+    def encode(v: int) -> np.ndarray:
+        return upper_clustering_codes(
+            postings, center_codes, centers[v], layer.n_values, layer.seeds[v],
+            layer.feature_fraction,
+        )
+
+    return runner.run_layer(index, len(centers), encode, codes.shape[0])
+
+
+def _fit_top(codes: np.ndarray, n_values: int, n_components: int, rng) -> _Top:
+    """PCA of the one-hot top codes, returned as a (V, k, n_components) lookup table."""
+    n_samples, n_clusterings = codes.shape
+    n_dims = n_clusterings * n_values
+    indices = (codes + np.arange(n_clusterings, dtype=np.int64) * n_values).ravel()
+    onehot = sp.csr_matrix(
+        (np.ones(indices.size), indices, np.arange(0, indices.size + 1, n_clusterings)),
+        shape=(n_samples, n_dims),
+    )
+    seed = rng.randint(np.iinfo(np.int32).max)
+    if n_samples * n_dims <= _DENSE_PCA_MAX_ENTRIES or n_components >= min(n_samples, n_dims):
+        pca = PCA(n_components=n_components, svd_solver="full").fit(onehot.toarray())
+    else:
+        pca = PCA(n_components=n_components, svd_solver="arpack", random_state=seed).fit(onehot)
+    components = pca.components_
+    table = np.ascontiguousarray(components.T.reshape(n_clusterings, n_values, n_components))
+    offset = components @ pca.mean_
+    ratio = np.nan_to_num(pca.explained_variance_ratio_)
+    return _Top(table=table, offset=offset, explained_variance_ratio=ratio)
+
+
+def _project(codes: np.ndarray, top: _Top) -> np.ndarray:
+    out = np.empty((codes.shape[0], top.table.shape[2]), dtype=np.float64)
+    _kernels.project_codes(codes, top.table, top.offset, out)
+    return out
+
+
+def _float32_input(X):
+    """The bottom layer's working copy: float32 CSR, or dense float32 with a ones column."""
+    if sp.issparse(X):
+        X = X.astype(np.float32)
+        X.sort_indices()
+        return X
+    return with_ones_column(X)
+
+
+def _effective_threads(n_jobs: int | None) -> int:
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    available = available or 1
+    if n_jobs is None:
+        return available
+    if n_jobs < 0:
+        return max(1, available + 1 + n_jobs)
+    return int(n_jobs)
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_real(
+    name: str, value, low: float, high: float, *, low_open: bool = False, high_open: bool = False
+) -> None:
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and np.isfinite(value)
+    if ok:
+        ok = (value > low if low_open else value >= low) and (
+            value < high if high_open else value <= high
+        )
+    if not ok:
+        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        raise ValueError(f"{name} must be a real number in {interval}, got {value!r}")
