@@ -39,27 +39,40 @@ def dimension_kept(seed, keys, threshold):
     return out
 
 
-@njit(nogil=True, cache=True, fastmath={"nnan", "ninf", "nsz"})
+@njit(inline="always")
+def _ordered(bits):
+    """Map float32 bit patterns to int32 keys with the same order (an involution).
+
+    Integer max reductions vectorise where float ones (NaN semantics) do not.
+    """
+    return bits ^ ((bits >> np.int32(31)) & np.int32(0x7FFFFFFF))
+
+
+@njit(nogil=True, cache=True)
 def best_scores(scores, tolerance, best, near_tie):
     """Row-wise argmax of ``scores`` and a flag for rows whose runner-up is within tolerance.
 
     ``best[i]`` is the lowest index holding the row maximum. ``near_tie[i]`` is set when
     another entry lies within ``tolerance[i]`` of the maximum: float32 rounding could have
-    reordered such rows, so the caller re-ranks them exactly.
+    reordered such rows, so the caller re-ranks them exactly. Scores must be finite.
     """
     n_rows, n_cols = scores.shape
+    bits = scores.view(np.int32)
+    top_bits = np.empty(1, np.int32)
+    top_value = top_bits.view(np.float32)
     for i in range(n_rows):
-        row = scores[i]
-        top = row[0]
+        keys = bits[i]
+        top = _ordered(keys[0])
         for j in range(1, n_cols):
-            top = max(top, row[j])
-        floor = top - tolerance[i]
-        close = 0
+            top = max(top, _ordered(keys[j]))
+        top_bits[0] = _ordered(top)
+        floor = top_value[0] - tolerance[i]
+        row = scores[i]
+        close = np.int32(0)
+        first = np.int32(n_cols)
         for j in range(n_cols):
-            close += row[j] >= floor
-        first = 0
-        while row[first] != top:
-            first += 1
+            close += np.int32(row[j] >= floor)
+            first = min(first, np.int32(j) if _ordered(keys[j]) == top else np.int32(n_cols))
         best[i] = first
         near_tie[i] = close > 1
 

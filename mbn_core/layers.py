@@ -24,8 +24,9 @@ _FLOAT32_EPS = float(np.finfo(np.float32).eps) / 2  # unit roundoff u
 # Re-rank rows whose runner-up is within this multiple of the worst-case GEMM error.
 # 2 is the bound for two scores; the margin covers float64 re-ranking of candidates.
 _TIE_MARGIN = 4.0
-# Rows per GEMM block: keeps the score block (rows x k float32) within the L2 cache.
-_BLOCK_BYTES = 2 << 20
+# Rows per GEMM block: large enough that BLAS packs the centers rarely, small enough to
+# bound memory (rows x k float32 scores per thread).
+_BLOCK_BYTES = 16 << 20
 
 
 def smallest_uint(max_value: int) -> type[np.unsignedinteger]:
@@ -61,6 +62,7 @@ def bottom_clustering_codes(
     features: np.ndarray,
     center_values: np.ndarray,
     metric: str,
+    row_norms: np.ndarray | None = None,
 ) -> np.ndarray:
     """Nearest center of every row of X for one bottom-layer clustering.
 
@@ -75,6 +77,9 @@ def bottom_clustering_codes(
         The centers restricted to the chosen dimensions.
     metric : {"euclidean", "cosine"}
         Smallest squared distance, or largest cosine similarity on the chosen dimensions.
+    row_norms : ndarray of shape (n,), optional
+        Upper bounds of the rows' Euclidean norms on the chosen dimensions (the full-row
+        norms do); they size the rounding-error bound. Computed when not given.
 
     Returns
     -------
@@ -108,6 +113,8 @@ def bottom_clustering_codes(
         X_chosen = X[:, features].tocsr()
     else:
         gather = np.append(features, X.shape[1] - 1)
+    if row_norms is None:
+        row_norms = input_row_norms(X_chosen if sparse_input else np.take(X, features, axis=1))
     near_tie = np.empty(block, dtype=np.bool_)
     for start in range(0, n_rows, block):
         stop = min(start + block, n_rows)
@@ -115,12 +122,10 @@ def bottom_clustering_codes(
             A = X_chosen[start:stop]
             scores = np.asarray(A @ weights[:n_chosen], dtype=np.float32)
             scores += weights[n_chosen]
-            x_norms = np.sqrt(np.asarray(A.multiply(A).sum(axis=1), dtype=np.float64).ravel())
         else:
             A = np.take(X[start:stop], gather, axis=1)
             scores = A @ weights
-            chosen = A[:, :n_chosen].astype(np.float64)
-            x_norms = np.sqrt(np.einsum("ij,ij->i", chosen, chosen))
+        x_norms = row_norms[start:stop]
         tolerance = (_TIE_MARGIN * (error_per_norm * x_norms + error_const)).astype(np.float32)
         best = codes[start:stop]
         _kernels.best_scores(scores, tolerance, best, near_tie[: stop - start])
@@ -143,6 +148,18 @@ def _exact_best(x: np.ndarray, W: np.ndarray, norms: np.ndarray, metric: str) ->
     similarity = (W * x).sum(axis=1)
     similarity = np.divide(similarity, norms, out=np.zeros_like(similarity), where=norms > 0)
     return int(np.argmax(similarity))
+
+
+def input_row_norms(X: np.ndarray | sp.csr_matrix) -> np.ndarray:
+    """float64 Euclidean norms of the rows of X (without the ones column, if any)."""
+    if sp.issparse(X):
+        squares = X.multiply(X).sum(axis=1)
+        return np.sqrt(np.asarray(squares, dtype=np.float64).ravel())
+    norms = np.empty(X.shape[0], dtype=np.float64)
+    for start in range(0, X.shape[0], 4096):
+        block = X[start : start + 4096].astype(np.float64)
+        norms[start : start + 4096] = np.sqrt(np.einsum("ij,ij->i", block, block))
+    return norms
 
 
 def with_ones_column(X: np.ndarray) -> np.ndarray:
@@ -204,9 +221,11 @@ class BottomLayer:
             values[:, local] = np.roll(values[:, local], 1, axis=0)
         return values
 
-    def clustering_codes(self, X: np.ndarray | sp.csr_matrix, clustering: int) -> np.ndarray:
+    def clustering_codes(
+        self, X: np.ndarray | sp.csr_matrix, clustering: int, row_norms: np.ndarray
+    ) -> np.ndarray:
         return bottom_clustering_codes(
-            X, self.features(clustering), self.center_values(clustering), self.metric
+            X, self.features(clustering), self.center_values(clustering), self.metric, row_norms
         )
 
     @property

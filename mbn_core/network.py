@@ -22,6 +22,7 @@ from mbn_core.layers import (
     Postings,
     UpperLayer,
     compact_values,
+    input_row_norms,
     smallest_uint,
     upper_clustering_codes,
     with_ones_column,
@@ -286,8 +287,9 @@ class MBN(TransformerMixin, BaseEstimator):
             center_data=center_data,
             metric=self.metric,
         )
+        norms = input_row_norms(X)
         codes = runner.run_layer(
-            0, V, lambda v: layer.clustering_codes(X_work, v), n_samples
+            0, V, lambda v: layer.clustering_codes(X_work, v, norms), n_samples
         )
         return layer, codes
 
@@ -368,8 +370,12 @@ class MBN(TransformerMixin, BaseEstimator):
         with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_threads) as pool:
             runner = _LayerRunner(pool, None)
             bottom = self.layers_[0]
+            norms = input_row_norms(X)
             codes = runner.run_layer(
-                0, len(bottom.centers), lambda v: bottom.clustering_codes(X_work, v), n_samples
+                0,
+                len(bottom.centers),
+                lambda v: bottom.clustering_codes(X_work, v, norms),
+                n_samples,
             )
             for index, layer in enumerate(self.layers_[1:depth], start=1):
                 codes = _encode_upper(codes, layer, runner, index)
@@ -532,3 +538,130 @@ def _check_real(
     if not ok:
         interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
         raise ValueError(f"{name} must be a real number in {interval}, got {value!r}")
+
+
+# ---------------------------------------------------------------------- persistence
+
+def model_to_arrays(model: MBN) -> dict[str, np.ndarray]:
+    """Every array exact prediction needs, keyed by name (for ``np.savez``, no pickle).
+
+    The hyperparameters are not included: store ``model.get_params()`` (minus ``callback``)
+    beside the arrays and pass them back to ``model_from_arrays``.
+    """
+    check_is_fitted(model)
+    arrays: dict[str, np.ndarray] = {
+        "ks": np.asarray(model.ks_, dtype=np.int64),
+        "n_features_in": np.asarray(model.n_features_in_, dtype=np.int64),
+    }
+    bottom = model.layers_[0]
+    arrays["layer0.feature_masks"] = bottom.feature_masks
+    arrays["layer0.centers"] = bottom.centers
+    if bottom.shift_masks is not None:
+        arrays["layer0.shift_masks"] = bottom.shift_masks
+    data = bottom.center_data
+    if sp.issparse(data):
+        arrays["layer0.center_data.data"] = data.data
+        arrays["layer0.center_data.indices"] = data.indices
+        arrays["layer0.center_data.indptr"] = data.indptr
+        arrays["layer0.center_data.shape"] = np.asarray(data.shape, dtype=np.int64)
+    else:
+        arrays["layer0.center_data"] = data
+    for index, layer in enumerate(model.layers_[1:], start=1):
+        arrays[f"layer{index}.centers"] = layer.centers
+        arrays[f"layer{index}.center_codes"] = layer.center_codes
+        arrays[f"layer{index}.seeds"] = layer.seeds
+        arrays[f"layer{index}.feature_fraction"] = np.asarray(layer.feature_fraction)
+    arrays["top.table"] = model.top_.table
+    arrays["top.offset"] = model.top_.offset
+    arrays["top.explained_variance_ratio"] = model.top_.explained_variance_ratio
+    return arrays
+
+
+def model_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MBN:
+    """Rebuild a fitted MBN from ``model_to_arrays`` output and its hyperparameters.
+
+    Raises ``ValueError`` naming the array when one is missing or inconsistent.
+    """
+
+    def get(name: str) -> np.ndarray:
+        if name not in arrays:
+            raise ValueError(f"model array {name!r} is missing")
+        return np.asarray(arrays[name])
+
+    model = MBN(**{key: value for key, value in params.items() if key != "callback"})
+    model._validate_params()
+    ks = [int(k) for k in get("ks")]
+    n_features = int(get("n_features_in"))
+    if not ks or min(ks) < 2:
+        raise ValueError(f"model array 'ks' holds invalid layer sizes {ks}")
+    V = model.n_clusterings
+    if "layer0.center_data" in arrays:
+        center_data: np.ndarray | sp.csr_matrix = get("layer0.center_data")
+    else:
+        shape = tuple(int(s) for s in get("layer0.center_data.shape"))
+        center_data = sp.csr_matrix(
+            (
+                get("layer0.center_data.data"),
+                get("layer0.center_data.indices"),
+                get("layer0.center_data.indptr"),
+            ),
+            shape=shape,
+        )
+    bottom = BottomLayer(
+        feature_masks=get("layer0.feature_masks"),
+        shift_masks=get("layer0.shift_masks") if "layer0.shift_masks" in arrays else None,
+        centers=get("layer0.centers"),
+        center_data=center_data,
+        metric=model.metric,
+    )
+    _expect_shape("layer0.centers", bottom.centers, (V, ks[0]))
+    _expect_shape("layer0.feature_masks", bottom.feature_masks, (V, (n_features + 7) // 8))
+    if center_data.ndim != 2 or center_data.shape[1] != n_features:
+        raise ValueError(f"model array 'layer0.center_data' has shape {center_data.shape}")
+    _expect_index("layer0.centers", bottom.centers, center_data.shape[0])
+    layers: list[BottomLayer | UpperLayer] = [bottom]
+    for index in range(1, len(ks)):
+        layer = UpperLayer(
+            centers=get(f"layer{index}.centers"),
+            center_codes=get(f"layer{index}.center_codes"),
+            seeds=get(f"layer{index}.seeds").astype(np.uint64),
+            n_values=ks[index - 1],
+            feature_fraction=float(get(f"layer{index}.feature_fraction")),
+        )
+        _expect_shape(f"layer{index}.centers", layer.centers, (V, ks[index]))
+        _expect_shape(f"layer{index}.seeds", layer.seeds, (V,))
+        if layer.center_codes.ndim != 2 or layer.center_codes.shape[1] != V:
+            raise ValueError(
+                f"model array 'layer{index}.center_codes' has shape {layer.center_codes.shape}"
+            )
+        _expect_index(f"layer{index}.centers", layer.centers, layer.center_codes.shape[0])
+        _expect_index(f"layer{index}.center_codes", layer.center_codes, ks[index - 1])
+        layers.append(layer)
+    top = _Top(
+        table=np.ascontiguousarray(get("top.table"), dtype=np.float64),
+        offset=np.asarray(get("top.offset"), dtype=np.float64),
+        explained_variance_ratio=get("top.explained_variance_ratio"),
+    )
+    if top.table.ndim != 3 or top.table.shape[:2] != (V, ks[-1]):
+        raise ValueError(f"model array 'top.table' has shape {top.table.shape}")
+    if top.offset.shape != (top.table.shape[2],):
+        raise ValueError(f"model array 'top.offset' has shape {top.offset.shape}")
+    model.ks_ = ks
+    model.n_features_in_ = n_features
+    model.n_components_ = int(top.table.shape[2])
+    model.layers_ = layers
+    model.top_ = top
+    model.explained_variance_ratio_ = top.explained_variance_ratio
+    return model
+
+
+def _expect_shape(name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
+    if array.shape != shape:
+        raise ValueError(f"model array {name!r} has shape {array.shape}, expected {shape}")
+
+
+def _expect_index(name: str, array: np.ndarray, bound: int) -> None:
+    if array.dtype.kind not in "ui":
+        raise ValueError(f"model array {name!r} must hold integers, not {array.dtype}")
+    if array.size and (array.min() < 0 or array.max() >= bound):
+        raise ValueError(f"model array {name!r} holds indices outside [0, {bound})")
