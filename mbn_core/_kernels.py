@@ -119,8 +119,9 @@ def locate_postings(indptr, center_codes, n_values, start, length):
 
 
 @njit(nogil=True, cache=True)
-def upper_codes(rows, start, length, center_codes, centers, n_values, seed, threshold,
-                keep_all, n_points, out):
+def upper_codes(
+    rows, start, length, center_codes, centers, n_values, seed, threshold, keep_all, n_points, out
+):
     """One upper-layer clustering: each point's center with the most shared chosen codes.
 
     The similarity of point x and center w is w^T x over the chosen one-hot dimensions,
@@ -188,7 +189,7 @@ def upper_codes(rows, start, length, center_codes, centers, n_values, seed, thre
 
 @njit(nogil=True, cache=True)
 def project_codes(codes, table, offset, out):
-    """PCA of one-hot codes without the one-hot matrix: out[i] = sum_v table[v, codes[i, v]] - offset.
+    """PCA of one-hot codes without building them: out[i] = sum_v table[v, codes[i, v]] - offset.
 
     The sum runs over v in a fixed order, so a row's result does not depend on the batch.
     """

@@ -85,6 +85,8 @@ def bottom_clustering_codes(
     -------
     codes : ndarray of shape (n,), int32
     """
+    if sp.issparse(X):
+        X = sp.csr_matrix(X)
     n_centers, n_chosen = center_values.shape
     W = center_values.astype(np.float64)
     sq_norms = np.einsum("ij,ij->i", W, W)
@@ -108,8 +110,8 @@ def bottom_clustering_codes(
     n_rows = X.shape[0]
     codes = np.empty(n_rows, dtype=np.int32)
     block = _block_rows(n_centers)
-    sparse_input = sp.issparse(X)
-    if sparse_input:
+    sparse_input = isinstance(X, sp.csr_matrix)
+    if isinstance(X, sp.csr_matrix):
         X_chosen = X[:, features].tocsr()
     else:
         gather = np.append(features, X.shape[1] - 1)
@@ -153,6 +155,7 @@ def _exact_best(x: np.ndarray, W: np.ndarray, norms: np.ndarray, metric: str) ->
 def input_row_norms(X: np.ndarray | sp.csr_matrix) -> np.ndarray:
     """float64 Euclidean norms of the rows of X (without the ones column, if any)."""
     if sp.issparse(X):
+        X = sp.csr_matrix(X)
         squares = X.multiply(X).sum(axis=1)
         return np.sqrt(np.asarray(squares, dtype=np.float64).ravel())
     norms = np.empty(X.shape[0], dtype=np.float64)
@@ -210,7 +213,7 @@ class BottomLayer:
         """The (k, d_chosen) float32 centers of one clustering, reconstruction applied."""
         features = self.features(clustering)
         rows = self.centers[clustering]
-        if sp.issparse(self.center_data):
+        if isinstance(self.center_data, sp.csr_matrix):
             values = self.center_data[rows][:, features].toarray()
         else:
             values = self.center_data[np.ix_(rows, features)]
@@ -234,7 +237,7 @@ class BottomLayer:
         if self.shift_masks is not None:
             arrays.append(self.shift_masks)
         data = self.center_data
-        if sp.issparse(data):
+        if isinstance(data, sp.csr_matrix):
             arrays += [data.data, data.indices, data.indptr]
         else:
             arrays.append(data)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 from collections.abc import Callable, Sequence
@@ -38,7 +39,7 @@ AUTO_MIN_FEATURES = 8
 _DENSE_PCA_MAX_ENTRIES = 5_000_000
 
 
-class TrainingStopped(RuntimeError):  # noqa: N818 - reads as what happened
+class TrainingStopped(RuntimeError):
     """Raised by ``MBN.fit`` when the callback asked to stop; the estimator is left unfitted."""
 
 
@@ -115,8 +116,10 @@ class MBN(TransformerMixin, BaseEstimator):
         Centers per layer, bottom first.
     n_components_ : int
         Dimension of the embedding.
-    layers_ : list
-        The fitted layers (``BottomLayer`` then ``UpperLayer`` objects).
+    bottom_layer_ : BottomLayer
+        The fitted bottom layer.
+    upper_layers_ : list of UpperLayer
+        The fitted upper layers, lowest first.
     explained_variance_ratio_ : ndarray of shape (n_components_,)
         Variance of the top codes explained by each embedding dimension.
     n_features_in_ : int
@@ -185,6 +188,16 @@ class MBN(TransformerMixin, BaseEstimator):
         return self._fit(X)
 
     def _fit(self, X) -> np.ndarray:
+        # A stopped or failed fit leaves the estimator exactly as it was.
+        previous_state = dict(self.__dict__)
+        try:
+            return self._fit_network(X)
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(previous_state)
+            raise
+
+    def _fit_network(self, X) -> np.ndarray:
         self._validate_params()
         X = validate_data(
             self,
@@ -211,17 +224,18 @@ class MBN(TransformerMixin, BaseEstimator):
         with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_threads) as pool:
             runner = _LayerRunner(pool, self.callback)
             bottom, codes = self._fit_bottom(X, X_work, ks[0], n_chosen, rng, runner)
-            layers: list[BottomLayer | UpperLayer] = [bottom]
             del X_work
+            upper: list[UpperLayer] = []
             for index, k in enumerate(ks[1:], start=1):
                 layer, codes = self._fit_upper(codes, ks[index - 1], k, rng, runner, index)
-                layers.append(layer)
+                upper.append(layer)
             top = _fit_top(codes, ks[-1], n_components, rng)
             embedding = _project(codes, top)
 
         self.ks_ = list(ks)
         self.n_components_ = n_components
-        self.layers_ = layers
+        self.bottom_layer_ = bottom
+        self.upper_layers_ = upper
         self.top_ = top
         self.explained_variance_ratio_ = top.explained_variance_ratio
         return embedding
@@ -276,7 +290,7 @@ class MBN(TransformerMixin, BaseEstimator):
                 shifted[v, rng.choice(chosen, n_shift, replace=False)] = True
         rows, local = np.unique(centers, return_inverse=True)
         if sp.issparse(X):
-            center_data = X[rows].astype(np.float32)
+            center_data = sp.csr_matrix(X[rows], dtype=np.float32)
             center_data.sort_indices()
         else:
             center_data = compact_values(X[rows])
@@ -335,7 +349,8 @@ class MBN(TransformerMixin, BaseEstimator):
         -------
         embedding : ndarray of shape (n_samples, n_components_), float64
         """
-        codes = self._encode(X, len(self.layers_))
+        check_is_fitted(self)
+        codes = self._encode(X, len(self.ks_))
         return _project(codes, self.top_)
 
     def encode(self, X, layer: int = -1) -> np.ndarray:
@@ -352,7 +367,7 @@ class MBN(TransformerMixin, BaseEstimator):
         codes : ndarray of shape (n_samples, n_clusterings), smallest unsigned dtype
         """
         check_is_fitted(self)
-        n_layers = len(self.layers_)
+        n_layers = len(self.ks_)
         if not isinstance(layer, numbers.Integral) or not -n_layers <= layer < n_layers:
             raise ValueError(f"layer={layer!r} must be an integer in [{-n_layers}, {n_layers})")
         depth = layer % n_layers + 1
@@ -361,15 +376,13 @@ class MBN(TransformerMixin, BaseEstimator):
 
     def _encode(self, X, depth: int) -> np.ndarray:
         check_is_fitted(self)
-        X = validate_data(
-            self, X, accept_sparse="csr", dtype=[np.float64, np.float32], reset=False
-        )
+        X = validate_data(self, X, accept_sparse="csr", dtype=[np.float64, np.float32], reset=False)
         n_samples = X.shape[0]
         n_threads = _effective_threads(self.n_jobs)
         X_work = _float32_input(X)
         with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_threads) as pool:
             runner = _LayerRunner(pool, None)
-            bottom = self.layers_[0]
+            bottom = self.bottom_layer_
             norms = input_row_norms(X)
             codes = runner.run_layer(
                 0,
@@ -377,17 +390,26 @@ class MBN(TransformerMixin, BaseEstimator):
                 lambda v: bottom.clustering_codes(X_work, v, norms),
                 n_samples,
             )
-            for index, layer in enumerate(self.layers_[1:depth], start=1):
+            for index, layer in enumerate(self.upper_layers_[: depth - 1], start=1):
                 codes = _encode_upper(codes, layer, runner, index)
         return codes
 
     # ------------------------------------------------------------------ helpers
 
     @property
+    def layers_(self) -> list[BottomLayer | UpperLayer]:
+        """The fitted layers, bottom first."""
+        check_is_fitted(self)
+        return [self.bottom_layer_, *self.upper_layers_]
+
+    @property
     def nbytes(self) -> int:
         """Bytes held by the fitted model's arrays (what exact prediction needs)."""
         check_is_fitted(self)
         return sum(layer.nbytes for layer in self.layers_) + self.top_.nbytes
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "top_")
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -469,7 +491,11 @@ def _encode_upper(codes, layer: UpperLayer, runner: _LayerRunner, index: int) ->
 
     def encode(v: int) -> np.ndarray:
         return upper_clustering_codes(
-            postings, center_codes, centers[v], layer.n_values, layer.seeds[v],
+            postings,
+            center_codes,
+            centers[v],
+            layer.n_values,
+            layer.seeds[v],
             layer.feature_fraction,
         )
 
@@ -506,7 +532,7 @@ def _project(codes: np.ndarray, top: _Top) -> np.ndarray:
 def _float32_input(X):
     """The bottom layer's working copy: float32 CSR, or dense float32 with a ones column."""
     if sp.issparse(X):
-        X = X.astype(np.float32)
+        X = sp.csr_matrix(X, dtype=np.float32)
         X.sort_indices()
         return X
     return with_ones_column(X)
@@ -530,7 +556,7 @@ def _check_int(name: str, value, minimum: int) -> None:
 def _check_real(
     name: str, value, low: float, high: float, *, low_open: bool = False, high_open: bool = False
 ) -> None:
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and np.isfinite(value)
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
     if ok:
         ok = (value > low if low_open else value >= low) and (
             value < high if high_open else value <= high
@@ -541,6 +567,7 @@ def _check_real(
 
 
 # ---------------------------------------------------------------------- persistence
+
 
 def model_to_arrays(model: MBN) -> dict[str, np.ndarray]:
     """Every array exact prediction needs, keyed by name (for ``np.savez``, no pickle).
@@ -553,20 +580,20 @@ def model_to_arrays(model: MBN) -> dict[str, np.ndarray]:
         "ks": np.asarray(model.ks_, dtype=np.int64),
         "n_features_in": np.asarray(model.n_features_in_, dtype=np.int64),
     }
-    bottom = model.layers_[0]
+    bottom = model.bottom_layer_
     arrays["layer0.feature_masks"] = bottom.feature_masks
     arrays["layer0.centers"] = bottom.centers
     if bottom.shift_masks is not None:
         arrays["layer0.shift_masks"] = bottom.shift_masks
     data = bottom.center_data
-    if sp.issparse(data):
+    if isinstance(data, sp.csr_matrix):
         arrays["layer0.center_data.data"] = data.data
         arrays["layer0.center_data.indices"] = data.indices
         arrays["layer0.center_data.indptr"] = data.indptr
         arrays["layer0.center_data.shape"] = np.asarray(data.shape, dtype=np.int64)
     else:
         arrays["layer0.center_data"] = data
-    for index, layer in enumerate(model.layers_[1:], start=1):
+    for index, layer in enumerate(model.upper_layers_, start=1):
         arrays[f"layer{index}.centers"] = layer.centers
         arrays[f"layer{index}.center_codes"] = layer.center_codes
         arrays[f"layer{index}.seeds"] = layer.seeds
@@ -619,7 +646,7 @@ def model_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MBN:
     if center_data.ndim != 2 or center_data.shape[1] != n_features:
         raise ValueError(f"model array 'layer0.center_data' has shape {center_data.shape}")
     _expect_index("layer0.centers", bottom.centers, center_data.shape[0])
-    layers: list[BottomLayer | UpperLayer] = [bottom]
+    upper: list[UpperLayer] = []
     for index in range(1, len(ks)):
         layer = UpperLayer(
             centers=get(f"layer{index}.centers"),
@@ -636,7 +663,7 @@ def model_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MBN:
             )
         _expect_index(f"layer{index}.centers", layer.centers, layer.center_codes.shape[0])
         _expect_index(f"layer{index}.center_codes", layer.center_codes, ks[index - 1])
-        layers.append(layer)
+        upper.append(layer)
     top = _Top(
         table=np.ascontiguousarray(get("top.table"), dtype=np.float64),
         offset=np.asarray(get("top.offset"), dtype=np.float64),
@@ -649,7 +676,8 @@ def model_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MBN:
     model.ks_ = ks
     model.n_features_in_ = n_features
     model.n_components_ = int(top.table.shape[2])
-    model.layers_ = layers
+    model.bottom_layer_ = bottom
+    model.upper_layers_ = upper
     model.top_ = top
     model.explained_variance_ratio_ = top.explained_variance_ratio
     return model

@@ -1,0 +1,167 @@
+"""The k-centers layers against brute-force references."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from mbn_core import _kernels
+from mbn_core.layers import (
+    Postings,
+    bottom_clustering_codes,
+    compact_values,
+    keep_threshold,
+    upper_clustering_codes,
+    with_ones_column,
+)
+
+
+def reference_bottom(X, features, centers, metric):
+    """Nearest center in float64, lowest index on ties."""
+    Xs = np.asarray(X, dtype=np.float64)[:, features]
+    W = np.asarray(centers, dtype=np.float64)
+    if metric == "euclidean":
+        distances = ((Xs[:, None, :] - W[None, :, :]) ** 2).sum(axis=2)
+        return distances.argmin(axis=1)
+    norms = np.linalg.norm(W, axis=1)
+    similarity = Xs @ W.T / np.where(norms > 0, norms, 1.0)
+    return similarity.argmax(axis=1)
+
+
+def reference_upper(codes, center_codes, n_values, seed, fraction):
+    """Shared chosen one-hot dimensions between every point and center, argmax."""
+    n_clusterings = codes.shape[1]
+    keys = (center_codes + np.arange(n_clusterings) * n_values).astype(np.uint64)
+    kept = _kernels.dimension_kept(np.uint64(seed), keys.ravel(), keep_threshold(fraction))
+    kept = kept.reshape(center_codes.shape) if fraction < 1 else np.ones(center_codes.shape, bool)
+    shared = (codes[:, None, :] == center_codes[None, :, :]) & kept[None, :, :]
+    return shared.sum(axis=2).argmax(axis=1)
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_bottom_codes_match_brute_force(metric):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 12)).astype(np.float32)
+    features = np.array([0, 3, 4, 7, 11])
+    centers = X[rng.choice(300, 40, replace=False)][:, features]
+    codes = bottom_clustering_codes(with_ones_column(X), features, centers, metric)
+    np.testing.assert_array_equal(codes, reference_bottom(X, features, centers, metric))
+
+
+def test_bottom_exact_ties_go_to_the_lowest_center():
+    X = np.array([[0.0, 0.0], [1.0, 1.0], [5.0, 5.0]], dtype=np.float32)
+    # Centers 1 and 2 are identical; point 1 sits on them, point 0 is equidistant from 0 and 3.
+    centers = np.array([[-1.0, 0.0], [1.0, 1.0], [1.0, 1.0], [1.0, 0.0]], dtype=np.float32)
+    codes = bottom_clustering_codes(with_ones_column(X), np.array([0, 1]), centers, "euclidean")
+    np.testing.assert_array_equal(codes, [0, 1, 1])
+
+
+def test_bottom_near_ties_beyond_float32_are_ranked_exactly():
+    # Two centers whose float32 GEMM scores collide while their float64 distances differ.
+    rng = np.random.default_rng(1)
+    base = rng.uniform(100, 200, size=64).astype(np.float32)
+    nudged = base.copy()
+    nudged[5] = np.nextafter(nudged[5], np.float32(np.inf))
+    X = base[None, :] + np.float32(1e-3)
+    centers = np.stack([nudged, base])
+    codes = bottom_clustering_codes(with_ones_column(X), np.arange(64), centers, "euclidean")
+    np.testing.assert_array_equal(codes, reference_bottom(X, np.arange(64), centers, "euclidean"))
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_bottom_sparse_input_gives_the_dense_codes(metric):
+    rng = np.random.default_rng(2)
+    X = sp.random(200, 30, density=0.2, format="csr", random_state=3, dtype=np.float32)
+    features = np.sort(rng.choice(30, 15, replace=False))
+    centers = X[rng.choice(200, 25, replace=False)][:, features].toarray()
+    sparse_codes = bottom_clustering_codes(X, features, centers, metric)
+    dense_codes = bottom_clustering_codes(with_ones_column(X.toarray()), features, centers, metric)
+    np.testing.assert_array_equal(sparse_codes, dense_codes)
+    np.testing.assert_array_equal(
+        sparse_codes, reference_bottom(X.toarray(), features, centers, metric)
+    )
+
+
+def test_bottom_codes_do_not_depend_on_the_batch():
+    rng = np.random.default_rng(3)
+    X = rng.integers(0, 4, size=(150, 6)).astype(np.float32)  # many exact ties
+    features = np.arange(6)
+    centers = X[:30]
+    Xw = with_ones_column(X)
+    whole = bottom_clustering_codes(Xw, features, centers, "euclidean")
+    rows = [
+        bottom_clustering_codes(Xw[i : i + 1], features, centers, "euclidean")[0]
+        for i in range(150)
+    ]
+    np.testing.assert_array_equal(whole, rows)
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.2, 1.0])
+def test_upper_codes_match_brute_force(fraction):
+    rng = np.random.default_rng(4)
+    n_values, n_clusterings = 7, 25
+    codes = rng.integers(0, n_values, size=(120, n_clusterings)).astype(np.int32)
+    centers = rng.choice(120, 15, replace=False).astype(np.int32)
+    postings = Postings.build(codes, codes, n_values)
+    got = upper_clustering_codes(postings, codes, centers, n_values, np.uint64(99), fraction)
+    want = reference_upper(codes, codes[centers], n_values, 99, fraction)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_upper_codes_for_new_points_use_stored_center_codes():
+    rng = np.random.default_rng(5)
+    n_values, n_clusterings = 5, 30
+    train = rng.integers(0, n_values, size=(80, n_clusterings)).astype(np.int32)
+    center_rows = train[rng.choice(80, 12, replace=False)]
+    new = rng.integers(0, n_values, size=(9, n_clusterings)).astype(np.int32)
+    centers = np.arange(12, dtype=np.int32)
+    postings = Postings.build(new, center_rows, n_values)
+    got = upper_clustering_codes(postings, center_rows, centers, n_values, np.uint64(7), 0.5)
+    np.testing.assert_array_equal(got, reference_upper(new, center_rows, n_values, 7, 0.5))
+    singles = [
+        upper_clustering_codes(
+            Postings.build(new[i : i + 1], center_rows, n_values),
+            center_rows,
+            centers,
+            n_values,
+            np.uint64(7),
+            0.5,
+        )[0]
+        for i in range(9)
+    ]
+    np.testing.assert_array_equal(got, singles)
+
+
+def test_kept_fraction_is_close_to_the_request():
+    keys = np.arange(200_000, dtype=np.uint64)
+    kept = _kernels.dimension_kept(np.uint64(12345), keys, keep_threshold(0.3))
+    assert abs(kept.mean() - 0.3) < 0.005
+
+
+def test_best_scores_flags_near_ties_and_returns_the_first_maximum():
+    scores = np.array(
+        [[1.0, 3.0, 3.0, 2.0], [5.0, 4.0, 4.99, 0.0], [0.0, -1.0, -2.0, 9.0]], dtype=np.float32
+    )
+    best = np.empty(3, np.int32)
+    near = np.empty(3, np.bool_)
+    _kernels.best_scores(scores, np.array([0.0, 0.05, 0.5], np.float32), best, near)
+    np.testing.assert_array_equal(best, [1, 0, 3])
+    np.testing.assert_array_equal(near, [True, True, False])
+
+
+def test_project_codes_equals_one_hot_product():
+    rng = np.random.default_rng(6)
+    codes = rng.integers(0, 4, size=(10, 3)).astype(np.int32)
+    table = rng.normal(size=(3, 4, 2))
+    offset = rng.normal(size=2)
+    out = np.empty((10, 2))
+    _kernels.project_codes(codes, table, offset, out)
+    onehot = np.zeros((10, 12))
+    onehot[np.arange(10)[:, None], codes + np.arange(3) * 4] = 1
+    np.testing.assert_allclose(out, onehot @ table.reshape(12, 2) - offset)
+
+
+def test_compact_values_keeps_whole_numbers_small():
+    assert compact_values(np.array([[0.0, 255.0]])).dtype == np.uint8
+    assert compact_values(np.array([[0.0, 256.0]])).dtype == np.uint16
+    assert compact_values(np.array([[0.5, 1.0]])).dtype == np.float32
+    assert compact_values(np.array([[-1.0, 1.0]])).dtype == np.float32

@@ -1,0 +1,269 @@
+"""The MBN estimator: scikit-learn contract, determinism, exactness, bad input."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.cluster import KMeans
+from sklearn.datasets import load_digits, make_moons, make_swiss_roll
+from sklearn.exceptions import NotFittedError
+from sklearn.metrics import normalized_mutual_info_score
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from mbn_core import MBN, TrainingStopped, model_from_arrays, model_to_arrays
+
+
+@pytest.fixture(scope="module")
+def digits():
+    X, y = load_digits(return_X_y=True)
+    return X[:600], y[:600]
+
+
+@pytest.fixture(scope="module")
+def fitted(digits):
+    X, _ = digits
+    model = MBN(n_clusterings=30, random_state=0)
+    embedding = model.fit_transform(X)
+    return model, embedding
+
+
+@parametrize_with_checks([MBN(n_clusterings=20, random_state=0)])
+def test_sklearn_compatible_estimator(estimator, check):
+    check(estimator)
+
+
+def test_layer_sizes_follow_the_paper():
+    # MNIST 5,000-image subsets in the paper: 2500-1250-625-312-156-78-39-19.
+    assert MBN().layer_sizes(5000) == [2500, 1250, 625, 312, 156, 78, 39, 19]
+    assert MBN(k_max=1000).layer_sizes(5000)[:2] == [1000, 500]
+    assert MBN(k1=0.7, delta=0.8, n_classes=3).layer_sizes(100)[:3] == [70, 56, 44]
+    assert MBN(ks=[50, 20]).layer_sizes(100) == [50, 20]
+    # Tiny data keeps one layer even below the 1.5 c stop.
+    assert MBN().layer_sizes(20) == [10]
+
+
+def test_fit_transform_equals_transform_bit_for_bit(digits, fitted):
+    X, _ = digits
+    model, embedding = fitted
+    np.testing.assert_array_equal(model.transform(X), embedding)
+
+
+def test_transform_is_batch_independent(digits, fitted):
+    X, _ = digits
+    model, embedding = fitted
+    singles = np.vstack([model.transform(X[i : i + 1]) for i in range(0, 600, 37)])
+    np.testing.assert_array_equal(singles, embedding[::37])
+    shuffled = np.random.default_rng(0).permutation(600)
+    np.testing.assert_array_equal(model.transform(X[shuffled]), embedding[shuffled])
+
+
+def test_same_seed_same_model_any_thread_count(digits, fitted):
+    X, _ = digits
+    model, embedding = fitted
+    again = MBN(n_clusterings=30, random_state=0, n_jobs=1).fit(X)
+    for name, array in model_to_arrays(model).items():
+        np.testing.assert_array_equal(model_to_arrays(again)[name], array, err_msg=name)
+    np.testing.assert_array_equal(again.transform(X), embedding)
+    other = MBN(n_clusterings=30, random_state=1).fit_transform(X)
+    assert not np.array_equal(other, embedding)
+
+
+def test_embedding_clusters_digits(digits, fitted):
+    _, y = digits
+    _, embedding = fitted
+    labels = KMeans(10, n_init=10, random_state=0).fit_predict(embedding)
+    assert normalized_mutual_info_score(y, labels) > 0.75
+
+
+def test_encode_returns_each_layers_codes(digits, fitted):
+    X, _ = digits
+    model, _ = fitted
+    assert model.ks_ == [300, 150, 75, 37, 18]
+    for layer, k in enumerate(model.ks_):
+        codes = model.encode(X[:50], layer=layer)
+        assert codes.shape == (50, 30)
+        assert codes.dtype == (np.uint8 if k <= 256 else np.uint16)
+        assert codes.max() < k
+    np.testing.assert_array_equal(model.encode(X[:50]), model.encode(X[:50], layer=4))
+    with pytest.raises(ValueError, match="layer"):
+        model.encode(X, layer=5)
+
+
+def test_model_keeps_compact_arrays(digits, fitted):
+    model, _ = fitted
+    bottom = model.layers_[0]
+    assert bottom.center_data.dtype == np.uint8  # digits are whole numbers 0..16
+    assert bottom.centers.dtype == np.uint16
+    assert model.layers_[1].center_codes.dtype == np.uint16  # codes < 300
+    assert model.layers_[-1].center_codes.dtype == np.uint8
+    stored = sum(a.nbytes for a in model_to_arrays(model).values())
+    assert 0.95 * stored < model.nbytes <= stored
+
+
+def test_arrays_round_trip(digits, fitted):
+    X, _ = digits
+    model, embedding = fitted
+    params = {k: v for k, v in model.get_params().items() if k != "callback"}
+    restored = model_from_arrays(model_to_arrays(model), params)
+    np.testing.assert_array_equal(restored.transform(X), embedding)
+
+
+def test_corrupted_arrays_are_named(fitted):
+    model, _ = fitted
+    params = {k: v for k, v in model.get_params().items() if k != "callback"}
+    arrays = model_to_arrays(model)
+    missing = {k: v for k, v in arrays.items() if k != "layer2.seeds"}
+    with pytest.raises(ValueError, match=r"layer2.seeds"):
+        model_from_arrays(missing, params)
+    bad = dict(arrays, **{"layer1.centers": arrays["layer1.centers"] + 60000})
+    with pytest.raises(ValueError, match=r"layer1.centers"):
+        model_from_arrays(bad, params)
+    with pytest.raises(ValueError, match=r"top.table"):
+        model_from_arrays(dict(arrays, **{"top.table": arrays["top.table"][:, :3]}), params)
+
+
+def test_sparse_input_gives_the_dense_embedding(digits):
+    X, _ = digits
+    X = X[:200]
+    dense = MBN(n_clusterings=15, random_state=0).fit(X)
+    sparse = MBN(n_clusterings=15, random_state=0).fit(sp.csr_matrix(X))
+    np.testing.assert_array_equal(dense.transform(X), sparse.transform(sp.csr_matrix(X)))
+    np.testing.assert_array_equal(dense.transform(X), sparse.transform(X))
+
+
+def test_cosine_metric_on_sparse_text_like_data():
+    rng = np.random.default_rng(0)
+    topics = rng.dirichlet(np.full(300, 0.05), size=3)
+    y = rng.integers(0, 3, size=240)
+    counts = np.vstack([rng.multinomial(60, topics[label]) for label in y])
+    X = sp.csr_matrix(counts.astype(np.float64))
+    embedding = MBN(
+        n_components=3, n_classes=3, n_clusterings=40, metric="cosine", random_state=0
+    ).fit_transform(X)
+    labels = KMeans(3, n_init=10, random_state=0).fit_predict(embedding)
+    assert normalized_mutual_info_score(y, labels) > 0.9
+
+
+def _nmi_of_embedding(X, y, **params):
+    n_classes = len(np.unique(y))
+    model = MBN(n_components=n_classes, n_classes=n_classes, random_state=0, **params)
+    embedding = model.fit_transform(X)
+    labels = KMeans(n_classes, n_init=10, random_state=0).fit_predict(embedding)
+    return normalized_mutual_info_score(y, labels)
+
+
+def test_auto_feature_fraction_handles_low_dimensional_manifolds():
+    # With 2 or 3 inputs, a = 0.5 leaves each clustering one coordinate: a degenerate
+    # partition into strips. "auto" keeps them all and recovers the manifold's structure.
+    assert MBN()._n_bottom_features(2) == 2
+    assert MBN()._n_bottom_features(13) == 8
+    assert MBN()._n_bottom_features(784) == 392
+    X, t = make_swiss_roll(800, noise=0.2, random_state=0)
+    bands = np.digitize(t, np.quantile(t, [0.25, 0.5, 0.75]))
+    swiss = dict(n_clusterings=60, k1=0.1)
+    assert _nmi_of_embedding(X, bands, **swiss) > 0.5
+    assert _nmi_of_embedding(X, bands, feature_fraction=0.5, **swiss) < 0.35
+    X, y = make_moons(n_samples=400, noise=0.05, random_state=0)
+    # Very nonlinear data: the paper's advice is a larger delta.
+    moons = dict(n_clusterings=60, k1=0.3, delta=0.8)
+    assert _nmi_of_embedding(X, y, **moons) > 0.55
+    assert _nmi_of_embedding(X, y, feature_fraction=0.5, **moons) < 0.1
+
+
+def test_random_reconstruction_changes_the_model(digits):
+    X, _ = digits
+    plain = MBN(n_clusterings=10, random_state=0).fit(X[:200])
+    shifted = MBN(n_clusterings=10, random_state=0, shift_fraction=0.5).fit(X[:200])
+    assert shifted.layers_[0].shift_masks is not None
+    assert not np.array_equal(plain.transform(X[:200]), shifted.transform(X[:200]))
+    np.testing.assert_array_equal(
+        shifted.transform(X[:20]), np.vstack([shifted.transform(X[i : i + 1]) for i in range(20)])
+    )
+
+
+def test_callback_reports_progress_and_can_stop(digits, fitted):
+    X, _ = digits
+    calls = []
+    MBN(n_clusterings=5, ks=[100, 40], random_state=0, callback=lambda *a: calls.append(a)).fit(X)
+    assert calls[:5] == [(0, 1, 5), (0, 2, 5), (0, 3, 5), (0, 4, 5), (0, 5, 5)]
+    assert calls[5:] == [(1, c, 5) for c in range(1, 6)]
+
+    model, embedding = fitted
+    stop_early = MBN(n_clusterings=5, random_state=0, callback=lambda layer, c, t: c == 3)
+    with pytest.raises(TrainingStopped, match="layer 0 after 3 of 5"):
+        stop_early.fit(X)
+    with pytest.raises(NotFittedError):
+        stop_early.transform(X)
+    # A fitted model that is refitted and stopped keeps its previous state.
+    model.set_params(callback=lambda layer, c, t: True)
+    try:
+        with pytest.raises(TrainingStopped):
+            model.fit(X[:100])
+        np.testing.assert_array_equal(model.transform(X), embedding)
+    finally:
+        model.set_params(callback=None)
+
+
+@pytest.mark.parametrize(
+    ("params", "name"),
+    [
+        ({"n_clusterings": 0}, "n_clusterings"),
+        ({"n_clusterings": 2.5}, "n_clusterings"),
+        ({"feature_fraction": 0.0}, "feature_fraction"),
+        ({"feature_fraction": 1.5}, "feature_fraction"),
+        ({"feature_fraction": "half"}, "feature_fraction"),
+        ({"k1": 1}, "k1"),
+        ({"k1": 0.0}, "k1"),
+        ({"k1": "many"}, "k1"),
+        ({"delta": 1.0}, "delta"),
+        ({"delta": float("nan")}, "delta"),
+        ({"n_classes": 0}, "n_classes"),
+        ({"ks": []}, "ks"),
+        ({"ks": [10, 1]}, "ks"),
+        ({"ks": "10"}, "ks"),
+        ({"k_max": 1}, "k_max"),
+        ({"metric": "manhattan"}, "metric"),
+        ({"shift_fraction": 1.0}, "shift_fraction"),
+        ({"n_jobs": 0}, "n_jobs"),
+        ({"callback": 3}, "callback"),
+        ({"n_components": 0}, "n_components"),
+    ],
+)
+def test_invalid_parameters_are_named(params, name):
+    with pytest.raises(ValueError, match=name):
+        MBN(**params).fit(np.random.default_rng(0).normal(size=(40, 5)))
+
+
+@pytest.mark.parametrize(
+    ("X", "message"),
+    [
+        (np.array([[1.0, np.nan], [2.0, 3.0], [4.0, 5.0]]), "NaN"),
+        (np.array([[1.0, np.inf], [2.0, 3.0], [4.0, 5.0]]), "infinity"),
+        (np.empty((0, 3)), "0 sample"),
+        (np.ones((1, 3)), "1 sample"),
+        (np.array([["a", "b"], ["c", "d"], ["e", "f"]]), "could not convert|dtype"),
+        (np.ones((3, 2)) + 1j, "[Cc]omplex"),
+    ],
+)
+def test_bad_training_data_is_refused(X, message):
+    with pytest.raises(ValueError, match=message):
+        MBN(n_clusterings=5, n_components=1).fit(X)
+
+
+def test_more_centers_than_samples_is_refused():
+    X = np.random.default_rng(0).normal(size=(30, 4))
+    with pytest.raises(ValueError, match=r"ks=.*40 centers"):
+        MBN(ks=[40, 20]).fit(X)
+    with pytest.raises(ValueError, match="k1=40"):
+        MBN(k1=40).fit(X)
+    with pytest.raises(ValueError, match="n_components=10"):
+        MBN(n_clusterings=5, ks=[8, 4]).fit(X[:9])
+
+
+def test_transform_checks_its_input(fitted):
+    model, _ = fitted
+    with pytest.raises(ValueError, match="64 features"):
+        model.transform(np.ones((2, 63)))
+    with pytest.raises(ValueError, match="NaN"):
+        model.transform(np.full((1, 64), np.nan))
+    with pytest.raises(NotFittedError):
+        MBN().transform(np.ones((2, 64)))
