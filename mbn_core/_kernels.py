@@ -118,6 +118,11 @@ def locate_postings(indptr, center_codes, n_values, start, length):
             length[r, v] = indptr[key + 1] - indptr[key]
 
 
+# Posting lists are copied ROW_PAD entries at a time (the ``rows`` array carries ROW_PAD
+# spare entries at its end): short lists then cost no unpredictable loop exits.
+ROW_PAD = 4
+
+
 @njit(nogil=True, cache=True)
 def upper_codes(
     rows, start, length, center_codes, centers, n_values, seed, threshold, keep_all, n_points, out
@@ -137,8 +142,7 @@ def upper_codes(
     out[:] = 0
     range_start = np.empty(n_clusterings, np.int64)
     range_length = np.empty(n_clusterings, np.int64)
-    positions = np.empty(max(64, 8 * n_clusterings), np.int64)
-    points = np.empty(positions.shape[0], np.int32)
+    points = np.empty(max(64, 8 * n_clusterings), np.int32)
     for j in range(centers.shape[0]):
         r = centers[j]
         n_ranges = 0
@@ -163,19 +167,16 @@ def upper_codes(
                     out[i] = j
                 count[i] = 0
         else:
-            # Short, scattered lists: expand positions first so the loads of ``rows``
-            # are independent and the CPU can overlap their cache misses.
-            if total > positions.shape[0]:
-                positions = np.empty(2 * total, np.int64)
-                points = np.empty(2 * total, np.int32)
+            if total + ROW_PAD > points.shape[0]:
+                points = np.empty(2 * (total + ROW_PAD), np.int32)
             t = 0
             for q in range(n_ranges):
                 s = range_start[q]
-                for p in range(range_length[q]):
-                    positions[t + p] = s + p
+                for p in range(ROW_PAD):
+                    points[t + p] = rows[s + p]
+                for p in range(ROW_PAD, range_length[q]):
+                    points[t + p] = rows[s + p]
                 t += range_length[q]
-            for t in range(total):
-                points[t] = rows[positions[t]]
             for t in range(total):
                 count[points[t]] += 1
             for t in range(total):

@@ -291,7 +291,9 @@ class UpperLayer:
 class Postings:
     """Posting lists of a batch's previous-layer codes, located for a layer's center rows.
 
-    Shared by all V clusterings of a layer: built once per layer and batch.
+    Shared by all V clusterings of a layer: built once per layer and batch. Stored in the
+    narrowest dtypes that fit, because the kernels' random reads are only cheap while these
+    arrays stay within a few megabytes of cache.
     """
 
     rows: np.ndarray
@@ -301,11 +303,15 @@ class Postings:
 
     @classmethod
     def build(cls, codes: np.ndarray, center_codes: np.ndarray, n_values: int) -> Postings:
+        n_points = codes.shape[0]
         indptr, rows = _kernels.build_postings(codes, n_values)
-        start = np.empty(center_codes.shape, dtype=np.int64)
-        length = np.empty(center_codes.shape, dtype=np.int32)
+        padded = np.zeros(rows.size + _kernels.ROW_PAD, dtype=smallest_uint(max(n_points - 1, 0)))
+        padded[: rows.size] = rows
+        start = np.empty(center_codes.shape, dtype=np.int32 if rows.size < 2**31 else np.int64)
+        longest = int(np.diff(indptr).max()) if indptr.size > 1 else 0
+        length = np.empty(center_codes.shape, dtype=smallest_uint(longest))
         _kernels.locate_postings(indptr, center_codes, n_values, start, length)
-        return cls(rows=rows, start=start, length=length, n_points=codes.shape[0])
+        return cls(rows=padded, start=start, length=length, n_points=n_points)
 
 
 def upper_clustering_codes(
@@ -322,7 +328,7 @@ def upper_clustering_codes(
     ----------
     postings : Postings
         The batch's previous-layer codes, inverted (``Postings.build``).
-    center_codes : ndarray of shape (n_center_rows, V_prev), int32
+    center_codes : ndarray of shape (n_center_rows, V_prev), unsigned int
         Previous-layer codes of the candidate center rows.
     centers : ndarray of shape (k,), int32
         This clustering's centers, as rows of ``center_codes``.

@@ -303,7 +303,11 @@ class MBN(TransformerMixin, BaseEstimator):
         )
         norms = input_row_norms(X)
         codes = runner.run_layer(
-            0, V, lambda v: layer.clustering_codes(X_work, v, norms), n_samples
+            0,
+            V,
+            lambda v: layer.clustering_codes(X_work, v, norms),
+            n_samples,
+            smallest_uint(k - 1),
         )
         return layer, codes
 
@@ -321,7 +325,7 @@ class MBN(TransformerMixin, BaseEstimator):
                 postings, codes, centers32[v], n_values, seeds[v], fraction
             )
 
-        new_codes = runner.run_layer(index, V, encode, n_samples)
+        new_codes = runner.run_layer(index, V, encode, n_samples, smallest_uint(k - 1))
         rows, local = np.unique(centers, return_inverse=True)
         layer = UpperLayer(
             centers=local.reshape(V, k).astype(smallest_uint(len(rows) - 1)),
@@ -371,8 +375,7 @@ class MBN(TransformerMixin, BaseEstimator):
         if not isinstance(layer, numbers.Integral) or not -n_layers <= layer < n_layers:
             raise ValueError(f"layer={layer!r} must be an integer in [{-n_layers}, {n_layers})")
         depth = layer % n_layers + 1
-        codes = self._encode(X, depth)
-        return codes.astype(smallest_uint(self.ks_[depth - 1] - 1))
+        return self._encode(X, depth)
 
     def _encode(self, X, depth: int) -> np.ndarray:
         check_is_fitted(self)
@@ -389,6 +392,7 @@ class MBN(TransformerMixin, BaseEstimator):
                 len(bottom.centers),
                 lambda v: bottom.clustering_codes(X_work, v, norms),
                 n_samples,
+                smallest_uint(bottom.n_centers - 1),
             )
             for index, layer in enumerate(self.upper_layers_[: depth - 1], start=1):
                 codes = _encode_upper(codes, layer, runner, index)
@@ -459,9 +463,14 @@ class _LayerRunner:
         self.callback = callback
 
     def run_layer(
-        self, layer: int, n_clusterings: int, encode: Callable[[int], np.ndarray], n_rows: int
+        self,
+        layer: int,
+        n_clusterings: int,
+        encode: Callable[[int], np.ndarray],
+        n_rows: int,
+        code_dtype: type[np.unsignedinteger],
     ) -> np.ndarray:
-        codes = np.empty((n_rows, n_clusterings), dtype=np.int32)
+        codes = np.empty((n_rows, n_clusterings), dtype=code_dtype)
         stopped = False
 
         def task(v: int) -> None:
@@ -485,7 +494,7 @@ class _LayerRunner:
 
 
 def _encode_upper(codes, layer: UpperLayer, runner: _LayerRunner, index: int) -> np.ndarray:
-    center_codes = layer.center_codes.astype(np.int32)
+    center_codes = layer.center_codes
     postings = Postings.build(codes, center_codes, layer.n_values)
     centers = layer.centers.astype(np.int32)
 
@@ -499,7 +508,9 @@ def _encode_upper(codes, layer: UpperLayer, runner: _LayerRunner, index: int) ->
             layer.feature_fraction,
         )
 
-    return runner.run_layer(index, len(centers), encode, codes.shape[0])
+    return runner.run_layer(
+        index, len(centers), encode, codes.shape[0], smallest_uint(layer.n_centers - 1)
+    )
 
 
 def _fit_top(codes: np.ndarray, n_values: int, n_components: int, rng) -> _Top:
