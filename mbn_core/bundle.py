@@ -1,0 +1,592 @@
+"""Model bundles: a fitted compressive MBN on disk, written atomically, read with verification.
+
+A bundle is a directory (named after the model id) holding
+
+- ``manifest.json``: format, ids, dimensions, hyperparameters, training facts, fidelity,
+  library versions and the SHA-256 and size of every other file;
+- ``mbn.npz``: the exact model's arrays (``np.load(..., allow_pickle=False)``), plus the
+  clustering head's centroids;
+- ``compressor.onnx``: the fast path, self-contained.
+
+Nothing is pickled. ``save_bundle`` writes into a hidden temporary directory beside the
+target and renames it into place, so readers (and a Ctrl-C) never see half a bundle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import platform
+import re
+import shutil
+import threading
+import uuid
+import zipfile
+from collections.abc import Callable
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.utils.validation import check_is_fitted
+
+from mbn_core.compress import MODES, CompressiveMBN
+from mbn_core.network import MBN, model_from_arrays, model_to_arrays
+from mbn_core.onnx import OnnxEmbedder, to_onnx
+
+log = logging.getLogger(__name__)
+
+FORMAT = "mbn-bundle"
+FORMAT_VERSION = 1
+# Oldest format this code can read, upgrading the manifest step by step (see _UPGRADES).
+MIN_FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+EXACT_FILE = "mbn.npz"
+ONNX_FILE = "compressor.onnx"
+DATA_FILES = (EXACT_FILE, ONNX_FILE)
+MODEL_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# A manifest is a few kilobytes; refuse to parse anything absurdly larger.
+_MAX_MANIFEST_BYTES = 1 << 20
+_HEAD_CENTERS = "head.cluster_centers"
+_LIBRARIES = ("mbn", "numpy", "scipy", "scikit-learn", "onnx", "onnxruntime", "skl2onnx")
+# Manifest upgrades: _UPGRADES[v] turns a version-v manifest into a version v+1 one.
+# Version 1 is the first format, so there is nothing to upgrade yet.
+_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+
+class BundleError(ValueError):
+    """A bundle is missing, truncated, tampered with, foreign or of an unreadable version.
+
+    The message starts with the path of the offending file.
+    """
+
+
+# ---------------------------------------------------------------------- ids and paths
+
+
+def validate_model_id(model_id: str) -> str:
+    """Return ``model_id`` if it is a safe directory name, else raise ValueError.
+
+    Ids are 1 to 64 characters from letters, digits, ``.``, ``_`` and ``-``, starting with a
+    letter or digit: never ``..``, a path separator, or a hidden name.
+    """
+    if not isinstance(model_id, str) or not MODEL_ID_PATTERN.fullmatch(model_id):
+        raise ValueError(
+            f"model id {model_id!r} must be 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return model_id
+
+
+def new_model_id() -> str:
+    """A fresh random model id."""
+    return f"m-{uuid.uuid4().hex[:16]}"
+
+
+def bundle_path(model_dir: str | os.PathLike[str], model_id: str) -> Path:
+    """The directory of bundle ``model_id`` inside ``model_dir``, after validating the id."""
+    return Path(model_dir) / validate_model_id(model_id)
+
+
+# ---------------------------------------------------------------------- writing
+
+
+def save_bundle(
+    model: CompressiveMBN,
+    directory: str | os.PathLike[str],
+    *,
+    name: str,
+    model_id: str | None = None,
+    overwrite: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write a fitted model as a bundle directory, atomically.
+
+    Parameters
+    ----------
+    model : CompressiveMBN
+        A fitted model.
+    directory : path
+        The bundle directory to create. Its parent must exist.
+    name : str
+        Human-readable model name (1-200 printable characters).
+    model_id : str, default=None
+        The id; None means the directory's name, which must then be a valid id.
+    overwrite : bool, default=False
+        Replace an existing bundle at ``directory``. Otherwise an existing path is an error.
+    extra : dict, default=None
+        JSON-able facts merged into the manifest's ``training`` section (e.g. the training
+        parameters as the caller gave them).
+
+    Returns
+    -------
+    Path
+        The bundle directory.
+    """
+    check_is_fitted(model)
+    directory = Path(directory)
+    model_id = validate_model_id(directory.name if model_id is None else model_id)
+    name = validate_name(name)
+    parent = directory.parent
+    if not parent.is_dir():
+        raise ValueError(f"{parent}: the directory to hold the bundle does not exist")
+    if directory.exists() and not overwrite:
+        raise ValueError(f"{directory}: already exists (pass overwrite=True to replace it)")
+
+    exact_bytes = _npz_bytes(model)
+    onnx_bytes = to_onnx(model).SerializeToString()
+    manifest = _manifest(model, model_id, name, extra or {})
+    manifest["files"] = {
+        EXACT_FILE: _file_entry(exact_bytes),
+        ONNX_FILE: _file_entry(onnx_bytes),
+    }
+    manifest_bytes = (json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode()
+
+    temporary = parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:12]}"
+    temporary.mkdir()
+    try:
+        for file_name, data in (
+            (EXACT_FILE, exact_bytes),
+            (ONNX_FILE, onnx_bytes),
+            (MANIFEST, manifest_bytes),
+        ):
+            _write_synced(temporary / file_name, data)
+        _fsync_directory(temporary)
+        _move_into_place(temporary, directory, overwrite)
+    except BaseException:
+        # Also on KeyboardInterrupt: nothing half-written may stay behind.
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    _fsync_directory(parent)
+    log.info("bundle %s written to %s", model_id, directory)
+    return directory
+
+
+def _move_into_place(temporary: Path, directory: Path, overwrite: bool) -> None:
+    if not (overwrite and directory.exists()):
+        # rename() refuses a non-empty target directory, so a bundle that appeared
+        # meanwhile is never clobbered.
+        try:
+            os.rename(temporary, directory)
+        except OSError as error:
+            raise ValueError(
+                f"{directory}: cannot move the new bundle into place: {error}"
+            ) from None
+        return
+    old = directory.parent / f".{directory.name}.old-{uuid.uuid4().hex[:12]}"
+    os.rename(directory, old)
+    try:
+        os.rename(temporary, directory)
+    except BaseException:
+        os.rename(old, directory)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _npz_bytes(model: CompressiveMBN) -> bytes:
+    arrays = model_to_arrays(model.mbn_)
+    if model.cluster_centers_ is not None:
+        arrays[_HEAD_CENTERS] = model.cluster_centers_
+    buffer = io.BytesIO()
+    np.savez(buffer, allow_pickle=False, **arrays)
+    return buffer.getvalue()
+
+
+def _manifest(
+    model: CompressiveMBN, model_id: str, name: str, extra: dict[str, Any]
+) -> dict[str, Any]:
+    mbn = model.mbn_
+    compressor = model.get_params(deep=False)
+    for key in ("mbn", "callback", "prefit"):
+        compressor.pop(key, None)
+    training = {
+        "n_samples": int(model.n_samples_),
+        "input_sparse": bool(model.input_sparse_),
+        "ks": [int(k) for k in mbn.ks_],
+        "n_epochs": int(model.n_epochs_),
+        "seconds": {key: round(float(value), 3) for key, value in model.timings_.items()},
+    }
+    training.update(extra)
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "id": model_id,
+        "name": name,
+        "created": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "input_dim": int(model.n_features_in_),
+        "output_dim": int(model.n_components_),
+        "metric": mbn.metric,
+        "n_clusters": None if model.cluster_centers_ is None else len(model.cluster_centers_),
+        "hyperparameters": {
+            "mbn": _jsonable(mbn_params(mbn)),
+            "compressor": _jsonable(compressor),
+        },
+        "training": _jsonable(training),
+        "fidelity": _jsonable(model.fidelity_),
+        "library_versions": library_versions(),
+    }
+
+
+def mbn_params(mbn: MBN) -> dict[str, Any]:
+    """The MBN hyperparameters a bundle stores (everything but the callback)."""
+    params = mbn.get_params(deep=False)
+    params.pop("callback", None)
+    if isinstance(params.get("random_state"), np.random.RandomState):
+        params["random_state"] = None  # a generator's state is not a hyperparameter
+    return params
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of Python and of the libraries a bundle's numbers depend on."""
+    versions = {"python": platform.python_version()}
+    for package in _LIBRARIES:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "unknown"
+    return versions
+
+
+# ---------------------------------------------------------------------- reading
+
+
+class Bundle:
+    """A verified, loaded bundle: the fast ONNX path at once, the exact MBN on demand.
+
+    Use ``load_bundle`` to make one. Thread safe: ``embed`` and ``predict_clusters`` may be
+    called from several threads.
+
+    Attributes
+    ----------
+    path : Path
+    manifest : dict
+        The parsed ``manifest.json`` (upgraded to the current format version).
+    id, name, created : str
+    input_dim, output_dim : int
+    n_clusters : int or None
+        Clusters of the clustering head; None without one.
+    """
+
+    def __init__(self, path: Path, manifest: dict[str, Any], embedder: OnnxEmbedder, threads: int):
+        self.path = path
+        self.manifest = manifest
+        self.id: str = manifest["id"]
+        self.name: str = manifest["name"]
+        self.created: str = manifest["created"]
+        self.input_dim: int = manifest["input_dim"]
+        self.output_dim: int = manifest["output_dim"]
+        self.n_clusters: int | None = manifest["n_clusters"]
+        self.threads = threads
+        self._embedder = embedder
+        self._exact: MBN | None = None
+        self._centers: np.ndarray | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Bundle(id={self.id!r}, name={self.name!r}, path={str(self.path)!r})"
+
+    def embed(self, X, mode: str = "fast") -> np.ndarray:
+        """Embedding of X, float32 of shape (n_samples, output_dim).
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix of shape (n_samples, input_dim)
+            Finite real values.
+        mode : {"fast", "exact"}, default="fast"
+            The ONNX compressor, or the exact MBN (loaded from ``mbn.npz`` on first use).
+        """
+        X = self._check_input(X, mode)
+        if mode == "fast":
+            return self._embedder.embed(X)
+        return self.exact_model().transform(X).astype(np.float32)
+
+    def predict_clusters(self, X, mode: str = "fast") -> np.ndarray:
+        """Cluster id (int64) of each row: nearest k-means centroid of its embedding.
+
+        Raises ValueError when the bundle has no clustering head.
+        """
+        if self.n_clusters is None:
+            raise ValueError(f"model {self.id!r} has no clustering head")
+        X = self._check_input(X, mode)
+        if mode == "fast":
+            return self._embedder.predict_clusters(X)
+        embedding = self.exact_model().transform(X).astype(np.float32)
+        assert self._centers is not None
+        scores = embedding @ (-2.0 * self._centers.T) + np.sum(self._centers**2, axis=1)
+        return np.argmin(scores, axis=1).astype(np.int64)
+
+    def exact_model(self) -> MBN:
+        """The exact MBN, read from ``mbn.npz`` (hash checked again) on the first call."""
+        with self._lock:
+            if self._exact is None:
+                self._exact, self._centers = _load_exact(
+                    self.path, self.manifest, self.threads
+                )
+            return self._exact
+
+    @property
+    def exact_loaded(self) -> bool:
+        """Whether the exact model is in memory."""
+        return self._exact is not None
+
+    def _check_input(self, X, mode: str):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if sp.issparse(X):
+            X = sp.csr_matrix(X, dtype=np.float32)
+            values = X.data
+        else:
+            try:
+                X = np.asarray(X, dtype=np.float32)
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"X must be a 2-D array of numbers: {error}") from None
+            values = X
+        if X.ndim != 2 or X.shape[1] != self.input_dim or X.shape[0] == 0:
+            raise ValueError(
+                f"X must have shape (n_samples >= 1, {self.input_dim}) for model "
+                f"{self.id!r}, got {tuple(X.shape)}"
+            )
+        if not np.isfinite(values).all():
+            raise ValueError("X contains NaN or infinity")
+        return X
+
+
+def load_bundle(directory: str | os.PathLike[str], *, threads: int = 1) -> Bundle:
+    """Read and verify a bundle directory.
+
+    Checks the manifest's format and version, then the size and SHA-256 of every file it
+    lists, then that the ONNX graph matches the manifest's dimensions. The exact model is
+    read later, on first use.
+
+    Parameters
+    ----------
+    directory : path
+        The bundle directory (never build it from untrusted input without
+        ``validate_model_id`` / ``bundle_path``).
+    threads : int, default=1
+        Threads of the ONNX session and of the exact model.
+
+    Raises
+    ------
+    BundleError
+        Naming the file: missing, truncated, tampered with, foreign, or of a format
+        version this code cannot read.
+    """
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    path = Path(directory)
+    if not path.is_dir():
+        raise BundleError(f"{path}: no such bundle directory")
+    manifest = read_manifest(path)
+    for file_name in DATA_FILES:
+        _verified_bytes(path, manifest, file_name, keep=False)
+    onnx_bytes = _verified_bytes(path, manifest, ONNX_FILE)
+    try:
+        embedder = OnnxEmbedder(onnx_bytes, threads=threads)
+    except Exception as error:  # onnxruntime raises its own exception types
+        raise BundleError(f"{path / ONNX_FILE}: not a loadable compressor: {error}") from None
+    if (embedder.input_dim, embedder.output_dim) != (manifest["input_dim"], manifest["output_dim"]):
+        raise BundleError(
+            f"{path / ONNX_FILE}: maps {embedder.input_dim} -> {embedder.output_dim} dimensions "
+            f"but the manifest says {manifest['input_dim']} -> {manifest['output_dim']}"
+        )
+    if embedder.has_clusters != (manifest["n_clusters"] is not None):
+        raise BundleError(f"{path / ONNX_FILE}: clustering head disagrees with the manifest")
+    return Bundle(path, manifest, embedder, threads)
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse, check and upgrade a bundle's ``manifest.json`` without reading the other files.
+
+    Raises BundleError naming the manifest when it is missing, not JSON, foreign, of an
+    unreadable format version, or lacks a required field.
+    """
+    file = Path(directory) / MANIFEST
+    try:
+        with file.open("rb") as handle:
+            data = handle.read(_MAX_MANIFEST_BYTES + 1)
+    except FileNotFoundError:
+        raise BundleError(f"{file}: missing (not a model bundle)") from None
+    except OSError as error:
+        raise BundleError(f"{file}: cannot be read: {error.strerror}") from None
+    if len(data) > _MAX_MANIFEST_BYTES:
+        raise BundleError(f"{file}: larger than {_MAX_MANIFEST_BYTES} bytes, not a manifest")
+    try:
+        manifest = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise BundleError(f"{file}: not valid JSON (truncated or corrupted?): {error}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise BundleError(f"{file}: not an MBN bundle manifest (no \"format\": \"{FORMAT}\")")
+    version = manifest.get("format_version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise BundleError(f"{file}: format_version must be an integer, got {version!r}")
+    if version > FORMAT_VERSION:
+        raise BundleError(
+            f"{file}: bundle format version {version} was written by a newer mbn; this one "
+            f"(mbn {_own_version()}) reads versions {MIN_FORMAT_VERSION} to {FORMAT_VERSION}. "
+            "Upgrade mbn to load it."
+        )
+    if version < MIN_FORMAT_VERSION:
+        raise BundleError(
+            f"{file}: bundle format version {version} is older than the oldest this mbn reads "
+            f"({MIN_FORMAT_VERSION}) and there is no upgrade from it: its files cannot be "
+            "verified the way this version requires. Retrain the model with `mbn train`."
+        )
+    while version < FORMAT_VERSION:
+        manifest = _UPGRADES[version](manifest)
+        version += 1
+        manifest["format_version"] = version
+    _check_manifest_fields(file, manifest)
+    return manifest
+
+
+def _check_manifest_fields(file: Path, manifest: dict[str, Any]) -> None:
+    required: dict[str, type | tuple[type, ...]] = {
+        "id": str,
+        "name": str,
+        "created": str,
+        "input_dim": int,
+        "output_dim": int,
+        "metric": str,
+        "n_clusters": (int, type(None)),
+        "hyperparameters": dict,
+        "files": dict,
+    }
+    for key, kind in required.items():
+        if key not in manifest:
+            raise BundleError(f"{file}: field {key!r} is missing")
+        value = manifest[key]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise BundleError(f"{file}: field {key!r} has an invalid value {value!r}")
+    try:
+        validate_model_id(manifest["id"])
+    except ValueError as error:
+        raise BundleError(f"{file}: {error}") from None
+    if manifest["input_dim"] < 1 or manifest["output_dim"] < 1:
+        raise BundleError(f"{file}: dimensions must be positive")
+    files = manifest["files"]
+    if sorted(files) != sorted(DATA_FILES):
+        raise BundleError(
+            f"{file}: lists files {sorted(files)}, expected exactly {sorted(DATA_FILES)}"
+        )
+    for file_name, entry in files.items():
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("sha256"), str)
+            or not re.fullmatch(r"[0-9a-f]{64}", entry["sha256"])
+            or isinstance(entry.get("bytes"), bool)
+            or not isinstance(entry.get("bytes"), int)
+        ):
+            raise BundleError(f"{file}: entry of {file_name!r} needs a sha256 and a size")
+
+
+def _verified_bytes(path: Path, manifest: dict[str, Any], file_name: str, keep: bool = True):
+    """Read a bundle file and check its size and SHA-256 against the manifest."""
+    file = path / file_name
+    entry = manifest["files"][file_name]
+    try:
+        size = file.stat().st_size
+        if size != entry["bytes"]:
+            raise BundleError(
+                f"{file}: {size} bytes, the manifest says {entry['bytes']} "
+                f"({'truncated' if size < entry['bytes'] else 'changed'})"
+            )
+        digest = hashlib.sha256()
+        chunks = []
+        with file.open("rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+                if keep:
+                    chunks.append(chunk)
+    except FileNotFoundError:
+        raise BundleError(f"{file}: missing") from None
+    except OSError as error:
+        raise BundleError(f"{file}: cannot be read: {error.strerror}") from None
+    if digest.hexdigest() != entry["sha256"]:
+        raise BundleError(f"{file}: SHA-256 does not match the manifest (file was modified)")
+    return b"".join(chunks) if keep else None
+
+
+def _load_exact(
+    path: Path, manifest: dict[str, Any], threads: int
+) -> tuple[MBN, np.ndarray | None]:
+    file = path / EXACT_FILE
+    data = _verified_bytes(path, manifest, EXACT_FILE)
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            arrays = {key: npz[key] for key in npz.files}
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as error:
+        raise BundleError(f"{file}: not a readable array archive: {error}") from None
+    params = dict(manifest["hyperparameters"].get("mbn", {}))
+    params["n_jobs"] = threads
+    try:
+        model = model_from_arrays(arrays, params)
+    except (TypeError, ValueError) as error:
+        raise BundleError(f"{file}: {error}") from None
+    if (model.n_features_in_, model.n_components_) != (
+        manifest["input_dim"],
+        manifest["output_dim"],
+    ):
+        raise BundleError(f"{file}: model dimensions disagree with the manifest")
+    centers = arrays.get(_HEAD_CENTERS)
+    if manifest["n_clusters"] is not None and (
+        centers is None or centers.shape != (manifest["n_clusters"], manifest["output_dim"])
+    ):
+        raise BundleError(f"{file}: clustering head centroids missing or misshapen")
+    return model, None if centers is None else centers.astype(np.float32)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _file_entry(data: bytes) -> dict[str, Any]:
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def _write_synced(file: Path, data: bytes) -> None:
+    with file.open("xb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _fsync_directory(directory: Path) -> None:
+    # Makes the rename durable; some file systems cannot open directories, which is harmless.
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def validate_name(name: str) -> str:
+    if not isinstance(name, str) or not 1 <= len(name.strip()) <= 200 or not name.isprintable():
+        raise ValueError(f"name must be 1-200 printable characters, got {name!r}")
+    return name.strip()
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON values from numpy scalars, tuples and arrays."""
+    if isinstance(value, dict):
+        return {str(key): _jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple | np.ndarray):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    return value
+
+
+def _own_version() -> str:
+    try:
+        return metadata.version("mbn")
+    except metadata.PackageNotFoundError:
+        return "unknown"
