@@ -27,6 +27,16 @@ from mbn_core.network import MBN, TrainingStopped
 log = logging.getLogger(__name__)
 
 PHASES = ("mbn", "compressor", "export")
+# Which TrainingParams fields go to MBN, to CompressiveMBN, or to both.
+MBN_FIELDS = (
+    "n_components", "n_clusterings", "feature_fraction", "k1", "delta", "n_classes", "ks",
+    "k_max", "metric", "shift_fraction",
+)  # fmt: skip
+COMPRESSOR_FIELDS = (
+    "hidden_layer_sizes", "max_epochs", "batch_size", "learning_rate", "alpha",
+    "n_iter_no_change", "tol", "validation_fraction", "holdout_fraction", "n_clusters",
+)  # fmt: skip
+SHARED_FIELDS = ("random_state", "n_jobs")
 ProgressCallback = Callable[[str, float], object]
 
 # Relative cost of the steps, in bottom-layer multiply-adds (measured on MNIST on two cores):
@@ -55,7 +65,7 @@ class TrainingParams:
     """
 
     n_components: int | None = field(
-        default=None, metadata=_help("embedding dimension (default: n_classes)")
+        default=None, metadata=_help("embedding dimension; none means n_classes")
     )
     n_clusterings: int = field(default=400, metadata=_help("clusterings per layer (V)"))
     feature_fraction: float | str = field(
@@ -78,7 +88,7 @@ class TrainingParams:
         default=0.0, metadata=_help("random reconstruction fraction (r)")
     )
     random_state: int | None = field(default=0, metadata=_help("random seed"))
-    n_jobs: int | None = field(default=None, metadata=_help("threads (default: all cores)"))
+    n_jobs: int | None = field(default=None, metadata=_help("threads; none means every core"))
     hidden_layer_sizes: tuple[int, ...] = field(
         default=(512, 512), metadata=_help("hidden layers of the compressor MLP")
     )
@@ -140,23 +150,14 @@ class TrainingParams:
 
     def mbn_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``MBN``."""
-        names = (
-            "n_components", "n_clusterings", "feature_fraction", "k1", "delta", "n_classes",
-            "ks", "k_max", "metric", "shift_fraction", "random_state", "n_jobs",
-        )  # fmt: skip
-        kwargs = {name: getattr(self, name) for name in names}
+        kwargs = {name: getattr(self, name) for name in (*MBN_FIELDS, *SHARED_FIELDS)}
         if kwargs["ks"] is not None:
             kwargs["ks"] = list(kwargs["ks"])
         return kwargs
 
     def compressor_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``CompressiveMBN`` (without the MBN)."""
-        names = (
-            "hidden_layer_sizes", "max_epochs", "batch_size", "learning_rate", "alpha",
-            "n_iter_no_change", "tol", "validation_fraction", "holdout_fraction", "n_clusters",
-            "random_state", "n_jobs",
-        )  # fmt: skip
-        return {name: getattr(self, name) for name in names}
+        return {name: getattr(self, name) for name in (*COMPRESSOR_FIELDS, *SHARED_FIELDS)}
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,7 @@ def load_training_data(path: str | os.PathLike[str]) -> tuple[Any, np.ndarray | 
     suffix = path.suffix.lower()
     y = None
     try:
+        _check_magic(path, suffix)
         if suffix == ".npy":
             X = np.load(path, allow_pickle=False)
         elif suffix == ".npz":
@@ -220,7 +222,9 @@ def load_training_data(path: str | os.PathLike[str]) -> tuple[Any, np.ndarray | 
         raise ValueError(f"{path}: unreadable {suffix} file: {error}") from None
     except ValueError as error:
         message = str(error)
-        if not message.startswith(str(path)):
+        if "allow_pickle" in message:  # numpy's advice to unpickle is not ours to give
+            message = f"{path}: holds Python objects (pickled data), which mbn never loads"
+        elif not message.startswith(str(path)):
             message = f"{path}: unreadable {suffix} file: {message}"
         raise ValueError(message) from None
     return check_matrix(X, str(path)), _check_labels(y, X.shape[0], str(path))
@@ -244,6 +248,16 @@ def check_matrix(X, source: str = "X"):
     if not np.isfinite(values).all():
         raise ValueError(f"{source}: contains NaN or infinity")
     return X.astype(np.float32, copy=False)
+
+
+def _check_magic(path: Path, suffix: str) -> None:
+    """Refuse files that are not what their suffix says, before numpy guesses at pickles."""
+    magic = {".npy": b"\x93NUMPY", ".npz": b"PK"}.get(suffix)
+    if magic is None:
+        return
+    with path.open("rb") as handle:
+        if handle.read(len(magic)) != magic:
+            raise ValueError(f"{path}: not a NumPy {suffix} file")
 
 
 def _read_npz(path: Path):
