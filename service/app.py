@@ -1,0 +1,213 @@
+"""The application factory: ``create_app(settings)``.
+
+Nothing lives in module globals: the lifespan builds the job store, the model registry, the
+exact-mode gate and (by default) an embedded worker, and puts them on ``app.state``; routes
+reach them through the ``service.deps`` aliases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+from service import routes
+from service.auth import ApiKeys
+from service.config import Settings
+from service.errors import Unavailable, install_error_handlers
+from service.jobs import JobFiles, JobStore
+from service.limits import BodyLimitMiddleware, ExactGate
+from service.metrics import Metrics, MetricsMiddleware
+from service.registry import ModelRegistry
+from service.submission import DEMO_JOB_ID, Submitter
+from service.worker import Worker
+
+log = logging.getLogger(__name__)
+
+# How long start-up waits for the job store (PostgreSQL may come up after the API).
+STORE_WAIT_SECONDS = 60.0
+
+
+def open_store(settings: Settings, *, wait: float = STORE_WAIT_SECONDS) -> JobStore:
+    """Connect to the job store and create its table, retrying while it is unreachable."""
+    store = JobStore(settings.db_url, retry_after=settings.retry_after_seconds)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            store.create_schema()
+            return store
+        except Unavailable:
+            if time.monotonic() > deadline:
+                store.dispose()
+                raise
+            log.warning("job store unreachable; retrying")
+            time.sleep(1.0)
+
+
+@dataclass
+class Runtime:
+    """Everything the lifespan starts, in start order."""
+
+    settings: Settings
+    store: JobStore
+    files: JobFiles
+    registry: ModelRegistry
+    submitter: Submitter
+    gate: ExactGate
+    worker: Worker | None
+    initialized: bool = False
+
+    @classmethod
+    def start(cls, settings: Settings, metrics: Metrics) -> Runtime:
+        for directory in (settings.data_dir, settings.models_path, settings.jobs_path):
+            directory.mkdir(parents=True, exist_ok=True)
+        store = open_store(settings)
+        files = JobFiles(settings.jobs_path)
+        registry = ModelRegistry(
+            settings.models_path,
+            onnx_threads=settings.onnx_threads,
+            exact_cache_size=settings.exact_cache_size,
+            default_ref=settings.default_model,
+        )
+        gate = ExactGate(
+            settings.max_concurrent_exact,
+            retry_after=settings.retry_after_seconds,
+            on_reject=metrics.rejected.labels("exact_busy").inc,
+        )
+        worker = None
+        if settings.embedded_worker:
+            worker = Worker(settings, store, on_model=registry.add)
+            worker.start()
+        metrics.watch(
+            job_counts=store.count_by_status,
+            models=lambda: len(registry),
+            exact_models=lambda: registry.exact_loaded,
+        )
+        metrics.exact_in_flight.set_function(lambda: gate.in_flight)
+        log.info(
+            "started: models in %s, job store %s, %s",
+            settings.models_path,
+            store.engine.url.render_as_string(hide_password=True),
+            "embedded worker" if worker else "no embedded worker",
+        )
+        return cls(
+            settings, store, files, registry, Submitter(settings, store, files), gate, worker
+        )
+
+    def first_scan(self) -> None:
+        """Load every bundle; queue the demo model's training when there are none."""
+        self.registry.rescan()
+        log.info("%d model(s) loaded", len(self.registry))
+        if len(self.registry) == 0 and self.settings.demo_model:
+            try:
+                if self.submitter.submit_demo() is not None and self.worker is not None:
+                    self.worker.wake()
+            except Exception:
+                log.exception("could not queue the demo model's training")
+        self.initialized = True
+
+    def readiness(self) -> tuple[dict[str, bool], list[str]]:
+        checks = {"store": self.store.ping(), "models_scanned": self.initialized}
+        checks["model_available"] = len(self.registry) > 0
+        problems = []
+        if not checks["store"]:
+            problems.append("job store unreachable")
+        if not checks["models_scanned"]:
+            problems.append("model directory not scanned yet")
+        elif not checks["model_available"] and checks["store"]:
+            demo = self.store.get(DEMO_JOB_ID)
+            if demo is not None and not demo.finished:
+                problems.append(f"demo model still training (job {demo.id}, {demo.status})")
+        return checks, problems
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            # Stops its training processes and gives their jobs back to the queue.
+            self.worker.stop(timeout=30)
+        self.gate.shutdown()
+        self.store.dispose()
+
+
+async def _rescan_forever(runtime: Runtime) -> None:
+    """First scan, then a rescan every ``rescan_seconds`` (bundles of other replicas)."""
+    try:
+        await run_in_threadpool(runtime.first_scan)
+    except Exception:
+        log.exception("scanning the model directory failed")
+        runtime.initialized = True  # not ready would not heal it; the log says why
+    while True:
+        await asyncio.sleep(runtime.settings.rescan_seconds)
+        try:
+            await run_in_threadpool(runtime.registry.rescan)
+        except Exception:
+            log.exception("rescanning the model directory failed")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the service. ``settings`` default to the ``MBN_*`` environment."""
+    settings = settings or Settings()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = await run_in_threadpool(Runtime.start, settings, metrics)
+        state = app.state
+        state.store, state.files, state.registry = runtime.store, runtime.files, runtime.registry
+        state.submitter, state.exact_gate, state.worker = (
+            runtime.submitter,
+            runtime.gate,
+            runtime.worker,
+        )
+        readiness: Callable[[], tuple[dict[str, bool], list[str]]] = runtime.readiness
+        state.readiness = readiness
+        rescans = asyncio.create_task(_rescan_forever(runtime), name="mbn-rescan")
+        try:
+            yield
+        finally:
+            log.info("shutting down")
+            state.readiness = None
+            rescans.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await rescans
+            await run_in_threadpool(runtime.stop)
+            log.info("stopped")
+
+    app = FastAPI(
+        title="MBN embedding service",
+        version=_version(),
+        description=(
+            "Embeddings from Multilayer Bootstrap Networks: fast (ONNX compressor) or exact "
+            "(full MBN), training jobs, model registry. Errors have one shape: "
+            '{"error": {"type": ..., "message": ...}}.'
+        ),
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.api_keys = ApiKeys(settings.api_keys)
+    install_error_handlers(app)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        max_upload_bytes=settings.max_upload_bytes,
+    )
+    app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: times everything
+    for module in (routes.embed, routes.jobs, routes.models, routes.health):
+        app.include_router(module.router)
+    return app
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("mbn")
+    except metadata.PackageNotFoundError:  # pragma: no cover - not installed
+        return "0"

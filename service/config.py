@@ -1,0 +1,294 @@
+"""Typed settings of the service, read from ``MBN_*`` environment variables.
+
+Every field has a description (it is the documentation of the variable) and a bound: a limit
+that is zero, negative or absurdly large is refused at start-up rather than discovered under load.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+
+# What an API key may look like: long enough not to be guessed, printable, no separators
+# (the variable is comma-separated, the header space-separated).
+_API_KEY = re.compile(r"^[A-Za-z0-9._~+/=-]{16,256}$")
+_DATABASE_SCHEMES = ("sqlite", "postgresql+psycopg")
+# Plain PostgreSQL URLs mean the psycopg (3) driver, the one this package depends on.
+_SCHEME_ALIASES = {"postgres": "postgresql+psycopg", "postgresql": "postgresql+psycopg"}
+
+
+class Settings(BaseSettings):
+    """Configuration of the API process and of stand-alone workers.
+
+    Values come from keyword arguments, then ``MBN_<FIELD>`` environment variables, then the
+    defaults below. ``model_dir`` and ``database_url`` default to places inside ``data_dir``.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="MBN_", extra="forbid", validate_default=True, frozen=True
+    )
+
+    # --- where things live -------------------------------------------------------------------
+    data_dir: Path = Field(
+        default=Path("data"),
+        description="Directory for everything the embedded default writes: the SQLite job "
+        "store, uploaded training data (by job id) and, unless MBN_MODEL_DIR is set, the "
+        "model bundles. With several replicas it must be a volume they all share.",
+    )
+    model_dir: Path | None = Field(
+        default=None,
+        description="Directory of model bundles, one sub-directory per model id. "
+        "Default: $MBN_DATA_DIR/models.",
+    )
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL of the job store: sqlite:///path or "
+        "postgresql+psycopg://user:pass@host/db. Default: SQLite file $MBN_DATA_DIR/jobs.sqlite3.",
+    )
+    api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
+        default=(),
+        description="Comma-separated API keys (16-256 characters of [A-Za-z0-9._~+/=-]). "
+        "Unset or empty: no authentication. Clients send 'Authorization: Bearer <key>'. "
+        "Health endpoints stay open.",
+    )
+    metrics_require_key: bool = Field(
+        default=True,
+        description="Whether /metrics needs an API key when keys are configured.",
+    )
+    default_model: str | None = Field(
+        default=None,
+        description="Model id or name used when a request names none. Default: the newest model.",
+    )
+    demo_model: bool = Field(
+        default=True,
+        description="When no model exists at start-up, queue a training job for a small demo "
+        "model on scikit-learn's digits, so /embed answers without any set-up.",
+    )
+
+    # --- request limits ----------------------------------------------------------------------
+    max_body_bytes: int = Field(
+        default=32 * MIB,
+        ge=1 * KIB,
+        le=1 * GIB,
+        description="Largest request body in bytes, except training uploads (413 above it).",
+    )
+    max_upload_bytes: int = Field(
+        default=512 * MIB,
+        ge=1 * KIB,
+        le=16 * GIB,
+        description="Largest POST /train body in bytes, JSON or multipart (413 above it).",
+    )
+    max_rows_per_request: int = Field(
+        default=8192,
+        ge=1,
+        le=1_000_000,
+        description="Most rows one /embed request may carry (413 above it).",
+    )
+    max_train_rows: int = Field(
+        default=200_000,
+        ge=10,
+        le=100_000_000,
+        description="Most rows a training job may have (413 above it).",
+    )
+    max_concurrent_exact: int = Field(
+        default=2,
+        ge=1,
+        le=256,
+        description="Exact-mode /embed requests computed at once; one more is refused with "
+        "429 and Retry-After.",
+    )
+    exact_cache_size: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Exact models (the full MBN, large) kept in memory; least recently used "
+        "ones are dropped beyond this.",
+    )
+    max_queued_jobs: int = Field(
+        default=16,
+        ge=1,
+        le=100_000,
+        description="Queued training jobs allowed; one more POST /train is refused with 429.",
+    )
+    onnx_threads: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Threads of each model's onnxruntime session (fast mode) and of each "
+        "exact-mode computation.",
+    )
+    inline_fast_rows: int = Field(
+        default=64,
+        ge=0,
+        le=100_000,
+        description="Fast-mode batches up to this many rows are computed on the event loop "
+        "(cheaper than a thread hop); larger ones in a thread.",
+    )
+    retry_after_seconds: int = Field(
+        default=1,
+        ge=1,
+        le=3600,
+        description="Retry-After value sent with 429 and 503 answers.",
+    )
+
+    # --- jobs and workers --------------------------------------------------------------------
+    embedded_worker: bool = Field(
+        default=True,
+        description="Run a training worker inside the API process. Set false on API replicas "
+        "when stand-alone `mbn worker` processes run the jobs.",
+    )
+    worker_concurrency: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Training jobs one worker runs at once (each in its own child process).",
+    )
+    train_threads: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="Threads each training job may use.",
+    )
+    poll_interval_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="How often an idle worker looks for a queued job.",
+    )
+    heartbeat_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        le=300,
+        description="How often a worker records that its running job is alive (and reads "
+        "whether it was cancelled).",
+    )
+    stale_after_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=86_400,
+        description="A running job without a heartbeat for this long is considered orphaned: "
+        "its worker died. Must exceed 2 x MBN_HEARTBEAT_SECONDS.",
+    )
+    max_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description="Times a job is started before an orphaned job is failed instead of requeued.",
+    )
+    job_timeout_seconds: float = Field(
+        default=6 * 3600,
+        gt=0,
+        le=7 * 86_400,
+        description="A training job running longer than this is stopped and failed.",
+    )
+    rescan_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="How often the registry rescans the model dir for bundles written or "
+        "deleted by other replicas (it also rescans when a request names an unknown model).",
+    )
+    shutdown_grace_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        le=600,
+        description="On shutdown, how long in-flight requests may take to finish.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="Log level of the service's loggers."
+    )
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, keys: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
+        for index, key in enumerate(keys):
+            # The key itself never appears in the message: messages end up in logs.
+            if not _API_KEY.match(key.get_secret_value()):
+                raise ValueError(
+                    f"API key #{index + 1} must be 16-256 characters of [A-Za-z0-9._~+/=-]"
+                )
+        return keys
+
+    @field_validator("data_dir", "model_dir")
+    @classmethod
+    def _not_root(cls, path: Path | None) -> Path | None:
+        if path is not None and path.expanduser().resolve() == Path("/"):
+            raise ValueError("must not be the file system root")
+        return path
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return url
+        scheme, sep, rest = url.partition("://")
+        if sep and scheme in _SCHEME_ALIASES:
+            scheme = _SCHEME_ALIASES[scheme]
+            url = f"{scheme}://{rest}"
+        if not sep or scheme not in _DATABASE_SCHEMES:
+            raise ValueError(
+                f"database URL scheme must be one of {', '.join(_DATABASE_SCHEMES)}, "
+                f"got {scheme if sep else 'none'!r}"
+            )
+        return url
+
+    @field_validator("default_model")
+    @classmethod
+    def _check_default_model(cls, ref: str | None) -> str | None:
+        if ref is not None and not (1 <= len(ref) <= 200 and ref.isprintable()):
+            raise ValueError("default model must be 1-200 printable characters")
+        return ref
+
+    @model_validator(mode="after")
+    def _derived_and_consistent(self) -> Settings:
+        data_dir = self.data_dir.expanduser().absolute()
+        object.__setattr__(self, "data_dir", data_dir)
+        model_dir = (self.model_dir or data_dir / "models").expanduser().absolute()
+        object.__setattr__(self, "model_dir", model_dir)
+        if self.database_url is None:
+            object.__setattr__(self, "database_url", f"sqlite:///{data_dir / 'jobs.sqlite3'}")
+        if self.stale_after_seconds <= 2 * self.heartbeat_seconds:
+            raise ValueError(
+                "stale_after_seconds must exceed 2 x heartbeat_seconds, or live jobs would "
+                "be taken for orphans"
+            )
+        if self.max_upload_bytes < self.max_body_bytes:
+            raise ValueError("max_upload_bytes must be at least max_body_bytes")
+        return self
+
+    # Typed views of the derived fields (always set after validation).
+    @property
+    def models_path(self) -> Path:
+        """The model directory, absolute."""
+        assert self.model_dir is not None
+        return self.model_dir
+
+    @property
+    def jobs_path(self) -> Path:
+        """Where training data is kept, one sub-directory per job id."""
+        return self.data_dir / "jobs"
+
+    @property
+    def db_url(self) -> str:
+        """The job store's SQLAlchemy URL."""
+        assert self.database_url is not None
+        return self.database_url
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys)

@@ -1,0 +1,544 @@
+"""The job store: training jobs in SQL (SQLite by default, PostgreSQL for several replicas).
+
+A job moves ``queued -> running -> succeeded | failed | cancelled`` (or ``queued -> cancelled``).
+Every transition is a compare-and-set ``UPDATE ... WHERE status = <expected>`` (and, once
+running, ``AND worker_id = <owner>``), so two parties can never both win one: that is what
+makes each job run, and its result land, exactly once.
+
+- Claim: the oldest queued job, ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL (workers
+  never wait on each other), a ``BEGIN IMMEDIATE`` transaction on SQLite.
+- Heartbeat: the owner records progress every few seconds; the same statement tells it
+  whether it still owns the job (a cancel or a recovery takes ownership away).
+- Recovery: a running job whose heartbeat is older than ``stale_after`` lost its worker
+  (killed, machine gone). It is requeued while it has been started fewer than
+  ``max_attempts`` times, and failed after that, so a job that kills its worker cannot loop
+  forever. A worker that shuts down cleanly gives its job back at once (``release``), and
+  that start does not count as an attempt.
+- Cancel: a queued or running job becomes ``cancelled`` at once; the worker running it sees
+  that at its next heartbeat and stops the training process.
+
+Training data lives next to the store, on disk, by job id (``JobFiles``); never at a path a
+client chose.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, BinaryIO, TypeVar
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from service.errors import Conflict, NotFound, Overloaded, Unavailable
+from service.schemas import JOB_ID_PATTERN, TERMINAL_STATUSES, JobOut
+
+log = logging.getLogger(__name__)
+
+metadata = sa.MetaData()
+
+jobs_table = sa.Table(
+    "mbn_jobs",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("name", sa.String(64), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("progress", sa.Double, nullable=False, default=0.0),
+    sa.Column("phase", sa.String(32)),
+    sa.Column("params", sa.Text, nullable=False),
+    sa.Column("data_file", sa.String(64), nullable=False),
+    sa.Column("n_rows", sa.Integer, nullable=False),
+    sa.Column("n_features", sa.Integer, nullable=False),
+    sa.Column("model_id", sa.String(128)),
+    sa.Column("error", sa.Text),
+    sa.Column("attempts", sa.Integer, nullable=False, default=0),
+    sa.Column("worker_id", sa.String(128)),
+    # Seconds since the epoch (UTC): portable across both databases, no time zone surprises.
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("started_at", sa.Double),
+    sa.Column("finished_at", sa.Double),
+    sa.Column("heartbeat_at", sa.Double),
+    sa.Index("ix_mbn_jobs_status_created", "status", "created_at"),
+)
+
+# Arbitrary constant naming the PostgreSQL advisory lock that serialises schema creation and
+# the queue-length check of submit.
+_PG_LOCK_KEY = zlib.crc32(b"mbn_jobs")
+_ERROR_MAX_CHARS = 4000
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One row of the store."""
+
+    id: str
+    name: str
+    status: str
+    progress: float
+    phase: str | None
+    params: dict[str, Any]
+    data_file: str
+    n_rows: int
+    n_features: int
+    model_id: str | None
+    error: str | None
+    attempts: int
+    worker_id: str | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    heartbeat_at: float | None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    def to_out(self) -> JobOut:
+        return JobOut(
+            id=self.id,
+            name=self.name,
+            status=self.status,  # type: ignore[arg-type]
+            progress=min(1.0, max(0.0, self.progress)),
+            phase=self.phase,
+            model_id=self.model_id,
+            error=self.error,
+            attempts=self.attempts,
+            n_rows=self.n_rows,
+            n_features=self.n_features,
+            params=self.params,
+            created_at=_to_datetime(self.created_at),
+            started_at=_maybe_datetime(self.started_at),
+            finished_at=_maybe_datetime(self.finished_at),
+            heartbeat_at=_maybe_datetime(self.heartbeat_at),
+        )
+
+    @classmethod
+    def from_row(cls, row: sa.RowMapping) -> Job:
+        values = dict(row)
+        values["params"] = json.loads(values["params"])
+        return cls(**values)
+
+
+def _to_datetime(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=UTC)
+
+
+def _maybe_datetime(ts: float | None) -> datetime | None:
+    return None if ts is None else _to_datetime(ts)
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+def is_job_id(value: str) -> bool:
+    return re.fullmatch(JOB_ID_PATTERN, value) is not None
+
+
+class JobStore:
+    """Training jobs in a SQL database reached through SQLAlchemy.
+
+    Parameters
+    ----------
+    url : str
+        ``sqlite:///path`` or ``postgresql+psycopg://...``.
+    retry_after : int
+        Retry-After seconds of the 429 and 503 errors it raises.
+    """
+
+    def __init__(self, url: str, *, retry_after: int = 1) -> None:
+        self.url = url
+        self.retry_after = retry_after
+        self.engine = _make_engine(url)
+        self.is_postgres = self.engine.dialect.name == "postgresql"
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def create_schema(self) -> None:
+        """Create the table if missing; safe when several processes start at once."""
+        with self._write() as conn:
+            if self.is_postgres:
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_LOCK_KEY)))
+            metadata.create_all(conn, checkfirst=True)
+
+    def ping(self) -> bool:
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+        except sa.exc.SQLAlchemyError:
+            return False
+        return True
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    # --- API side ----------------------------------------------------------------------------
+    def queued_count(self) -> int:
+        with self._read() as conn:
+            return self._queued_count(conn)
+
+    def submit(
+        self,
+        *,
+        job_id: str,
+        name: str,
+        params: dict[str, Any],
+        data_file: str,
+        n_rows: int,
+        n_features: int,
+        max_queued: int | None,
+    ) -> Job:
+        """Queue a job whose data is already on disk. Raises ``Overloaded`` when the queue is
+        full and ``Conflict`` when the id exists."""
+        now = time.time()
+        with self._write() as conn:
+            if self.is_postgres:
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_LOCK_KEY)))
+            if max_queued is not None and self._queued_count(conn) >= max_queued:
+                raise Overloaded(
+                    f"{max_queued} training jobs are already queued; retry later",
+                    retry_after=self.retry_after,
+                )
+            exists = conn.execute(
+                sa.select(jobs_table.c.id).where(jobs_table.c.id == job_id)
+            ).first()
+            if exists:
+                raise Conflict(f"job {job_id} already exists")
+            conn.execute(
+                jobs_table.insert().values(
+                    id=job_id,
+                    name=name,
+                    status="queued",
+                    progress=0.0,
+                    params=json.dumps(params, sort_keys=True),
+                    data_file=data_file,
+                    n_rows=n_rows,
+                    n_features=n_features,
+                    attempts=0,
+                    created_at=now,
+                )
+            )
+        job = self.get(job_id)
+        assert job is not None
+        return job
+
+    def get(self, job_id: str) -> Job | None:
+        if not is_job_id(job_id):
+            return None
+        with self._read() as conn:
+            row = (
+                conn.execute(sa.select(jobs_table).where(jobs_table.c.id == job_id))
+                .mappings()
+                .first()
+            )
+        return None if row is None else Job.from_row(row)
+
+    def require(self, job_id: str) -> Job:
+        job = self.get(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id!r}")
+        return job
+
+    def list_jobs(self, *, status: str | None = None, limit: int = 100) -> list[Job]:
+        query = sa.select(jobs_table).order_by(jobs_table.c.created_at.desc(), jobs_table.c.id)
+        if status is not None:
+            query = query.where(jobs_table.c.status == status)
+        with self._read() as conn:
+            rows = conn.execute(query.limit(limit)).mappings().all()
+        return [Job.from_row(row) for row in rows]
+
+    def count_by_status(self) -> dict[str, int]:
+        with self._read() as conn:
+            rows = conn.execute(
+                sa.select(jobs_table.c.status, sa.func.count()).group_by(jobs_table.c.status)
+            ).all()
+        return {status: int(count) for status, count in rows}
+
+    def cancel(self, job_id: str) -> Job:
+        """Cancel a queued or running job. ``NotFound``, or ``Conflict`` when it finished."""
+        job = self.require(job_id)
+        with self._write() as conn:
+            done = conn.execute(
+                jobs_table.update()
+                .where(
+                    jobs_table.c.id == job_id,
+                    jobs_table.c.status.in_(("queued", "running")),
+                )
+                .values(status="cancelled", finished_at=time.time())
+            ).rowcount
+        job = self.require(job_id)
+        if not done:
+            raise Conflict(
+                f"job {job_id} already {job.status}; only queued or running jobs can be cancelled"
+            )
+        return job
+
+    # --- worker side -------------------------------------------------------------------------
+    def claim(self, worker_id: str) -> Job | None:
+        """Take the oldest queued job for this worker, or None when there is none."""
+        now = time.time()
+        with self._write() as conn:
+            row = conn.execute(
+                sa.select(jobs_table.c.id)
+                .where(jobs_table.c.status == "queued")
+                .order_by(jobs_table.c.created_at, jobs_table.c.id)
+                .limit(1)
+                .with_for_update(skip_locked=True)
+            ).first()
+            if row is None:
+                return None
+            claimed = conn.execute(
+                jobs_table.update()
+                .where(jobs_table.c.id == row.id, jobs_table.c.status == "queued")
+                .values(
+                    status="running",
+                    worker_id=worker_id,
+                    started_at=now,
+                    heartbeat_at=now,
+                    progress=0.0,
+                    phase=None,
+                    attempts=jobs_table.c.attempts + 1,
+                )
+            ).rowcount
+            if not claimed:  # pragma: no cover - the row lock / immediate transaction prevent it
+                return None
+        return self.get(row.id)
+
+    def heartbeat(self, job_id: str, worker_id: str, *, progress: float, phase: str | None) -> bool:
+        """Record liveness and progress; False when the worker no longer owns the job
+        (cancelled, or recovered after a missed heartbeat): it must stop."""
+        with self._write() as conn:
+            return bool(
+                conn.execute(
+                    self._owned(job_id, worker_id).values(
+                        heartbeat_at=time.time(),
+                        progress=min(1.0, max(0.0, progress)),
+                        phase=phase,
+                    )
+                ).rowcount
+            )
+
+    def finish(
+        self,
+        job_id: str,
+        worker_id: str,
+        *,
+        status: str,
+        model_id: str | None = None,
+        error: str | None = None,
+    ) -> bool:
+        """Record the outcome; False when the worker lost the job meanwhile."""
+        assert status in TERMINAL_STATUSES
+        values: dict[str, Any] = {"status": status, "finished_at": time.time(), "phase": None}
+        if status == "succeeded":
+            values.update(progress=1.0, model_id=model_id)
+        if error is not None:
+            values["error"] = error[:_ERROR_MAX_CHARS]
+        with self._write() as conn:
+            return bool(conn.execute(self._owned(job_id, worker_id).values(**values)).rowcount)
+
+    def release(self, job_id: str, worker_id: str) -> bool:
+        """Give a running job back to the queue (clean shutdown); the start does not count."""
+        with self._write() as conn:
+            return bool(
+                conn.execute(
+                    self._owned(job_id, worker_id).values(
+                        status="queued",
+                        worker_id=None,
+                        started_at=None,
+                        heartbeat_at=None,
+                        progress=0.0,
+                        phase=None,
+                        attempts=jobs_table.c.attempts - 1,
+                    )
+                ).rowcount
+            )
+
+    def recover_stale(self, *, stale_after: float, max_attempts: int) -> list[tuple[str, str]]:
+        """Requeue or fail running jobs whose heartbeat is older than ``stale_after`` seconds.
+        Returns ``(job_id, new_status)`` for each job recovered by this call."""
+        cutoff = time.time() - stale_after
+        with self._read() as conn:
+            stale = conn.execute(
+                sa.select(jobs_table.c.id, jobs_table.c.attempts, jobs_table.c.heartbeat_at).where(
+                    jobs_table.c.status == "running", jobs_table.c.heartbeat_at < cutoff
+                )
+            ).all()
+        recovered = []
+        for job_id, attempts, heartbeat_at in stale:
+            if attempts < max_attempts:
+                values: dict[str, Any] = {
+                    "status": "queued",
+                    "worker_id": None,
+                    "started_at": None,
+                    "heartbeat_at": None,
+                    "progress": 0.0,
+                    "phase": None,
+                }
+            else:
+                values = {
+                    "status": "failed",
+                    "finished_at": time.time(),
+                    "error": f"its worker stopped responding {attempts} times; not retried",
+                }
+            with self._write() as conn:
+                # Same heartbeat as read: a worker that woke up meanwhile keeps its job.
+                won = conn.execute(
+                    jobs_table.update()
+                    .where(
+                        jobs_table.c.id == job_id,
+                        jobs_table.c.status == "running",
+                        jobs_table.c.heartbeat_at == heartbeat_at,
+                    )
+                    .values(**values)
+                ).rowcount
+            if won:
+                log.warning("job %s: worker lost, job %s", job_id, values["status"])
+                recovered.append((job_id, values["status"]))
+        return recovered
+
+    # --- helpers -----------------------------------------------------------------------------
+    def _owned(self, job_id: str, worker_id: str) -> sa.Update:
+        return jobs_table.update().where(
+            jobs_table.c.id == job_id,
+            jobs_table.c.worker_id == worker_id,
+            jobs_table.c.status == "running",
+        )
+
+    @staticmethod
+    def _queued_count(conn: Connection) -> int:
+        return int(
+            conn.execute(
+                sa.select(sa.func.count()).where(jobs_table.c.status == "queued")
+            ).scalar_one()
+        )
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self._translate(), self.engine.connect() as conn:
+            yield conn
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        with (
+            self._translate(),
+            self.engine.connect() as conn,
+        ):
+            conn.execution_options(mbn_immediate=True)
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def _translate(self) -> Iterator[None]:
+        try:
+            yield
+        except sa.exc.OperationalError as exc:
+            # Connection refused, database locked too long...: the client may retry.
+            log.warning("job store unavailable: %s", exc.orig or exc)
+            raise Unavailable(
+                "the job store is unavailable; retry later", retry_after=self.retry_after
+            ) from exc
+
+
+def _make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        path = sa.engine.make_url(url).database
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            # Let SQLAlchemy emit BEGIN itself (below), WAL so readers never block writers.
+            dbapi_conn.isolation_level = None
+            cursor = dbapi_conn.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            # Writers take the write lock up front: read-then-update is then atomic.
+            immediate = conn.get_execution_options().get("mbn_immediate", False)
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+        return engine
+    return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+
+
+class JobFiles:
+    """Training data on disk, ``<root>/<job_id>/<file>``; written atomically before the job
+    is queued, removed when it finishes."""
+
+    ALLOWED_SUFFIXES = (".npy", ".npz", ".csv")
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, job_id: str, data_file: str) -> Path:
+        if not is_job_id(job_id) or data_file not in self._allowed_names():
+            raise ValueError(f"bad job data reference {job_id}/{data_file}")
+        return self.root / job_id / data_file
+
+    @classmethod
+    def _allowed_names(cls) -> tuple[str, ...]:
+        return tuple(f"data{suffix}" for suffix in cls.ALLOWED_SUFFIXES)
+
+    def write_arrays(self, job_id: str, x: np.ndarray, y: np.ndarray | None) -> str:
+        """Store rows (and labels) as ``data.npz``; returns the file name."""
+
+        def write(handle: BinaryIO) -> None:
+            arrays = {"x": x} if y is None else {"x": x, "y": y}
+            np.savez(handle, **arrays)  # type: ignore[arg-type]
+
+        return self._write(job_id, "data.npz", write)
+
+    def write_stream(self, job_id: str, suffix: str, source: BinaryIO, *, max_bytes: int) -> str:
+        """Copy an upload into ``data<suffix>``; returns the file name."""
+        if suffix not in self.ALLOWED_SUFFIXES:
+            raise ValueError(f"unsupported data file type {suffix!r}")
+
+        def write(handle: BinaryIO) -> None:
+            copied = 0
+            while chunk := source.read(1 << 20):
+                copied += len(chunk)
+                if copied > max_bytes:
+                    raise OverflowError
+                handle.write(chunk)
+
+        return self._write(job_id, f"data{suffix}", write)
+
+    def remove(self, job_id: str) -> None:
+        if is_job_id(job_id):
+            shutil.rmtree(self.root / job_id, ignore_errors=True)
+
+    def _write(self, job_id: str, name: str, write: Callable[[BinaryIO], None]) -> str:
+        target = self.path(job_id, name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".upload-", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                write(handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return name

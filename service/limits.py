@@ -1,0 +1,124 @@
+"""Backpressure: request body limits and the bounded exact-mode gate.
+
+Work beyond a limit is refused at once (413, or 429 with Retry-After) instead of queueing
+without bound (text-embeddings-inference's semaphore, answered with 429 when full).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import TypeVar
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import Overloaded, PayloadTooLarge, error_body
+
+T = TypeVar("T")
+
+
+class BodyLimitMiddleware:
+    """413 for bodies over the limit: at once from Content-Length, or as soon as a streamed
+    body passes it. ``upload_paths`` get the (larger) upload limit."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int,
+        max_upload_bytes: int,
+        upload_paths: frozenset[str] = frozenset({"/train"}),
+    ) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.max_upload_bytes = max_upload_bytes
+        self.upload_paths = upload_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"].rstrip("/") or "/"
+        limit = self.max_upload_bytes if path in self.upload_paths else self.max_body_bytes
+        length = _content_length(scope)
+        if length is not None and length > limit:
+            await _send_413(send, limit)
+            return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise PayloadTooLarge(f"request body over the limit of {limit} bytes")
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _send_413(send: Send, limit: int) -> None:
+    body = json.dumps(
+        error_body("payload_too_large", f"request body over the limit of {limit} bytes")
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class ExactGate:
+    """At most ``limit`` exact computations at once, each on its own pool thread; one more
+    is refused with 429 immediately (never queued)."""
+
+    def __init__(self, limit: int, *, retry_after: int, on_reject: Callable[[], None]) -> None:
+        self.limit = limit
+        self.retry_after = retry_after
+        self.in_flight = 0
+        self._on_reject = on_reject
+        self._pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="mbn-exact")
+
+    @contextmanager
+    def _slot(self) -> Iterator[None]:
+        # Runs on the event loop only, so a plain counter is race-free.
+        if self.in_flight >= self.limit:
+            self._on_reject()
+            raise Overloaded(
+                f"{self.limit} exact-mode requests are already running; retry later or use "
+                "mode 'fast'",
+                retry_after=self.retry_after,
+            )
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+
+    async def run(self, func: Callable[[], T]) -> T:
+        with self._slot():
+            return await asyncio.get_running_loop().run_in_executor(self._pool, func)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,96 @@
+"""Entry points of ``mbn serve`` and ``mbn worker`` (called by ``mbn_core/cli.py``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from service.app import create_app, open_store
+from service.config import Settings
+from service.worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def serve(
+    host: str = "127.0.0.1", port: int = 8000, workers: int = 1, settings: Settings | None = None
+) -> None:
+    """Run the API with uvicorn until SIGTERM/SIGINT (then: stop accepting, finish in-flight
+    requests for up to MBN_SHUTDOWN_GRACE_SECONDS, give running jobs back to the queue)."""
+    settings = settings or Settings()
+    configure_logging(settings.log_level)
+    options = {
+        "host": host,
+        "port": port,
+        "log_level": settings.log_level,
+        "timeout_graceful_shutdown": max(1, round(settings.shutdown_grace_seconds)),
+        "server_header": False,
+    }
+    if workers <= 1:
+        uvicorn.run(create_app(settings), **options)  # type: ignore[arg-type]
+        return
+    # Several processes build the app themselves, from the environment.
+    os.environ.update(settings_to_env(settings))
+    uvicorn.run(
+        "service.main:app_from_env",
+        factory=True,
+        workers=workers,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def app_from_env() -> FastAPI:
+    """The app of one uvicorn worker process when ``serve`` runs several."""
+    return create_app(Settings())
+
+
+def run_worker(settings: Settings | None = None) -> None:
+    """A stand-alone training worker (several replicas share a PostgreSQL job store and
+    the model directory). SIGTERM/SIGINT stop it cleanly: running jobs go back to the queue."""
+    settings = settings or Settings()
+    configure_logging(settings.log_level)
+    settings.models_path.mkdir(parents=True, exist_ok=True)
+    settings.jobs_path.mkdir(parents=True, exist_ok=True)
+    store = open_store(settings)
+    worker = Worker(settings, store)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: stopping the worker", signum)
+        # stop() joins nothing here: the loop below is this thread; it just sets the flags.
+        threading.Thread(target=worker.stop, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        worker.run()
+    finally:
+        store.dispose()
+
+
+def settings_to_env(settings: Settings) -> dict[str, str]:
+    """``MBN_*`` variables that rebuild ``settings`` in another process."""
+    env = {}
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        if name == "api_keys":
+            text = ",".join(key.get_secret_value() for key in settings.api_keys)
+        elif isinstance(value, bool):
+            text = "true" if value else "false"
+        else:
+            text = str(value)
+        env[f"MBN_{name.upper()}"] = text
+    return env

@@ -1,0 +1,142 @@
+"""Prometheus metrics, one registry per app (no process globals: several apps can coexist).
+
+- ``mbn_http_requests_total`` / ``mbn_http_request_duration_seconds``: by route template
+  (never the raw path, which would explode cardinality), method, status and embed mode;
+- ``mbn_jobs``: jobs by status, read from the shared store at scrape time (so every replica
+  reports the same, true numbers);
+- ``mbn_models_loaded``, ``mbn_exact_models_loaded``, ``mbn_exact_in_flight``;
+- ``mbn_rejected_total``: requests refused for overload, by reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.schemas import JobStatus
+
+log = logging.getLogger(__name__)
+
+MODE_SCOPE_KEY = "mbn.mode"
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+_JOB_STATUSES: tuple[JobStatus, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
+
+
+class _JobsCollector(Collector):
+    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("mbn_jobs", "Training jobs by status", labels=["status"])
+        try:
+            counts = self._counts()
+        except Exception as exc:  # a scrape must not fail because the store is down
+            log.warning("job counts unavailable for /metrics: %s", exc)
+            return
+        for status in _JOB_STATUSES:
+            family.add_metric([status], counts.get(status, 0))
+        yield family
+
+
+class Metrics:
+    """The service's metrics and their registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "mbn_http_requests",
+            "HTTP requests by route template, method, status and embed mode",
+            ["route", "method", "status", "mode"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "mbn_http_request_duration_seconds",
+            "Time from request start to the end of the response, by route and embed mode",
+            ["route", "method", "mode"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.rejected = Counter(
+            "mbn_rejected",
+            "Requests refused because of overload (429), by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.models_loaded = Gauge(
+            "mbn_models_loaded", "Verified models in the registry", registry=self.registry
+        )
+        self.exact_loaded = Gauge(
+            "mbn_exact_models_loaded", "Exact models held in memory", registry=self.registry
+        )
+        self.exact_in_flight = Gauge(
+            "mbn_exact_in_flight", "Exact-mode computations running", registry=self.registry
+        )
+
+    def watch(
+        self,
+        *,
+        job_counts: Callable[[], dict[str, int]],
+        models: Callable[[], int],
+        exact_models: Callable[[], int],
+    ) -> None:
+        """Connect the gauges read at scrape time to their sources."""
+        self.registry.register(_JobsCollector(job_counts))
+        self.models_loaded.set_function(models)
+        self.exact_loaded.set_function(exact_models)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MetricsMiddleware:
+    """Pure ASGI middleware (no body buffering) timing every HTTP request."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            mode = scope.get(MODE_SCOPE_KEY, "")
+            method = scope["method"]
+            self.metrics.requests.labels(template, method, str(status), mode).inc()
+            self.metrics.latency.labels(template, method, mode).observe(time.perf_counter() - start)

@@ -1,0 +1,111 @@
+"""POST /embed."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+from fastapi import APIRouter, Depends, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from mbn_core.bundle import Bundle, BundleError
+from service.arrays import b64_to_matrix, matrix_to_b64, rows_to_matrix
+from service.deps import GateDep, RegistryDep, SettingsDep, require_api_key
+from service.errors import NotFound
+from service.metrics import MODE_SCOPE_KEY
+from service.registry import ModelRegistry
+from service.routes._body import json_body, parse_json
+from service.schemas import EmbedRequest, EmbedResponse, error_responses
+
+router = APIRouter(tags=["embed"], dependencies=[Depends(require_api_key)])
+
+
+@router.post(
+    "/embed",
+    response_model=EmbedResponse,
+    summary="Embed rows with a model",
+    description=(
+        "Fast mode answers from the model's ONNX compressor; exact mode runs the full MBN "
+        "in a bounded pool (429 with Retry-After when it is busy). Headers: X-Model-Id, "
+        "X-Compute-Time-Ms (model time only) and Server-Timing."
+    ),
+    responses=error_responses(401, 404, 413, 415, 422, 429, 503),
+    openapi_extra=json_body(EmbedRequest),
+)
+async def embed(
+    request: Request, registry: RegistryDep, gate: GateDep, settings: SettingsDep
+) -> Response:
+    req = await parse_json(request, EmbedRequest)
+    request.scope[MODE_SCOPE_KEY] = req.mode
+    bundle = registry.lookup(req.model)
+    if bundle is None:  # maybe written by another replica: rescan, off the event loop
+        bundle = await run_in_threadpool(registry.get, req.model)
+    if req.inputs is not None:
+        x = rows_to_matrix(
+            req.inputs,
+            expected_dim=bundle.input_dim,
+            max_rows=settings.max_rows_per_request,
+            what="inputs",
+        )
+    else:
+        assert req.inputs_b64 is not None and req.dim is not None
+        x = b64_to_matrix(
+            req.inputs_b64,
+            dim=req.dim,
+            expected_dim=bundle.input_dim,
+            max_rows=settings.max_rows_per_request,
+            what="inputs_b64",
+        )
+    want_clusters = req.return_clusters and bundle.n_clusters is not None
+
+    started = time.perf_counter()
+    if req.mode == "fast":
+        if x.shape[0] <= settings.inline_fast_rows:
+            embeddings, clusters = _fast(bundle, x, want_clusters)
+        else:
+            embeddings, clusters = await run_in_threadpool(_fast, bundle, x, want_clusters)
+    else:
+        embeddings, clusters = await gate.run(lambda: _exact(registry, bundle, x, want_clusters))
+    compute_ms = (time.perf_counter() - started) * 1000.0
+
+    payload: dict[str, object] = {
+        "model": bundle.id,
+        "name": bundle.name,
+        "mode": req.mode,
+        "dim": int(embeddings.shape[1]),
+        "n": int(embeddings.shape[0]),
+    }
+    if req.encoding_format == "base64":
+        payload["embeddings_b64"] = matrix_to_b64(embeddings)
+    else:
+        payload["embeddings"] = embeddings.tolist()
+    if clusters is not None:
+        payload["clusters"] = clusters.tolist()
+    return Response(
+        content=json.dumps(payload, separators=(",", ":")),
+        media_type="application/json",
+        headers={
+            "X-Model-Id": bundle.id,
+            "X-Compute-Time-Ms": f"{compute_ms:.3f}",
+            "Server-Timing": f"compute;dur={compute_ms:.3f}",
+        },
+    )
+
+
+def _fast(bundle: Bundle, x: np.ndarray, clusters: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    embeddings = bundle.embed(x, mode="fast")
+    return embeddings, bundle.predict_clusters(x, mode="fast") if clusters else None
+
+
+def _exact(
+    registry: ModelRegistry, bundle: Bundle, x: np.ndarray, clusters: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
+    registry.note_exact_use(bundle)
+    try:
+        embeddings = bundle.embed(x, mode="exact")
+        labels = bundle.predict_clusters(x, mode="exact") if clusters else None
+    except (BundleError, FileNotFoundError) as exc:
+        # The bundle was deleted (or damaged) after it was loaded, before its exact model was.
+        raise NotFound(f"model {bundle.id} is no longer available in exact mode: {exc}") from None
+    return embeddings, labels

@@ -1,0 +1,44 @@
+"""GET /health/live, GET /health/ready, GET /metrics. Health stays open without API keys."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from service.deps import MetricsDep, require_api_key_for_metrics
+from service.errors import Unavailable
+from service.schemas import Health, error_responses
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/health/live", response_model=Health, summary="The process answers")
+async def live() -> Health:
+    return Health(status="ok")
+
+
+@router.get(
+    "/health/ready",
+    response_model=Health,
+    summary="Ready for traffic: the job store answers and models are usable (else 503)",
+    responses=error_responses(503),
+)
+def ready(request: Request) -> Health:
+    readiness = getattr(request.app.state, "readiness", None)
+    if readiness is None:
+        raise Unavailable("not ready: starting", retry_after=1)
+    checks, problems = readiness()
+    if problems:
+        raise Unavailable("not ready: " + "; ".join(problems), retry_after=1)
+    return Health(status="ready", checks=checks)
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, **error_responses(401)},
+    dependencies=[Depends(require_api_key_for_metrics)],
+)
+def metrics(metrics: MetricsDep) -> Response:
+    return Response(content=metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,171 @@
+"""Request and response models of the HTTP API (the contract of DESIGN.md).
+
+Request models forbid unknown fields and are strict (a string is not a number). They are
+flat on purpose: the routes that read raw bodies publish these schemas inline in OpenAPI.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# A model id (mbn_core.bundle's rule) or a name given through the API: one path component,
+# never "." or "..", no separators.
+MODEL_REF_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+# Names of bundles made elsewhere (the CLI) may be any printable text up to 200 characters;
+# lookups only compare them with the loaded models, never build a path from them.
+MODEL_LOOKUP_MAX = 200
+JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+Mode = Literal["fast", "exact"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class EmbedRequest(_Request):
+    """Rows to embed, as JSON numbers (``inputs``) or base64 little-endian float32
+    (``inputs_b64`` with ``dim``: row-major, ``n * dim * 4`` bytes)."""
+
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MODEL_LOOKUP_MAX,
+        description="Model id, or name (its newest version). Default: the default model.",
+    )
+    inputs: list[list[float]] | None = Field(
+        default=None, description="Rows of numbers, each of the model's input dimension."
+    )
+    inputs_b64: str | None = Field(
+        default=None,
+        description="Base64 of the rows as little-endian float32, row-major (instead of inputs).",
+    )
+    dim: int | None = Field(
+        default=None, ge=1, description="Row length of inputs_b64 (required with it)."
+    )
+    mode: Mode = Field(
+        default="fast",
+        description="fast: the distilled ONNX compressor; exact: the full MBN (slow, bounded).",
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        default="float",
+        description="float: embeddings as JSON numbers; base64: embeddings_b64 holds "
+        "little-endian float32, row-major.",
+    )
+    return_clusters: bool = Field(
+        default=True,
+        description="Include cluster ids when the model has a clustering head.",
+    )
+
+    @model_validator(mode="after")
+    def _one_input_form(self) -> EmbedRequest:
+        if (self.inputs is None) == (self.inputs_b64 is None):
+            raise ValueError("give exactly one of inputs and inputs_b64")
+        if self.inputs_b64 is not None and self.dim is None:
+            raise ValueError("inputs_b64 needs dim, the length of a row")
+        if self.inputs is not None and self.dim is not None:
+            raise ValueError("dim goes with inputs_b64 only")
+        return self
+
+
+class EmbedResponse(BaseModel):
+    model: str = Field(description="Id of the model that answered.")
+    name: str = Field(description="Name of that model.")
+    mode: Mode
+    dim: int = Field(description="Embedding dimension.")
+    n: int = Field(description="Number of rows embedded.")
+    embeddings: list[list[float]] | None = Field(
+        default=None, description="One embedding per input row (encoding_format float)."
+    )
+    embeddings_b64: str | None = Field(
+        default=None,
+        description="Base64 little-endian float32 n x dim, row-major (encoding_format base64).",
+    )
+    clusters: list[int] | None = Field(
+        default=None, description="Cluster id per row, when the model has a clustering head."
+    )
+
+
+class TrainOptions(_Request):
+    """What a training job is besides its data (the multipart form's name and params)."""
+
+    name: str = Field(
+        default="model",
+        pattern=MODEL_REF_PATTERN,
+        description="Model name; the newest model of a name answers requests naming it.",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Training parameters (mbn_core.training.TrainingParams; n_jobs is the "
+        "server's).",
+    )
+
+
+class TrainRequest(TrainOptions):
+    """A training job with its data inline; large data sets go as a multipart upload."""
+
+    data: list[list[float]] = Field(description="Training rows.")
+    labels: list[int] | None = Field(
+        default=None, description="Optional class label per row (for the fidelity report)."
+    )
+
+
+class JobOut(BaseModel):
+    id: str
+    name: str
+    status: JobStatus
+    progress: float = Field(ge=0.0, le=1.0, description="Fraction done, 0..1.")
+    phase: str | None = Field(default=None, description="Training phase now running.")
+    model_id: str | None = Field(default=None, description="The model made (succeeded jobs).")
+    error: str | None = Field(default=None, description="Why it failed (failed jobs).")
+    attempts: int = Field(description="Times a worker started it.")
+    n_rows: int
+    n_features: int
+    params: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+
+
+class JobList(BaseModel):
+    jobs: list[JobOut]
+
+
+class ModelInfo(BaseModel):
+    id: str
+    name: str
+    created: str
+    input_dim: int
+    output_dim: int
+    n_clusters: int | None
+    default: bool = Field(description="Whether requests naming no model get this one.")
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo]
+    default: str | None = Field(description="Id of the default model, if any.")
+
+
+class Health(BaseModel):
+    status: Literal["ok", "ready", "not_ready"]
+    checks: dict[str, bool] = Field(default_factory=dict)
+
+
+class ErrorDetail(BaseModel):
+    type: str = Field(description="Machine-readable kind, e.g. invalid_input, not_found.")
+    message: str = Field(description="What went wrong, for a human.")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries documenting the error shape for these status codes."""
+    return {code: {"model": ErrorResponse} for code in codes}

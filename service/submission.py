@@ -1,0 +1,170 @@
+"""Checking and queueing training jobs: what POST /train and the demo model do.
+
+Parameters and data are checked before anything is stored, so a bad request is a 422 at once
+and never a failed job later. Data is written under the job's id (never a client-chosen
+path) and flushed to disk before the job row exists: a queued job always has its data.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from mbn_core import MBN
+from mbn_core.training import TrainingParams, load_training_data
+from service.config import Settings
+from service.errors import Conflict, InvalidInput, Overloaded, PayloadTooLarge
+from service.jobs import Job, JobFiles, JobStore, new_job_id
+
+log = logging.getLogger(__name__)
+
+# Resources are the server's to give: threads come from MBN_TRAIN_THREADS.
+SERVER_PARAMS = frozenset({"n_jobs"})
+
+DEMO_NAME = "demo-digits"
+# Small enough to train in seconds on one core, with a clustering head to show it off.
+DEMO_PARAMS: dict[str, Any] = {
+    "n_clusterings": 50,
+    "hidden_layer_sizes": [128, 128],
+    "max_epochs": 30,
+    "n_clusters": 10,
+    "random_state": 0,
+}
+# A fixed id: replicas starting together on an empty model dir queue one demo job, not one
+# each (the second insert is refused as a duplicate). New parameters, new id.
+DEMO_JOB_ID = uuid.uuid5(uuid.NAMESPACE_URL, f"mbn-demo:{sorted(DEMO_PARAMS.items())}").hex
+
+
+def check_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The full parameter set (defaults filled in) or InvalidInput naming the bad key."""
+    server = sorted(SERVER_PARAMS & params.keys())
+    if server:
+        raise InvalidInput(
+            f"training parameter {server[0]!r} is set by the server (MBN_TRAIN_THREADS)"
+        )
+    try:
+        return TrainingParams.from_dict(params).to_dict()
+    except ValueError as exc:
+        raise InvalidInput(f"params: {exc}") from None
+
+
+def check_data(x: Any, params: dict[str, Any]) -> None:
+    """Refuse data the training would fail on at once (too few rows for the layers)."""
+    if x.shape[0] < 2:
+        raise InvalidInput(f"training needs at least 2 rows, got {x.shape[0]}")
+    try:
+        MBN(**TrainingParams.from_dict(params).mbn_kwargs()).layer_sizes(x.shape[0])
+    except ValueError as exc:
+        raise InvalidInput(f"params do not fit {x.shape[0]} rows: {exc}") from None
+
+
+class Submitter:
+    """Queues training jobs (blocking: call from a thread)."""
+
+    def __init__(self, settings: Settings, store: JobStore, files: JobFiles) -> None:
+        self.settings = settings
+        self.store = store
+        self.files = files
+
+    def refuse_if_full(self) -> None:
+        """Cheap early 429, before a large body is read (submit checks again, exactly)."""
+        limit = self.settings.max_queued_jobs
+        if self.store.queued_count() >= limit:
+            raise Overloaded(
+                f"{limit} training jobs are already queued; retry later",
+                retry_after=self.settings.retry_after_seconds,
+            )
+
+    def submit_arrays(
+        self,
+        name: str,
+        params: dict[str, Any],
+        x: np.ndarray,
+        y: np.ndarray | None,
+        *,
+        job_id: str | None = None,
+    ) -> Job:
+        if x.shape[0] > self.settings.max_train_rows:
+            raise PayloadTooLarge(
+                f"data has {x.shape[0]} rows; at most {self.settings.max_train_rows} per job"
+            )
+        if y is not None and y.shape != (x.shape[0],):
+            raise InvalidInput(f"labels has {y.shape[0]} entries for {x.shape[0]} rows of data")
+        check_data(x, params)
+        job_id = job_id or new_job_id()
+        data_file = self.files.write_arrays(job_id, x, y)
+        return self._queue(job_id, name, params, data_file, x.shape)
+
+    def submit_file(self, name: str, params: dict[str, Any], suffix: str, source: BinaryIO) -> Job:
+        if suffix not in JobFiles.ALLOWED_SUFFIXES:
+            raise InvalidInput(
+                f"the file name must end in one of {', '.join(JobFiles.ALLOWED_SUFFIXES)}"
+            )
+        job_id = new_job_id()
+        try:
+            data_file = self.files.write_stream(
+                job_id, suffix, source, max_bytes=self.settings.max_upload_bytes
+            )
+        except OverflowError:
+            self.files.remove(job_id)
+            raise PayloadTooLarge(
+                f"upload over the limit of {self.settings.max_upload_bytes} bytes"
+            ) from None
+        path = self.files.path(job_id, data_file)
+        try:
+            try:
+                x, _ = load_training_data(path)
+            except ValueError as exc:
+                # The message names our storage path; to the client it is "file".
+                raise InvalidInput(str(exc).replace(str(path), "file")) from None
+            if x.shape[0] > self.settings.max_train_rows:
+                raise PayloadTooLarge(
+                    f"file has {x.shape[0]} rows; at most {self.settings.max_train_rows} per job"
+                )
+            check_data(x, params)
+        except BaseException:
+            self.files.remove(job_id)
+            raise
+        return self._queue(job_id, name, params, data_file, x.shape)
+
+    def submit_demo(self) -> Job | None:
+        """Queue the demo model's job unless it was queued before (by any replica)."""
+        if self.store.get(DEMO_JOB_ID) is not None:
+            return None
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        params = check_params(DEMO_PARAMS)
+        x = digits.data.astype(np.float32)
+        try:
+            job = self.submit_arrays(
+                DEMO_NAME, params, x, digits.target.astype(np.int64), job_id=DEMO_JOB_ID
+            )
+        except Conflict:
+            return None
+        log.info("no model yet: queued job %s to train the demo model %r", job.id, DEMO_NAME)
+        return job
+
+    def _queue(
+        self, job_id: str, name: str, params: dict[str, Any], data_file: str, shape: Any
+    ) -> Job:
+        try:
+            return self.store.submit(
+                job_id=job_id,
+                name=name,
+                params=params,
+                data_file=data_file,
+                n_rows=int(shape[0]),
+                n_features=int(shape[1]),
+                max_queued=self.settings.max_queued_jobs,
+            )
+        except Conflict:
+            if job_id != DEMO_JOB_ID:
+                self.files.remove(job_id)
+            raise
+        except BaseException:
+            self.files.remove(job_id)
+            raise

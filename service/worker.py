@@ -1,0 +1,425 @@
+"""The training worker: claims queued jobs and runs each in a child process.
+
+Why a child process: a cancel must stop training promptly (the training callback asks it to
+stop; a process that does not listen is terminated), and a crash in training (a segfault, the
+kernel's OOM killer) must not take the API down. Children are fresh interpreters
+(``python -m service.trainproc``), not forks of a process full of threads.
+
+The child writes its bundle into a private staging directory. Only the parent, while it still
+owns the job, moves the bundle into the model directory and records success, so a child
+left behind by a dead worker can never publish a model. Each attempt of a job has its own
+model id (``<job id>-<attempt>``); a new attempt removes what earlier attempts of the same
+job may have left in the model directory, so a job yields exactly one model.
+
+Policy (see ``service.jobs`` for the store side):
+
+- cancelled, or the job was taken away (recovered after a missed heartbeat): stop the
+  child, publish nothing;
+- worker shutting down: stop the child and put the job back in the queue at once;
+- the database is unreachable for half of ``stale_after_seconds``: stop the child (another
+  worker will soon take the job over; two must never run it at once);
+- the child dies without an answer, raises, or runs past ``job_timeout_seconds``: failed,
+  with the reason, never retried (a deterministic crash would loop).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from service.config import Settings
+from service.errors import Unavailable
+from service.jobs import Job, JobFiles, JobStore
+from service.trainproc import TrainSpec
+
+log = logging.getLogger(__name__)
+
+# Seconds a training process gets to stop on its own (its training callback returns True)
+# before it is killed.
+STOP_GRACE_SECONDS = 2.0
+
+
+def model_id_for(job_id: str, attempt: int) -> str:
+    """The id of the model an attempt of a job makes (stable, so leftovers can be found)."""
+    return f"{job_id}-{attempt}"
+
+
+@dataclass
+class _Run:
+    """What supervising one child found out."""
+
+    result: tuple[str, str] | None = None  # ("done", path) | ("stopped", "") | ("error", msg)
+    stop_reason: str | None = None  # why the parent stopped it
+    exitcode: int | None = None
+
+
+class Worker:
+    """Claims and runs training jobs until ``stop()``.
+
+    Parameters
+    ----------
+    settings : Settings
+    store : JobStore
+    on_model : callable, optional
+        Called with the path of each published bundle (the embedded worker swaps it into
+        the API's registry at once; stand-alone workers leave it to the replicas' rescans).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: JobStore,
+        *,
+        on_model: Any = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.files = JobFiles(settings.jobs_path)
+        self.on_model = on_model
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._active: dict[str, threading.Thread] = {}
+        self._thread: threading.Thread | None = None
+        self._last_recovery = 0.0
+
+    # --- control -----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Run the loop in a background thread (the API's embedded worker)."""
+        self._thread = threading.Thread(target=self.run, name="mbn-worker", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop claiming, stop running children, give their jobs back; wait for that."""
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def wake(self) -> None:
+        """A job was queued: look now rather than at the next poll."""
+        self._wake.set()
+
+    @property
+    def running_jobs(self) -> list[str]:
+        return list(self._active)
+
+    # --- the loop ----------------------------------------------------------------------------
+    def run(self) -> None:
+        log.info(
+            "worker %s started (concurrency %d)", self.worker_id, self.settings.worker_concurrency
+        )
+        try:
+            while not self._stopping.is_set():
+                self._reap()
+                self._recover_if_due()
+                if len(self._active) < self.settings.worker_concurrency and self._claim_one():
+                    continue
+                self._wake.wait(self.settings.poll_interval_seconds)
+                self._wake.clear()
+        finally:
+            for thread in list(self._active.values()):
+                thread.join()
+            self._reap()
+            log.info("worker %s stopped", self.worker_id)
+
+    def _claim_one(self) -> bool:
+        try:
+            job = self.store.claim(self.worker_id)
+        except Unavailable:
+            return False
+        except Exception:
+            log.exception("claiming a job failed")
+            return False
+        if job is None:
+            return False
+        thread = threading.Thread(
+            target=self._run_job_logged, args=(job,), name=f"mbn-job-{job.id[:8]}", daemon=True
+        )
+        self._active[job.id] = thread
+        thread.start()
+        return True
+
+    def _reap(self) -> None:
+        for job_id, thread in list(self._active.items()):
+            if not thread.is_alive():
+                del self._active[job_id]
+
+    def _recover_if_due(self) -> None:
+        now = time.monotonic()
+        if now - self._last_recovery < self.settings.heartbeat_seconds:
+            return
+        self._last_recovery = now
+        try:
+            recovered = self.store.recover_stale(
+                stale_after=self.settings.stale_after_seconds,
+                max_attempts=self.settings.max_attempts,
+            )
+        except Unavailable:
+            return
+        except Exception:
+            log.exception("recovering stale jobs failed")
+            return
+        for job_id, status in recovered:
+            if status == "failed":
+                self.files.remove(job_id)
+
+    # --- one job -----------------------------------------------------------------------------
+    def _run_job_logged(self, job: Job) -> None:
+        try:
+            self._run_job(job)
+        except Exception:
+            # The store may be down; the job is then recovered by the stale-heartbeat rule.
+            log.exception("job %s: supervising failed", job.id)
+
+    def _run_job(self, job: Job) -> None:
+        log.info("job %s: attempt %d started by %s", job.id, job.attempts, self.worker_id)
+        model_id = model_id_for(job.id, job.attempts)
+        self._remove_earlier_attempts(job)
+        staging = self.settings.data_dir / "staging" / model_id
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        try:
+            try:
+                data_path = self.files.path(job.id, job.data_file)
+            except ValueError as exc:
+                self._fail(job, str(exc))
+                return
+            spec = TrainSpec(
+                message_fd=-1,  # set when the process starts
+                job_id=job.id,
+                name=job.name,
+                # Threads are the server's to give (clients may not set n_jobs).
+                params={**job.params, "n_jobs": self.settings.train_threads},
+                data_path=str(data_path),
+                out_dir=str(staging / model_id),
+                model_id=model_id,
+                threads=self.settings.train_threads,
+            )
+            run = self._supervise(job, spec)
+            self._conclude(job, run, model_id)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _supervise(self, job: Job, spec: TrainSpec) -> _Run:
+        read_fd, write_fd = os.pipe()
+        try:
+            spec = dataclasses.replace(spec, message_fd=write_fd)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "service.trainproc"],
+                stdin=subprocess.PIPE,
+                pass_fds=(write_fd,),
+                close_fds=True,
+            )
+        finally:
+            os.close(write_fd)
+        messages = _Messages(read_fd)
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(spec.to_json().encode() + b"\n")
+            proc.stdin.close()
+        except OSError:
+            pass  # it died at once; the exit code tells
+        try:
+            return self._watch(job, proc, messages)
+        finally:
+            if proc.poll() is None:
+                _terminate(proc)
+            messages.close()
+
+    def _watch(self, job: Job, proc: subprocess.Popen[bytes], messages: _Messages) -> _Run:
+        settings = self.settings
+        run = _Run()
+        progress, phase = 0.0, None
+        started = last_beat = last_ok = time.monotonic()
+        stop_deadline = 0.0
+        while True:
+            for message in messages.read(timeout=0.2):
+                if message[0] == "progress":
+                    phase, progress = str(message[1]), float(message[2])
+                else:
+                    run.result = (str(message[0]), str(message[1]))
+            if run.result is not None or messages.eof:
+                break
+            now = time.monotonic()
+            if run.stop_reason is None:
+                if self._stopping.is_set():
+                    run.stop_reason = "shutdown"
+                elif now - started > settings.job_timeout_seconds:
+                    run.stop_reason = "timeout"
+                elif now - last_beat >= settings.heartbeat_seconds:
+                    last_beat = now
+                    try:
+                        if not self.store.heartbeat(
+                            job.id, self.worker_id, progress=progress, phase=phase
+                        ):
+                            run.stop_reason = "lost"
+                        last_ok = now
+                    except Unavailable:
+                        if now - last_ok > settings.stale_after_seconds / 2:
+                            run.stop_reason = "fenced"
+                if run.stop_reason is not None:
+                    log.info("job %s: stopping training (%s)", job.id, run.stop_reason)
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(signal.SIGTERM)  # the training callback stops it
+                    stop_deadline = now + STOP_GRACE_SECONDS
+            elif now > stop_deadline:
+                proc.kill()
+                break
+        try:
+            run.exitcode = proc.wait(STOP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            _terminate(proc)
+            run.exitcode = proc.returncode
+        return run
+
+    def _conclude(self, job: Job, run: _Run, model_id: str) -> None:
+        if run.stop_reason == "shutdown":
+            if self.store.release(job.id, self.worker_id):
+                log.info("job %s: given back to the queue (shutdown)", job.id)
+            return
+        if run.stop_reason in ("lost", "fenced"):
+            current = self.store.get(job.id)
+            if current is not None and current.finished:
+                self.files.remove(job.id)
+            log.info("job %s: no longer ours (%s)", job.id, current.status if current else "gone")
+            return
+        if run.stop_reason == "timeout":
+            self._fail(job, f"training ran longer than {self.settings.job_timeout_seconds:g} s")
+            return
+        kind, value = run.result or ("crashed", "")
+        if kind == "done":
+            self._publish(job, Path(value), model_id)
+        elif kind == "error":
+            self._fail(job, value)
+        elif kind == "stopped":  # it stopped without being asked: its parent looked gone
+            self._fail(job, "training stopped unexpectedly")
+        else:
+            code = run.exitcode
+            how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            self._fail(job, f"the training process died ({how}), e.g. out of memory")
+
+    def _publish(self, job: Job, built: Path, model_id: str) -> None:
+        from mbn_core.bundle import BundleError, load_bundle
+
+        try:
+            load_bundle(built)  # verify before anyone can see it
+        except (BundleError, OSError, ValueError) as exc:
+            self._fail(job, f"the trained bundle does not verify: {exc}")
+            return
+        target = self.settings.models_path / model_id
+        try:
+            _move_dir(built, target)
+        except OSError as exc:
+            self._fail(job, f"cannot store the model: {exc}")
+            return
+        if not self.store.finish(job.id, self.worker_id, status="succeeded", model_id=model_id):
+            # Cancelled (or taken over) in the last instant: the model must not exist.
+            shutil.rmtree(target, ignore_errors=True)
+            log.info("job %s: finished but no longer ours; model discarded", job.id)
+            current = self.store.get(job.id)
+            if current is not None and current.finished:
+                self.files.remove(job.id)
+            return
+        self.files.remove(job.id)
+        log.info("job %s: succeeded, model %s", job.id, model_id)
+        if self.on_model is not None:
+            try:
+                self.on_model(target)
+            except Exception:
+                log.exception("job %s: loading model %s into the registry failed", job.id, model_id)
+
+    def _fail(self, job: Job, error: str) -> None:
+        log.warning("job %s: failed: %s", job.id, error)
+        if self.store.finish(job.id, self.worker_id, status="failed", error=error):
+            self.files.remove(job.id)
+
+    def _remove_earlier_attempts(self, job: Job) -> None:
+        # An earlier attempt may have published its bundle and died before recording it.
+        for attempt in range(1, job.attempts):
+            leftover = self.settings.models_path / model_id_for(job.id, attempt)
+            if leftover.is_dir():
+                log.warning("job %s: removing model %s of a lost attempt", job.id, leftover.name)
+                shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _terminate(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(STOP_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class _Messages:
+    """JSON lines from the training process, read without blocking past ``timeout``."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.eof = False
+        self._buffer = b""
+
+    def read(self, timeout: float) -> list[list[Any]]:
+        if self.eof:
+            return []
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            return []
+        chunk = os.read(self.fd, 1 << 16)
+        if not chunk:
+            self.eof = True
+        self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        messages = []
+        for line in lines:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                log.warning("unreadable message from a training process: %r", line[:200])
+                continue
+            expected = 3 if message and message[0] == "progress" else 2
+            if isinstance(message, list) and len(message) == expected:
+                messages.append(message)
+        return messages
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def _move_dir(source: Path, target: Path) -> None:
+    """Rename ``source`` to ``target`` atomically, also across file systems (copy to a
+    hidden sibling of the target, then rename)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        raise FileExistsError(errno.EEXIST, "model directory exists", str(target))
+    try:
+        os.rename(source, target)
+        return
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+    tmp = target.parent / f".incoming-{target.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        shutil.copytree(source, tmp)
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(source, ignore_errors=True)
