@@ -186,6 +186,16 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
         -------
         self : CompressiveMBN
         """
+        # A stopped or failed fit leaves the estimator exactly as it was (as MBN does).
+        previous_state = dict(self.__dict__)
+        try:
+            return self._fit(X, y)
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(previous_state)
+            raise
+
+    def _fit(self, X, y) -> CompressiveMBN:
         self._validate_params()
         X = validate_data(
             self, X, accept_sparse="csr", dtype=np.float32, ensure_min_samples=4, reset=True
@@ -475,7 +485,8 @@ def _partial_fit(mlp: MLPRegressor, X, Y) -> None:
     """One epoch of Adam; a Ctrl-C inside it is raised, not swallowed as sklearn does."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        mlp.partial_fit(X, Y)
+        # A single output goes in 1-D: sklearn warns about a column vector otherwise.
+        mlp.partial_fit(X, Y.ravel() if Y.shape[1] == 1 else Y)
     for warning in caught:
         if str(warning.message) == _MLP_INTERRUPTED:
             raise KeyboardInterrupt

@@ -156,7 +156,10 @@ class OnnxEmbedder:
             proto = model
         else:
             data = model if isinstance(model, bytes) else Path(model).read_bytes()
-            proto = onnx.load_from_string(data)
+            try:
+                proto = onnx.load_from_string(data)
+            except Exception as error:  # protobuf's DecodeError and friends
+                raise ValueError(f"not a loadable ONNX graph: {error}") from None
         _check_self_contained(proto)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
@@ -166,9 +169,14 @@ class OnnxEmbedder:
         # Idle spinning would burn the cores that concurrent requests and the exact path need.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3
-        self._session = ort.InferenceSession(
-            proto.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        try:
+            self._session = ort.InferenceSession(
+                proto.SerializeToString(),
+                sess_options=options,
+                providers=["CPUExecutionProvider"],
+            )
+        except Exception as error:  # onnxruntime's own exception types
+            raise ValueError(f"not a loadable ONNX graph: {error}") from None
         inputs = self._session.get_inputs()
         outputs = {output.name: output for output in self._session.get_outputs()}
         if [i.name for i in inputs] != [INPUT] or EMBEDDING not in outputs:

@@ -1,0 +1,198 @@
+"""CompressiveMBN: fitting, fidelity report, cluster head, determinism, bad input."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.datasets import load_digits
+from sklearn.exceptions import NotFittedError
+from sklearn.utils.validation import check_is_fitted
+
+from mbn_core import MBN, CompressiveMBN, TrainingStopped
+
+
+def small_mbn(**params):
+    return MBN(**{"n_clusterings": 30, "k1": 0.1, "random_state": 0, **params})
+
+
+def small_model(**params):
+    defaults = {"hidden_layer_sizes": (64, 64), "max_epochs": 15, "random_state": 0}
+    return CompressiveMBN(**{"mbn": small_mbn(), **defaults, **params})
+
+
+@pytest.fixture(scope="module")
+def digits():
+    X, y = load_digits(return_X_y=True)
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def fitted(digits):
+    X, y = digits
+    return small_model(n_clusters=10).fit(X, y)
+
+
+def test_transform_shapes_and_dtypes(fitted, digits):
+    X, _ = digits
+    fast = fitted.transform(X[:50])
+    exact = fitted.exact_transform(X[:50])
+    assert fast.shape == exact.shape == (50, 10)
+    assert fast.dtype == np.float32
+    assert exact.dtype == np.float64
+    assert fitted.n_features_in_ == 64
+    assert fitted.n_samples_ == len(X)
+
+
+def test_fidelity_report_is_complete_and_faithful(fitted):
+    report = fitted.fidelity_
+    assert report["n_holdout"] == round(0.1 * 1797)
+    for key in ("r2", "cosine", "nmi_fast_exact", "nmi_labels_exact", "nmi_labels_fast"):
+        assert 0.0 <= report[key] <= 1.0, key
+    # Even this tiny MBN and MLP track the exact embedding on unseen points.
+    assert report["r2"] > 0.5
+    assert report["cosine"] > 0.7
+    assert report["nmi_fast_exact"] > 0.6
+    assert report["cluster_agreement"] > 0.7
+    assert set(fitted.timings_) == {"mbn", "compressor", "evaluation"}
+
+
+def test_labels_are_optional(digits):
+    X, _ = digits
+    model = small_model(max_epochs=2).fit(X)
+    assert model.fidelity_["nmi_labels_exact"] is None
+    assert model.fidelity_["cluster_agreement"] is None
+    with pytest.raises(ValueError, match="no clustering head"):
+        model.predict_clusters(X[:3])
+
+
+def test_exact_transform_is_the_mbn(fitted, digits):
+    X, _ = digits
+    np.testing.assert_array_equal(fitted.exact_transform(X[:20]), fitted.mbn_.transform(X[:20]))
+
+
+def test_cluster_head(fitted, digits):
+    X, _ = digits
+    fast = fitted.predict_clusters(X[:200])
+    exact = fitted.predict_clusters(X[:200], mode="exact")
+    assert fast.dtype == exact.dtype == np.int64
+    assert set(np.unique(fast)) <= set(range(10))
+    assert np.mean(fast == exact) > 0.8
+    with pytest.raises(ValueError, match="mode"):
+        fitted.predict_clusters(X[:2], mode="slow")
+
+
+def test_same_seed_same_model(digits):
+    X, _ = digits
+    first = small_model(max_epochs=3).fit(X)
+    second = small_model(max_epochs=3).fit(X)
+    np.testing.assert_array_equal(first.transform(X[:30]), second.transform(X[:30]))
+    assert first.fidelity_ == second.fidelity_
+
+
+def test_transform_is_batch_independent(fitted, digits):
+    X, _ = digits
+    batch = fitted.transform(X[:10])
+    rows = np.vstack([fitted.transform(X[i : i + 1]) for i in range(10)])
+    np.testing.assert_allclose(batch, rows, rtol=1e-5, atol=1e-5 * np.abs(batch).max())
+
+
+def test_prefit_mbn_is_used_as_is(digits):
+    X, _ = digits
+    mbn = small_mbn().fit(X)
+    model = CompressiveMBN(mbn, prefit=True, hidden_layer_sizes=(16,), max_epochs=2).fit(X)
+    assert model.mbn_ is mbn
+    with pytest.raises(ValueError, match="features"):
+        CompressiveMBN(mbn, prefit=True, max_epochs=1).fit(X[:, :10])
+
+
+def test_unfitted_prefit_mbn_is_refused(digits):
+    X, _ = digits
+    with pytest.raises(NotFittedError):
+        CompressiveMBN(small_mbn(), prefit=True).fit(X)
+
+
+def test_sparse_input(digits):
+    X, _ = digits
+    model = small_model(max_epochs=2).fit(sp.csr_matrix(X))
+    assert model.input_sparse_
+    dense = model.transform(X[:5])
+    np.testing.assert_allclose(model.transform(sp.csr_matrix(X[:5])), dense, rtol=1e-5)
+
+
+def test_rare_features_are_not_blown_up(digits):
+    X, _ = digits
+    model = small_model(max_epochs=1).fit(X)
+    scale = model.input_scaler_.scale_
+    positive = model.input_scaler_.var_ > 0
+    # digits has constant and almost-constant pixels: none is scaled by a tiny spread.
+    assert scale.min() >= 0.1 * np.median(np.sqrt(model.input_scaler_.var_[positive])) - 1e-6
+
+
+def test_callback_sees_every_epoch_and_can_stop(digits):
+    X, _ = digits
+    seen = []
+
+    def callback(epoch, total, loss):
+        seen.append((epoch, total, loss))
+        return epoch == 2
+
+    model = small_model(max_epochs=10, callback=callback)
+    with pytest.raises(TrainingStopped):
+        model.fit(X)
+    assert [s[0] for s in seen] == [1, 2]
+    assert all(s[1] == 10 and np.isfinite(s[2]) for s in seen)
+    with pytest.raises(NotFittedError):
+        check_is_fitted(model)
+
+
+def test_early_stopping_keeps_best_epoch(digits):
+    X, _ = digits
+    losses = []
+    model = small_model(
+        max_epochs=40, n_iter_no_change=2, tol=0.5, callback=lambda e, t, loss: losses.append(loss)
+    ).fit(X)
+    # tol=0.5 makes no improvement count, so training stops after patience + 1 epochs.
+    assert model.n_epochs_ == len(losses) == 3
+
+
+def test_without_validation_runs_all_epochs(digits):
+    X, _ = digits
+    model = small_model(max_epochs=3, validation_fraction=0.0).fit(X)
+    assert model.n_epochs_ == 3
+
+
+@pytest.mark.parametrize(
+    ("params", "name"),
+    [
+        ({"hidden_layer_sizes": ()}, "hidden_layer_sizes"),
+        ({"hidden_layer_sizes": (0,)}, "hidden_layer_sizes"),
+        ({"hidden_layer_sizes": "64"}, "hidden_layer_sizes"),
+        ({"max_epochs": 0}, "max_epochs"),
+        ({"batch_size": 1.5}, "batch_size"),
+        ({"learning_rate": 0}, "learning_rate"),
+        ({"alpha": -1.0}, "alpha"),
+        ({"holdout_fraction": 0.0}, "holdout_fraction"),
+        ({"validation_fraction": 0.5}, "validation_fraction"),
+        ({"n_clusters": 1}, "n_clusters"),
+        ({"n_jobs": 0}, "n_jobs"),
+        ({"callback": 3}, "callback"),
+        ({"mbn": "MBN"}, "mbn"),
+    ],
+)
+def test_bad_parameters_name_themselves(params, name, digits):
+    X, _ = digits
+    with pytest.raises(ValueError, match=name):
+        small_model(**params).fit(X)
+
+
+def test_bad_input(fitted, digits):
+    X, y = digits
+    with pytest.raises(ValueError, match="labels"):
+        small_model().fit(X, y[:10])
+    with pytest.raises(ValueError):
+        fitted.transform(X[:3, :10])
+    bad = X[:3].copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(ValueError):
+        fitted.transform(bad)
+    with pytest.raises(ValueError, match="samples"):
+        small_model(holdout_fraction=0.5, validation_fraction=0.4).fit(X[:4])
