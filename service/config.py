@@ -33,7 +33,12 @@ class Settings(BaseSettings):
     """
 
     model_config = SettingsConfigDict(
-        env_prefix="MBN_", extra="forbid", validate_default=True, frozen=True
+        env_prefix="MBN_",
+        extra="forbid",
+        validate_default=True,
+        frozen=True,
+        # Errors end up in logs: never echo a key or a database password.
+        hide_input_in_errors=True,
     )
 
     # --- where things live -------------------------------------------------------------------

@@ -1,0 +1,133 @@
+"""Fixtures of the service tests: small real models, settings, servers, PostgreSQL.
+
+Nothing here stands in for the code under test: models are trained by mbn_core, servers are
+``mbn serve`` processes, the PostgreSQL is a real server (``MBN_TEST_POSTGRES_URL``, or the
+one ``scripts/postgres.sh start`` provides; the tests fail, never skip, without it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+from servicetest import REPO, Process, make_settings, running_app
+from sklearn.datasets import load_digits
+
+from mbn_core import MBN
+from mbn_core.bundle import save_bundle
+from mbn_core.compress import CompressiveMBN
+from service.config import Settings
+
+with warnings.catch_warnings():
+    # Starlette's TestClient announces a future switch to another httpx package.
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+
+@pytest.fixture(scope="session")
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    data = load_digits()
+    return data.data.astype(np.float32), data.target.astype(np.int64)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(digits: tuple[np.ndarray, np.ndarray]) -> CompressiveMBN:
+    """A fitted compressive MBN with a clustering head (64 -> 10 dimensions)."""
+    x, y = digits
+    mbn = MBN(n_clusterings=10, random_state=0, n_jobs=1)
+    return CompressiveMBN(
+        mbn, hidden_layer_sizes=(16,), max_epochs=3, n_clusters=10, random_state=0, n_jobs=1
+    ).fit(x, y)
+
+
+@pytest.fixture(scope="session")
+def write_bundle(tiny_model: CompressiveMBN) -> Callable[..., Path]:
+    """Write ``tiny_model`` as bundle ``model_id`` (optionally back-dating its creation)."""
+
+    def write(model_dir: Path, model_id: str, name: str, created: str | None = None) -> Path:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        path = save_bundle(tiny_model, model_dir / model_id, name=name)
+        if created is not None:  # the manifest itself is not hashed, only the data files
+            manifest_file = path / "manifest.json"
+            manifest = json.loads(manifest_file.read_text())
+            manifest["created"] = created
+            manifest_file.write_text(json.dumps(manifest))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def settings_for(tmp_path: Path) -> Callable[..., Settings]:
+    return lambda **overrides: make_settings(tmp_path / "data", **overrides)
+
+
+@pytest.fixture
+def api(tmp_path: Path, write_bundle: Callable[..., Path]) -> Iterator[Callable[..., TestClient]]:
+    """A factory of in-process apps (see ``running_app``): ``api(models=False, **settings)``.
+    No embedded worker unless asked for."""
+    with contextlib.ExitStack() as stack:
+        count = 0
+
+        def start(models: bool = True, **overrides: Any) -> TestClient:
+            nonlocal count
+            count += 1
+            overrides.setdefault("embedded_worker", False)
+            data_dir = tmp_path / f"data{count}"
+            settings = make_settings(data_dir, **overrides)
+            return stack.enter_context(running_app(settings, write_bundle if models else None))
+
+        yield start
+
+
+@pytest.fixture
+def processes() -> Iterator[list[Process]]:
+    """Processes started by a test; whatever is still running at the end is killed."""
+    started: list[Process] = []
+    yield started
+    for process in started:
+        with contextlib.suppress(Exception):
+            process.stop(signal.SIGKILL, timeout=10)
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> str:
+    """A PostgreSQL URL: MBN_TEST_POSTGRES_URL, else the server of scripts/postgres.sh."""
+    url = os.environ.get("MBN_TEST_POSTGRES_URL")
+    if url:
+        return url
+    script = REPO / "scripts" / "postgres.sh"
+    if not script.exists():
+        pytest.fail("no PostgreSQL: set MBN_TEST_POSTGRES_URL or provide scripts/postgres.sh")
+    result = subprocess.run(
+        [str(script), "start"], capture_output=True, text=True, timeout=600, check=False
+    )
+    if result.returncode != 0:
+        pytest.fail(f"scripts/postgres.sh start failed:\n{result.stderr[-3000:]}")
+    return result.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def postgres_url(postgres_server_url: str) -> Iterator[str]:
+    """A URL whose connections live in a fresh schema of their own (dropped afterwards), so
+    tests, and test runs of several people, never see each other's jobs."""
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(postgres_server_url)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    separator = "&" if "?" in postgres_server_url else "?"
+    yield f"{postgres_server_url}{separator}options=-csearch_path%3D{schema}"
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+    admin.dispose()

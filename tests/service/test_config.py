@@ -1,0 +1,81 @@
+"""Settings: environment parsing, derived defaults, refusal of unsafe values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from service.config import Settings
+
+
+def test_defaults_derive_from_the_data_dir(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path)
+    assert settings.models_path == tmp_path / "models"
+    assert settings.db_url == f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
+    assert settings.jobs_path == tmp_path / "jobs"
+    assert not settings.auth_enabled
+
+
+def test_environment_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MBN_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("MBN_MODEL_DIR", str(tmp_path / "shared-models"))
+    monkeypatch.setenv("MBN_API_KEYS", "key-number-one-123456, key-number-two-123456 ,")
+    monkeypatch.setenv("MBN_MAX_CONCURRENT_EXACT", "3")
+    monkeypatch.setenv("MBN_DATABASE_URL", "postgresql://u:p@db/mbn")
+    settings = Settings()
+    assert settings.models_path == tmp_path / "shared-models"
+    assert [k.get_secret_value() for k in settings.api_keys] == [
+        "key-number-one-123456",
+        "key-number-two-123456",
+    ]
+    assert settings.max_concurrent_exact == 3
+    # Plain PostgreSQL URLs get the psycopg 3 driver the package ships with.
+    assert settings.db_url == "postgresql+psycopg://u:p@db/mbn"
+
+
+def test_keys_are_never_shown(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, api_keys="a-secret-key-0123456789")
+    assert "a-secret-key" not in repr(settings)
+    assert "a-secret-key" not in str(settings.model_dump())
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("api_keys", "short", "API key #1"),
+        ("api_keys", "has space in the key 12345", "API key #1"),
+        ("max_body_bytes", 0, "greater than or equal"),
+        ("max_rows_per_request", -1, "greater than or equal"),
+        ("max_concurrent_exact", 0, "greater than or equal"),
+        ("max_queued_jobs", 0, "greater than or equal"),
+        ("onnx_threads", 1000, "less than or equal"),
+        ("max_upload_bytes", 10**12, "less than or equal"),
+        ("database_url", "mysql://x/y", "scheme"),
+        ("database_url", "jobs.sqlite3", "scheme"),
+        ("data_dir", "/", "root"),
+        ("model_dir", "/", "root"),
+        ("heartbeat_seconds", 20.0, "stale_after_seconds must exceed"),
+        ("log_level", "loud", "log_level"),
+        ("not_a_setting", 1, "Extra inputs"),
+    ],
+)
+def test_unsafe_values_are_refused(tmp_path: Path, field: str, value: object, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        Settings(**{"data_dir": tmp_path, field: value})
+
+
+@pytest.mark.parametrize(
+    ("field", "secret"),
+    [("api_keys", "tiny-secret"), ("database_url", "mysql://user:pw-secret@db/x")],
+)
+def test_errors_do_not_echo_secrets(tmp_path: Path, field: str, secret: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        Settings(**{"data_dir": tmp_path, field: secret})
+    assert "secret" not in str(info.value)
+
+
+def test_upload_limit_not_below_body_limit(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="max_upload_bytes"):
+        Settings(data_dir=tmp_path, max_body_bytes=10_000_000, max_upload_bytes=1_000_000)

@@ -1,0 +1,148 @@
+"""The model registry: verified loading, lookup by id and name, swaps, deletion, exact cache."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.errors import NotFound, Unavailable
+from service.registry import ModelRegistry
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "models"
+    path.mkdir()
+    return path
+
+
+def test_scan_loads_models_by_id_and_newest_by_name(
+    model_dir: Path, write_bundle: Callable[..., Path]
+) -> None:
+    write_bundle(model_dir, "m-old", "digits", created="2024-01-01T00:00:00Z")
+    write_bundle(model_dir, "m-new", "digits", created="2025-01-01T00:00:00Z")
+    write_bundle(model_dir, "m-other", "other", created="2024-06-01T00:00:00Z")
+    registry = ModelRegistry(model_dir)
+    registry.rescan()
+    assert len(registry) == 3
+    assert registry.get("m-old").id == "m-old"
+    assert registry.get("digits").id == "m-new"  # a name means its newest version
+    assert registry.get(None).id == "m-new"  # default: the newest model
+    assert [b.id for b in registry.models()] == ["m-new", "m-other", "m-old"]
+
+
+def test_configured_default(model_dir: Path, write_bundle: Callable[..., Path]) -> None:
+    write_bundle(model_dir, "m-a", "a", created="2024-01-01T00:00:00Z")
+    write_bundle(model_dir, "m-b", "b", created="2025-01-01T00:00:00Z")
+    registry = ModelRegistry(model_dir, default_ref="a")
+    registry.rescan()
+    assert registry.get(None).id == "m-a"
+
+
+def test_unknown_models(model_dir: Path, write_bundle: Callable[..., Path]) -> None:
+    registry = ModelRegistry(model_dir)
+    registry.rescan()
+    with pytest.raises(Unavailable):
+        registry.get(None)
+    for ref in ("nope", "..", "../models", "/etc", "a/b"):
+        with pytest.raises(NotFound):
+            registry.get(ref)
+
+
+def test_broken_bundles_are_skipped(model_dir: Path, write_bundle: Callable[..., Path]) -> None:
+    write_bundle(model_dir, "m-good", "good")
+    tampered = write_bundle(model_dir, "m-tampered", "bad")
+    with (tampered / "compressor.onnx").open("ab") as handle:
+        handle.write(b"\0")
+    misnamed = write_bundle(model_dir, "m-misnamed", "bad")
+    misnamed.rename(model_dir / "m-renamed")
+    (model_dir / "not-a-bundle").mkdir()
+    (model_dir / ".m-hidden.tmp-123").mkdir()  # a write in progress
+    (model_dir / "stray-file").write_text("x")
+    registry = ModelRegistry(model_dir)
+    registry.rescan()
+    assert [b.id for b in registry.models()] == ["m-good"]
+
+
+def test_rescan_picks_up_new_and_drops_removed_bundles(
+    model_dir: Path, write_bundle: Callable[..., Path]
+) -> None:
+    registry = ModelRegistry(model_dir, min_rescan_seconds=0.0)
+    registry.rescan()
+    before = registry.snapshot
+    write_bundle(model_dir, "m-late", "late")  # e.g. by another replica's worker
+    assert registry.get("late").id == "m-late"  # a miss triggers a rescan
+    assert before.by_id == {}  # swapped, never mutated: old readers keep their view
+    (model_dir / "m-late").rename(model_dir / ".gone")
+    registry.rescan()
+    with pytest.raises(NotFound):
+        registry.get("m-late", rescan=False)
+
+
+def test_add_swaps_in_a_new_version(model_dir: Path, write_bundle: Callable[..., Path]) -> None:
+    write_bundle(model_dir, "m-1", "digits", created="2024-01-01T00:00:00Z")
+    registry = ModelRegistry(model_dir)
+    registry.rescan()
+    snapshot = registry.snapshot
+    path = write_bundle(model_dir, "m-2", "digits", created="2025-01-01T00:00:00Z")
+    assert registry.add(path).id == "m-2"
+    assert registry.get("digits").id == "m-2"
+    assert snapshot.resolve("digits") is not None and snapshot.resolve("digits").id == "m-1"
+
+
+def test_delete_removes_the_directory(model_dir: Path, write_bundle: Callable[..., Path]) -> None:
+    write_bundle(model_dir, "m-1", "a")
+    registry = ModelRegistry(model_dir)
+    registry.rescan()
+    registry.delete("m-1")
+    assert not (model_dir / "m-1").exists()
+    assert list(model_dir.iterdir()) == []
+    with pytest.raises(NotFound):
+        registry.delete("m-1")
+
+
+@pytest.mark.parametrize("ref", ["..", ".", "../models", "a/../../b", "/tmp", "", "a" * 65])
+def test_delete_never_leaves_the_model_dir(
+    tmp_path: Path, model_dir: Path, write_bundle: Callable[..., Path], ref: str
+) -> None:
+    sentinel = tmp_path / "keep"
+    sentinel.mkdir()
+    write_bundle(model_dir, "m-1", "a")
+    registry = ModelRegistry(model_dir)
+    registry.rescan()
+    with pytest.raises(NotFound):
+        registry.delete(ref)
+    assert sentinel.exists() and (model_dir / "m-1").exists()
+
+
+def test_delete_by_name_is_refused(model_dir: Path, write_bundle: Callable[..., Path]) -> None:
+    write_bundle(model_dir, "m-1", "named")
+    registry = ModelRegistry(model_dir)
+    registry.rescan()
+    with pytest.raises(NotFound):
+        registry.delete("named")
+
+
+def test_exact_models_are_bounded(
+    model_dir: Path, write_bundle: Callable[..., Path], digits: tuple[np.ndarray, np.ndarray]
+) -> None:
+    x = digits[0][:5]
+    for i in range(3):
+        write_bundle(model_dir, f"m-{i}", f"model-{i}")
+    registry = ModelRegistry(model_dir, exact_cache_size=2)
+    registry.rescan()
+    expected = registry.get("m-0").embed(x, mode="exact")
+    for i in range(3):
+        bundle = registry.get(f"m-{i}")
+        registry.note_exact_use(bundle)
+        bundle.embed(x, mode="exact")
+    assert registry.exact_loaded == 2
+    assert not registry.get("m-0").exact_loaded  # the least recently used was dropped
+    # ... and comes back, the same, when used again.
+    bundle = registry.get("m-0")
+    registry.note_exact_use(bundle)
+    np.testing.assert_array_equal(bundle.embed(x, mode="exact"), expected)
+    assert registry.exact_loaded == 2
