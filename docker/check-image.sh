@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Build ./Dockerfile for real and smoke-test the image, on a machine without a Docker engine or a
+# registry (notes: ../shared/notes/container-builds.md). Needs root; installs podman if missing.
+#
+#   docker/check-image.sh            build, run on 127.0.0.1:$MBN_CHECK_PORT, probe, clean up
+#
+# The base image is a stand-in: Debian bookworm with Python 3.11 made with debootstrap from the
+# apt mirror, imported under the Dockerfile's FROM name. It and podman's layer store are cached in
+# MBN_IMAGE_CACHE, so a rerun takes seconds when nothing changed. Exits non-zero when the image
+# does not build, does not answer, or answers wrongly; prints the container's log then.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CACHE=${MBN_IMAGE_CACHE:-/var/tmp/mbn-image}
+PORT=${MBN_CHECK_PORT:-18931}
+IMAGE=localhost/mbn:check
+NAME=mbn-check-$$
+READY_TIMEOUT=${MBN_CHECK_READY_TIMEOUT:-600}   # the first start trains the demo model
+
+t() { echo "[check-image $(date +%T)] $*"; }
+fail() {
+    echo "check-image: FAILED: $*" >&2
+    exit 1
+}
+
+[[ $(id -u) == 0 ]] || fail "needs root (debootstrap and podman's root storage)"
+
+if ! command -v podman >/dev/null || ! command -v debootstrap >/dev/null \
+    || ! command -v runc >/dev/null || ! command -v curl >/dev/null; then
+    t "installing podman, runc, debootstrap, curl"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends podman runc debootstrap curl ca-certificates >/dev/null
+fi
+mkdir -p "$CACHE"
+
+# ---- the base image -------------------------------------------------------------------------
+if [[ ! -s $CACHE/base.tar ]]; then
+    mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+    mirror=${mirror:-http://deb.debian.org/debian}
+    t "debootstrap bookworm from $mirror (once; cached in $CACHE/base.tar)"
+    rootfs=$CACHE/rootfs
+    rm -rf "$rootfs"
+    debootstrap --variant=minbase --include=python3,python3-pip,python3-venv,ca-certificates \
+        bookworm "$rootfs" "$mirror" >"$CACHE/debootstrap.log" 2>&1 \
+        || { tail -n 20 "$CACHE/debootstrap.log" >&2; fail "debootstrap"; }
+    # pip inside the build reaches PyPI through whatever CA this machine trusts.
+    cp /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/" 2>/dev/null || true
+    chroot "$rootfs" update-ca-certificates >/dev/null
+    # Where python:3.11-slim has them.
+    ln -sf /usr/bin/python3 "$rootfs/usr/local/bin/python"
+    ln -sf /usr/bin/pip3 "$rootfs/usr/local/bin/pip"
+    chroot "$rootfs" apt-get clean
+    tar -C "$rootfs" -cf "$CACHE/base.tar.tmp" . && mv "$CACHE/base.tar.tmp" "$CACHE/base.tar"
+    rm -rf "$rootfs"
+fi
+
+# crun refuses this kind of VM's cgroups, and podman's default rlimits exceed the hard limits here.
+cat >"$CACHE/containers.conf" <<'CONF'
+[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
+[engine]
+runtime = "runc"
+CONF
+export CONTAINERS_CONF=$CACHE/containers.conf
+podman=(podman --root "$CACHE/storage" --runroot "$CACHE/run")
+# Without systemd, podman complains about healthcheck timers at every run, stop and rm.
+quiet() {
+    "$@" 2> >(grep -v 'unable to get systemd connection' >&2)
+}
+
+base_id=$(sha256sum "$CACHE/base.tar" | cut -c1-12)
+if ! "${podman[@]}" image exists "localhost/mbn-base:$base_id"; then
+    t "importing the base image"
+    "${podman[@]}" import -q --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' \
+        "$CACHE/base.tar" "localhost/mbn-base:$base_id" >/dev/null
+fi
+for from in $(awk 'toupper($1) == "FROM" { for (i = 2; i <= NF; i++) if ($i !~ /^--/) { print $i; break } }' \
+    "$ROOT/Dockerfile" | sort -u); do
+    case $from in
+        scratch | \$* | builder) continue ;;
+    esac
+    "${podman[@]}" tag "localhost/mbn-base:$base_id" "$from"
+done
+
+# ---- build ----------------------------------------------------------------------------------
+# Layers of builds older than a day go: the cache stays warm without growing without bound.
+"${podman[@]}" image prune -f --filter until=24h >/dev/null
+t "building $IMAGE"
+build_start=$SECONDS
+# --format docker: the OCI format has no HEALTHCHECK.
+"${podman[@]}" build --pull=never --network=host --format docker --layers -t "$IMAGE" "$ROOT" \
+    || fail "podman build"
+t "built in $((SECONDS - build_start)) s"
+
+# ---- run and probe --------------------------------------------------------------------------
+cleanup() {
+    "${podman[@]}" rm -f -v -t 5 "$NAME" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+probe_failed() {
+    echo "---- container log ($NAME) ----" >&2
+    "${podman[@]}" logs "$NAME" 2>&1 | tail -n 60 >&2 || true
+    fail "$*"
+}
+url=http://127.0.0.1:$PORT
+
+# The image's own static properties.
+[[ $("${podman[@]}" run --rm --no-healthcheck "$IMAGE" id -u) != 0 ]] || fail "the image runs as root"
+compilers=$("${podman[@]}" run --rm --no-healthcheck "$IMAGE" sh -c 'command -v gcc cc c++ clang || true')
+[[ -z $compilers ]] || fail "compilers in the final image: $compilers"
+healthcheck=$("${podman[@]}" image inspect --format '{{json .Config.Healthcheck}}' "$IMAGE")
+[[ $healthcheck == *health/live* ]] || fail "no HEALTHCHECK on /health/live in the image: $healthcheck"
+
+t "running the image on $url (its default command, as a deployment would)"
+# --health-interval=disable: no systemd timer here; `podman healthcheck run` below runs it once.
+quiet "${podman[@]}" run -d --name "$NAME" --network=host --health-interval=disable -e MBN_HOST=127.0.0.1 -e MBN_PORT="$PORT" \
+    "$IMAGE" >/dev/null || fail "podman run"
+
+wait_for() {  # wait_for PATH SECONDS
+    local deadline=$((SECONDS + $2))
+    until curl -fsS -o /dev/null "$url$1" 2>/dev/null; do
+        [[ $("${podman[@]}" inspect --format '{{.State.Running}}' "$NAME") == true ]] \
+            || probe_failed "the container exited before $1 answered"
+        ((SECONDS < deadline)) || probe_failed "$1 did not answer 200 within $2 s"
+        sleep 1
+    done
+}
+start=$SECONDS
+wait_for /health/live 120
+t "/health/live answered after $((SECONDS - start)) s"
+"${podman[@]}" healthcheck run "$NAME" || probe_failed "the image's HEALTHCHECK command fails"
+wait_for /health/ready "$READY_TIMEOUT"
+t "/health/ready answered after $((SECONDS - start)) s (demo model trained)"
+
+row=$(python3 -c 'print([float(i % 17) for i in range(64)])')   # the demo model: 64 digit pixels
+for mode in fast exact; do
+    answer=$(curl -fsS -X POST "$url/embed" -H 'Content-Type: application/json' \
+        -d "{\"inputs\": [$row, $row], \"mode\": \"$mode\"}") || probe_failed "POST /embed ($mode)"
+    python3 -c '
+import json, sys
+body = json.loads(sys.argv[1])
+rows = body["embeddings"]
+assert body["mode"] == sys.argv[2] and len(rows) == 2 and len(rows[0]) == body["dim"] > 0, body
+' "$answer" "$mode" || probe_failed "POST /embed ($mode) answered $answer"
+    t "POST /embed ($mode) answered ${answer:0:80}..."
+done
+
+t "stopping (SIGTERM)"
+quiet "${podman[@]}" stop -t 30 "$NAME" >/dev/null
+code=$("${podman[@]}" inspect --format '{{.State.ExitCode}}' "$NAME")
+[[ $code == 0 ]] || probe_failed "exit status $code after SIGTERM"
+t "OK: $IMAGE builds, runs as non-root, answers /health/live, /health/ready and /embed, stops cleanly"
