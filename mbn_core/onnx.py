@@ -15,8 +15,6 @@ import onnx
 import onnxruntime as ort
 import scipy.sparse as sp
 from onnx import TensorProto, helper, numpy_helper
-from skl2onnx import convert_sklearn
-from skl2onnx.common.data_types import FloatTensorType
 from sklearn.pipeline import Pipeline
 from sklearn.utils.validation import check_is_fitted
 
@@ -49,6 +47,10 @@ def to_onnx(model: CompressiveMBN) -> onnx.ModelProto:
         when the model has a clustering head, ``cluster`` (n,) int64. All weights are inside
         the graph (no external data).
     """
+    # skl2onnx is needed to export only; loading it costs every reader half a second.
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import FloatTensorType
+
     check_is_fitted(model)
     n_in, n_out = int(model.n_features_in_), int(model.n_components_)
     pipeline = Pipeline([("scale", model.input_scaler_), ("mlp", model.mlp_)])

@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import os
 import time
+import warnings
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -281,7 +282,9 @@ def _read_csv(path: Path) -> np.ndarray:
         header = 0
     except ValueError:
         header = 1  # a header row of column names
-    X = np.loadtxt(path, delimiter=",", skiprows=header, ndmin=2, dtype=np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "no data": reported below, by name
+        X = np.loadtxt(path, delimiter=",", skiprows=header, ndmin=2, dtype=np.float64)
     if X.size == 0:
         raise ValueError(f"{path}: no data rows")
     return X

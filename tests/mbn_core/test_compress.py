@@ -1,5 +1,7 @@
 """CompressiveMBN: fitting, fidelity report, cluster head, determinism, bad input."""
 
+import warnings
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -8,6 +10,7 @@ from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_is_fitted
 
 from mbn_core import MBN, CompressiveMBN, TrainingStopped
+from mbn_core.compress import _partial_fit
 
 
 def small_mbn(**params):
@@ -142,6 +145,16 @@ def test_callback_sees_every_epoch_and_can_stop(digits):
     assert all(s[1] == 10 and np.isfinite(s[2]) for s in seen)
     with pytest.raises(NotFittedError):
         check_is_fitted(model)
+
+
+def test_ctrl_c_inside_an_epoch_is_not_swallowed():
+    # sklearn's MLP catches KeyboardInterrupt mid-epoch and only warns; training must stop.
+    class InterruptedMLP:
+        def partial_fit(self, X, Y):
+            warnings.warn("Training interrupted by user.", stacklevel=1)
+
+    with pytest.raises(KeyboardInterrupt):
+        _partial_fit(InterruptedMLP(), np.ones((2, 2)), np.ones((2, 2)))
 
 
 def test_early_stopping_keeps_best_epoch(digits):

@@ -1,0 +1,185 @@
+"""The mbn command end to end (subprocesses) and its error handling (in process)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.datasets import load_digits
+
+from mbn_core import cli
+from mbn_core.bundle import load_bundle
+
+SMALL = [
+    "--n-clusterings", "20", "--k1", "0.1", "--hidden-layer-sizes", "32",
+    "--max-epochs", "4", "--n-clusters", "4",
+]  # fmt: skip
+
+
+def run_mbn(*args, cwd, timeout=120):
+    return subprocess.run(
+        [sys.executable, "-m", "mbn_core.cli", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_user_error(result, *fragments):
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli")
+    X, y = load_digits(return_X_y=True)
+    np.savez(path / "digits.npz", x=X, y=y)
+    np.save(path / "queries.npy", X[:25])
+    np.save(path / "narrow.npy", X[:5, :10])
+    sp.save_npz(path / "queries_sparse.npz", sp.csr_matrix(X[:25]))
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(workdir):
+    result = run_mbn("train", "digits.npz", "--out", "model", "--name", "Digits", *SMALL,
+                     cwd=workdir)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return workdir / "model", result
+
+
+def test_train_writes_a_bundle_and_prints_the_report(trained):
+    path, result = trained
+    assert "Traceback" not in result.stderr
+    assert "Wrote bundle 'model' (Digits)" in result.stdout
+    assert "fidelity:" in result.stdout and "NMI vs labels" in result.stdout
+    bundle = load_bundle(path)
+    assert bundle.manifest["hyperparameters"]["mbn"]["n_clusterings"] == 20
+    assert bundle.n_clusters == 4
+    assert sorted(p.name for p in path.parent.iterdir() if p.name.startswith(".")) == []
+
+
+def test_embed_with_clusters(trained, workdir):
+    path, _ = trained
+    bundle = load_bundle(path)
+    queries = np.load(workdir / "queries.npy")
+    result = run_mbn("embed", "model", "queries.npy", "--out", "fast.npy",
+                     "--clusters", "clusters.npy", cwd=workdir)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    np.testing.assert_array_equal(np.load(workdir / "fast.npy"), bundle.embed(queries))
+    np.testing.assert_array_equal(
+        np.load(workdir / "clusters.npy"), bundle.predict_clusters(queries)
+    )
+
+
+def test_user_error_is_one_line_with_status_2(trained, workdir):
+    result = run_mbn("embed", "model", "narrow.npy", "--out", "x.npy", cwd=workdir)
+    assert_user_error(result, "narrow.npy", "10 columns", "expects 64")
+    assert not (workdir / "x.npy").exists()
+
+
+def test_interrupt_leaves_no_bundle(workdir):
+    # Big enough to still be fitting MBN when the signal arrives.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mbn_core.cli", "train", "digits.npz", "--out", "interrupted",
+         "--n-clusterings", "2000", "--k1", "0.5", "--quiet"],
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # A shell without job control starts background jobs with SIGINT ignored, and
+        # Python keeps an inherited SIG_IGN: give the child the default disposition back.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith("Training on")
+        time.sleep(1.0)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == cli.EXIT_INTERRUPTED, stderr
+    assert "nothing was written" in stderr
+    assert not [p for p in workdir.iterdir() if "interrupted" in p.name]
+
+
+# ---------------------------------------------------------------------- in process
+
+
+def test_info(trained, workdir, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    assert cli.main(["info", "model"]) == 0
+    out = capsys.readouterr().out
+    assert "id:          model" in out
+    assert "64 -> 10" in out
+    assert "verified:" in out
+
+
+def test_embed_exact_from_sparse_input(trained, workdir, monkeypatch):
+    path, _ = trained
+    monkeypatch.chdir(workdir)
+    argv = ["embed", "model", "queries_sparse.npz", "--out", "exact.npy", "--exact"]
+    assert cli.main(argv) == 0
+    queries = np.load(workdir / "queries.npy")
+    expected = load_bundle(path).embed(queries, mode="exact")
+    np.testing.assert_array_equal(np.load(workdir / "exact.npy"), expected)
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        (["train", "nothing.npy", "--out", "m2"], ["nothing.npy: no such file"]),
+        (["info", "missing-dir"], ["mbn info: error:", "missing-dir: no such bundle"]),
+        (["info", "digits.npz"], ["no such bundle directory"]),
+        (["embed", "model", "digits.txt", "--out", "o.npy"], ["digits.txt: no such file"]),
+        (["embed", "model", "queries.npy", "--out", "nodir/o.npy"], ["nodir: no such directory"]),
+        (["train", "digits.npz", "--out", "model"], ["model: already exists", "--force"]),
+        (["train", "digits.npz", "--out", "m3", "--delta", "2"], ["delta must be"]),
+        (["train", "digits.npz", "--out", "bad id"], ["model id 'bad id'"]),
+    ],
+)
+def test_errors_in_process(trained, workdir, monkeypatch, capsys, argv, fragments):
+    monkeypatch.chdir(workdir)
+    assert cli.main(argv) == cli.EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    for fragment in fragments:
+        assert fragment in err
+
+
+def test_bad_option_syntax_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "d.npy", "--out", "m", "--ks", "4000,x"])
+    assert exit_info.value.code == 2
+    assert "comma-separated integers" in capsys.readouterr().err
+
+
+def test_info_json(trained, workdir, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    assert cli.main(["info", "model", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["id"] == "model"
+
+
+def test_serve_and_worker_dispatch_to_the_service(monkeypatch):
+    calls = []
+    fake = types.ModuleType("service.main")
+    fake.serve = lambda host, port, workers: calls.append(("serve", host, port, workers))  # type: ignore[attr-defined]
+    fake.run_worker = lambda: calls.append(("worker",))  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "service.main", fake)
+    assert cli.main(["serve", "--host", "0.0.0.0", "--port", "9001", "--workers", "3"]) == 0
+    assert cli.main(["worker"]) == 0
+    assert calls == [("serve", "0.0.0.0", 9001, 3), ("worker",)]

@@ -1,0 +1,241 @@
+"""Training parameters, reading data files, and train_bundle's progress and cancellation."""
+
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.datasets import load_digits
+
+from mbn_core import TrainingStopped
+from mbn_core.bundle import load_bundle
+from mbn_core.training import (
+    PHASES,
+    TrainingEvent,
+    TrainingParams,
+    check_matrix,
+    load_training_data,
+    train_bundle,
+)
+
+SMALL = {
+    "n_clusterings": 20,
+    "k1": 0.1,
+    "hidden_layer_sizes": [32],
+    "max_epochs": 4,
+    "n_clusters": 5,
+}
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_digits(return_X_y=True)
+
+
+# ---------------------------------------------------------------------- parameters
+
+
+def test_defaults_round_trip_through_json():
+    params = TrainingParams()
+    again = TrainingParams.from_dict(json.loads(json.dumps(params.to_dict())))
+    assert again == params
+    assert TrainingParams.from_dict(None) == params
+
+
+def test_lists_become_tuples():
+    params = TrainingParams.from_dict({"ks": [40, 20], "hidden_layer_sizes": [8, 8]})
+    assert params.ks == (40, 20)
+    assert params.hidden_layer_sizes == (8, 8)
+    assert params.to_dict()["ks"] == [40, 20]
+    assert params.mbn_kwargs()["ks"] == [40, 20]
+    assert params.compressor_kwargs()["hidden_layer_sizes"] == (8, 8)
+
+
+def test_unknown_key_is_named():
+    with pytest.raises(ValueError, match="unknown training parameter 'n_clustering'"):
+        TrainingParams.from_dict({"n_clustering": 10})
+    with pytest.raises(ValueError, match="object"):
+        TrainingParams.from_dict([1, 2])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("values", "key"),
+    [
+        ({"n_clusterings": 0}, "n_clusterings"),
+        ({"n_clusterings": "400"}, "n_clusterings"),
+        ({"n_clusterings": 400.0}, "n_clusterings"),
+        ({"n_clusterings": True}, "n_clusterings"),
+        ({"feature_fraction": 1.5}, "feature_fraction"),
+        ({"k1": "half"}, "k1"),
+        ({"delta": 1.0}, "delta"),
+        ({"ks": [1]}, "ks"),
+        ({"ks": "4000"}, "ks"),
+        ({"k_max": 1}, "k_max"),
+        ({"metric": "manhattan"}, "metric"),
+        ({"random_state": -1}, "random_state"),
+        ({"random_state": 2**40}, "random_state"),
+        ({"n_jobs": 0}, "n_jobs"),
+        ({"hidden_layer_sizes": [0]}, "hidden_layer_sizes"),
+        ({"hidden_layer_sizes": []}, "hidden_layer_sizes"),
+        ({"max_epochs": -3}, "max_epochs"),
+        ({"learning_rate": "fast"}, "learning_rate"),
+        ({"holdout_fraction": 0.9}, "holdout_fraction"),
+        ({"n_clusters": 1}, "n_clusters"),
+    ],
+)
+def test_bad_values_name_the_key(values, key):
+    with pytest.raises(ValueError, match=key):
+        TrainingParams.from_dict(values)
+
+
+# ---------------------------------------------------------------------- data files
+
+
+def test_npy(tmp_path):
+    X = np.arange(12, dtype=np.uint8).reshape(4, 3)
+    np.save(tmp_path / "d.npy", X)
+    data, y = load_training_data(tmp_path / "d.npy")
+    assert data.dtype == np.float32
+    np.testing.assert_array_equal(data, X)
+    assert y is None
+
+
+def test_npz_with_labels(tmp_path):
+    X, y = np.random.default_rng(0).random((5, 2)), np.arange(5)
+    np.savez(tmp_path / "d.npz", x=X, y=y)
+    data, labels = load_training_data(tmp_path / "d.npz")
+    np.testing.assert_allclose(data, X, rtol=1e-6)
+    np.testing.assert_array_equal(labels, y)
+
+
+def test_sparse_npz(tmp_path):
+    X = sp.random(6, 5, density=0.4, format="csr", random_state=0)
+    sp.save_npz(tmp_path / "s.npz", X)
+    data, y = load_training_data(tmp_path / "s.npz")
+    assert sp.issparse(data) and data.dtype == np.float32
+    np.testing.assert_allclose(data.toarray(), X.toarray(), rtol=1e-6)
+    assert y is None
+
+
+@pytest.mark.parametrize("header", ["", "a,b,c\n"])
+def test_csv(tmp_path, header):
+    (tmp_path / "d.csv").write_text(header + "1,2,3\n4,5,6.5\n")
+    data, _ = load_training_data(tmp_path / "d.csv")
+    np.testing.assert_array_equal(data, [[1, 2, 3], [4, 5, 6.5]])
+
+
+@pytest.mark.parametrize(
+    ("name", "write", "message"),
+    [
+        ("missing.npy", None, "no such file"),
+        ("d.txt", lambda p: p.write_text("1 2"), "unsupported format '.txt'"),
+        ("d.npy", lambda p: p.write_text("garbage"), "not a NumPy .npy file"),
+        ("d.npz", lambda p: np.savez(p, data=np.ones((3, 2))), "array named 'x'"),
+        ("d.npz", lambda p: p.write_bytes(b"PK\x03\x04broken"), "unreadable .npz"),
+        ("d.npy", lambda p: np.save(p, np.array([{}, 1], dtype=object)), "Python objects"),
+        ("d.npy", lambda p: np.save(p, np.ones(4)), "2-D"),
+        ("d.npy", lambda p: np.save(p, np.ones((1, 4))), "at least 2 rows"),
+        ("d.npy", lambda p: np.save(p, np.array([[1.0, np.nan], [0, 0]])), "NaN"),
+        ("d.npy", lambda p: np.save(p, np.array([["a", "b"], ["c", "d"]])), "numbers"),
+        ("d.csv", lambda p: p.write_text("1,2\n3\n"), "unreadable .csv"),
+        ("d.csv", lambda p: p.write_text("a,b\n"), "no data rows"),
+        ("d.npz", lambda p: np.savez(p, x=np.ones((3, 2)), y=np.ones(2)), "one label per row"),
+    ],
+)
+def test_bad_files_name_the_file(tmp_path, name, write, message):
+    path = tmp_path / name
+    if write is not None:
+        write(path)
+    with pytest.raises(ValueError, match=message) as error:
+        load_training_data(path)
+    assert str(path) in str(error.value)
+
+
+def test_a_directory_is_not_a_file(tmp_path):
+    with pytest.raises(ValueError, match="not a file"):
+        load_training_data(tmp_path)
+
+
+def test_check_matrix_names_its_source():
+    with pytest.raises(ValueError, match=r"^inputs: .*NaN"):
+        check_matrix(np.array([[np.inf, 1.0], [1, 2]]), "inputs")
+
+
+# ---------------------------------------------------------------------- train_bundle
+
+
+def test_train_bundle_reports_progress_in_order(digits, tmp_path):
+    X, y = digits
+    calls, events = [], []
+    path = train_bundle(
+        X, tmp_path / "digits", name="Digits", params=SMALL, y=y,
+        progress=lambda phase, fraction: calls.append((phase, fraction)),
+        events=events.append,
+    )  # fmt: skip
+    bundle = load_bundle(path)
+    assert bundle.id == "digits" and bundle.n_clusters == 5
+    assert bundle.manifest["training"]["params"]["n_clusterings"] == 20
+    assert bundle.manifest["fidelity"]["nmi_labels_fast"] is not None
+    phases = [phase for phase, _ in calls]
+    assert phases[0] == "mbn" and calls[-1] == ("export", 1.0)
+    assert sorted(set(phases), key=PHASES.index) == list(PHASES)
+    assert phases == sorted(phases, key=PHASES.index)
+    fractions = [fraction for _, fraction in calls]
+    assert fractions == sorted(fractions) and fractions[0] > 0 and fractions[-1] == 1.0
+    # One call per clustering and per epoch (plus two around the export).
+    n_layers = len(bundle.manifest["training"]["ks"])
+    assert phases.count("mbn") == 20 * n_layers
+    assert phases.count("compressor") == bundle.manifest["training"]["n_epochs"]
+    assert all(isinstance(e, TrainingEvent) for e in events) and len(events) == len(calls)
+    assert events[0].message == f"layer 1/{n_layers} (k=180): clustering 1/20"
+    assert events[-1].phase_fraction == 1.0
+
+
+def test_params_object_and_model_id(digits, tmp_path):
+    X, _ = digits
+    params = TrainingParams.from_dict({**SMALL, "n_clusters": None})
+    path = train_bundle(X[:400], tmp_path / "dir", name="n", params=params, model_id="the-id")
+    assert load_bundle(path).id == "the-id"
+
+
+@pytest.mark.parametrize("phase", ["mbn", "compressor", "export"])
+def test_stopping_writes_nothing(digits, tmp_path, phase):
+    X, _ = digits
+
+    def progress(current, fraction):
+        return current == phase
+
+    with pytest.raises(TrainingStopped):
+        train_bundle(X[:500], tmp_path / "m", name="m", params=SMALL, progress=progress)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("out", "kwargs", "message"),
+    [
+        ("bad id!", {}, "model id"),
+        ("ok", {"model_id": "../x"}, "model id"),
+        ("ok", {"name": ""}, "name"),
+        ("missing/ok", {}, "does not exist"),
+        ("ok", {"params": {"bogus": 1}}, "bogus"),
+        ("ok", {"y": [1, 2]}, "one label per row"),
+    ],
+)
+def test_refused_before_training(digits, tmp_path, out, kwargs, message):
+    X, _ = digits
+
+    def progress(phase, fraction):
+        raise AssertionError("training started")
+
+    arguments = {"name": "m", "params": SMALL, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        train_bundle(X[:50], tmp_path / out, progress=progress, **arguments)
+
+
+def test_existing_bundle_is_refused_unless_overwrite(digits, tmp_path):
+    X, _ = digits
+    (tmp_path / "m").mkdir()
+    with pytest.raises(ValueError, match="already exists"):
+        train_bundle(X[:300], tmp_path / "m", name="m", params=SMALL)
+    train_bundle(X[:300], tmp_path / "m", name="m2", params=SMALL, overwrite=True)
+    assert load_bundle(tmp_path / "m").name == "m2"
