@@ -1,0 +1,91 @@
+"""Backpressure: body limits and the exact-mode gate."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+import pytest
+from fastapi.testclient import TestClient
+from servicetest import assert_error
+
+from service.errors import Overloaded
+from service.limits import ExactGate
+
+
+def test_exact_gate_refuses_at_once_when_full() -> None:
+    rejected: list[int] = []
+    gate = ExactGate(2, retry_after=3, on_reject=lambda: rejected.append(1))
+    release = threading.Event()
+
+    async def scenario() -> None:
+        running = [asyncio.create_task(gate.run(release.wait)) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        assert gate.in_flight == 2
+        with pytest.raises(Overloaded) as info:
+            await gate.run(lambda: None)
+        assert info.value.headers["Retry-After"] == "3"
+        release.set()
+        await asyncio.gather(*running)
+        assert gate.in_flight == 0
+        assert await gate.run(lambda: 42) == 42
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        gate.shutdown()
+    assert rejected == [1]
+
+
+def test_declared_body_size_is_checked_before_reading(api: Callable[..., TestClient]) -> None:
+    client = api(max_body_bytes=2048)
+    response = client.post(
+        "/embed", content=b"x" * 4096, headers={"content-type": "application/json"}
+    )
+    assert_error(response, 413, "payload_too_large")
+
+
+def test_streamed_body_size_is_checked_while_reading(api: Callable[..., TestClient]) -> None:
+    client = api(max_body_bytes=2048)
+
+    def chunks():  # no Content-Length: chunked transfer
+        for _ in range(8):
+            yield b"[" * 512
+
+    response = client.post("/embed", content=chunks(), headers={"content-type": "application/json"})
+    assert_error(response, 413, "payload_too_large")
+
+
+def test_training_uploads_get_their_own_limit(api: Callable[..., TestClient]) -> None:
+    client = api(max_body_bytes=2048, max_upload_bytes=8192)
+    rows = [[float(i), 1.0] for i in range(200)]  # about 2.4 kB of JSON
+    assert client.post("/train", json={"data": rows}).status_code == 202
+    assert_error(client.post("/train", json={"data": rows * 10}), 413)
+    assert_error(client.post("/embed", json={"inputs": rows}), 413)
+
+
+def test_overload_over_http(api: Callable[..., TestClient]) -> None:
+    """With one exact slot, concurrent exact requests beyond it get 429 at once, and the
+    fast path keeps answering meanwhile."""
+    client = api(max_concurrent_exact=1, max_rows_per_request=4096)
+    gate = client.app.state.exact_gate  # type: ignore[attr-defined]
+    release = threading.Event()
+    portal = client.portal  # type: ignore[attr-defined]
+    # Occupy the only slot with a computation that waits for us.
+    blocker = portal.start_task_soon(gate.run, release.wait)
+    try:
+        for _ in range(50):
+            if gate.in_flight:
+                break
+            threading.Event().wait(0.01)
+        response = client.post("/embed", json={"inputs": [[0.0] * 64], "mode": "exact"})
+        assert_error(response, 429, "overloaded")
+        assert response.headers["retry-after"] == "1"
+        assert client.post("/embed", json={"inputs": [[0.0] * 64]}).status_code == 200
+    finally:
+        release.set()
+        blocker.result(timeout=10)
+    ok = client.post("/embed", json={"inputs": [[0.0] * 64], "mode": "exact"})
+    assert ok.status_code == 200
+    assert "mbn_rejected_total" in client.get("/metrics").text

@@ -1,0 +1,80 @@
+"""Health, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from fastapi.testclient import TestClient
+from servicetest import assert_error
+
+
+def test_live_and_ready(api: Callable[..., TestClient]) -> None:
+    client = api()
+    assert client.get("/health/live").json() == {"status": "ok", "checks": {}}
+    ready = client.get("/health/ready")
+    assert ready.status_code == 200
+    assert ready.json()["checks"] == {
+        "store": True,
+        "models_scanned": True,
+        "model_available": True,
+    }
+
+
+def test_not_ready_while_the_demo_model_trains(api: Callable[..., TestClient]) -> None:
+    # No worker: the demo job stays queued, so the service must stay out of rotation.
+    client = api(models=False, demo_model=True)
+    error = assert_error(client.get("/health/ready"), 503, "unavailable")
+    assert "demo model" in error["message"]
+    jobs = client.get("/jobs").json()["jobs"]
+    assert [(j["name"], j["status"], j["n_rows"]) for j in jobs] == [
+        ("demo-digits", "queued", 1797)
+    ]
+
+
+def test_ready_without_models_when_no_demo(api: Callable[..., TestClient]) -> None:
+    client = api(models=False)
+    assert client.get("/health/ready").json()["checks"]["model_available"] is False
+
+
+def test_not_ready_when_the_store_is_down(api: Callable[..., TestClient]) -> None:
+    client = api()
+    store = client.app.state.store  # type: ignore[attr-defined]
+    store.engine.dispose()
+    # Make the store unreachable for real: a directory where the database file was.
+    db_file = store.engine.url.database
+    os.rename(db_file, db_file + ".moved")
+    os.mkdir(db_file)
+    try:
+        error = assert_error(client.get("/health/ready"), 503)
+        assert "job store" in error["message"]
+        assert_error(client.get("/jobs"), 503, "unavailable")
+        # Embedding does not need the store.
+        assert client.post("/embed", json={"inputs": [[0.0] * 64]}).status_code == 200
+    finally:
+        os.rmdir(db_file)
+        os.rename(db_file + ".moved", db_file)
+    assert client.get("/health/ready").status_code == 200
+
+
+def test_metrics(api: Callable[..., TestClient]) -> None:
+    client = api()
+    row = [[0.0] * 64]
+    client.post("/embed", json={"inputs": row})
+    client.post("/embed", json={"inputs": row, "mode": "exact"})
+    client.post("/embed", json={"inputs": [[0.0]]})
+    client.post("/train", json={"data": [[1.0, 2.0]] * 30})
+    client.get("/jobs/" + "0" * 32)
+    text = client.get("/metrics").text
+    assert (
+        'mbn_http_requests_total{method="POST",mode="fast",route="/embed",status="200"} 1.0' in text
+    )
+    assert 'mbn_http_requests_total{method="POST",mode="exact",route="/embed",status="200"}' in text
+    assert 'mbn_http_requests_total{method="POST",mode="fast",route="/embed",status="422"}' in text
+    assert 'route="/jobs/{job_id}",status="404"' in text  # templates, not raw paths
+    assert 'mbn_http_request_duration_seconds_bucket{le="0.005",method="POST",mode="fast"' in text
+    assert 'mbn_jobs{status="queued"} 1.0' in text
+    assert 'mbn_jobs{status="running"} 0.0' in text
+    assert "mbn_models_loaded 1.0" in text
+    assert "mbn_exact_models_loaded 1.0" in text
+    assert "mbn_exact_in_flight 0.0" in text

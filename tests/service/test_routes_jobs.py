@@ -1,0 +1,201 @@
+"""POST /train, GET /jobs, GET /jobs/{id}, POST /jobs/{id}/cancel through the real app.
+
+The app here has no worker, so jobs stay queued; running them is test_worker's and the end
+to end tests' business.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from servicetest import TINY_PARAMS, assert_error
+
+from mbn_core.training import load_training_data
+from service.jobs import JobFiles, new_job_id
+
+Digits = tuple[np.ndarray, np.ndarray]
+
+
+@pytest.fixture
+def client(api: Callable[..., TestClient]) -> TestClient:
+    return api(
+        max_queued_jobs=3, max_train_rows=1000, max_upload_bytes=400_000, max_body_bytes=65_536
+    )
+
+
+def stored_data(client: TestClient, job: dict) -> tuple[np.ndarray, np.ndarray | None]:
+    files = JobFiles(client.app.state.settings.jobs_path)  # type: ignore[attr-defined]
+    return load_training_data(files.path(job["id"], "data.npz"))
+
+
+def test_train_json_queues_a_job_with_its_data(client: TestClient, digits: Digits) -> None:
+    x, y = digits[0][:300], digits[1][:300]
+    response = client.post(
+        "/train",
+        json={"name": "small", "data": x.tolist(), "labels": y.tolist(), "params": TINY_PARAMS},
+    )
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert response.headers["location"] == f"/jobs/{job['id']}"
+    assert (job["status"], job["name"], job["n_rows"], job["n_features"]) == (
+        "queued", "small", 300, 64,
+    )  # fmt: skip
+    assert job["progress"] == 0 and job["model_id"] is None and job["attempts"] == 0
+    assert job["params"]["n_clusterings"] == 20  # the full parameter set is recorded
+    stored_x, stored_y = stored_data(client, job)
+    np.testing.assert_array_equal(stored_x, x)
+    np.testing.assert_array_equal(stored_y, y)
+    assert client.get(f"/jobs/{job['id']}").json() == job
+    assert [j["id"] for j in client.get("/jobs").json()["jobs"]] == [job["id"]]
+    assert client.get("/jobs", params={"status": "running"}).json() == {"jobs": []}
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".npz", ".csv"])
+def test_train_multipart_upload(client: TestClient, digits: Digits, suffix: str) -> None:
+    x = digits[0][:200]
+    buffer = io.BytesIO()
+    if suffix == ".npy":
+        np.save(buffer, x)
+    elif suffix == ".npz":
+        np.savez(buffer, x=x, y=digits[1][:200])
+    else:
+        buffer.write(("\n".join(",".join(f"{v:g}" for v in row) for row in x)).encode())
+    response = client.post(
+        "/train",
+        files={"file": (f"../../evil/name{suffix}", buffer.getvalue(), "application/octet-stream")},
+        data={"params": json.dumps(TINY_PARAMS), "name": "uploaded"},
+    )
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert (job["name"], job["n_rows"], job["n_features"]) == ("uploaded", 200, 64)
+    # Stored under the job's id whatever the client called it.
+    files = JobFiles(client.app.state.settings.jobs_path)  # type: ignore[attr-defined]
+    stored, _ = load_training_data(files.path(job["id"], f"data{suffix}"))
+    np.testing.assert_allclose(stored, x)
+
+
+ROWS = [[float(i), float(i % 7), 1.0] for i in range(40)]
+BAD_TRAIN_JSON: list[tuple[str, object, int, str]] = [
+    ("unknown param", {"data": ROWS, "params": {"n_clustering": 5}}, 422, "n_clustering"),
+    ("bad param value", {"data": ROWS, "params": {"n_clusterings": -1}}, 422, "n_clusterings"),
+    ("bad param type", {"data": ROWS, "params": {"delta": "half"}}, 422, "delta"),
+    ("server param", {"data": ROWS, "params": {"n_jobs": 64}}, 422, "n_jobs"),
+    ("params not object", {"data": ROWS, "params": [1]}, 422, "params"),
+    ("unknown field", {"data": ROWS, "epochs": 3}, 422, "Extra inputs"),
+    ("bad name", {"data": ROWS, "name": "../etc"}, 422, "name"),
+    ("no data", {"name": "x"}, 422, "data"),
+    ("empty data", {"data": []}, 422, "empty"),
+    ("one row", {"data": [[1.0, 2.0]]}, 422, "2 rows"),
+    ("ragged", {"data": [[1.0, 2.0], [1.0]]}, 422, "ragged"),
+    ("nan", '{"data": [[NaN, 1], [1, 2]]}', 422, "NaN"),
+    ("strings", {"data": [["a", 1.0], [1.0, 2.0]]}, 422, "number"),
+    ("labels length", {"data": ROWS, "labels": [1, 2]}, 422, "labels"),
+    ("more centers than rows", {"data": ROWS, "params": {"ks": [100]}}, 422, "40 rows"),
+    ("too many rows", {"data": [[1.0]] * 1001}, 413, "at most 1000"),
+    ("not json", "{", 422, "JSON"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [b[1:] for b in BAD_TRAIN_JSON],
+    ids=[b[0] for b in BAD_TRAIN_JSON],
+)
+def test_bad_train_json(client: TestClient, body: object, status: int, message: str) -> None:
+    content = body if isinstance(body, str) else json.dumps(body)
+    response = client.post("/train", content=content, headers={"content-type": "application/json"})
+    error = assert_error(response, status)
+    assert message.lower() in error["message"].lower(), error
+    assert client.get("/jobs").json() == {"jobs": []}  # nothing queued
+    jobs_dir = client.app.state.settings.jobs_path  # type: ignore[attr-defined]
+    assert not any(jobs_dir.iterdir())  # nothing left on disk
+
+
+def npy(x: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, x)
+    return buffer.getvalue()
+
+
+BAD_UPLOADS: list[tuple[str, dict, dict, int, str]] = [
+    ("no file", {}, {"params": "{}"}, 422, "file"),
+    ("wrong suffix", {"file": ("x.pkl", b"123")}, {}, 422, "must end in"),
+    ("no suffix", {"file": ("data", b"123")}, {}, 422, "must end in"),
+    ("bad params json", {"file": ("x.csv", b"1,2\n3,4\n")}, {"params": "{"}, 422, "JSON"),
+    ("params not object", {"file": ("x.csv", b"1,2\n3,4\n")}, {"params": "[]"}, 422, "dictionary"),
+    ("unknown param", {"file": ("x.csv", b"1,2\n3,4\n")}, {"params": '{"nope": 1}'}, 422,
+     "nope"),
+    ("unknown field", {"file": ("x.csv", b"1,2\n3,4\n")}, {"other": "1"}, 422, "unknown form"),
+    ("bad name", {"file": ("x.csv", b"1,2\n3,4\n")}, {"name": "a b/c"}, 422, "name"),
+    ("garbage npy", {"file": ("x.npy", b"not numpy at all")}, {}, 422, "file"),
+    ("pickled npy", {"file": ("x.npy", npy(np.array([{"a": 1}], dtype=object)))}, {}, 422,
+     "file"),
+    ("text csv", {"file": ("x.csv", b"a,b\nc,d\n")}, {}, 422, "file"),
+    ("nan csv", {"file": ("x.csv", b"1,nan\n3,4\n")}, {}, 422, "NaN"),
+    ("npz without x", {"file": ("x.npz", b"PK\x05\x06" + b"\0" * 18)}, {}, 422, "file"),
+    ("1-D npy", {"file": ("x.npy", npy(np.arange(5.0)))}, {}, 422, "2-D"),
+    ("too many rows", {"file": ("x.npy", npy(np.zeros((1001, 2))))}, {}, 413, "at most 1000"),
+    ("over the upload limit", {"file": ("x.npy", b"\0" * 500_000)}, {}, 413, "limit"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("files", "data", "status", "message"),
+    [b[1:] for b in BAD_UPLOADS],
+    ids=[b[0] for b in BAD_UPLOADS],
+)
+def test_bad_uploads(
+    client: TestClient, files: dict, data: dict, status: int, message: str
+) -> None:
+    if not files:  # still send a multipart body
+        response = client.post("/train", data=data, files={"other_file": ("a.csv", b"1")})
+        message = "unknown form"
+    else:
+        response = client.post("/train", files=files, data=data)
+    error = assert_error(response, status)
+    assert message.lower() in error["message"].lower(), error
+    assert client.get("/jobs").json() == {"jobs": []}
+    jobs_dir = client.app.state.settings.jobs_path  # type: ignore[attr-defined]
+    assert not any(p.is_file() for p in jobs_dir.rglob("*"))
+
+
+def test_other_content_types_are_415(client: TestClient) -> None:
+    response = client.post("/train", content=b"1,2\n", headers={"content-type": "text/csv"})
+    assert_error(response, 415)
+
+
+def test_full_queue_is_429_with_retry_after(client: TestClient) -> None:
+    for _ in range(3):
+        assert client.post("/train", json={"data": ROWS}).status_code == 202
+    response = client.post("/train", json={"data": ROWS})
+    assert_error(response, 429, "overloaded")
+    assert int(response.headers["retry-after"]) >= 1
+    assert len(client.get("/jobs").json()["jobs"]) == 3
+
+
+def test_cancel(client: TestClient) -> None:
+    job = client.post("/train", json={"data": ROWS}).json()
+    cancelled = client.post(f"/jobs/{job['id']}/cancel")
+    assert cancelled.status_code == 200
+    assert cancelled.json()["status"] == "cancelled"
+    assert cancelled.json()["finished_at"] is not None
+    assert_error(client.post(f"/jobs/{job['id']}/cancel"), 409, "conflict")
+    assert client.get(f"/jobs/{job['id']}").json()["status"] == "cancelled"
+    jobs_dir = client.app.state.settings.jobs_path  # type: ignore[attr-defined]
+    assert not (jobs_dir / job["id"]).exists()  # its data is gone with it
+
+
+@pytest.mark.parametrize("job_id", [new_job_id(), "not-an-id", "..%2F..%2Fetc"])
+def test_unknown_jobs_are_404(client: TestClient, job_id: str) -> None:
+    assert_error(client.get(f"/jobs/{job_id}"), 404, "not_found")
+    assert_error(client.post(f"/jobs/{job_id}/cancel"), 404, "not_found")
+
+
+@pytest.mark.parametrize("query", [{"status": "done"}, {"limit": 0}, {"limit": "x"}])
+def test_bad_job_queries_are_422(client: TestClient, query: dict) -> None:
+    assert_error(client.get("/jobs", params=query), 422, "invalid_input")
