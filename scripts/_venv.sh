@@ -1,0 +1,52 @@
+# shellcheck shell=bash
+# Sourced by scripts/test and scripts/serve (from the repository root): the virtual environment.
+#   ensure_venv              create .venv (MBN_VENV) with Python >= 3.11 (PYTHON) if missing
+#   install_project EXTRAS   pip install -e ".EXTRAS" into it, skipped while pyproject.toml
+#                            is unchanged since the last install with those extras
+
+VENV=${MBN_VENV:-.venv}
+
+find_python() {
+    local candidate
+    for candidate in ${PYTHON:-} python3 python3.11 python3.12 python3.13; do
+        if command -v "$candidate" >/dev/null \
+            && "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+            echo "$candidate"
+            return
+        fi
+    done
+    echo "no Python >= 3.11 found (set PYTHON=/path/to/python3.11)" >&2
+    return 1
+}
+
+ensure_venv() {
+    [[ -x $VENV/bin/python ]] && return
+    local python
+    python=$(find_python)
+    # Debian's Python has no ensurepip (so no venv) without the python3-venv package.
+    if ! "$python" -c 'import ensurepip' 2>/dev/null; then
+        if [[ $(id -u) != 0 ]]; then
+            echo "$python cannot create virtual environments: install python3-venv" >&2
+            return 1
+        fi
+        echo "installing python3-venv" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "python3-venv" "python$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')-venv" >/dev/null
+    fi
+    echo "creating $VENV with $python ($("$python" --version))" >&2
+    "$python" -m venv "$VENV"
+}
+
+install_project() {
+    local extras=$1
+    local stamp=$VENV/.mbn-installed${extras:+-${extras//[^a-z]/}}
+    local want
+    want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+    if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
+        return
+    fi
+    echo "installing the project into $VENV: pip install -e \".$extras\"" >&2
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".$extras"
+    echo "$want" >"$stamp"
+}
