@@ -2,8 +2,8 @@
 
 Why a child process: a cancel must stop training promptly (the training callback asks it to
 stop; a process that does not listen is terminated), and a crash in training (a segfault, the
-kernel's OOM killer) must not take the API down. Children are fresh interpreters
-(``python -m service.trainproc``), not forks of a process full of threads.
+kernel's OOM killer) must not take the API down. How the processes are made:
+``service.trainproc``.
 
 The child writes its bundle into a private staging directory. Only the parent, while it still
 owns the job, moves the bundle into the model directory and records success, so a child
@@ -24,25 +24,20 @@ Policy (see ``service.jobs`` for the store side):
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import errno
-import json
 import logging
 import os
-import select
 import shutil
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from service import trainproc
 from service.config import Settings
 from service.errors import Unavailable
 from service.jobs import Job, JobFiles, JobStore
@@ -98,6 +93,8 @@ class Worker:
         self._active: dict[str, threading.Thread] = {}
         self._thread: threading.Thread | None = None
         self._last_recovery = 0.0
+        self._ctx = trainproc.context()
+        self._pids: dict[str, int | None] = {}
 
     # --- control -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -120,12 +117,18 @@ class Worker:
     def running_jobs(self) -> list[str]:
         return list(self._active)
 
+    @property
+    def training_pids(self) -> dict[str, int | None]:
+        """Process id of the training process of each running job."""
+        return dict(self._pids)
+
     # --- the loop ----------------------------------------------------------------------------
     def run(self) -> None:
         log.info(
             "worker %s started (concurrency %d)", self.worker_id, self.settings.worker_concurrency
         )
         try:
+            trainproc.warm_up(self._ctx)
             while not self._stopping.is_set():
                 self._reap()
                 self._recover_if_due()
@@ -202,7 +205,6 @@ class Worker:
                 self._fail(job, str(exc))
                 return
             spec = TrainSpec(
-                message_fd=-1,  # set when the process starts
                 job_id=job.id,
                 name=job.name,
                 # Threads are the server's to give (clients may not set n_jobs).
@@ -218,45 +220,39 @@ class Worker:
             shutil.rmtree(staging, ignore_errors=True)
 
     def _supervise(self, job: Job, spec: TrainSpec) -> _Run:
-        read_fd, write_fd = os.pipe()
+        receiver, sender = self._ctx.Pipe(duplex=False)
+        proc = self._ctx.Process(  # type: ignore[attr-defined]
+            target=trainproc.run, args=(spec, sender), name=f"mbn-train-{job.id[:8]}"
+        )
+        proc.start()
+        sender.close()
+        self._pids[job.id] = proc.pid
         try:
-            spec = dataclasses.replace(spec, message_fd=write_fd)
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "service.trainproc"],
-                stdin=subprocess.PIPE,
-                pass_fds=(write_fd,),
-                close_fds=True,
-            )
+            return self._watch(job, proc, receiver)
         finally:
-            os.close(write_fd)
-        messages = _Messages(read_fd)
-        try:
-            assert proc.stdin is not None
-            proc.stdin.write(spec.to_json().encode() + b"\n")
-            proc.stdin.close()
-        except OSError:
-            pass  # it died at once; the exit code tells
-        try:
-            return self._watch(job, proc, messages)
-        finally:
-            if proc.poll() is None:
+            self._pids.pop(job.id, None)
+            if proc.is_alive():
                 _terminate(proc)
-            messages.close()
+            receiver.close()
 
-    def _watch(self, job: Job, proc: subprocess.Popen[bytes], messages: _Messages) -> _Run:
+    def _watch(self, job: Job, proc: Any, receiver: Connection) -> _Run:
         settings = self.settings
         run = _Run()
         progress, phase = 0.0, None
-        started = last_beat = last_ok = time.monotonic()
+        started = last_ok = time.monotonic()
+        last_beat = 0.0  # beat at once: starting the process may have taken a while
         stop_deadline = 0.0
         while True:
-            for message in messages.read(timeout=0.2):
-                if message[0] == "progress":
-                    phase, progress = str(message[1]), float(message[2])
-                else:
-                    run.result = (str(message[0]), str(message[1]))
-            if run.result is not None or messages.eof:
-                break
+            try:
+                if receiver.poll(0.2):
+                    message = receiver.recv()
+                    if message[0] == "progress":
+                        phase, progress = message[1], message[2]
+                    else:
+                        run.result = (message[0], message[1])
+                        break
+            except (EOFError, OSError):
+                break  # the process is gone without an answer
             now = time.monotonic()
             if run.stop_reason is None:
                 if self._stopping.is_set():
@@ -276,17 +272,15 @@ class Worker:
                             run.stop_reason = "fenced"
                 if run.stop_reason is not None:
                     log.info("job %s: stopping training (%s)", job.id, run.stop_reason)
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.send_signal(signal.SIGTERM)  # the training callback stops it
+                    proc.terminate()  # SIGTERM: the training callback stops it cleanly
                     stop_deadline = now + STOP_GRACE_SECONDS
             elif now > stop_deadline:
                 proc.kill()
                 break
-        try:
-            run.exitcode = proc.wait(STOP_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
+        proc.join(STOP_GRACE_SECONDS)
+        if proc.is_alive():
             _terminate(proc)
-            run.exitcode = proc.returncode
+        run.exitcode = proc.exitcode
         return run
 
     def _conclude(self, job: Job, run: _Run, model_id: str) -> None:
@@ -359,49 +353,12 @@ class Worker:
                 shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _terminate(proc: subprocess.Popen[bytes]) -> None:
+def _terminate(proc: Any) -> None:
     proc.terminate()
-    try:
-        proc.wait(STOP_GRACE_SECONDS)
-    except subprocess.TimeoutExpired:
+    proc.join(STOP_GRACE_SECONDS)
+    if proc.is_alive():
         proc.kill()
-        proc.wait()
-
-
-class _Messages:
-    """JSON lines from the training process, read without blocking past ``timeout``."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.eof = False
-        self._buffer = b""
-
-    def read(self, timeout: float) -> list[list[Any]]:
-        if self.eof:
-            return []
-        ready, _, _ = select.select([self.fd], [], [], timeout)
-        if not ready:
-            return []
-        chunk = os.read(self.fd, 1 << 16)
-        if not chunk:
-            self.eof = True
-        self._buffer += chunk
-        *lines, self._buffer = self._buffer.split(b"\n")
-        messages = []
-        for line in lines:
-            try:
-                message = json.loads(line)
-            except ValueError:
-                log.warning("unreadable message from a training process: %r", line[:200])
-                continue
-            expected = 3 if message and message[0] == "progress" else 2
-            if isinstance(message, list) and len(message) == expected:
-                messages.append(message)
-        return messages
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+        proc.join()
 
 
 def _move_dir(source: Path, target: Path) -> None:
