@@ -46,7 +46,11 @@ install_project() {
     if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
         return
     fi
-    echo "installing the project into $VENV: pip install -e \".$extras\"" >&2
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".$extras"
+    echo "installing the project into $VENV: pip install -e \".$extras\" (log: $VENV/pip.log)" >&2
+    if ! "$VENV/bin/python" -m pip install --disable-pip-version-check -e ".$extras" \
+        >"$VENV/pip.log" 2>&1; then
+        tail -n 30 "$VENV/pip.log" >&2
+        return 1
+    fi
     echo "$want" >"$stamp"
 }

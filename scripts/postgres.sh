@@ -46,10 +46,15 @@ find_bindir() {
 
 install_server() {
     [[ $(id -u) == 0 ]] || { log "no PostgreSQL server binaries found; install postgresql (as root)"; exit 1; }
-    log "installing PostgreSQL with apt-get"
+    local apt_log=$PG_DIR.apt.log
+    log "installing PostgreSQL with apt-get (log: $apt_log)"
+    mkdir -p "$(dirname "$PG_DIR")"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >&2
-    apt-get install -y -qq --no-install-recommends postgresql >&2
+    if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends postgresql; } \
+        >"$apt_log" 2>&1; then
+        tail -n 30 "$apt_log" >&2
+        exit 1
+    fi
 }
 
 # Run a command as the server's owner: ourselves, or OS_USER when we are root.
