@@ -33,6 +33,9 @@ if ! command -v podman >/dev/null || ! command -v debootstrap >/dev/null \
     apt-get install -y -qq --no-install-recommends podman runc debootstrap curl ca-certificates >/dev/null
 fi
 mkdir -p "$CACHE"
+# One run at a time per cache (shared podman store, image tag and port).
+exec 9>"$CACHE/lock"
+flock -n 9 || { t "waiting for another check-image run to finish"; flock 9; }
 
 # ---- the base image -------------------------------------------------------------------------
 if [[ ! -s $CACHE/base.tar ]]; then
