@@ -93,7 +93,7 @@ class TrainingParams:
     hidden_layer_sizes: tuple[int, ...] = field(
         default=(512, 512), metadata=_help("hidden layers of the compressor MLP")
     )
-    max_epochs: int = field(default=40, metadata=_help("most MLP epochs"))
+    max_epochs: int = field(default=30, metadata=_help("most MLP epochs"))
     batch_size: int = field(default=256, metadata=_help("MLP minibatch size"))
     learning_rate: float = field(default=1e-3, metadata=_help("Adam learning rate"))
     alpha: float = field(default=1e-5, metadata=_help("L2 penalty of the MLP"))

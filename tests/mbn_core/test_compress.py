@@ -7,6 +7,7 @@ import pytest
 import scipy.sparse as sp
 from sklearn.datasets import load_digits
 from sklearn.exceptions import NotFittedError
+from sklearn.utils.estimator_checks import parametrize_with_checks
 from sklearn.utils.validation import check_is_fitted
 
 from mbn_core import MBN, CompressiveMBN, TrainingStopped
@@ -32,6 +33,20 @@ def digits():
 def fitted(digits):
     X, y = digits
     return small_model(n_clusters=10).fit(X, y)
+
+
+@parametrize_with_checks(
+    [
+        CompressiveMBN(
+            MBN(n_clusterings=5, k1=0.5, n_classes=1, n_components=2, random_state=0),
+            hidden_layer_sizes=(8,),
+            max_epochs=2,
+            random_state=0,
+        )
+    ]
+)
+def test_sklearn_compatible_estimator(estimator, check):
+    check(estimator)
 
 
 def test_transform_shapes_and_dtypes(fitted, digits):
@@ -185,7 +200,7 @@ def test_without_validation_runs_all_epochs(digits):
         ({"alpha": -1.0}, "alpha"),
         ({"holdout_fraction": 0.0}, "holdout_fraction"),
         ({"validation_fraction": 0.5}, "validation_fraction"),
-        ({"n_clusters": 1}, "n_clusters"),
+        ({"n_clusters": 0}, "n_clusters"),
         ({"n_jobs": 0}, "n_jobs"),
         ({"callback": 3}, "callback"),
         ({"mbn": "MBN"}, "mbn"),

@@ -80,7 +80,7 @@ def test_unknown_key_is_named():
         ({"max_epochs": -3}, "max_epochs"),
         ({"learning_rate": "fast"}, "learning_rate"),
         ({"holdout_fraction": 0.9}, "holdout_fraction"),
-        ({"n_clusters": 1}, "n_clusters"),
+        ({"n_clusters": 0}, "n_clusters"),
     ],
 )
 def test_bad_values_name_the_key(values, key):
