@@ -36,7 +36,7 @@ find_bindir() {
         return
     fi
     local dir
-    dir=$(find /usr/lib/postgresql -maxdepth 2 -name bin -type d 2>/dev/null | sort -V | tail -n 1)
+    dir=$(find /usr/lib/postgresql -maxdepth 2 -name bin -type d 2>/dev/null | sort -V | tail -n 1 || true)
     if [[ -n $dir && -x $dir/initdb ]]; then
         echo "$dir"
     elif command -v initdb >/dev/null; then
@@ -108,10 +108,6 @@ ensure_role_and_db() {
 }
 
 start() {
-    # Parallel callers (pytest -n 2 fixtures) must not initdb or start the same cluster twice.
-    mkdir -p "$(dirname "$PG_DIR")"
-    exec 9>"$PG_DIR.lock"
-    flock 9
     if is_running; then
         url
         return
@@ -140,32 +136,33 @@ stop() {
     fi
 }
 
-cmd=${1:-}
-case $cmd in
+cd /   # the server's owner may not be allowed into the caller's directory
+case ${1:-} in
     url)
         url
-        exit 0
         ;;
-    start | stop | status) ;;
+    start)
+        # Parallel callers (pytest -n 2 fixtures) must not install, initdb or start it twice.
+        mkdir -p "$(dirname "$PG_DIR")"
+        exec 9>"$PG_DIR.lock"
+        flock 9
+        BIN=$(find_bindir)
+        if [[ -z $BIN ]]; then
+            install_server
+            BIN=$(find_bindir)
+        fi
+        start
+        ;;
+    stop)
+        BIN=$(find_bindir)
+        [[ -z $BIN ]] || stop
+        ;;
+    status)
+        BIN=$(find_bindir)
+        [[ -n $BIN ]] && is_running
+        ;;
     *)
         echo "usage: $0 start|stop|status|url" >&2
         exit 2
         ;;
-esac
-
-cd /   # the server's owner may not be allowed into the caller's directory
-BIN=$(find_bindir)
-if [[ -z $BIN ]]; then
-    case $cmd in
-        start) install_server ;;
-        stop) exit 0 ;;
-        status) exit 1 ;;
-    esac
-    BIN=$(find_bindir)
-fi
-
-case $cmd in
-    start) start ;;
-    stop) stop ;;
-    status) is_running ;;
 esac
