@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,15 @@ def invalid_from_validation(exc: ValidationError) -> InvalidInput:
     return InvalidInput(describe_validation(exc.errors(include_url=False, include_input=False)))
 
 
+def _allowed_methods(request: Request) -> list[str]:
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    return sorted(methods)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Map every error to the JSON shape; the only place status codes of errors are chosen."""
 
@@ -162,11 +172,12 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         error_type = _HTTP_TYPES.get(exc.status_code, "http_error")
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        return JSONResponse(
-            error_body(error_type, message),
-            status_code=exc.status_code,
-            headers=dict(exc.headers or {}),
-        )
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette names the methods of the first route matching the path only; a path
+            # can have several (GET and DELETE /models/{model_id}).
+            headers["Allow"] = ", ".join(_allowed_methods(request))
+        return JSONResponse(error_body(error_type, message), exc.status_code, headers)
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error in %s %s", request.method, request.url.path)

@@ -19,10 +19,11 @@ log = logging.getLogger(__name__)
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    """Log the service's and the library's messages at ``level`` (the CLI may have set up
+    the root logger for its own, quieter, needs: only a handler is added if none exists)."""
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("service", "mbn_core"):
+        logging.getLogger(name).setLevel(level.upper())
 
 
 def serve(

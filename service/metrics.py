@@ -65,6 +65,7 @@ class Metrics:
     """The service's metrics and their registry."""
 
     def __init__(self) -> None:
+        self._jobs_collector: _JobsCollector | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "mbn_http_requests",
@@ -102,8 +103,12 @@ class Metrics:
         models: Callable[[], int],
         exact_models: Callable[[], int],
     ) -> None:
-        """Connect the gauges read at scrape time to their sources."""
-        self.registry.register(_JobsCollector(job_counts))
+        """Connect the gauges read at scrape time to their sources (again, replacing the old
+        ones, when an app's lifespan runs a second time)."""
+        if self._jobs_collector is not None:
+            self.registry.unregister(self._jobs_collector)
+        self._jobs_collector = _JobsCollector(job_counts)
+        self.registry.register(self._jobs_collector)
         self.models_loaded.set_function(models)
         self.exact_loaded.set_function(exact_models)
 

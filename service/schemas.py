@@ -7,7 +7,7 @@ flat on purpose: the routes that read raw bodies publish these schemas inline in
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -38,8 +38,10 @@ class EmbedRequest(_Request):
         max_length=MODEL_LOOKUP_MAX,
         description="Model id, or name (its newest version). Default: the default model.",
     )
-    inputs: list[list[float]] | None = Field(
-        default=None, description="Rows of numbers, each of the model's input dimension."
+    inputs: list[Annotated[list[float], Field(min_length=1)]] | None = Field(
+        default=None,
+        min_length=1,
+        description="Rows of numbers, each of the model's input dimension.",
     )
     inputs_b64: str | None = Field(
         default=None,
@@ -109,7 +111,9 @@ class TrainOptions(_Request):
 class TrainRequest(TrainOptions):
     """A training job with its data inline; large data sets go as a multipart upload."""
 
-    data: list[list[float]] = Field(description="Training rows.")
+    data: list[Annotated[list[float], Field(min_length=1)]] = Field(
+        min_length=2, description="Training rows (at least 2)."
+    )
     labels: list[int] | None = Field(
         default=None, description="Optional class label per row (for the fidelity report)."
     )

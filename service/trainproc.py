@@ -87,6 +87,8 @@ def run(spec: TrainSpec, conn: Connection) -> None:
         )
     try:
         conn.send(_train(spec, conn, lambda: stop_requested))
+    except OSError:
+        pass  # the worker is gone: nobody to tell
     finally:
         conn.close()
 
@@ -105,7 +107,10 @@ def _train(spec: TrainSpec, conn: Connection, stopped: Any) -> tuple[str, str]:
         now = time.monotonic()
         if now - last_sent >= _PROGRESS_EVERY_SECONDS or fraction >= 1.0:
             last_sent = now
-            conn.send(("progress", phase, float(fraction)))
+            try:
+                conn.send(("progress", phase, float(fraction)))
+            except OSError:  # the worker is gone: stop
+                return True
         return bool(stopped()) or os.getppid() != parent
 
     try:

@@ -129,6 +129,7 @@ class Worker:
         )
         try:
             trainproc.warm_up(self._ctx)
+            log.info("worker %s ready", self.worker_id)
             while not self._stopping.is_set():
                 self._reap()
                 self._recover_if_due()

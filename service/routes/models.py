@@ -1,4 +1,4 @@
-"""GET /models, GET /models/{model}, DELETE /models/{model_id}."""
+"""GET /models, GET /models/{model_id}, DELETE /models/{model_id}."""
 
 from __future__ import annotations
 
@@ -41,13 +41,13 @@ def list_models(registry: RegistryDep) -> ModelList:
 
 
 @router.get(
-    "/models/{model}",
+    "/models/{model_id}",
     response_model=dict[str, Any],
     summary="A model's manifest (by id, or by name: its newest version)",
     responses=error_responses(401, 404, 503),
 )
-def get_model(model: str, registry: RegistryDep) -> dict[str, Any]:
-    return registry.get(model).manifest
+def get_model(model_id: str, registry: RegistryDep) -> dict[str, Any]:
+    return registry.get(model_id).manifest
 
 
 @router.delete(
