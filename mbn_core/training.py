@@ -44,8 +44,9 @@ ProgressCallback = Callable[[str, float], object]
 # an upper-layer clustering walks posting lists at about this many bottom-layer GEMM
 # multiply-adds per (point, clustering + center) ...
 _UPPER_COST = 40.0
-# ... and an MLP multiply-add (forward, backward and update) costs about three GEMM ones.
-_MLP_COST = 9.0
+# ... and an MLP weight costs about this many per point and epoch (forward, backward and
+# update, on one BLAS thread against the bottom layer's two).
+_MLP_COST = 7.0
 # Share of the whole job left to the fidelity evaluation and the export.
 _EXPORT_SHARE = 0.02
 _SPARSE_KEYS = {"format", "shape", "data", "indices", "indptr"}
@@ -91,9 +92,9 @@ class TrainingParams:
     random_state: int | None = field(default=0, metadata=_help("random seed"))
     n_jobs: int | None = field(default=None, metadata=_help("threads; none means every core"))
     hidden_layer_sizes: tuple[int, ...] = field(
-        default=(512, 512), metadata=_help("hidden layers of the compressor MLP")
+        default=(256, 256), metadata=_help("hidden layers of the compressor MLP")
     )
-    max_epochs: int = field(default=30, metadata=_help("most MLP epochs"))
+    max_epochs: int = field(default=40, metadata=_help("most MLP epochs"))
     batch_size: int = field(default=256, metadata=_help("MLP minibatch size"))
     learning_rate: float = field(default=1e-3, metadata=_help("Adam learning rate"))
     alpha: float = field(default=1e-5, metadata=_help("L2 penalty of the MLP"))
