@@ -133,11 +133,8 @@ def save_bundle(
     directory = Path(directory)
     model_id = validate_model_id(directory.name if model_id is None else model_id)
     name = validate_name(name)
+    check_target(directory, overwrite=overwrite)
     parent = directory.parent
-    if not parent.is_dir():
-        raise ValueError(f"{parent}: the directory to hold the bundle does not exist")
-    if directory.exists() and not overwrite:
-        raise ValueError(f"{directory}: already exists (pass overwrite=True to replace it)")
 
     exact_bytes = _npz_bytes(model)
     onnx_bytes = to_onnx(model).SerializeToString()
@@ -166,6 +163,31 @@ def save_bundle(
     _fsync_directory(parent)
     log.info("bundle %s written to %s", model_id, directory)
     return directory
+
+
+def check_target(directory: str | os.PathLike[str], *, overwrite: bool = False) -> None:
+    """ValueError unless a bundle may be written at ``directory``.
+
+    Its parent must exist. An existing path is refused, except with ``overwrite`` when it is
+    an empty directory or a bundle (it has an MBN manifest): replacing anything else could
+    delete a user's files on a mistyped ``--out``.
+    """
+    directory = Path(directory)
+    if not directory.parent.is_dir():
+        raise ValueError(f"{directory.parent}: the directory to hold the bundle does not exist")
+    if not (directory.exists() or directory.is_symlink()):
+        return
+    if not overwrite:
+        raise ValueError(f"{directory}: already exists (pass overwrite=True to replace it)")
+    if directory.is_symlink() or not directory.is_dir():
+        raise ValueError(f"{directory}: exists and is not a bundle directory; not replacing it")
+    if any(directory.iterdir()):
+        try:
+            read_manifest(directory)
+        except BundleError:
+            raise ValueError(
+                f"{directory}: exists and is not a model bundle; not replacing it"
+            ) from None
 
 
 def _move_into_place(temporary: Path, directory: Path, overwrite: bool) -> None:
@@ -490,6 +512,8 @@ def _verified_bytes(path: Path, manifest: dict[str, Any], file_name: str, keep: 
     """Read a bundle file and check its size and SHA-256 against the manifest."""
     file = path / file_name
     entry = manifest["files"][file_name]
+    if file.is_symlink():
+        raise BundleError(f"{file}: a symbolic link; bundle files must be regular files")
     try:
         size = file.stat().st_size
         if size != entry["bytes"]:

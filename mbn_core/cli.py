@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from mbn_core.bundle import BundleError, load_bundle
+from mbn_core.bundle import BundleError, check_target, load_bundle
 from mbn_core.compress import fidelity_report
 from mbn_core.network import TrainingStopped
 from mbn_core.training import (
@@ -206,6 +206,7 @@ def _train(args: argparse.Namespace) -> None:
     out = Path(args.out)
     if out.exists() and not args.force:
         raise UserError(f"{out}: already exists (use --force to replace it)")
+    check_target(out, overwrite=args.force)
     X, y = load_training_data(args.data)
     name = args.name or Path(args.data).stem
     _say(f"Training on {X.shape[0]} x {X.shape[1]} points from {args.data}")
@@ -374,7 +375,7 @@ class _ProgressBars:
                 total=self._TOTAL,
                 desc=label,
                 disable=self.disable,
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}] {postfix}",
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]{postfix}",
                 file=sys.stderr,
             )
         if self.bar is not None:
@@ -384,6 +385,8 @@ class _ProgressBars:
 
     def _close(self) -> None:
         if self.bar is not None:
+            if self.phase == "compressor" and self.bar.n < self._TOTAL:
+                self.bar.set_postfix_str(f"{self.bar.postfix.lstrip(', ')} (early stopping)")
             self.bar.close()
             self.bar = None
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from mbn_core.bundle import save_bundle, validate_model_id, validate_name
+from mbn_core.bundle import check_target, save_bundle, validate_model_id, validate_name
 from mbn_core.compress import CompressiveMBN
 from mbn_core.network import MBN, TrainingStopped
 
@@ -352,10 +352,7 @@ def train_bundle(
     # Everything checkable is checked before hours of training, not after.
     validate_model_id(out_dir.name if model_id is None else model_id)
     validate_name(name)
-    if not out_dir.parent.is_dir():
-        raise ValueError(f"{out_dir.parent}: the directory to hold the bundle does not exist")
-    if out_dir.exists() and not overwrite:
-        raise ValueError(f"{out_dir}: already exists")
+    check_target(out_dir, overwrite=overwrite)
     X = check_matrix(X)
     labels = _check_labels(y, X.shape[0], "y")
 

@@ -152,6 +152,20 @@ def test_existing_directory_needs_overwrite(model, saved, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["m"]
 
 
+def test_overwrite_never_replaces_other_files(model, tmp_path):
+    documents = tmp_path / "documents"
+    documents.mkdir()
+    (documents / "thesis.tex").write_text("years of work")
+    with pytest.raises(ValueError, match="not a model bundle"):
+        save_bundle(model, documents, name="x", overwrite=True)
+    assert (documents / "thesis.tex").read_text() == "years of work"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="not a bundle directory"):
+        save_bundle(model, tmp_path / "file", name="x", overwrite=True)
+    (tmp_path / "empty").mkdir()
+    assert load_bundle(save_bundle(model, tmp_path / "empty", name="x", overwrite=True))
+
+
 def test_interrupted_write_leaves_nothing(model, tmp_path, monkeypatch):
     written = []
     real_write = bundle_module._write_synced
@@ -218,6 +232,14 @@ def test_truncated_file_is_named(copy):
 def test_missing_file_is_named(copy):
     (copy / ONNX_FILE).unlink()
     with pytest.raises(BundleError, match=f"{ONNX_FILE}: missing"):
+        load_bundle(copy)
+
+
+def test_symbolic_links_are_refused(copy):
+    target = copy.parent / "elsewhere.onnx"
+    (copy / ONNX_FILE).rename(target)
+    (copy / ONNX_FILE).symlink_to(target)
+    with pytest.raises(BundleError, match=f"{ONNX_FILE}: a symbolic link"):
         load_bundle(copy)
 
 
