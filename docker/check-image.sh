@@ -149,8 +149,12 @@ assert body["mode"] == sys.argv[2] and len(rows) == 2 and len(rows[0]) == body["
     t "POST /embed ($mode) answered ${answer:0:80}..."
 done
 
+# The demo training and the exact path ran numba kernels: their cache must have been writable.
+cached=$("${podman[@]}" exec "$NAME" sh -c 'ls -A "$NUMBA_CACHE_DIR"') || probe_failed "podman exec"
+[[ -n $cached ]] || probe_failed "numba wrote nothing to NUMBA_CACHE_DIR"
+
 t "stopping (SIGTERM)"
 quiet "${podman[@]}" stop -t 30 "$NAME" >/dev/null
 code=$("${podman[@]}" inspect --format '{{.State.ExitCode}}' "$NAME")
 [[ $code == 0 ]] || probe_failed "exit status $code after SIGTERM"
-t "OK: $IMAGE builds, runs as non-root, answers /health/live, /health/ready and /embed, stops cleanly"
+t "OK: $IMAGE builds, runs as non-root, answers /health/live, /health/ready and /embed, caches numba kernels, stops cleanly"
