@@ -119,7 +119,9 @@ def save_bundle(
     model_id : str, default=None
         The id; None means the directory's name, which must then be a valid id.
     overwrite : bool, default=False
-        Replace an existing bundle at ``directory``. Otherwise an existing path is an error.
+        Replace an existing bundle (or empty directory) at ``directory``; anything else there
+        is never replaced. The swap is two renames, so a reader may briefly find no bundle.
+        Without it an existing path is an error.
     extra : dict, default=None
         JSON-able facts merged into the manifest's ``training`` section (e.g. the training
         parameters as the caller gave them).
@@ -143,7 +145,8 @@ def save_bundle(
         EXACT_FILE: _file_entry(exact_bytes),
         ONNX_FILE: _file_entry(onnx_bytes),
     }
-    manifest_bytes = (json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode()
+    # allow_nan=False: the manifest must be strict JSON for every reader (NaN became null).
+    manifest_bytes = (json.dumps(manifest, indent=2, allow_nan=False) + "\n").encode()
 
     temporary = parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:12]}"
     temporary.mkdir()
