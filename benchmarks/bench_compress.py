@@ -68,7 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--max-epochs", type=int, help="compressor epochs (default: TrainingParams')"
     )
     parser.add_argument("--threads", type=int, default=None, help="training threads")
-    parser.add_argument("--onnx-threads", type=int, default=1, help="threads of the fast path")
+    parser.add_argument(
+        "--onnx-threads", type=int, default=1, help="threads of both prediction paths"
+    )
     parser.add_argument("--latency-calls", type=int, default=2000)
     parser.add_argument("--kmeans-init", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
@@ -198,7 +200,7 @@ def run(args: argparse.Namespace) -> list[tuple[str, str]]:
         ("resident memory of the loaded exact model",
          f"{(memory['rss_after'] - memory['rss_before']) / 2**20:.0f} MiB "
          f"(arrays: {memory['nbytes'] / 2**20:.0f} MiB)"),
-        ("fast-path threads", str(args.onnx_threads)),
+        ("threads of both prediction paths", str(args.onnx_threads)),
     ]  # fmt: skip
 
 
