@@ -130,7 +130,10 @@ class ModelRegistry:
         """
         bundle = self._snapshot.resolve(ref)
         if bundle is None and rescan:
-            self.rescan(force=False)
+            if ref is not None and is_model_id(ref):
+                self._load_new(ref)  # an id names its directory: no need to wait for a scan
+            if self._snapshot.resolve(ref) is None:
+                self.rescan(force=False)
             bundle = self._snapshot.resolve(ref)
         if bundle is not None:
             return bundle
@@ -191,6 +194,18 @@ class ModelRegistry:
             self._swap(bundles.values())
             log.info("model %s (%s) added", bundle.id, bundle.name)
             return bundle
+
+    def _load_new(self, model_id: str) -> None:
+        """Load bundle ``model_id`` if its directory exists and it is not loaded yet."""
+        path = self.model_dir / model_id  # a valid id is one plain path component
+        if path.is_symlink() or not (path / "manifest.json").is_file():
+            return
+        with self._write_lock:
+            if model_id in self._snapshot.by_id:
+                return
+            bundle = self._load(path)
+            if bundle is not None:
+                self._swap([*self._snapshot.by_id.values(), bundle])
 
     def delete(self, model_id: str) -> None:
         """Remove a model: from the snapshot at once, and its directory from disk."""

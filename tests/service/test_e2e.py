@@ -1,7 +1,8 @@
 """End to end over real HTTP: ``mbn serve`` processes on loopback, real training jobs.
 
 The demo model on an empty model dir, training on digits through the API, embedding fast and
-exact, cancelling a running job, and a job surviving a clean restart and a crash of its server.
+exact, cancelling a running job, a job surviving the crash of its server. (A clean restart
+giving the job back at once: test_app.)
 """
 
 from __future__ import annotations
@@ -16,13 +17,11 @@ import numpy as np
 import pytest
 from servicetest import FAST_JOBS_ENV, TINY_PARAMS, Process, Server, wait_for, wait_for_job
 
-from service.jobs import JobStore
-
 log = logging.getLogger(__name__)
 Digits = tuple[np.ndarray, np.ndarray]
 LONG_PARAMS = {"n_clusterings": 3000, "hidden_layer_sizes": [16], "max_epochs": 2}
 # Runs for several seconds, then finishes: long enough to restart servers under it.
-MEDIUM_PARAMS = {"n_clusterings": 300, "hidden_layer_sizes": [16], "max_epochs": 3}
+MEDIUM_PARAMS = {"n_clusterings": 150, "hidden_layer_sizes": [16], "max_epochs": 3}
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +130,7 @@ def test_cancel_a_running_job(server: Server, digits: Digits) -> None:
         assert models_after - models_before == {done["model_id"]}
 
 
-def test_jobs_survive_restarts_and_crashes(
+def test_a_job_survives_the_crash_of_its_server(
     tmp_path: Path, digits: Digits, processes: list[Process]
 ) -> None:
     env = {**FAST_JOBS_ENV, "MBN_DATA_DIR": str(tmp_path), "MBN_DEMO_MODEL": "false"}
@@ -141,51 +140,32 @@ def test_jobs_survive_restarts_and_crashes(
         processes.append(srv)
         return srv.start()
 
-    def running_attempt(client: object, job_id: str, attempt: int) -> None:
-        wait_for(
-            lambda: (
-                (j := client.get(f"/jobs/{job_id}").json())["status"] == "running"  # type: ignore[attr-defined]
-                and j["attempts"] == attempt
-                and j["progress"] > 0
-            ),
-            60,
-            f"attempt {attempt} to make progress",
-        )
-
     first = start()
     with first.client() as client:
         job_id = client.post(
             "/train", json={"data": digits[0].tolist(), "params": MEDIUM_PARAMS}
         ).json()["id"]
-        running_attempt(client, job_id, 1)
-    # A clean stop gives the job back at once, without counting the attempt. (uvicorn
-    # re-raises the SIGTERM it handled once it is done, hence the exit status.)
-    assert first.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
-    assert "Application shutdown complete" in first.log_tail()
-    store = JobStore(f"sqlite:///{tmp_path / 'jobs.sqlite3'}")
-    try:
-        job = store.require(job_id)
-        assert (job.status, job.attempts) == ("queued", 0)
-    finally:
-        store.dispose()
+        wait_for(
+            lambda: (
+                (j := client.get(f"/jobs/{job_id}").json())["status"] == "running"
+                and j["progress"] > 0
+            ),
+            60,
+            "the job to make progress",
+        )
+    # Killed mid-job: the job stays "running" with a heartbeat that stops...
+    first.stop(signal.SIGKILL)
 
     second = start()
     with second.client() as client:
-        running_attempt(client, job_id, 1)
-    # A crash leaves it "running" with a heartbeat that stops; it is recovered, not lost.
-    second.stop(signal.SIGKILL)
-
-    third = start()
-    with third.client() as client:
+        # ... and the next server's worker recovers it: requeued, run again, to the end.
         done = wait_for_job(client, job_id, {"succeeded", "failed"}, 120)
         assert done["status"] == "succeeded", done["error"]
         assert done["attempts"] == 2 and done["model_id"] == f"{job_id}-2"
         models = [m["id"] for m in client.get("/models").json()["models"]]
         assert models == [done["model_id"]]  # one job, one model
-        assert (
-            client.post(
-                "/embed", json={"inputs": digits[0][:2].tolist(), "mode": "exact"}
-            ).status_code
-            == 200
-        )
-    assert third.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
+        response = client.post("/embed", json={"inputs": digits[0][:2].tolist()})
+        assert response.status_code == 200
+    # A clean stop (uvicorn re-raises the SIGTERM it handled once it is done).
+    assert second.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
+    assert "Application shutdown complete" in second.log_tail()

@@ -82,6 +82,17 @@ def test_rescan_picks_up_new_and_drops_removed_bundles(
         registry.get("m-late", rescan=False)
 
 
+def test_an_id_is_found_at_once_even_between_rescans(
+    model_dir: Path, write_bundle: Callable[..., Path]
+) -> None:
+    registry = ModelRegistry(model_dir, min_rescan_seconds=3600)
+    registry.rescan()
+    write_bundle(model_dir, "m-new", "fresh")  # a job another replica's worker just finished
+    assert registry.get("m-new").id == "m-new"
+    with pytest.raises(NotFound):
+        registry.get("fresh-but-unscanned-name")
+
+
 def test_add_swaps_in_a_new_version(model_dir: Path, write_bundle: Callable[..., Path]) -> None:
     write_bundle(model_dir, "m-1", "digits", created="2024-01-01T00:00:00Z")
     registry = ModelRegistry(model_dir)

@@ -8,24 +8,41 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from servicetest import TINY_PARAMS, assert_error
+from servicetest import TINY_PARAMS, assert_error, make_settings, running_app
 
 from mbn_core.training import load_training_data
-from service.jobs import JobFiles, new_job_id
+from service.jobs import JobFiles
 
 Digits = tuple[np.ndarray, np.ndarray]
 
 
+LIMITS = {
+    "max_queued_jobs": 3,
+    "max_train_rows": 1000,
+    "max_upload_bytes": 400_000,
+    "max_body_bytes": 65_536,
+}
+
+
+@pytest.fixture(scope="module")
+def shared(
+    tmp_path_factory: pytest.TempPathFactory, write_bundle: Callable[..., Path]
+) -> Iterator[TestClient]:
+    """One app for the many bad-input cases (which must leave it unchanged)."""
+    settings = make_settings(tmp_path_factory.mktemp("jobs"), embedded_worker=False, **LIMITS)
+    with running_app(settings, write_bundle) as client:
+        yield client
+
+
 @pytest.fixture
 def client(api: Callable[..., TestClient]) -> TestClient:
-    return api(
-        max_queued_jobs=3, max_train_rows=1000, max_upload_bytes=400_000, max_body_bytes=65_536
-    )
+    return api(**LIMITS)
 
 
 def stored_data(client: TestClient, job: dict) -> tuple[np.ndarray, np.ndarray | None]:
@@ -106,7 +123,8 @@ BAD_TRAIN_JSON: list[tuple[str, object, int, str]] = [
     [b[1:] for b in BAD_TRAIN_JSON],
     ids=[b[0] for b in BAD_TRAIN_JSON],
 )
-def test_bad_train_json(client: TestClient, body: object, status: int, message: str) -> None:
+def test_bad_train_json(shared: TestClient, body: object, status: int, message: str) -> None:
+    client = shared
     content = body if isinstance(body, str) else json.dumps(body)
     response = client.post("/train", content=content, headers={"content-type": "application/json"})
     error = assert_error(response, status)
@@ -150,8 +168,9 @@ BAD_UPLOADS: list[tuple[str, dict, dict, int, str]] = [
     ids=[b[0] for b in BAD_UPLOADS],
 )
 def test_bad_uploads(
-    client: TestClient, files: dict, data: dict, status: int, message: str
+    shared: TestClient, files: dict, data: dict, status: int, message: str
 ) -> None:
+    client = shared
     if not files:  # still send a multipart body
         response = client.post("/train", data=data, files={"other_file": ("a.csv", b"1")})
         message = "unknown form"
@@ -190,7 +209,7 @@ def test_cancel(client: TestClient) -> None:
     assert not (jobs_dir / job["id"]).exists()  # its data is gone with it
 
 
-@pytest.mark.parametrize("job_id", [new_job_id(), "not-an-id", "..%2F..%2Fetc"])
+@pytest.mark.parametrize("job_id", ["0" * 32, "not-an-id", "..%2F..%2Fetc"])
 def test_unknown_jobs_are_404(client: TestClient, job_id: str) -> None:
     assert_error(client.get(f"/jobs/{job_id}"), 404, "not_found")
     assert_error(client.post(f"/jobs/{job_id}/cancel"), 404, "not_found")

@@ -83,20 +83,6 @@ def training_pid(worker: Worker, job: Job) -> int:
     return pid
 
 
-def test_job_runs_to_a_published_model(setup: Setup, digits: Digits) -> None:
-    x, y = digits
-    job = setup.submit(x[:600], TINY_PARAMS, y[:600])
-    setup.worker()
-    done = setup.wait_status(job, {"succeeded", "failed"})
-    assert done.status == "succeeded", done.error
-    assert done.model_id == model_id_for(job.id, 1) and done.progress == 1.0
-    bundle = load_bundle(setup.settings.models_path / done.model_id)
-    assert (bundle.name, bundle.input_dim, bundle.n_clusters) == ("test", 64, 10)
-    assert setup.published == [setup.settings.models_path / done.model_id]
-    assert not (setup.settings.jobs_path / job.id).exists()  # data removed
-    assert list((setup.settings.data_dir / "staging").iterdir()) == []
-
-
 def test_cancel_stops_training_promptly(setup: Setup, digits: Digits) -> None:
     job = setup.submit(digits[0], LONG_PARAMS)
     worker = setup.worker()
@@ -172,7 +158,9 @@ def test_a_job_taken_away_is_stopped_not_finished_twice(setup: Setup, digits: Di
 
 
 def test_a_new_attempt_removes_what_a_lost_one_published(setup: Setup, digits: Digits) -> None:
-    job = setup.submit(digits[0][:300], TINY_PARAMS)
+    """... and runs the job to a published model."""
+    x, y = digits
+    job = setup.submit(x[:300], TINY_PARAMS, y[:300])
     # Attempt 1 by a worker that died after publishing its model, before recording it.
     assert setup.store.claim("dead-worker") is not None
     leftover = setup.settings.models_path / model_id_for(job.id, 1)
@@ -182,5 +170,11 @@ def test_a_new_attempt_removes_what_a_lost_one_published(setup: Setup, digits: D
     assert setup.store.recover_stale(stale_after=0.0, max_attempts=3) == [(job.id, "queued")]
     setup.worker()
     done = setup.wait_status(job, {"succeeded", "failed"})
-    assert done.status == "succeeded" and done.model_id == model_id_for(job.id, 2)
+    assert done.status == "succeeded", done.error
+    assert done.model_id == model_id_for(job.id, 2) and done.progress == 1.0
     assert sorted(p.name for p in setup.settings.models_path.iterdir()) == [done.model_id]
+    bundle = load_bundle(setup.settings.models_path / done.model_id)
+    assert (bundle.name, bundle.input_dim, bundle.n_clusters) == ("test", 64, 10)
+    assert setup.published == [setup.settings.models_path / done.model_id]  # registry told
+    assert not (setup.settings.jobs_path / job.id).exists()  # data removed
+    assert list((setup.settings.data_dir / "staging").iterdir()) == []

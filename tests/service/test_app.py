@@ -1,0 +1,72 @@
+"""The app factory and its lifespan: the documented API, embedded worker, clean shutdown."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from fastapi.testclient import TestClient
+from servicetest import make_settings, running_app, wait_for
+
+from service.jobs import JobStore
+
+Digits = tuple[np.ndarray, np.ndarray]
+LONG_PARAMS = {"n_clusterings": 3000, "hidden_layer_sizes": [16], "max_epochs": 2}
+
+
+def test_openapi_documents_the_contract(api: Callable[..., TestClient]) -> None:
+    document = api().get("/openapi.json").json()
+    assert {
+        (method.upper(), path) for path, item in document["paths"].items() for method in item
+    } == {
+        ("POST", "/embed"),
+        ("POST", "/train"),
+        ("GET", "/jobs"),
+        ("GET", "/jobs/{job_id}"),
+        ("POST", "/jobs/{job_id}/cancel"),
+        ("GET", "/models"),
+        ("GET", "/models/{model_id}"),
+        ("DELETE", "/models/{model_id}"),
+        ("GET", "/health/live"),
+        ("GET", "/health/ready"),
+        ("GET", "/metrics"),
+    }
+    train = document["paths"]["/train"]["post"]
+    assert set(train["requestBody"]["content"]) == {"application/json", "multipart/form-data"}
+    assert "202" in train["responses"] and "429" in train["responses"]
+    embed = document["paths"]["/embed"]["post"]
+    assert embed["requestBody"]["content"]["application/json"]["schema"]["title"] == (
+        "EmbedRequest"
+    )
+    assert "ErrorResponse" in document["components"]["schemas"]
+
+
+def test_shutdown_gives_the_running_job_back(
+    tmp_path: Path, digits: Digits, write_bundle: Callable[..., Path]
+) -> None:
+    settings = make_settings(tmp_path / "data", embedded_worker=True)
+    with running_app(settings, write_bundle) as client:
+        job_id = client.post(
+            "/train", json={"data": digits[0].tolist(), "params": LONG_PARAMS}
+        ).json()["id"]
+        wait_for(
+            lambda: (
+                (j := client.get(f"/jobs/{job_id}").json())["status"] == "running"
+                and j["progress"] > 0
+            ),
+            60,
+            "the job to make progress",
+        )
+        stopping = time.monotonic()
+    # The lifespan ended: its worker stopped the training and released the job at once,
+    # without counting the attempt, for the next server (or another replica) to run.
+    assert time.monotonic() - stopping < 10
+    store = JobStore(settings.db_url)
+    try:
+        job = store.require(job_id)
+        assert (job.status, job.attempts, job.worker_id) == ("queued", 0, None)
+    finally:
+        store.dispose()
+    assert (settings.jobs_path / job_id).exists()  # its data stays for the next run
