@@ -195,9 +195,15 @@ def test_model_id_defaults_to_the_directory_and_is_validated(model, tmp_path):
         save_bundle(model, tmp_path / "ok", name="")
 
 
-@pytest.mark.parametrize("good", ["a", "mnist-v2", "M_1.0", "9" * 64, new_model_id()])
+# Fixed ids only: pytest-xdist workers must collect the same test names.
+@pytest.mark.parametrize("good", ["a", "mnist-v2", "M_1.0", "9" * 64])
 def test_valid_model_ids(good):
     assert validate_model_id(good) == good
+
+
+def test_generated_model_ids_are_valid():
+    model_id = new_model_id()
+    assert validate_model_id(model_id) == model_id
 
 
 @pytest.mark.parametrize(
