@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 from types import FrameType
 
 import uvicorn
@@ -55,7 +54,9 @@ def serve(
 
 def app_from_env() -> FastAPI:
     """The app of one uvicorn worker process when ``serve`` runs several."""
-    return create_app(Settings())
+    settings = Settings()
+    configure_logging(settings.log_level)
+    return create_app(settings)
 
 
 def run_worker(settings: Settings | None = None) -> None:
@@ -70,8 +71,7 @@ def run_worker(settings: Settings | None = None) -> None:
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("signal %d: stopping the worker", signum)
-        # stop() joins nothing here: the loop below is this thread; it just sets the flags.
-        threading.Thread(target=worker.stop, daemon=True).start()
+        worker.stop()  # sets flags only: the loop below, in this thread, winds down
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
