@@ -7,7 +7,6 @@ answers.
 from __future__ import annotations
 
 import base64
-import binascii
 from collections.abc import Sequence
 
 import numpy as np
@@ -37,14 +36,10 @@ def rows_to_matrix(
     return matrix
 
 
-def b64_to_matrix(
-    data: str, *, dim: int, expected_dim: int | None, max_rows: int, what: str
+def bytes_to_matrix(
+    raw: bytes, *, dim: int, expected_dim: int | None, max_rows: int, what: str
 ) -> np.ndarray:
-    """Base64 little-endian float32, row-major -> (n, dim) float32."""
-    try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidInput(f"{what} is not valid base64") from None
+    """Little-endian float32 bytes, row-major -> (n, dim) float32."""
     row_bytes = 4 * dim
     if len(raw) == 0:
         raise InvalidInput(f"{what} is empty: send at least one row")

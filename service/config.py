@@ -135,7 +135,7 @@ class Settings(BaseSettings):
         ge=0,
         le=100_000,
         description="Fast-mode batches up to this many rows are computed on the event loop "
-        "(cheaper than a thread hop); larger ones in a thread.",
+        "(cheaper than a thread hop); larger ones in a thread, beside the loop.",
     )
     retry_after_seconds: int = Field(
         default=1,

@@ -24,16 +24,25 @@ def is_json(content_type: str | None) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
-async def parse_json(request: Request, model: type[M]) -> M:
+async def read_json_body(request: Request) -> bytes:
+    """The body of a request that must be JSON (415 for another content type, 422 empty)."""
     if not is_json(request.headers.get("content-type")):
         raise UnsupportedMediaType("send the body as application/json")
     body = await request.body()
     if not body:
         raise InvalidInput("the request body is empty; a JSON object is expected")
+    return body
+
+
+def parse_body(model: type[M], body: bytes) -> M:
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
         raise invalid_from_validation(exc) from None
+
+
+async def parse_json(request: Request, model: type[M]) -> M:
+    return parse_body(model, await read_json_body(request))
 
 
 def json_body(model: type[BaseModel], *, extra_content: dict[str, Any] | None = None) -> dict:

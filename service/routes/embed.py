@@ -10,12 +10,12 @@ from fastapi import APIRouter, Depends, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from mbn_core.bundle import Bundle, BundleError
-from service.arrays import b64_to_matrix, matrix_to_b64, rows_to_matrix
+from service.arrays import bytes_to_matrix, matrix_to_b64, rows_to_matrix
 from service.deps import GateDep, RegistryDep, SettingsDep, require_api_key
 from service.errors import NotFound
 from service.metrics import MODE_SCOPE_KEY
 from service.registry import ModelRegistry
-from service.routes._body import json_body, parse_json
+from service.routes._body import json_body, parse_body, read_json_body
 from service.schemas import EmbedRequest, EmbedResponse, error_responses
 
 router = APIRouter(tags=["embed"], dependencies=[Depends(require_api_key)])
@@ -36,37 +36,26 @@ router = APIRouter(tags=["embed"], dependencies=[Depends(require_api_key)])
 async def embed(
     request: Request, registry: RegistryDep, gate: GateDep, settings: SettingsDep
 ) -> Response:
-    req = await parse_json(request, EmbedRequest)
+    # Parsing stays on the event loop: in a thread it would hold the GIL all the same, and
+    # the hop costs a quarter of the throughput of large JSON batches. Several processes
+    # (mbn serve --workers) are what serve large JSON batches in parallel.
+    req = parse_body(EmbedRequest, await read_json_body(request))
     request.scope[MODE_SCOPE_KEY] = req.mode
     bundle = registry.lookup(req.model)
     if bundle is None:  # maybe written by another replica: rescan, off the event loop
         bundle = await run_in_threadpool(registry.get, req.model)
-    if req.inputs is not None:
-        x = rows_to_matrix(
-            req.inputs,
-            expected_dim=bundle.input_dim,
-            max_rows=settings.max_rows_per_request,
-            what="inputs",
-        )
-    else:
-        assert req.inputs_b64 is not None and req.dim is not None
-        x = b64_to_matrix(
-            req.inputs_b64,
-            dim=req.dim,
-            expected_dim=bundle.input_dim,
-            max_rows=settings.max_rows_per_request,
-            what="inputs_b64",
-        )
+    x = _matrix(req, bundle, settings.max_rows_per_request)
     want_clusters = req.return_clusters and bundle.n_clusters is not None
 
     started = time.perf_counter()
-    if req.mode == "fast":
-        if x.shape[0] <= settings.inline_fast_rows:
-            embeddings, clusters = _fast(bundle, x, want_clusters)
-        else:
-            embeddings, clusters = await run_in_threadpool(_fast, bundle, x, want_clusters)
-    else:
+    if req.mode == "exact":
         embeddings, clusters = await gate.run(lambda: _exact(registry, bundle, x, want_clusters))
+    elif x.shape[0] <= settings.inline_fast_rows:
+        # Cheaper than a thread hop.
+        embeddings, clusters = _fast(bundle, x, want_clusters)
+    else:
+        # onnxruntime releases the GIL: large batches run beside the event loop.
+        embeddings, clusters = await run_in_threadpool(_fast, bundle, x, want_clusters)
     compute_ms = (time.perf_counter() - started) * 1000.0
 
     payload: dict[str, object] = {
@@ -90,6 +79,21 @@ async def embed(
             "X-Compute-Time-Ms": f"{compute_ms:.3f}",
             "Server-Timing": f"compute;dur={compute_ms:.3f}",
         },
+    )
+
+
+def _matrix(req: EmbedRequest, bundle: Bundle, max_rows: int) -> np.ndarray:
+    if req.inputs is not None:
+        return rows_to_matrix(
+            req.inputs, expected_dim=bundle.input_dim, max_rows=max_rows, what="inputs"
+        )
+    assert req.inputs_b64 is not None and req.dim is not None
+    return bytes_to_matrix(
+        req.inputs_b64,
+        dim=req.dim,
+        expected_dim=bundle.input_dim,
+        max_rows=max_rows,
+        what="inputs_b64",
     )
 
 
