@@ -160,8 +160,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_service_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ServiceError)
-        if exc.status_code >= 500:
-            log.info("%s %s: %s", request.method, request.url.path, exc.message)
+        if exc.status_code >= 500:  # e.g. not ready: debug, health probes ask every few seconds
+            log.debug("%s %s: %s", request.method, request.url.path, exc.message)
         return error_response(exc)
 
     async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:

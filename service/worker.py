@@ -316,13 +316,13 @@ class Worker:
         try:
             load_bundle(built)  # verify before anyone can see it
         except (BundleError, OSError, ValueError) as exc:
-            self._fail(job, f"the trained bundle does not verify: {exc}")
+            self._fail(job, f"the trained bundle does not verify: {self._hide_paths(exc)}")
             return
         target = self.settings.models_path / model_id
         try:
             _move_dir(built, target)
         except OSError as exc:
-            self._fail(job, f"cannot store the model: {exc}")
+            self._fail(job, f"cannot store the model: {self._hide_paths(exc)}")
             return
         if not self.store.finish(job.id, self.worker_id, status="succeeded", model_id=model_id):
             # Cancelled (or taken over) in the last instant: the model must not exist.
@@ -339,6 +339,16 @@ class Worker:
                 self.on_model(target)
             except Exception:
                 log.exception("job %s: loading model %s into the registry failed", job.id, model_id)
+
+    def _hide_paths(self, exc: Exception) -> str:
+        """The message without the server's directories (clients read job errors)."""
+        message = str(exc)
+        for path, name in (
+            (self.settings.models_path, "<model dir>"),
+            (self.settings.data_dir, "<data dir>"),
+        ):
+            message = message.replace(str(path), name)
+        return message
 
     def _fail(self, job: Job, error: str) -> None:
         log.warning("job %s: failed: %s", job.id, error)
