@@ -32,6 +32,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -81,7 +82,7 @@ class Worker:
         settings: Settings,
         store: JobStore,
         *,
-        on_model: Any = None,
+        on_model: Callable[[Path], object] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -131,12 +132,12 @@ class Worker:
             trainproc.warm_up(self._ctx)
             log.info("worker %s ready", self.worker_id)
             while not self._stopping.is_set():
+                self._wake.clear()  # before looking: a wake-up from now on is not lost
                 self._reap()
                 self._recover_if_due()
                 if len(self._active) < self.settings.worker_concurrency and self._claim_one():
                     continue
                 self._wake.wait(self.settings.poll_interval_seconds)
-                self._wake.clear()
         finally:
             for thread in list(self._active.values()):
                 thread.join()
