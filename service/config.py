@@ -293,7 +293,3 @@ class Settings(BaseSettings):
         """The job store's SQLAlchemy URL."""
         assert self.database_url is not None
         return self.database_url
-
-    @property
-    def auth_enabled(self) -> bool:
-        return bool(self.api_keys)

@@ -15,7 +15,7 @@ def test_defaults_derive_from_the_data_dir(tmp_path: Path) -> None:
     assert settings.models_path == tmp_path / "models"
     assert settings.db_url == f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
     assert settings.jobs_path == tmp_path / "jobs"
-    assert not settings.auth_enabled
+    assert settings.api_keys == ()
 
 
 def test_environment_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
