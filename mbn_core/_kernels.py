@@ -189,6 +189,68 @@ def upper_codes(
 
 
 @njit(nogil=True, cache=True)
+def inline_postings(indptr, rows, center_codes, n_values, segments, neighbors):
+    """Copy each center row's V posting lists next to each other.
+
+    ``neighbors[segments[r, v]:segments[r, v + 1]]`` are the points sharing code
+    ``center_codes[r, v]`` in clustering v. Short lists scattered over ``rows`` cost a cache
+    miss each; laid out per row they are read as one stream.
+    """
+    n_centers, n_clusterings = center_codes.shape
+    total = 0
+    for r in range(n_centers):
+        for v in range(n_clusterings):
+            key = v * n_values + center_codes[r, v]
+            segments[r, v] = total
+            total += indptr[key + 1] - indptr[key]
+        segments[r, n_clusterings] = total
+    for r in range(n_centers):
+        for v in range(n_clusterings):
+            key = v * n_values + center_codes[r, v]
+            out = segments[r, v]
+            for p in range(indptr[key], indptr[key + 1]):
+                neighbors[out] = rows[p]
+                out += 1
+
+
+@njit(nogil=True, cache=True)
+def upper_codes_inline(
+    segments, neighbors, center_codes, centers, n_values, seed, threshold, keep_all, n_points, out
+):
+    """``upper_codes`` over inline posting lists (``inline_postings``); same result."""
+    n_clusterings = center_codes.shape[1]
+    best_count = np.zeros(n_points, np.int32)
+    count = np.zeros(n_points, np.int32)
+    out[:] = 0
+    points = np.empty(max(64, 8 * n_clusterings), np.int32)
+    for j in range(centers.shape[0]):
+        r = centers[j]
+        row = segments[r]
+        span = row[n_clusterings] - row[0]
+        if span + ROW_PAD > points.shape[0]:
+            points = np.empty(2 * (span + ROW_PAD), np.int32)
+        t = 0
+        for v in range(n_clusterings):
+            key = v * n_values + center_codes[r, v]
+            keep = keep_all or _splitmix64(seed, key) < threshold
+            s = row[v]
+            for p in range(ROW_PAD):
+                points[t + p] = neighbors[s + p]
+            for p in range(ROW_PAD, row[v + 1] - s):
+                points[t + p] = neighbors[s + p]
+            t += (row[v + 1] - s) * keep
+        for e in range(t):
+            count[points[e]] += 1
+        for e in range(t):
+            i = points[e]
+            c = count[i]
+            if c > best_count[i]:
+                best_count[i] = c
+                out[i] = j
+            count[i] = 0
+
+
+@njit(nogil=True, cache=True)
 def project_codes(codes, table, offset, out):
     """PCA of one-hot codes without building them: out[i] = sum_v table[v, codes[i, v]] - offset.
 

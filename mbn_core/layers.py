@@ -287,31 +287,66 @@ class UpperLayer:
         return self.centers.nbytes + self.center_codes.nbytes + self.seeds.nbytes
 
 
+# Posting lists are laid out per center row (see ``_kernels.inline_postings``) while they
+# average at most this many points and the copy stays under INLINE_MAX_BYTES; longer lists
+# are read in place, where they are long sequential runs anyway.
+INLINE_MAX_MEAN = 6.0
+INLINE_MAX_BYTES = 256 << 20
+
+
 @dataclass(frozen=True)
 class Postings:
     """Posting lists of a batch's previous-layer codes, located for a layer's center rows.
 
     Shared by all V clusterings of a layer: built once per layer and batch. Stored in the
     narrowest dtypes that fit, because the kernels' random reads are only cheap while these
-    arrays stay within a few megabytes of cache.
+    arrays stay within a few megabytes of cache. Either ``rows`` / ``start`` / ``length``
+    (lists read in place) or ``segments`` / ``neighbors`` (lists copied per center row) are set.
     """
 
-    rows: np.ndarray
-    start: np.ndarray
-    length: np.ndarray
     n_points: int
+    rows: np.ndarray | None = None
+    start: np.ndarray | None = None
+    length: np.ndarray | None = None
+    segments: np.ndarray | None = None
+    neighbors: np.ndarray | None = None
 
     @classmethod
-    def build(cls, codes: np.ndarray, center_codes: np.ndarray, n_values: int) -> Postings:
+    def build(
+        cls,
+        codes: np.ndarray,
+        center_codes: np.ndarray,
+        n_values: int,
+        inline: bool | None = None,
+    ) -> Postings:
+        """Invert ``codes`` and locate the lists of every center row.
+
+        ``inline`` forces a layout; None chooses by the lists' mean length and size.
+        """
         n_points = codes.shape[0]
         indptr, rows = _kernels.build_postings(codes, n_values)
-        padded = np.zeros(rows.size + _kernels.ROW_PAD, dtype=smallest_uint(max(n_points - 1, 0)))
-        padded[: rows.size] = rows
+        point_dtype = smallest_uint(max(n_points - 1, 0))
+        n_centers, n_clusterings = center_codes.shape
         start = np.empty(center_codes.shape, dtype=np.int32 if rows.size < 2**31 else np.int64)
         longest = int(np.diff(indptr).max()) if indptr.size > 1 else 0
         length = np.empty(center_codes.shape, dtype=smallest_uint(longest))
         _kernels.locate_postings(indptr, center_codes, n_values, start, length)
-        return cls(rows=padded, start=start, length=length, n_points=n_points)
+        total = int(length.sum(dtype=np.int64))
+        if inline is None:
+            inline = (
+                total <= INLINE_MAX_MEAN * n_centers * n_clusterings
+                and total * np.dtype(point_dtype).itemsize <= INLINE_MAX_BYTES
+            )
+        if inline:
+            segments = np.empty(
+                (n_centers, n_clusterings + 1), dtype=np.int32 if total < 2**31 else np.int64
+            )
+            neighbors = np.zeros(total + _kernels.ROW_PAD, dtype=point_dtype)
+            _kernels.inline_postings(indptr, rows, center_codes, n_values, segments, neighbors)
+            return cls(n_points=n_points, segments=segments, neighbors=neighbors)
+        padded = np.zeros(rows.size + _kernels.ROW_PAD, dtype=point_dtype)
+        padded[: rows.size] = rows
+        return cls(n_points=n_points, rows=padded, start=start, length=length)
 
 
 def upper_clustering_codes(
@@ -344,17 +379,28 @@ def upper_clustering_codes(
     codes : ndarray of shape (n_points,), int32
     """
     out = np.empty(postings.n_points, dtype=np.int32)
-    _kernels.upper_codes(
-        postings.rows,
-        postings.start,
-        postings.length,
-        center_codes,
-        centers,
-        n_values,
-        np.uint64(seed),
-        keep_threshold(feature_fraction),
-        feature_fraction >= 1.0,
-        postings.n_points,
-        out,
-    )
+    choice = (np.uint64(seed), keep_threshold(feature_fraction), feature_fraction >= 1.0)
+    if postings.segments is not None:
+        _kernels.upper_codes_inline(
+            postings.segments,
+            postings.neighbors,
+            center_codes,
+            centers,
+            n_values,
+            *choice,
+            postings.n_points,
+            out,
+        )
+    else:
+        _kernels.upper_codes(
+            postings.rows,
+            postings.start,
+            postings.length,
+            center_codes,
+            centers,
+            n_values,
+            *choice,
+            postings.n_points,
+            out,
+        )
     return out

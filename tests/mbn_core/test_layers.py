@@ -95,31 +95,33 @@ def test_bottom_codes_do_not_depend_on_the_batch():
     np.testing.assert_array_equal(whole, rows)
 
 
+@pytest.mark.parametrize("inline", [True, False])
 @pytest.mark.parametrize("fraction", [0.5, 0.2, 1.0])
-def test_upper_codes_match_brute_force(fraction):
+def test_upper_codes_match_brute_force(fraction, inline):
     rng = np.random.default_rng(4)
     n_values, n_clusterings = 7, 25
     codes = rng.integers(0, n_values, size=(120, n_clusterings)).astype(np.int32)
     centers = rng.choice(120, 15, replace=False).astype(np.int32)
-    postings = Postings.build(codes, codes, n_values)
+    postings = Postings.build(codes, codes, n_values, inline=inline)
     got = upper_clustering_codes(postings, codes, centers, n_values, np.uint64(99), fraction)
     want = reference_upper(codes, codes[centers], n_values, 99, fraction)
     np.testing.assert_array_equal(got, want)
 
 
-def test_upper_codes_for_new_points_use_stored_center_codes():
+@pytest.mark.parametrize("inline", [True, False])
+def test_upper_codes_for_new_points_use_stored_center_codes(inline):
     rng = np.random.default_rng(5)
     n_values, n_clusterings = 5, 30
     train = rng.integers(0, n_values, size=(80, n_clusterings)).astype(np.int32)
     center_rows = train[rng.choice(80, 12, replace=False)]
     new = rng.integers(0, n_values, size=(9, n_clusterings)).astype(np.int32)
     centers = np.arange(12, dtype=np.int32)
-    postings = Postings.build(new, center_rows, n_values)
+    postings = Postings.build(new, center_rows, n_values, inline=inline)
     got = upper_clustering_codes(postings, center_rows, centers, n_values, np.uint64(7), 0.5)
     np.testing.assert_array_equal(got, reference_upper(new, center_rows, n_values, 7, 0.5))
     singles = [
         upper_clustering_codes(
-            Postings.build(new[i : i + 1], center_rows, n_values),
+            Postings.build(new[i : i + 1], center_rows, n_values, inline=inline),
             center_rows,
             centers,
             n_values,
@@ -129,6 +131,14 @@ def test_upper_codes_for_new_points_use_stored_center_codes():
         for i in range(9)
     ]
     np.testing.assert_array_equal(got, singles)
+
+
+def test_posting_layout_follows_list_length():
+    rng = np.random.default_rng(7)
+    short = rng.integers(0, 50, size=(100, 20)).astype(np.int32)  # ~2 points per list
+    long = rng.integers(0, 3, size=(100, 20)).astype(np.int32)  # ~33 points per list
+    assert Postings.build(short, short, 50).segments is not None
+    assert Postings.build(long, long, 3).segments is None
 
 
 def test_kept_fraction_is_close_to_the_request():
