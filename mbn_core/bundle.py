@@ -338,13 +338,24 @@ class Bundle:
         """
         if self.n_clusters is None:
             raise ValueError(f"model {self.id!r} has no clustering head")
+        clusters = self.embed_with_clusters(X, mode)[1]
+        assert clusters is not None
+        return clusters
+
+    def embed_with_clusters(self, X, mode: str = "fast") -> tuple[np.ndarray, np.ndarray | None]:
+        """Embedding (float32) and cluster ids (int64; None without a head) in one pass.
+
+        Cheaper than ``embed`` then ``predict_clusters``, which would run the model twice.
+        """
         X = self._check_input(X, mode)
         if mode == "fast":
-            return self._embedder.predict_clusters(X)
+            return self._embedder.run(X)
         embedding = self.exact_model().transform(X).astype(np.float32)
+        if self.n_clusters is None:
+            return embedding, None
         assert self._centers is not None
         scores = embedding @ (-2.0 * self._centers.T) + np.sum(self._centers**2, axis=1)
-        return np.argmin(scores, axis=1).astype(np.int64)
+        return embedding, np.argmin(scores, axis=1).astype(np.int64)
 
     def exact_model(self) -> MBN:
         """The exact MBN, read from ``mbn.npz`` (hash checked again) on the first call."""

@@ -98,8 +98,8 @@ def _matrix(req: EmbedRequest, bundle: Bundle, max_rows: int) -> np.ndarray:
 
 
 def _fast(bundle: Bundle, x: np.ndarray, clusters: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    embeddings = bundle.embed(x, mode="fast")
-    return embeddings, bundle.predict_clusters(x, mode="fast") if clusters else None
+    embeddings, labels = bundle.embed_with_clusters(x, mode="fast")
+    return embeddings, labels if clusters else None
 
 
 def _exact(
@@ -107,8 +107,10 @@ def _exact(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     registry.note_exact_use(bundle)
     try:
-        embeddings = bundle.embed(x, mode="exact")
-        labels = bundle.predict_clusters(x, mode="exact") if clusters else None
+        if clusters:
+            embeddings, labels = bundle.embed_with_clusters(x, mode="exact")
+        else:
+            embeddings, labels = bundle.embed(x, mode="exact"), None
     except (BundleError, FileNotFoundError) as exc:
         # The bundle was deleted (or damaged) after it was loaded, before its exact model was.
         raise NotFound(f"model {bundle.id} is no longer available in exact mode: {exc}") from None

@@ -83,6 +83,16 @@ def test_cluster_head_round_trip(model, saved, digits):
     )
 
 
+@pytest.mark.parametrize("mode", ["fast", "exact"])
+def test_embed_with_clusters_is_embed_and_predict_in_one_pass(saved, digits, mode):
+    X = digits[0][:50]
+    bundle = load_bundle(saved)
+    embedding, clusters = bundle.embed_with_clusters(X, mode=mode)
+    np.testing.assert_array_equal(embedding, bundle.embed(X, mode=mode))
+    np.testing.assert_array_equal(clusters, bundle.predict_clusters(X, mode=mode))
+    assert clusters.dtype == np.int64
+
+
 def test_manifest_describes_the_model(model, saved):
     manifest = json.loads((saved / MANIFEST).read_text())
     assert manifest["format"] == "mbn-bundle"
@@ -137,6 +147,10 @@ def test_without_head(digits, tmp_path):
     assert bundle.n_clusters is None
     with pytest.raises(ValueError, match="no clustering head"):
         bundle.predict_clusters(X[:2])
+    for mode in ("fast", "exact"):
+        embedding, clusters = bundle.embed_with_clusters(X[:2], mode=mode)
+        assert embedding.shape == (2, bundle.output_dim)
+        assert clusters is None
 
 
 # ---------------------------------------------------------------------- writing
