@@ -189,33 +189,49 @@ def upper_codes(
 
 
 @njit(nogil=True, cache=True)
-def inline_postings(indptr, rows, center_codes, n_values, segments, neighbors):
+def inline_postings(indptr, rows, center_codes, n_values, skip_self, segments, neighbors):
     """Copy each center row's V posting lists next to each other.
 
     ``neighbors[segments[r, v]:segments[r, v + 1]]`` are the points sharing code
     ``center_codes[r, v]`` in clustering v. Short lists scattered over ``rows`` cost a cache
-    miss each; laid out per row they are read as one stream.
+    miss each; laid out per row they are read as one stream. With ``skip_self`` (the center
+    rows are the batch's own points, as in training) a row leaves itself out of its lists:
+    it is in every one of them, and the kernel counts it directly.
     """
     n_centers, n_clusterings = center_codes.shape
+    own = 1 if skip_self else 0
     total = 0
     for r in range(n_centers):
         for v in range(n_clusterings):
             key = v * n_values + center_codes[r, v]
             segments[r, v] = total
-            total += indptr[key + 1] - indptr[key]
+            total += indptr[key + 1] - indptr[key] - own
         segments[r, n_clusterings] = total
     for r in range(n_centers):
         for v in range(n_clusterings):
             key = v * n_values + center_codes[r, v]
             out = segments[r, v]
             for p in range(indptr[key], indptr[key + 1]):
-                neighbors[out] = rows[p]
+                point = rows[p]
+                if skip_self and point == r:
+                    continue
+                neighbors[out] = point
                 out += 1
 
 
 @njit(nogil=True, cache=True)
 def upper_codes_inline(
-    segments, neighbors, center_codes, centers, n_values, seed, threshold, keep_all, n_points, out
+    segments,
+    neighbors,
+    center_codes,
+    centers,
+    n_values,
+    seed,
+    threshold,
+    keep_all,
+    skip_self,
+    n_points,
+    out,
 ):
     """``upper_codes`` over inline posting lists (``inline_postings``); same result."""
     n_clusterings = center_codes.shape[1]
@@ -230,6 +246,7 @@ def upper_codes_inline(
         if span + ROW_PAD > points.shape[0]:
             points = np.empty(2 * (span + ROW_PAD), np.int32)
         t = 0
+        n_kept = 0
         for v in range(n_clusterings):
             key = v * n_values + center_codes[r, v]
             keep = keep_all or _splitmix64(seed, key) < threshold
@@ -239,6 +256,11 @@ def upper_codes_inline(
             for p in range(ROW_PAD, row[v + 1] - s):
                 points[t + p] = neighbors[s + p]
             t += (row[v + 1] - s) * keep
+            n_kept += keep
+        if skip_self and n_kept > best_count[r]:
+            # The center's own point shares every kept code with it.
+            best_count[r] = n_kept
+            out[r] = j
         for e in range(t):
             count[points[e]] += 1
         for e in range(t):

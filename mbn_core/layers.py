@@ -305,6 +305,7 @@ class Postings:
     """
 
     n_points: int
+    centers_are_points: bool = False
     rows: np.ndarray | None = None
     start: np.ndarray | None = None
     length: np.ndarray | None = None
@@ -318,10 +319,13 @@ class Postings:
         center_codes: np.ndarray,
         n_values: int,
         inline: bool | None = None,
+        centers_are_points: bool = False,
     ) -> Postings:
         """Invert ``codes`` and locate the lists of every center row.
 
         ``inline`` forces a layout; None chooses by the lists' mean length and size.
+        ``centers_are_points`` says that center row r is the batch's point r (training: the
+        centers are training points), which the inline layout uses to skip self matches.
         """
         n_points = codes.shape[0]
         indptr, rows = _kernels.build_postings(codes, n_values)
@@ -342,8 +346,15 @@ class Postings:
                 (n_centers, n_clusterings + 1), dtype=np.int32 if total < 2**31 else np.int64
             )
             neighbors = np.zeros(total + _kernels.ROW_PAD, dtype=point_dtype)
-            _kernels.inline_postings(indptr, rows, center_codes, n_values, segments, neighbors)
-            return cls(n_points=n_points, segments=segments, neighbors=neighbors)
+            _kernels.inline_postings(
+                indptr, rows, center_codes, n_values, centers_are_points, segments, neighbors
+            )
+            return cls(
+                n_points=n_points,
+                centers_are_points=centers_are_points,
+                segments=segments,
+                neighbors=neighbors,
+            )
         padded = np.zeros(rows.size + _kernels.ROW_PAD, dtype=point_dtype)
         padded[: rows.size] = rows
         return cls(n_points=n_points, rows=padded, start=start, length=length)
@@ -388,6 +399,7 @@ def upper_clustering_codes(
             centers,
             n_values,
             *choice,
+            postings.centers_are_points,
             postings.n_points,
             out,
         )

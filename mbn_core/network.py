@@ -317,7 +317,7 @@ class MBN(TransformerMixin, BaseEstimator):
         fraction = self._upper_fraction()
         centers = np.stack([rng.choice(n_samples, k, replace=False) for _ in range(V)])
         seeds = rng.randint(0, 2**63, size=V, dtype=np.int64).astype(np.uint64)
-        postings = Postings.build(codes, codes, n_values)
+        postings = Postings.build(codes, codes, n_values, centers_are_points=True)
         centers32 = centers.astype(np.int32)
 
         def encode(v: int) -> np.ndarray:

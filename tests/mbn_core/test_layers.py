@@ -95,14 +95,17 @@ def test_bottom_codes_do_not_depend_on_the_batch():
     np.testing.assert_array_equal(whole, rows)
 
 
+@pytest.mark.parametrize("centers_are_points", [True, False])
 @pytest.mark.parametrize("inline", [True, False])
 @pytest.mark.parametrize("fraction", [0.5, 0.2, 1.0])
-def test_upper_codes_match_brute_force(fraction, inline):
+def test_upper_codes_match_brute_force(fraction, inline, centers_are_points):
     rng = np.random.default_rng(4)
     n_values, n_clusterings = 7, 25
     codes = rng.integers(0, n_values, size=(120, n_clusterings)).astype(np.int32)
     centers = rng.choice(120, 15, replace=False).astype(np.int32)
-    postings = Postings.build(codes, codes, n_values, inline=inline)
+    postings = Postings.build(
+        codes, codes, n_values, inline=inline, centers_are_points=centers_are_points
+    )
     got = upper_clustering_codes(postings, codes, centers, n_values, np.uint64(99), fraction)
     want = reference_upper(codes, codes[centers], n_values, 99, fraction)
     np.testing.assert_array_equal(got, want)
