@@ -273,6 +273,136 @@ def upper_codes_inline(
 
 
 @njit(nogil=True, cache=True)
+def batch_key_postings(codes, center_codes, n_values):
+    """Invert ``center_codes`` for just the keys that occur in the small batch ``codes``.
+
+    Returns ``point_keys`` (slot of each point's key ``v * n_values + codes[i, v]``),
+    ``indptr`` and ``rows``: the center rows whose code equals the point's in clustering v
+    are ``rows[indptr[s]:indptr[s + 1]]`` for ``s = point_keys[i, v]``, in increasing order.
+    One pass over ``center_codes``, whatever the number of centers per clustering.
+    """
+    n_points, n_clusterings = codes.shape
+    slot = np.full(n_clusterings * n_values, -1, np.int32)
+    point_keys = np.empty((n_points, n_clusterings), np.int32)
+    n_slots = 0
+    for i in range(n_points):
+        for v in range(n_clusterings):
+            key = v * n_values + np.int64(codes[i, v])
+            if slot[key] < 0:
+                slot[key] = n_slots
+                n_slots += 1
+            point_keys[i, v] = slot[key]
+    indptr = np.zeros(n_slots + 1, np.int64)
+    n_rows = center_codes.shape[0]
+    for r in range(n_rows):
+        for v in range(n_clusterings):
+            s = slot[v * n_values + np.int64(center_codes[r, v])]
+            if s >= 0:
+                indptr[s + 1] += 1
+    for s in range(n_slots):
+        indptr[s + 1] += indptr[s]
+    fill = indptr[:-1].copy()
+    rows = np.empty(indptr[n_slots], np.int32)
+    for r in range(n_rows):
+        for v in range(n_clusterings):
+            s = slot[v * n_values + np.int64(center_codes[r, v])]
+            if s >= 0:
+                rows[fill[s]] = r
+                fill[s] += 1
+    return point_keys, indptr, rows
+
+
+@njit(nogil=True, cache=True)
+def upper_codes_by_point(
+    codes, point_keys, indptr, rows, centers, n_center_rows, n_values, seed, threshold,
+    keep_all, out,
+):  # fmt: skip
+    """``upper_codes`` organised per point over ``batch_key_postings``; same result.
+
+    The cost is about k + (shared codes) per point instead of k * V per clustering, which
+    is what a request of a few rows wants.
+    """
+    n_points, n_clusterings = codes.shape
+    k = centers.shape[0]
+    local = np.full(n_center_rows, -1, np.int32)
+    for j in range(k):
+        local[centers[j]] = j
+    count = np.zeros(k, np.int32)
+    for i in range(n_points):
+        for v in range(n_clusterings):
+            key = v * n_values + np.int64(codes[i, v])
+            if keep_all or _splitmix64(seed, key) < threshold:
+                s = point_keys[i, v]
+                for p in range(indptr[s], indptr[s + 1]):
+                    j = local[rows[p]]
+                    if j >= 0:
+                        count[j] += 1
+        best_count = 0
+        best = 0
+        for j in range(k):
+            c = count[j]
+            if c > best_count:
+                best_count = c
+                best = j
+            count[j] = 0
+        out[i] = best
+
+
+# Reassociation lets the dot products vectorise. The caller's rounding-error bound holds for
+# any summation order, and near ties are re-ranked exactly, so the codes do not change.
+@njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+def bottom_scores_direct(X_chosen, center_data, rows, mask, shifted, cosine, scores, sq_norms):
+    """Float32 scores of a few rows against one bottom clustering's centers.
+
+    Computes what the GEMM of ``bottom_clustering_codes`` computes (x.w - |w|^2 / 2, or the
+    cosine similarity) straight from the stored center rows, without gathering the (k, d)
+    center matrix. ``X_chosen`` is the input with the dimensions not chosen zeroed (``mask``
+    is 1 on the chosen ones); the dimensions listed in ``shifted`` take the previous
+    center's value (the random reconstruction). ``sq_norms`` receives the centers' squared
+    norms on the chosen dimensions.
+    """
+    n_points, k = scores.shape
+    d = center_data.shape[1]
+    values = np.empty(d, np.float32)
+    for j in range(k):
+        r = rows[j]
+        sq = 0.0
+        if shifted.shape[0] == 0:
+            # One pass over the stored row: the first point's score and the norm together.
+            acc = np.float32(0.0)
+            for f in range(d):
+                value = np.float32(center_data[r, f])
+                acc += X_chosen[0, f] * value
+                sq += np.float64(value * mask[f]) * np.float64(value)
+            first = acc
+            if n_points > 1:
+                for f in range(d):
+                    values[f] = np.float32(center_data[r, f])
+        else:
+            previous = rows[j - 1] if j > 0 else rows[k - 1]
+            for f in range(d):
+                values[f] = np.float32(center_data[r, f])
+            for f in shifted:
+                values[f] = np.float32(center_data[previous, f])
+            for f in range(d):
+                sq += np.float64(values[f] * mask[f]) * np.float64(values[f])
+            first = np.float32(0.0)
+            for f in range(d):
+                first += X_chosen[0, f] * values[f]
+        sq_norms[j] = sq
+        safe = np.sqrt(sq) if sq > 0 else 1.0
+        bias = np.float32(0.0) if cosine else np.float32(-0.5 * sq)
+        for i in range(n_points):
+            if i == 0:
+                acc = first
+            else:
+                acc = np.float32(0.0)
+                for f in range(d):
+                    acc += X_chosen[i, f] * values[f]
+            scores[i, j] = np.float32(acc / safe) if cosine else acc + bias
+
+
+@njit(nogil=True, cache=True)
 def project_codes(codes, table, offset, out):
     """PCA of one-hot codes without building them: out[i] = sum_v table[v, codes[i, v]] - offset.
 

@@ -361,9 +361,7 @@ class Bundle:
         """The exact MBN, read from ``mbn.npz`` (hash checked again) on the first call."""
         with self._lock:
             if self._exact is None:
-                self._exact, self._centers = _load_exact(
-                    self.path, self.manifest, self.threads
-                )
+                self._exact, self._centers = _load_exact(self.path, self.manifest, self.threads)
             return self._exact
 
     @property
@@ -458,7 +456,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise BundleError(f"{file}: not valid JSON (truncated or corrupted?): {error}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise BundleError(f"{file}: not an MBN bundle manifest (no \"format\": \"{FORMAT}\")")
+        raise BundleError(f'{file}: not an MBN bundle manifest (no "format": "{FORMAT}")')
     version = manifest.get("format_version")
     if isinstance(version, bool) or not isinstance(version, int):
         raise BundleError(f"{file}: format_version must be an integer, got {version!r}")

@@ -257,8 +257,10 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
 
         started = time.perf_counter()
         self.fidelity_ = self._measure_fidelity(
-            embedding[holdout], self.transform(X[holdout]),
-            None if labels is None else labels[holdout], rng,
+            embedding[holdout],
+            self.transform(X[holdout]),
+            None if labels is None else labels[holdout],
+            rng,
         )
         self.timings_ = {
             "mbn": mbn_seconds,
@@ -347,9 +349,7 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
             "cluster_agreement": None,
         }
         if labels is not None:
-            report["nmi_labels_exact"] = float(
-                normalized_mutual_info_score(labels, exact_clusters)
-            )
+            report["nmi_labels_exact"] = float(normalized_mutual_info_score(labels, exact_clusters))
             report["nmi_labels_fast"] = float(normalized_mutual_info_score(labels, fast_clusters))
         if self.cluster_centers_ is not None:
             agree = _nearest(exact.astype(np.float32), self.cluster_centers_) == _nearest(
@@ -499,9 +499,7 @@ def _partial_fit(mlp: MLPRegressor, X, Y) -> None:
     for warning in caught:
         if str(warning.message) == _MLP_INTERRUPTED:
             raise KeyboardInterrupt
-        warnings.warn_explicit(
-            warning.message, warning.category, warning.filename, warning.lineno
-        )
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def _kmeans(embedding: np.ndarray, n_clusters: int, seed: int) -> KMeans:

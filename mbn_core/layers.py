@@ -27,6 +27,9 @@ _TIE_MARGIN = 4.0
 # Rows per GEMM block: large enough that BLAS packs the centers rarely, small enough to
 # bound memory (rows x k float32 scores per thread).
 _BLOCK_BYTES = 16 << 20
+# Batches up to this many dense rows are scored straight from the stored center rows
+# (``bottom_codes_direct``): gathering a clustering's (k, d) centers for the GEMM costs more.
+DIRECT_MAX_ROWS = 16
 
 
 def smallest_uint(max_value: int) -> type[np.unsignedinteger]:
@@ -93,19 +96,14 @@ def bottom_clustering_codes(
     norms = np.sqrt(sq_norms)
     # The GEMM computes x.w + bias, then argmax: bias = -|w|^2 / 2 gives the nearest center.
     weights = np.empty((n_chosen + 1, n_centers), dtype=np.float32)
-    gamma = (n_chosen + 1) * _FLOAT32_EPS / (1 - (n_chosen + 1) * _FLOAT32_EPS)
     if metric == "euclidean":
         weights[:n_chosen] = center_values.T
         weights[n_chosen] = -0.5 * sq_norms
-        w_max = float(norms.max())
-        error_per_norm = (gamma + _FLOAT32_EPS) * w_max
-        error_const = (gamma + _FLOAT32_EPS) * 0.5 * w_max**2
     else:
         safe = np.where(norms > 0, norms, 1.0)
         weights[:n_chosen] = (W / safe[:, None]).T
         weights[n_chosen] = 0.0
-        error_per_norm = gamma + 2 * _FLOAT32_EPS
-        error_const = 0.0
+    error_per_norm, error_const = _error_terms(norms, n_chosen, metric)
 
     n_rows = X.shape[0]
     codes = np.empty(n_rows, dtype=np.int32)
@@ -117,7 +115,6 @@ def bottom_clustering_codes(
         gather = np.append(features, X.shape[1] - 1)
     if row_norms is None:
         row_norms = input_row_norms(X_chosen if sparse_input else np.take(X, features, axis=1))
-    near_tie = np.empty(block, dtype=np.bool_)
     for start in range(0, n_rows, block):
         stop = min(start + block, n_rows)
         if sparse_input:
@@ -127,26 +124,94 @@ def bottom_clustering_codes(
         else:
             A = np.take(X[start:stop], gather, axis=1)
             scores = A @ weights
-        x_norms = row_norms[start:stop]
-        tolerance = (_TIE_MARGIN * (error_per_norm * x_norms + error_const)).astype(np.float32)
-        best = codes[start:stop]
-        _kernels.best_scores(scores, tolerance, best, near_tie[: stop - start])
-        for i in np.flatnonzero(near_tie[: stop - start]):
-            row = scores[i]
-            candidates = np.flatnonzero(row >= row.max() - tolerance[i])
+        tolerance = _tolerance(row_norms[start:stop], error_per_norm, error_const)
+
+        def chosen_row(i: int, A=A) -> np.ndarray:
             if sparse_input:
-                x = np.asarray(A[i].toarray(), dtype=np.float64).ravel()
-            else:
-                x = A[i, :n_chosen].astype(np.float64)
-            best[i] = candidates[_exact_best(x, W[candidates], norms[candidates], metric)]
+                return np.asarray(A[i].toarray(), dtype=np.float64).ravel()
+            return A[i, :n_chosen].astype(np.float64)
+
+        best = codes[start:stop]
+        _pick_centers(scores, tolerance, chosen_row, lambda rows: W[rows], metric, best)
     return codes
 
 
-def _exact_best(x: np.ndarray, W: np.ndarray, norms: np.ndarray, metric: str) -> int:
-    """Index of the best of a few candidate centers, ranked in float64 in a fixed order."""
+def _error_terms(norms: np.ndarray, n_chosen: int, metric: str) -> tuple[float, float]:
+    """(per unit of the row's norm, constant) of the float32 score's rounding-error bound."""
+    gamma = (n_chosen + 1) * _FLOAT32_EPS / (1 - (n_chosen + 1) * _FLOAT32_EPS)
+    if metric == "euclidean":
+        w_max = float(norms.max()) if norms.size else 0.0
+        return (gamma + _FLOAT32_EPS) * w_max, (gamma + _FLOAT32_EPS) * 0.5 * w_max**2
+    return gamma + 2 * _FLOAT32_EPS, 0.0
+
+
+def _tolerance(x_norms: np.ndarray, error_per_norm: float, error_const: float) -> np.ndarray:
+    return (_TIE_MARGIN * (error_per_norm * x_norms + error_const)).astype(np.float32)
+
+
+def _pick_centers(scores, tolerance, chosen_row, candidate_values, metric, best) -> None:
+    """Best center of each row of ``scores``, re-ranking near ties exactly in float64.
+
+    ``chosen_row(i)`` is row i's input on the chosen dimensions and ``candidate_values(idx)``
+    the centers ``idx`` on them, both float64. Whichever way the scores were computed, the
+    result is the float64 nearest center (lowest index on exact ties).
+    """
+    near_tie = np.empty(scores.shape[0], dtype=np.bool_)
+    _kernels.best_scores(scores, tolerance, best, near_tie)
+    for i in np.flatnonzero(near_tie):
+        row = scores[i]
+        candidates = np.flatnonzero(row >= row.max() - tolerance[i])
+        values = candidate_values(candidates)
+        best[i] = candidates[_exact_best(chosen_row(i), values, metric)]
+
+
+def bottom_codes_direct(
+    X: np.ndarray, layer: BottomLayer, clustering: int, row_norms: np.ndarray
+) -> np.ndarray:
+    """``layer.clustering_codes`` for a few dense rows: same codes, no (k, d) center matrix.
+
+    Scores come from ``_kernels.bottom_scores_direct``, read straight from the stored center
+    rows, so a one-row request costs k * d multiply-adds per clustering instead of gathering
+    and converting every clustering's centers.
+    """
+    features = layer.features(clustering)
+    rows = layer.centers[clustering]
+    mask = np.zeros(layer.n_features, dtype=np.float32)
+    mask[features] = 1.0
+    shifted = np.zeros(0, dtype=np.intp)
+    if layer.shift_masks is not None:
+        shifted = np.flatnonzero(
+            np.unpackbits(layer.shift_masks[clustering], count=layer.n_features)
+        )
+    scores = np.empty((X.shape[0], len(rows)), dtype=np.float32)
+    sq_norms = np.empty(len(rows), dtype=np.float64)
+    X_chosen = X[:, : layer.n_features] * mask
+    _kernels.bottom_scores_direct(
+        X_chosen, layer.center_data, rows, mask, shifted, layer.metric == "cosine", scores, sq_norms
+    )
+    error_per_norm, error_const = _error_terms(np.sqrt(sq_norms), len(features), layer.metric)
+    codes = np.empty(X.shape[0], dtype=np.int32)
+    _pick_centers(
+        scores,
+        _tolerance(row_norms, error_per_norm, error_const),
+        lambda i: X[i, features].astype(np.float64),
+        lambda idx: layer.center_values(clustering, idx).astype(np.float64),
+        layer.metric,
+        codes,
+    )
+    return codes
+
+
+def _exact_best(x: np.ndarray, W: np.ndarray, metric: str) -> int:
+    """Index of the best of a few candidate centers, ranked in float64 in a fixed order.
+
+    Computed from the candidates' rows alone (norms included), so every scoring path that
+    proposes the same candidates gets the same answer.
+    """
     if metric == "euclidean":
         distances = ((W - x) ** 2).sum(axis=1)
         return int(np.argmin(distances))
+    norms = np.sqrt((W * W).sum(axis=1))
     similarity = (W * x).sum(axis=1)
     similarity = np.divide(similarity, norms, out=np.zeros_like(similarity), where=norms > 0)
     return int(np.argmax(similarity))
@@ -209,24 +274,39 @@ class BottomLayer:
         bits = np.unpackbits(self.feature_masks[clustering], count=self.n_features)
         return np.flatnonzero(bits)
 
-    def center_values(self, clustering: int) -> np.ndarray:
-        """The (k, d_chosen) float32 centers of one clustering, reconstruction applied."""
+    def center_values(self, clustering: int, subset: np.ndarray | None = None) -> np.ndarray:
+        """The (k, d_chosen) float32 centers of one clustering, reconstruction applied.
+
+        ``subset`` selects some of the k centers (by index) without building the others.
+        """
         features = self.features(clustering)
         rows = self.centers[clustering]
+        index = np.arange(len(rows)) if subset is None else np.asarray(subset)
+        values = self._values(rows[index], features)
+        if self.shift_masks is not None:
+            shifted = np.unpackbits(self.shift_masks[clustering], count=self.n_features)
+            local = np.flatnonzero(shifted[features])
+            # Reconstruction: a shifted dimension takes the previous center's value.
+            previous = self._values(rows[(index - 1) % len(rows)], features[local])
+            values[:, local] = previous
+        return values
+
+    def _values(self, rows: np.ndarray, features: np.ndarray) -> np.ndarray:
         if isinstance(self.center_data, sp.csr_matrix):
             values = self.center_data[rows][:, features].toarray()
         else:
             values = self.center_data[np.ix_(rows, features)]
-        values = np.asarray(values, dtype=np.float32)
-        if self.shift_masks is not None:
-            shifted = np.unpackbits(self.shift_masks[clustering], count=self.n_features)
-            local = np.flatnonzero(shifted[features])
-            values[:, local] = np.roll(values[:, local], 1, axis=0)
-        return values
+        return np.asarray(values, dtype=np.float32)
 
     def clustering_codes(
         self, X: np.ndarray | sp.csr_matrix, clustering: int, row_norms: np.ndarray
     ) -> np.ndarray:
+        if (
+            X.shape[0] <= DIRECT_MAX_ROWS
+            and not sp.issparse(X)
+            and not sp.issparse(self.center_data)
+        ):
+            return bottom_codes_direct(X, self, clustering, row_norms)
         return bottom_clustering_codes(
             X, self.features(clustering), self.center_values(clustering), self.metric, row_norms
         )
@@ -360,8 +440,45 @@ class Postings:
         return cls(n_points=n_points, rows=padded, start=start, length=length)
 
 
+@dataclass(frozen=True)
+class PointPostings:
+    """The center rows sharing each code of a small batch (``_kernels.batch_key_postings``).
+
+    The layout for a few rows (a request): one pass over the center codes per layer, then
+    each clustering costs about k + (shared codes) per point instead of k * V.
+    """
+
+    n_points: int
+    n_center_rows: int
+    codes: np.ndarray
+    point_keys: np.ndarray
+    indptr: np.ndarray
+    rows: np.ndarray
+
+    @classmethod
+    def build(cls, codes: np.ndarray, center_codes: np.ndarray, n_values: int) -> PointPostings:
+        point_keys, indptr, rows = _kernels.batch_key_postings(codes, center_codes, n_values)
+        return cls(
+            n_points=codes.shape[0],
+            n_center_rows=center_codes.shape[0],
+            codes=codes,
+            point_keys=point_keys,
+            indptr=indptr,
+            rows=rows,
+        )
+
+    @staticmethod
+    def cheaper(
+        n_points: int, n_center_rows: int, n_values: int, k: int, V: int, fraction: float
+    ) -> bool:
+        """Whether this layout beats ``Postings`` for a batch (estimated work per clustering)."""
+        per_point = V + fraction * V * n_center_rows / n_values + k
+        per_center = V * (1 + fraction * n_points / n_values)
+        return n_points * per_point < k * per_center
+
+
 def upper_clustering_codes(
-    postings: Postings,
+    postings: Postings | PointPostings,
     center_codes: np.ndarray,
     centers: np.ndarray,
     n_values: int,
@@ -372,8 +489,9 @@ def upper_clustering_codes(
 
     Parameters
     ----------
-    postings : Postings
-        The batch's previous-layer codes, inverted (``Postings.build``).
+    postings : Postings or PointPostings
+        The batch's previous-layer codes, inverted (``Postings.build``), or the center rows
+        sharing each of them (``PointPostings.build``, for small batches).
     center_codes : ndarray of shape (n_center_rows, V_prev), unsigned int
         Previous-layer codes of the candidate center rows.
     centers : ndarray of shape (k,), int32
@@ -391,7 +509,19 @@ def upper_clustering_codes(
     """
     out = np.empty(postings.n_points, dtype=np.int32)
     choice = (np.uint64(seed), keep_threshold(feature_fraction), feature_fraction >= 1.0)
-    if postings.segments is not None:
+    if isinstance(postings, PointPostings):
+        _kernels.upper_codes_by_point(
+            postings.codes,
+            postings.point_keys,
+            postings.indptr,
+            postings.rows,
+            centers,
+            postings.n_center_rows,
+            n_values,
+            *choice,
+            out,
+        )
+    elif postings.segments is not None:
         _kernels.upper_codes_inline(
             postings.segments,
             postings.neighbors,

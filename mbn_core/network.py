@@ -20,6 +20,7 @@ from threadpoolctl import threadpool_limits
 from mbn_core import _kernels
 from mbn_core.layers import (
     BottomLayer,
+    PointPostings,
     Postings,
     UpperLayer,
     compact_values,
@@ -495,7 +496,19 @@ class _LayerRunner:
 
 def _encode_upper(codes, layer: UpperLayer, runner: _LayerRunner, index: int) -> np.ndarray:
     center_codes = layer.center_codes
-    postings = Postings.build(codes, center_codes, layer.n_values)
+    n_clusterings = len(layer.centers)
+    postings: Postings | PointPostings
+    if PointPostings.cheaper(
+        codes.shape[0],
+        center_codes.shape[0],
+        layer.n_values,
+        layer.n_centers,
+        n_clusterings,
+        layer.feature_fraction,
+    ):
+        postings = PointPostings.build(codes, center_codes, layer.n_values)
+    else:
+        postings = Postings.build(codes, center_codes, layer.n_values)
     centers = layer.centers.astype(np.int32)
 
     def encode(v: int) -> np.ndarray:
@@ -509,7 +522,7 @@ def _encode_upper(codes, layer: UpperLayer, runner: _LayerRunner, index: int) ->
         )
 
     return runner.run_layer(
-        index, len(centers), encode, codes.shape[0], smallest_uint(layer.n_centers - 1)
+        index, n_clusterings, encode, codes.shape[0], smallest_uint(layer.n_centers - 1)
     )
 
 

@@ -87,9 +87,7 @@ class TrainingParams:
     )
     k_max: int | None = field(default=2000, metadata=_help("cap on bottom-layer centers"))
     metric: str = field(default="euclidean", metadata=_help("euclidean or cosine"))
-    shift_fraction: float = field(
-        default=0.0, metadata=_help("random reconstruction fraction (r)")
-    )
+    shift_fraction: float = field(default=0.0, metadata=_help("random reconstruction fraction (r)"))
     random_state: int | None = field(default=0, metadata=_help("random seed"))
     n_jobs: int | None = field(default=None, metadata=_help("threads; none means every core"))
     hidden_layer_sizes: tuple[int, ...] = field(
@@ -99,9 +97,7 @@ class TrainingParams:
     batch_size: int = field(default=256, metadata=_help("MLP minibatch size"))
     learning_rate: float = field(default=1e-3, metadata=_help("Adam learning rate"))
     alpha: float = field(default=1e-5, metadata=_help("L2 penalty of the MLP"))
-    n_iter_no_change: int = field(
-        default=5, metadata=_help("early stopping patience in epochs")
-    )
+    n_iter_no_change: int = field(default=5, metadata=_help("early stopping patience in epochs"))
     tol: float = field(default=1e-4, metadata=_help("smallest validation-loss improvement"))
     validation_fraction: float = field(
         default=0.1, metadata=_help("fraction used for early stopping")
@@ -219,8 +215,9 @@ def load_training_data(path: str | os.PathLike[str]) -> tuple[Any, np.ndarray | 
         elif suffix == ".csv":
             X = _read_csv(path)
         else:
-            raise ValueError(f"{path}: unsupported format {suffix or '(no suffix)'!r}; "
-                             "use .npy, .npz or .csv")
+            raise ValueError(
+                f"{path}: unsupported format {suffix or '(no suffix)'!r}; use .npy, .npz or .csv"
+            )
     except (OSError, EOFError, zipfile.BadZipFile) as error:
         raise ValueError(f"{path}: unreadable {suffix} file: {error}") from None
     except ValueError as error:

@@ -4,11 +4,15 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from mbn_core import _kernels
+from mbn_core import MBN, _kernels
 from mbn_core.layers import (
+    DIRECT_MAX_ROWS,
+    PointPostings,
     Postings,
     bottom_clustering_codes,
+    bottom_codes_direct,
     compact_values,
+    input_row_norms,
     keep_threshold,
     upper_clustering_codes,
     with_ones_column,
@@ -93,6 +97,62 @@ def test_bottom_codes_do_not_depend_on_the_batch():
         for i in range(150)
     ]
     np.testing.assert_array_equal(whole, rows)
+
+
+@pytest.mark.parametrize("shift_fraction", [0.0, 0.3])
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+@pytest.mark.parametrize("integer_data", [True, False])
+def test_direct_bottom_codes_equal_the_gemm_path(metric, shift_fraction, integer_data):
+    # Small requests score centers straight from the stored rows; the codes must be the
+    # ones the GEMM path gives (and the float64 nearest centers), ties included.
+    rng = np.random.default_rng(6)
+    X = rng.integers(0, 4, size=(200, 12)).astype(np.float64)  # many exact ties
+    if not integer_data:
+        X = X + rng.normal(scale=0.3, size=X.shape)
+    model = MBN(
+        n_clusterings=12, ks=[40, 10], metric=metric, shift_fraction=shift_fraction,
+        random_state=0,
+    ).fit(X)  # fmt: skip
+    layer = model.bottom_layer_
+    Xw = with_ones_column(X)
+    norms = input_row_norms(X)
+    assert len(X) > DIRECT_MAX_ROWS  # layer.clustering_codes takes the GEMM path
+    for v in range(12):
+        want = layer.clustering_codes(Xw, v, norms)
+        direct = bottom_codes_direct(Xw, layer, v, norms)
+        np.testing.assert_array_equal(direct, want)
+        reference = reference_bottom(X, layer.features(v), layer.center_values(v), metric)
+        np.testing.assert_array_equal(want, reference)
+        subset = np.array([3, 0, 7])
+        np.testing.assert_array_equal(
+            layer.center_values(v, subset), layer.center_values(v)[subset]
+        )
+
+
+@pytest.mark.parametrize("fraction", [0.5, 1.0])
+def test_point_postings_match_brute_force(fraction):
+    rng = np.random.default_rng(8)
+    n_values, n_clusterings = 6, 40
+    center_rows = rng.integers(0, n_values, size=(50, n_clusterings)).astype(np.uint16)
+    new = rng.integers(0, n_values, size=(7, n_clusterings)).astype(np.uint8)
+    centers = rng.choice(50, 20, replace=False).astype(np.int32)
+    postings = PointPostings.build(new, center_rows, n_values)
+    got = upper_clustering_codes(postings, center_rows, centers, n_values, np.uint64(3), fraction)
+    want = reference_upper(new, center_rows[centers], n_values, 3, fraction)
+    np.testing.assert_array_equal(got, want)
+    # A point sharing nothing with any center gets center 0, as in the other layouts.
+    lonely = np.full((1, n_clusterings), n_values - 1, np.uint8)
+    rows = np.zeros((50, n_clusterings), np.uint16)
+    single = PointPostings.build(lonely, rows, n_values)
+    assert upper_clustering_codes(single, rows, centers, n_values, np.uint64(3), 1.0)[0] == 0
+
+
+def test_point_postings_are_chosen_for_small_batches_of_wide_layers():
+    # MNIST 60k, layer 2: 2000 centers over 4000 values, 60,000 center rows, V = 400.
+    assert PointPostings.cheaper(1, 60000, 4000, 2000, 400, 0.5)
+    assert not PointPostings.cheaper(10000, 60000, 4000, 2000, 400, 0.5)
+    # Deep layers have long lists: per-center counting wins even for one row.
+    assert not PointPostings.cheaper(1, 5734, 31, 15, 400, 0.5)
 
 
 @pytest.mark.parametrize("centers_are_points", [True, False])
