@@ -109,9 +109,7 @@ def test_manifest_describes_the_model(model, saved):
     assert manifest["fidelity"]["nmi_labels_exact"] == pytest.approx(
         model.fidelity_["nmi_labels_exact"]
     )
-    assert {"numpy", "scikit-learn", "onnxruntime", "python"} <= set(
-        manifest["library_versions"]
-    )
+    assert {"numpy", "scikit-learn", "onnxruntime", "python"} <= set(manifest["library_versions"])
     for name in (EXACT_FILE, ONNX_FILE):
         data = (saved / name).read_bytes()
         assert manifest["files"][name] == {
@@ -300,10 +298,10 @@ def test_foreign_directory(tmp_path):
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        (b"{\"format\": \"mbn-bun", "not valid JSON"),
+        (b'{"format": "mbn-bun', "not valid JSON"),
         (b"\xff\xfe\x00", "not valid JSON"),
         (b"[1, 2]", "not an MBN bundle"),
-        (b"{\"format\": \"onnx-model\", \"format_version\": 1}", "not an MBN bundle"),
+        (b'{"format": "onnx-model", "format_version": 1}', "not an MBN bundle"),
     ],
 )
 def test_foreign_or_corrupt_manifest(copy, content, message):
