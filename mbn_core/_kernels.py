@@ -78,6 +78,26 @@ def best_scores(scores, tolerance, best, near_tie):
 
 
 @njit(nogil=True, cache=True)
+def gather_rows(data, rows, columns, out):
+    """out[i, c] = data[rows[i], columns[c]] as float32 (``np.ix_`` indexing, without its cost)."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for c in range(columns.shape[0]):
+            out[i, c] = np.float32(data[r, columns[c]])
+
+
+@njit(nogil=True, cache=True)
+def squared_norms(values, out):
+    """float64 squared norms of the rows of float32 ``values``, each summed in index order."""
+    for j in range(values.shape[0]):
+        total = 0.0
+        for f in range(values.shape[1]):
+            value = np.float64(values[j, f])
+            total += value * value
+        out[j] = total
+
+
+@njit(nogil=True, cache=True)
 def build_postings(codes, n_values):
     """Invert a code matrix: for each (clustering v, value c) the rows whose code is c.
 

@@ -91,17 +91,18 @@ def bottom_clustering_codes(
     if sp.issparse(X):
         X = sp.csr_matrix(X)
     n_centers, n_chosen = center_values.shape
-    W = center_values.astype(np.float64)
-    sq_norms = np.einsum("ij,ij->i", W, W)
-    norms = np.sqrt(sq_norms)
+    center_values = np.ascontiguousarray(center_values, dtype=np.float32)
     # The GEMM computes x.w + bias, then argmax: bias = -|w|^2 / 2 gives the nearest center.
     weights = np.empty((n_chosen + 1, n_centers), dtype=np.float32)
+    sq_norms = np.empty(n_centers, dtype=np.float64)
+    _kernels.squared_norms(center_values, sq_norms)
+    norms = np.sqrt(sq_norms)
     if metric == "euclidean":
         weights[:n_chosen] = center_values.T
         weights[n_chosen] = -0.5 * sq_norms
     else:
         safe = np.where(norms > 0, norms, 1.0)
-        weights[:n_chosen] = (W / safe[:, None]).T
+        weights[:n_chosen] = (center_values.astype(np.float64) / safe[:, None]).T
         weights[n_chosen] = 0.0
     error_per_norm, error_const = _error_terms(norms, n_chosen, metric)
 
@@ -132,7 +133,14 @@ def bottom_clustering_codes(
             return A[i, :n_chosen].astype(np.float64)
 
         best = codes[start:stop]
-        _pick_centers(scores, tolerance, chosen_row, lambda rows: W[rows], metric, best)
+        _pick_centers(
+            scores,
+            tolerance,
+            chosen_row,
+            lambda rows: center_values[rows].astype(np.float64),
+            metric,
+            best,
+        )
     return codes
 
 
@@ -294,9 +302,10 @@ class BottomLayer:
     def _values(self, rows: np.ndarray, features: np.ndarray) -> np.ndarray:
         if isinstance(self.center_data, sp.csr_matrix):
             values = self.center_data[rows][:, features].toarray()
-        else:
-            values = self.center_data[np.ix_(rows, features)]
-        return np.asarray(values, dtype=np.float32)
+            return np.asarray(values, dtype=np.float32)
+        out = np.empty((len(rows), len(features)), dtype=np.float32)
+        _kernels.gather_rows(self.center_data, rows, features, out)
+        return out
 
     def clustering_codes(
         self, X: np.ndarray | sp.csr_matrix, clustering: int, row_norms: np.ndarray
