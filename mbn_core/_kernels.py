@@ -143,6 +143,21 @@ def locate_postings(indptr, center_codes, n_values, start, length):
 ROW_PAD = 4
 
 
+@njit(inline="always")
+def _count_and_select(points, n, count, best_count, out, j):
+    """Count how often each point occurs in ``points[:n]`` (its codes shared with center j),
+    and make j the point's center where that beats its best so far (ties keep the lower j)."""
+    for e in range(n):
+        count[points[e]] += 1
+    for e in range(n):
+        i = points[e]
+        c = count[i]
+        if c > best_count[i]:
+            best_count[i] = c
+            out[i] = j
+        count[i] = 0
+
+
 @njit(nogil=True, cache=True)
 def upper_codes(
     rows, start, length, center_codes, centers, n_values, seed, threshold, keep_all, n_points, out
@@ -197,15 +212,7 @@ def upper_codes(
                 for p in range(ROW_PAD, range_length[q]):
                     points[t + p] = rows[s + p]
                 t += range_length[q]
-            for t in range(total):
-                count[points[t]] += 1
-            for t in range(total):
-                i = points[t]
-                c = count[i]
-                if c > best_count[i]:
-                    best_count[i] = c
-                    out[i] = j
-                count[i] = 0
+            _count_and_select(points, total, count, best_count, out, j)
 
 
 @njit(nogil=True, cache=True)
@@ -281,15 +288,7 @@ def upper_codes_inline(
             # The center's own point shares every kept code with it.
             best_count[r] = n_kept
             out[r] = j
-        for e in range(t):
-            count[points[e]] += 1
-        for e in range(t):
-            i = points[e]
-            c = count[i]
-            if c > best_count[i]:
-                best_count[i] = c
-                out[i] = j
-            count[i] = 0
+        _count_and_select(points, t, count, best_count, out, j)
 
 
 @njit(nogil=True, cache=True)

@@ -140,6 +140,16 @@ def wait_for_job(client: httpx.Client, job_id: str, statuses: set[str], timeout:
     return wait_for(done, timeout, f"job {job_id} to reach {sorted(statuses)}")
 
 
+def wait_for_progress(client: httpx.Client, job_id: str, timeout: float = 60) -> dict:
+    """Poll until the job runs and has reported progress; return it."""
+
+    def running() -> dict | None:
+        job = client.get(f"/jobs/{job_id}").json()
+        return job if job["status"] == "running" and job["progress"] > 0 else None
+
+    return wait_for(running, timeout, f"job {job_id} to make progress")
+
+
 def assert_error(response: Any, status: int, error_type: str | None = None) -> dict[str, str]:
     """The response is the one error shape with this status (and type)."""
     assert response.status_code == status, response.text

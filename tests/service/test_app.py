@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 from fastapi.testclient import TestClient
-from servicetest import make_settings, running_app, wait_for
+from servicetest import make_settings, running_app, wait_for_progress
 
 from service.jobs import JobStore
 
@@ -51,14 +51,7 @@ def test_shutdown_gives_the_running_job_back(
         job_id = client.post(
             "/train", json={"data": digits[0].tolist(), "params": LONG_PARAMS}
         ).json()["id"]
-        wait_for(
-            lambda: (
-                (j := client.get(f"/jobs/{job_id}").json())["status"] == "running"
-                and j["progress"] > 0
-            ),
-            60,
-            "the job to make progress",
-        )
+        wait_for_progress(client, job_id)
         stopping = time.monotonic()
     # The lifespan ended: its worker stopped the training and released the job at once,
     # without counting the attempt, for the next server (or another replica) to run.

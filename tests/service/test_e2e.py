@@ -15,7 +15,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from servicetest import FAST_JOBS_ENV, TINY_PARAMS, Process, Server, wait_for, wait_for_job
+from servicetest import (
+    FAST_JOBS_ENV,
+    TINY_PARAMS,
+    Process,
+    Server,
+    wait_for,
+    wait_for_job,
+    wait_for_progress,
+)
 
 log = logging.getLogger(__name__)
 Digits = tuple[np.ndarray, np.ndarray]
@@ -106,14 +114,7 @@ def test_cancel_a_running_job(server: Server, digits: Digits) -> None:
     with server.client() as client:
         job = client.post("/train", json={"data": digits[0].tolist(), "params": LONG_PARAMS})
         job_id = job.json()["id"]
-        wait_for(
-            lambda: (
-                (j := client.get(f"/jobs/{job_id}").json())["status"] == "running"
-                and j["progress"] > 0
-            ),
-            60,
-            "the long job to make progress",
-        )
+        wait_for_progress(client, job_id)
         models_before = {m["id"] for m in client.get("/models").json()["models"]}
         response = client.post(f"/jobs/{job_id}/cancel")
         assert response.status_code == 200 and response.json()["status"] == "cancelled"
@@ -145,14 +146,7 @@ def test_a_job_survives_the_crash_of_its_server(
         job_id = client.post(
             "/train", json={"data": digits[0].tolist(), "params": MEDIUM_PARAMS}
         ).json()["id"]
-        wait_for(
-            lambda: (
-                (j := client.get(f"/jobs/{job_id}").json())["status"] == "running"
-                and j["progress"] > 0
-            ),
-            60,
-            "the job to make progress",
-        )
+        wait_for_progress(client, job_id)
     # Killed mid-job: the job stays "running" with a heartbeat that stops...
     first.stop(signal.SIGKILL)
 

@@ -16,6 +16,7 @@ from servicetest import (
     Server,
     wait_for,
     wait_for_job,
+    wait_for_progress,
 )
 
 Digits = tuple[np.ndarray, np.ndarray]
@@ -79,13 +80,7 @@ def test_two_apis_two_workers(
 
         # Cancel through B a job A accepted and a worker process runs.
         long_id = a.post("/train", json={"data": x.tolist(), "params": LONG_PARAMS}).json()["id"]
-        wait_for(
-            lambda: (
-                (j := b.get(f"/jobs/{long_id}").json())["status"] == "running" and j["progress"] > 0
-            ),
-            60,
-            "the long job to run",
-        )
+        wait_for_progress(b, long_id)
         assert b.post(f"/jobs/{long_id}/cancel").json()["status"] == "cancelled"
         wait_for(
             lambda: f"job {long_id}: no longer ours" in "".join(w.log_tail(200) for w in workers),
