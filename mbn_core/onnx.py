@@ -1,12 +1,14 @@
 """ONNX export of a compressive MBN's fast path and an onnxruntime embedder for it.
 
 The graph takes ``input`` (float32, n x d) and answers ``embedding`` (float32, n x c) and,
-with a clustering head, ``cluster`` (int64, n): input scaling and the MLP as skl2onnx
-converts them, then the inverse target scaling and the nearest k-means centroid.
+with a clustering head, ``cluster`` (int64, n): input centring, the MLP as skl2onnx converts
+it (the input scale folded into its first layer), then the inverse target scaling and the
+nearest k-means centroid.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 
@@ -15,7 +17,8 @@ import onnx
 import onnxruntime as ort
 import scipy.sparse as sp
 from onnx import TensorProto, helper, numpy_helper
-from sklearn.pipeline import Pipeline
+from sklearn.neural_network import MLPRegressor
+from sklearn.preprocessing import StandardScaler
 from sklearn.utils.validation import check_is_fitted
 
 from mbn_core.compress import CompressiveMBN
@@ -25,7 +28,8 @@ log = logging.getLogger(__name__)
 INPUT = "input"
 EMBEDDING = "embedding"
 CLUSTER = "cluster"
-# Opset 17 runs on every onnxruntime of the last few years; ai.onnx.ml 3 has Scaler.
+# Opset 17 runs on every onnxruntime of the last few years; ai.onnx.ml 3 has the Scaler
+# of bundles exported before the scale was folded into the first layer.
 TARGET_OPSET = {"": 17, "ai.onnx.ml": 3}
 _DOMAINS = ("", "ai.onnx.ml")
 # Rows per session run: bounds the activations held at once for very large batches.
@@ -53,9 +57,9 @@ def to_onnx(model: CompressiveMBN) -> onnx.ModelProto:
 
     check_is_fitted(model)
     n_in, n_out = int(model.n_features_in_), int(model.n_components_)
-    pipeline = Pipeline([("scale", model.input_scaler_), ("mlp", model.mlp_)])
+    mlp, mean = _fold_input_scaling(model.input_scaler_, model.mlp_)
     proto = convert_sklearn(
-        pipeline,
+        mlp,
         initial_types=[(INPUT, FloatTensorType([None, n_in]))],
         target_opset=TARGET_OPSET,
     )
@@ -66,6 +70,21 @@ def to_onnx(model: CompressiveMBN) -> onnx.ModelProto:
     def constant(name: str, value: np.ndarray) -> str:
         graph.initializer.append(numpy_helper.from_array(value, name=name))
         return name
+
+    if mean is not None:
+        # Centre first, in float32 as the Scaler did: folding the mean into the bias instead
+        # would cancel large terms for inputs far from the origin.
+        for node in graph.node:
+            node.input[:] = ["mbn_centered" if name == INPUT else name for name in node.input]
+        graph.node.insert(
+            0,
+            helper.make_node(
+                "Sub",
+                [INPUT, constant("mbn_input_mean", mean.astype(np.float32))],
+                ["mbn_centered"],
+                name="mbn_center",
+            ),
+        )
 
     # skl2onnx reshapes every MLPRegressor output to (-1, 1), which flattens a multi-output
     # regressor row by row (onnx/sklearn-onnx#474); reshaping back to (-1, n_out) undoes it
@@ -235,6 +254,23 @@ class OnnxEmbedder:
         if not np.isfinite(values).all():
             raise ValueError("X contains NaN or infinity")
         return X
+
+
+def _fold_input_scaling(
+    scaler: StandardScaler, mlp: MLPRegressor
+) -> tuple[MLPRegressor, np.ndarray | None]:
+    """A copy of ``mlp`` whose first layer divides by the scaler's scale, and the mean to
+    subtract before it (None when the scaler does not centre).
+
+    ai.onnx.ml's Scaler runs element by element, slower than the whole first MatMul
+    (1.4 of 3.0 ms for 256 MNIST rows); a Sub and scaled weights give the same numbers.
+    """
+    folded = copy.deepcopy(mlp)
+    scale = np.asarray(scaler.scale_, dtype=np.float64)
+    first = folded.coefs_[0]
+    folded.coefs_[0] = (first / scale[:, None]).astype(first.dtype)
+    mean = None if scaler.mean_ is None or not scaler.with_mean else np.asarray(scaler.mean_)
+    return folded, mean
 
 
 def _check_self_contained(proto: onnx.ModelProto) -> None:
