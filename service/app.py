@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from service import routes
+from service import json_rows, routes
 from service.auth import ApiKeys
 from service.config import Settings
 from service.errors import Unavailable, install_error_handlers
@@ -103,6 +103,7 @@ class Runtime:
 
     def first_scan(self) -> None:
         """Load every bundle; queue the demo model's training when there are none."""
+        json_rows.warm_up()  # compiled before ready, not in the first request
         self.registry.rescan()
         log.info("%d model(s) loaded", len(self.registry))
         if len(self.registry) == 0 and self.settings.demo_model:

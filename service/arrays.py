@@ -36,6 +36,18 @@ def rows_to_matrix(
     return matrix
 
 
+def check_parsed_rows(
+    matrix: np.ndarray, *, expected_dim: int | None, max_rows: int, what: str
+) -> np.ndarray:
+    """The checks of ``rows_to_matrix`` for rows already parsed into a non-empty float32
+    matrix (``service.json_rows``)."""
+    if matrix.shape[0] > max_rows:
+        raise PayloadTooLarge(f"{what} has {matrix.shape[0]} rows; at most {max_rows} per request")
+    _check_dim(matrix.shape[1], expected_dim, what)
+    _check_finite(matrix, what)
+    return matrix
+
+
 def bytes_to_matrix(
     raw: bytes, *, dim: int, expected_dim: int | None, max_rows: int, what: str
 ) -> np.ndarray:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 # A model id (mbn_core.bundle's rule) or a name given through the API: one path component,
 # never "." or "..", no separators.
@@ -18,6 +18,8 @@ MODEL_REF_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # lookups only compare them with the loaded models, never build a path from them.
 MODEL_LOOKUP_MAX = 200
 JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
+# Validation context key: the caller parsed ``inputs`` itself and validates the other fields.
+INPUTS_PARSED = "inputs_parsed"
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
@@ -69,12 +71,13 @@ class EmbedRequest(_Request):
     )
 
     @model_validator(mode="after")
-    def _one_input_form(self) -> EmbedRequest:
-        if (self.inputs is None) == (self.inputs_b64 is None):
+    def _one_input_form(self, info: ValidationInfo) -> EmbedRequest:
+        inputs_given = self.inputs is not None or bool((info.context or {}).get(INPUTS_PARSED))
+        if inputs_given == (self.inputs_b64 is not None):
             raise ValueError("give exactly one of inputs and inputs_b64")
         if self.inputs_b64 is not None and self.dim is None:
             raise ValueError("inputs_b64 needs dim, the length of a row")
-        if self.inputs is not None and self.dim is not None:
+        if inputs_given and self.dim is not None:
             raise ValueError("dim goes with inputs_b64 only")
         return self
 

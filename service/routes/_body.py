@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+import msgspec
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from service.errors import InvalidInput, UnsupportedMediaType, invalid_from_validation
 
 M = TypeVar("M", bound=BaseModel)
+
+# Top-level members as raw JSON slices: finds and checks the syntax without building values.
+_MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
 def is_json(content_type: str | None) -> bool:
@@ -34,15 +38,29 @@ async def read_json_body(request: Request) -> bytes:
     return body
 
 
-def parse_body(model: type[M], body: bytes) -> M:
+def parse_body(model: type[M], body: bytes, *, context: dict[str, Any] | None = None) -> M:
     try:
-        return model.model_validate_json(body)
+        return model.model_validate_json(body, context=context)
     except ValidationError as exc:
         raise invalid_from_validation(exc) from None
 
 
 async def parse_json(request: Request, model: type[M]) -> M:
     return parse_body(model, await read_json_body(request))
+
+
+def split_member(body: bytes, name: str) -> tuple[bytes, msgspec.Raw] | None:
+    """A JSON object body without its top-level member ``name``, and that member's raw JSON;
+    None when the body is not a JSON object holding ``name`` (the caller parses it whole)."""
+    try:
+        members = _MEMBERS.decode(body)
+    except msgspec.DecodeError:  # the general parser words the error
+        return None
+    raw = members.pop(name, None)
+    if raw is None:
+        return None
+    rest = (msgspec.json.encode(key) + b":" + bytes(value) for key, value in members.items())
+    return b"{" + b",".join(rest) + b"}", raw
 
 
 def json_body(model: type[BaseModel], *, extra_content: dict[str, Any] | None = None) -> dict:

@@ -106,6 +106,7 @@ BAD_BODIES: list[tuple[str, object, int, str]] = [
     ("string number", {"inputs": [["1", *ROW[1:]]]}, 422, "number"),
     ("boolean", {"inputs": [[True, *ROW[1:]]]}, 422, "number"),
     ("null", {"inputs": [[None, *ROW[1:]]]}, 422, "number"),
+    ("nested row", {"inputs": [[[0.0], *ROW[1:]]]}, 422, "number"),
     ("not a list", {"inputs": "abc"}, 422, "array"),
     ("unknown field", {"inputs": [ROW], "extra": 1}, 422, "Extra inputs"),
     ("bad mode", {"inputs": [ROW], "mode": "slow"}, 422, "mode"),
