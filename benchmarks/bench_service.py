@@ -4,7 +4,8 @@ Starts ``mbn serve`` (or uses ``--url``) and measures, client side:
 
 - single-vector fast ``/embed``: latency p50 / p99 (target p50 < 3 ms);
 - batches of 256 rows, fast mode: rows/s with JSON (pixels as JSON integers 0..255, and as
-  JSON floats in [0, 1]) and with base64 float32 in and out (targets >= 20,000 and >= 100,000);
+  JSON floats in [0, 1]) and with base64 float32 in and out (targets >= 20,000 and >= 100,000),
+  one request at a time, then from ``--batch-clients`` concurrent connections (throughput);
 - 32 concurrent clients sending single vectors: p50 / p99 and requests/s;
 - exact mode: latency of one row and of a batch of 16 (the full MBN; bounded pool).
 
@@ -222,16 +223,24 @@ async def concurrent_clients(
 
 def breakdown(model_path: Path, x: np.ndarray, onnx_threads: int) -> list[tuple[str, float]]:
     """Milliseconds of each step of one 256-row fast request, in process."""
+    import msgspec
+
     from mbn_core.bundle import load_bundle
     from service.arrays import bytes_to_matrix, matrix_to_b64, rows_to_matrix
-    from service.schemas import EmbedRequest
+    from service.json_rows import parse_number_rows
+    from service.routes._body import split_member
+    from service.schemas import INPUTS_PARSED, EmbedRequest
 
     bundle = load_bundle(model_path, threads=onnx_threads)
     rows = x[:256]
     json_body = json.dumps({"inputs": rows.astype(np.int64).tolist()}).encode()
+    float_body = json.dumps({"inputs": (rows / 255.0).tolist()}).encode()
     b64_body = json.dumps(
         {"inputs_b64": base64.b64encode(rows.astype("<f4").tobytes()).decode(), "dim": 784}
     ).encode()
+    split = split_member(json_body, "inputs")
+    float_split = split_member(float_body, "inputs")
+    assert split is not None and float_split is not None
 
     def best(func: Callable[[], object], repeat: int = 15) -> float:
         times = []
@@ -248,9 +257,18 @@ def breakdown(model_path: Path, x: np.ndarray, onnx_threads: int) -> list[tuple[
     matrix = rows_to_matrix(inputs, expected_dim=784, max_rows=8192, what="inputs")
     embedding = bundle.embed(matrix)
     return [
-        ("JSON body -> request model (pydantic, Rust parser)",
+        ("JSON body -> top-level members, rows as raw JSON (msgspec)",
+         best(lambda: split_member(json_body, "inputs"))),
+        ("raw JSON rows -> float32 matrix (numba), integers 0..255",
+         best(lambda: parse_number_rows(split[1]))),
+        ("raw JSON rows -> float32 matrix (numba), floats in [0, 1]",
+         best(lambda: parse_number_rows(float_split[1]))),
+        ("the other members -> request model (pydantic)",
+         best(lambda: EmbedRequest.model_validate_json(
+             split[0], context={INPUTS_PARSED: True}))),
+        ("for comparison, the general path: JSON body -> request model (pydantic)",
          best(lambda: EmbedRequest.model_validate_json(json_body))),
-        ("rows -> float32 matrix + checks",
+        ("for comparison, the general path: rows -> float32 matrix + checks",
          best(lambda: rows_to_matrix(inputs, expected_dim=784, max_rows=8192, what="inputs"))),
         ("base64 body -> request model (decodes the base64)",
          best(lambda: EmbedRequest.model_validate_json(b64_body))),
@@ -258,7 +276,8 @@ def breakdown(model_path: Path, x: np.ndarray, onnx_threads: int) -> list[tuple[
          best(lambda: bytes_to_matrix(inputs_b64, dim=784, expected_dim=784, max_rows=8192,
                                       what="x"))),
         ("ONNX compressor (256 rows)", best(lambda: bundle.embed(matrix))),
-        ("embeddings -> JSON floats", best(lambda: json.dumps(embedding.tolist()))),
+        ("embeddings -> JSON floats (msgspec)",
+         best(lambda: msgspec.json.encode(embedding.tolist()))),
         ("embeddings -> base64", best(lambda: matrix_to_b64(embedding))),
     ]  # fmt: skip
 
@@ -279,7 +298,11 @@ def main() -> None:
     parser.add_argument("--server-workers", type=int, default=1, help="uvicorn processes")
     parser.add_argument("--requests", type=int, default=2000, help="single-vector requests")
     parser.add_argument("--batches", type=int, default=200, help="256-row requests per form")
-    parser.add_argument("--seconds", type=float, default=10.0, help="of the concurrent run")
+    parser.add_argument("--seconds", type=float, default=10.0, help="of each concurrent run")
+    parser.add_argument(
+        "--batch-clients", type=int, default=4,
+        help="concurrent connections sending 256-row batches (0: skip that measure)",
+    )  # fmt: skip
     parser.add_argument("--exact", type=int, default=30, help="exact-mode requests")
     parser.add_argument(
         "--quick", action="store_true",
@@ -309,6 +332,12 @@ def main() -> None:
         assert model_dir is not None
         proc, url = start_server(model_dir, work, args.onnx_threads, args.server_workers)
     rows: list[tuple[str, str]] = []
+    batch_forms = [
+        ("json-int", "JSON integers"),
+        ("json-float", "JSON floats"),
+        ("b64", "base64 float32"),
+    ]
+    batch_bodies: dict[str, list[bytes]] = {}
     try:
         with httpx.Client(base_url=url, timeout=60) as client:
             models = client.get("/models").json()
@@ -337,12 +366,10 @@ def main() -> None:
                     f"(compute p50 {percentile(comp, 50):.3f} ms)",
                 )
             )
-            for form, label in (
-                ("json-int", "JSON integers"),
-                ("json-float", "JSON floats"),
-                ("b64", "base64 float32"),
-            ):
-                bodies = with_model(bodies_for(test, 256, args.batches + 5, form))
+            for form, label in batch_forms:
+                bodies = batch_bodies[form] = with_model(
+                    bodies_for(test, 256, args.batches + 5, form)
+                )
                 lat, comp = timed_requests(url, bodies, warmup=5)
                 rate = 256 * len(lat) / (sum(lat) / 1000)
                 rows.append(
@@ -377,6 +404,17 @@ def main() -> None:
                 f"({count / args.seconds:,.0f} requests/s)",
             )
         )
+        for form, label in batch_forms if args.batch_clients else ():
+            lat, count = asyncio.run(
+                concurrent_clients(url, batch_bodies[form], args.batch_clients, args.seconds)
+            )
+            rows.append(
+                (
+                    f"fast, 256 rows, {label}, {args.batch_clients} concurrent clients: rows/s",
+                    f"{256 * count / args.seconds:,.0f} rows/s "
+                    f"(p50 {percentile(lat, 50):.1f} / p99 {percentile(lat, 99):.1f} ms)",
+                )
+            )
     finally:
         if proc is not None:
             proc.send_signal(signal.SIGTERM)

@@ -216,34 +216,43 @@ def upper_codes(
 
 
 @njit(nogil=True, cache=True)
-def inline_postings(indptr, rows, center_codes, n_values, skip_self, segments, neighbors):
-    """Copy each center row's V posting lists next to each other.
+def inline_postings(indptr, rows, center_codes, n_values, segments, neighbors, begin, end):
+    """Copy the V posting lists of center rows ``begin:end`` next to each other.
 
     ``neighbors[segments[r, v]:segments[r, v + 1]]`` are the points sharing code
     ``center_codes[r, v]`` in clustering v. Short lists scattered over ``rows`` cost a cache
-    miss each; laid out per row they are read as one stream. With ``skip_self`` (the center
-    rows are the batch's own points, as in training) a row leaves itself out of its lists:
-    it is in every one of them, and the kernel counts it directly.
+    miss each; laid out per row they are read as one stream. Row ranges are independent, so
+    threads may fill disjoint ones.
     """
-    n_centers, n_clusterings = center_codes.shape
-    own = 1 if skip_self else 0
-    total = 0
-    for r in range(n_centers):
-        for v in range(n_clusterings):
-            key = v * n_values + center_codes[r, v]
-            segments[r, v] = total
-            total += indptr[key + 1] - indptr[key] - own
-        segments[r, n_clusterings] = total
-    for r in range(n_centers):
+    n_clusterings = center_codes.shape[1]
+    for r in range(begin, end):
         for v in range(n_clusterings):
             key = v * n_values + center_codes[r, v]
             out = segments[r, v]
             for p in range(indptr[key], indptr[key + 1]):
-                point = rows[p]
-                if skip_self and point == r:
-                    continue
-                neighbors[out] = point
+                neighbors[out] = rows[p]
                 out += 1
+
+
+@njit(nogil=True, cache=True)
+def inline_own_postings(indptr, rows, n_values, segments, neighbors, v_begin, v_end):
+    """``inline_postings`` when the center rows are the points themselves (training), for
+    clusterings ``v_begin:v_end``: each row's lists leave the row out (it is in every one
+    of them; the kernel counts it directly).
+
+    Walks the lists in order and scatters each to its members' segments: sequential reads
+    and scattered writes, about twice as fast as gathering a row's scattered lists.
+    """
+    for v in range(v_begin, v_end):
+        for key in range(v * n_values, (v + 1) * n_values):
+            first, last = indptr[key], indptr[key + 1]
+            for p in range(first, last):
+                member = rows[p]
+                out = segments[member, v]
+                for q in range(first, last):
+                    if q != p:
+                        neighbors[out] = rows[q]
+                        out += 1
 
 
 @njit(nogil=True, cache=True)

@@ -13,6 +13,7 @@ equals ``transform`` of each row alone, bit for bit.
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
@@ -409,12 +410,14 @@ class Postings:
         n_values: int,
         inline: bool | None = None,
         centers_are_points: bool = False,
+        pool: Executor | None = None,
     ) -> Postings:
         """Invert ``codes`` and locate the lists of every center row.
 
         ``inline`` forces a layout; None chooses by the lists' mean length and size.
         ``centers_are_points`` says that center row r is the batch's point r (training: the
         centers are training points), which the inline layout uses to skip self matches.
+        ``pool`` shares the copy of the inline layout between two of its threads.
         """
         n_points = codes.shape[0]
         indptr, rows = _kernels.build_postings(codes, n_values)
@@ -431,13 +434,32 @@ class Postings:
                 and total * np.dtype(point_dtype).itemsize <= INLINE_MAX_BYTES
             )
         if inline:
+            # Self matches are left out when the centers are the points.
+            counts = length.astype(np.int64) - (1 if centers_are_points else 0)
+            ends = np.cumsum(counts, axis=None).reshape(counts.shape)
             segments = np.empty(
                 (n_centers, n_clusterings + 1), dtype=np.int32 if total < 2**31 else np.int64
             )
-            neighbors = np.zeros(total + _kernels.ROW_PAD, dtype=point_dtype)
-            _kernels.inline_postings(
-                indptr, rows, center_codes, n_values, centers_are_points, segments, neighbors
-            )
+            segments[:, :n_clusterings] = ends - counts
+            segments[:, n_clusterings] = ends[:, -1]
+            neighbors = np.zeros(int(ends[-1, -1]) + _kernels.ROW_PAD, dtype=point_dtype)
+
+            def fill(part: tuple[int, int]) -> None:
+                if centers_are_points:
+                    _kernels.inline_own_postings(indptr, rows, n_values, segments, neighbors, *part)
+                else:
+                    _kernels.inline_postings(
+                        indptr, rows, center_codes, n_values, segments, neighbors, *part
+                    )
+
+            # Memory-latency bound: worth both cores even though it runs once per layer.
+            n_parts = n_clusterings if centers_are_points else n_centers
+            cuts = np.linspace(0, n_parts, 3 if pool is not None else 2).astype(int)
+            parts = list(zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True))
+            if pool is None:
+                fill(parts[0])
+            else:
+                list(pool.map(fill, parts))
             return cls(
                 n_points=n_points,
                 centers_are_points=centers_are_points,

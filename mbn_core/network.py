@@ -318,7 +318,7 @@ class MBN(TransformerMixin, BaseEstimator):
         fraction = self._upper_fraction()
         centers = np.stack([rng.choice(n_samples, k, replace=False) for _ in range(V)])
         seeds = rng.randint(0, 2**63, size=V, dtype=np.int64).astype(np.uint64)
-        postings = Postings.build(codes, codes, n_values, centers_are_points=True)
+        postings = Postings.build(codes, codes, n_values, centers_are_points=True, pool=runner.pool)
         centers32 = centers.astype(np.int32)
 
         def encode(v: int) -> np.ndarray:
@@ -508,7 +508,7 @@ def _encode_upper(codes, layer: UpperLayer, runner: _LayerRunner, index: int) ->
     ):
         postings = PointPostings.build(codes, center_codes, layer.n_values)
     else:
-        postings = Postings.build(codes, center_codes, layer.n_values)
+        postings = Postings.build(codes, center_codes, layer.n_values, pool=runner.pool)
     centers = layer.centers.astype(np.int32)
 
     def encode(v: int) -> np.ndarray:

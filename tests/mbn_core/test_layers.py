@@ -1,5 +1,7 @@
 """The k-centers layers against brute-force references."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -155,20 +157,44 @@ def test_point_postings_are_chosen_for_small_batches_of_wide_layers():
     assert not PointPostings.cheaper(1, 5734, 31, 15, 400, 0.5)
 
 
+@pytest.mark.parametrize("threads", [None, 2])
 @pytest.mark.parametrize("centers_are_points", [True, False])
 @pytest.mark.parametrize("inline", [True, False])
 @pytest.mark.parametrize("fraction", [0.5, 0.2, 1.0])
-def test_upper_codes_match_brute_force(fraction, inline, centers_are_points):
+def test_upper_codes_match_brute_force(fraction, inline, centers_are_points, threads):
     rng = np.random.default_rng(4)
     n_values, n_clusterings = 7, 25
     codes = rng.integers(0, n_values, size=(120, n_clusterings)).astype(np.int32)
     centers = rng.choice(120, 15, replace=False).astype(np.int32)
-    postings = Postings.build(
-        codes, codes, n_values, inline=inline, centers_are_points=centers_are_points
-    )
+    with ThreadPoolExecutor(threads or 1) as pool:
+        postings = Postings.build(
+            codes,
+            codes,
+            n_values,
+            inline=inline,
+            centers_are_points=centers_are_points,
+            pool=pool if threads else None,
+        )
     got = upper_clustering_codes(postings, codes, centers, n_values, np.uint64(99), fraction)
     want = reference_upper(codes, codes[centers], n_values, 99, fraction)
     np.testing.assert_array_equal(got, want)
+
+
+def test_inline_layouts_agree():
+    """Training's scattered copy (self left out) holds the lists of the general gather."""
+    rng = np.random.default_rng(6)
+    codes = rng.integers(0, 9, size=(200, 40)).astype(np.int32)
+    own = Postings.build(codes, codes, 9, inline=True, centers_are_points=True)
+    general = Postings.build(codes, codes, 9, inline=True)
+    assert own.segments is not None and own.neighbors is not None
+    assert general.segments is not None and general.neighbors is not None
+    for r in range(200):
+        for v in range(40):
+            lists = [
+                layout.neighbors[layout.segments[r, v] : layout.segments[r, v + 1]]
+                for layout in (own, general)
+            ]
+            np.testing.assert_array_equal(lists[0], lists[1][lists[1] != r])
 
 
 @pytest.mark.parametrize("inline", [True, False])
