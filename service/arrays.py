@@ -6,10 +6,10 @@ answers.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Sequence
 
 import numpy as np
+import pybase64
 
 from service.errors import InvalidInput, PayloadTooLarge
 
@@ -70,7 +70,20 @@ def bytes_to_matrix(
 
 
 def matrix_to_b64(matrix: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(matrix, dtype="<f4").tobytes()).decode("ascii")
+    return pybase64.b64encode(np.ascontiguousarray(matrix, dtype="<f4").tobytes()).decode("ascii")
+
+
+def b64_string_to_bytes(raw: bytes | memoryview) -> bytes | None:
+    """The bytes of a JSON string of padded standard base64 (SIMD decoder, ~10x pydantic's);
+    None for anything else (escapes, URL-safe alphabet, bad padding): the general path
+    decides those and words the error."""
+    text = bytes(raw)
+    if len(text) < 2 or text[0] != 34 or text[-1] != 34 or b"\\" in text:  # '"'
+        return None
+    try:
+        return pybase64.b64decode(text[1:-1], validate=True)
+    except ValueError:  # binascii.Error
+        return None
 
 
 def _check_dim(dim: int, expected_dim: int | None, what: str) -> None:

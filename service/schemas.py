@@ -18,7 +18,8 @@ MODEL_REF_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # lookups only compare them with the loaded models, never build a path from them.
 MODEL_LOOKUP_MAX = 200
 JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
-# Validation context key: the caller parsed ``inputs`` itself and validates the other fields.
+# Validation context key: the name of the input member ("inputs" or "inputs_b64") that the
+# caller parsed itself, validating the other members with the model.
 INPUTS_PARSED = "inputs_parsed"
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -72,10 +73,12 @@ class EmbedRequest(_Request):
 
     @model_validator(mode="after")
     def _one_input_form(self, info: ValidationInfo) -> EmbedRequest:
-        inputs_given = self.inputs is not None or bool((info.context or {}).get(INPUTS_PARSED))
-        if inputs_given == (self.inputs_b64 is not None):
+        parsed = (info.context or {}).get(INPUTS_PARSED)
+        inputs_given = self.inputs is not None or parsed == "inputs"
+        b64_given = self.inputs_b64 is not None or parsed == "inputs_b64"
+        if inputs_given == b64_given:
             raise ValueError("give exactly one of inputs and inputs_b64")
-        if self.inputs_b64 is not None and self.dim is None:
+        if b64_given and self.dim is None:
             raise ValueError("inputs_b64 needs dim, the length of a row")
         if inputs_given and self.dim is not None:
             raise ValueError("dim goes with inputs_b64 only")

@@ -49,18 +49,20 @@ async def parse_json(request: Request, model: type[M]) -> M:
     return parse_body(model, await read_json_body(request))
 
 
-def split_member(body: bytes, name: str) -> tuple[bytes, msgspec.Raw] | None:
-    """A JSON object body without its top-level member ``name``, and that member's raw JSON;
-    None when the body is not a JSON object holding ``name`` (the caller parses it whole)."""
+def split_member(body: bytes, names: tuple[str, ...]) -> tuple[bytes, str, msgspec.Raw] | None:
+    """A JSON object body without the first of its top-level members named in ``names``, that
+    name and the member's raw JSON; None when the body is not a JSON object holding one of
+    them (the caller parses it whole)."""
     try:
         members = _MEMBERS.decode(body)
     except msgspec.DecodeError:  # the general parser words the error
         return None
-    raw = members.pop(name, None)
-    if raw is None:
+    name = next((name for name in names if name in members), None)
+    if name is None:
         return None
+    raw = members.pop(name)
     rest = (msgspec.json.encode(key) + b":" + bytes(value) for key, value in members.items())
-    return b"{" + b",".join(rest) + b"}", raw
+    return b"{" + b",".join(rest) + b"}", name, raw
 
 
 def json_body(model: type[BaseModel], *, extra_content: dict[str, Any] | None = None) -> dict:

@@ -76,6 +76,18 @@ def test_base64_in_and_out(client: TestClient, digits: Digits) -> None:
     decoded = np.frombuffer(base64.b64decode(body["embeddings_b64"]), dtype="<f4").reshape(9, 10)
     np.testing.assert_array_equal(decoded, np.array(as_json.json()["embeddings"], np.float32))
     assert "clusters" not in as_json.json()
+    # The URL-safe alphabet and escaped characters take the general path, to the same answer.
+    raw = x.astype("<f4").tobytes()
+    urlsafe = base64.urlsafe_b64encode(raw).decode()
+    escaped = json.dumps({"inputs_b64": b64(x), "dim": 64, "encoding_format": "base64"})
+    escaped = escaped.replace("/", "\\/")
+    assert ("-" in urlsafe or "_" in urlsafe) and "\\/" in escaped
+    for response in (
+        client.post("/embed", json={"inputs_b64": urlsafe, "dim": 64, "encoding_format": "base64"}),
+        client.post("/embed", content=escaped, headers={"content-type": "application/json"}),
+    ):
+        assert response.status_code == 200, response.text
+        assert response.json()["embeddings_b64"] == body["embeddings_b64"]
 
 
 def test_model_by_id_and_name(client: TestClient, digits: Digits) -> None:
