@@ -226,7 +226,7 @@ def breakdown(model_path: Path, x: np.ndarray, onnx_threads: int) -> list[tuple[
     import msgspec
 
     from mbn_core.bundle import load_bundle
-    from service.arrays import bytes_to_matrix, matrix_to_b64, rows_to_matrix
+    from service.arrays import b64_string_to_bytes, bytes_to_matrix, matrix_to_b64, rows_to_matrix
     from service.json_rows import parse_number_rows
     from service.routes._body import split_member
     from service.schemas import INPUTS_PARSED, EmbedRequest
@@ -238,9 +238,10 @@ def breakdown(model_path: Path, x: np.ndarray, onnx_threads: int) -> list[tuple[
     b64_body = json.dumps(
         {"inputs_b64": base64.b64encode(rows.astype("<f4").tobytes()).decode(), "dim": 784}
     ).encode()
-    split = split_member(json_body, "inputs")
-    float_split = split_member(float_body, "inputs")
-    assert split is not None and float_split is not None
+    split = split_member(json_body, ("inputs",))
+    float_split = split_member(float_body, ("inputs",))
+    b64_split = split_member(b64_body, ("inputs_b64",))
+    assert split is not None and float_split is not None and b64_split is not None
 
     def best(func: Callable[[], object], repeat: int = 15) -> float:
         times = []
@@ -258,19 +259,22 @@ def breakdown(model_path: Path, x: np.ndarray, onnx_threads: int) -> list[tuple[
     embedding = bundle.embed(matrix)
     return [
         ("JSON body -> top-level members, rows as raw JSON (msgspec)",
-         best(lambda: split_member(json_body, "inputs"))),
+         best(lambda: split_member(json_body, ("inputs",)))),
         ("raw JSON rows -> float32 matrix (numba), integers 0..255",
-         best(lambda: parse_number_rows(split[1]))),
+         best(lambda: parse_number_rows(split[2]))),
         ("raw JSON rows -> float32 matrix (numba), floats in [0, 1]",
-         best(lambda: parse_number_rows(float_split[1]))),
+         best(lambda: parse_number_rows(float_split[2]))),
         ("the other members -> request model (pydantic)",
          best(lambda: EmbedRequest.model_validate_json(
-             split[0], context={INPUTS_PARSED: True}))),
+             split[0], context={INPUTS_PARSED: "inputs"}))),
         ("for comparison, the general path: JSON body -> request model (pydantic)",
          best(lambda: EmbedRequest.model_validate_json(json_body))),
         ("for comparison, the general path: rows -> float32 matrix + checks",
          best(lambda: rows_to_matrix(inputs, expected_dim=784, max_rows=8192, what="inputs"))),
-        ("base64 body -> request model (decodes the base64)",
+        ("base64 body -> top-level members (msgspec)",
+         best(lambda: split_member(b64_body, ("inputs_b64",)))),
+        ("raw base64 string -> bytes (pybase64)", best(lambda: b64_string_to_bytes(b64_split[2]))),
+        ("for comparison, the general path: base64 body -> request model (pydantic)",
          best(lambda: EmbedRequest.model_validate_json(b64_body))),
         ("bytes -> float32 matrix + checks",
          best(lambda: bytes_to_matrix(inputs_b64, dim=784, expected_dim=784, max_rows=8192,
