@@ -269,8 +269,7 @@ def _fold_input_scaling(
     scale = np.asarray(scaler.scale_, dtype=np.float64)
     first = folded.coefs_[0]
     folded.coefs_[0] = (first / scale[:, None]).astype(first.dtype)
-    mean = None if scaler.mean_ is None or not scaler.with_mean else np.asarray(scaler.mean_)
-    return folded, mean
+    return folded, np.asarray(scaler.mean_) if scaler.with_mean else None
 
 
 def _check_self_contained(proto: onnx.ModelProto) -> None:

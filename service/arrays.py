@@ -21,8 +21,7 @@ def rows_to_matrix(
     n = len(rows)
     if n == 0:
         raise InvalidInput(f"{what} is empty: send at least one row")
-    if n > max_rows:
-        raise PayloadTooLarge(f"{what} has {n} rows; at most {max_rows} per request")
+    _check_row_count(n, max_rows, what)
     dim = len(rows[0])
     if any(len(row) != dim for row in rows):
         lengths = sorted({len(row) for row in rows})
@@ -41,8 +40,7 @@ def check_parsed_rows(
 ) -> np.ndarray:
     """The checks of ``rows_to_matrix`` for rows already parsed into a non-empty float32
     matrix (``service.json_rows``)."""
-    if matrix.shape[0] > max_rows:
-        raise PayloadTooLarge(f"{what} has {matrix.shape[0]} rows; at most {max_rows} per request")
+    _check_row_count(matrix.shape[0], max_rows, what)
     _check_dim(matrix.shape[1], expected_dim, what)
     _check_finite(matrix, what)
     return matrix
@@ -61,8 +59,7 @@ def bytes_to_matrix(
             f"({row_bytes} bytes)"
         )
     n = len(raw) // row_bytes
-    if n > max_rows:
-        raise PayloadTooLarge(f"{what} has {n} rows; at most {max_rows} per request")
+    _check_row_count(n, max_rows, what)
     _check_dim(dim, expected_dim, what)
     matrix = np.frombuffer(raw, dtype="<f4").reshape(n, dim)
     _check_finite(matrix, what)
@@ -81,9 +78,14 @@ def b64_string_to_bytes(raw: bytes | memoryview) -> bytes | None:
     if len(text) < 2 or text[0] != 34 or text[-1] != 34 or b"\\" in text:  # '"'
         return None
     try:
-        return pybase64.b64decode(text[1:-1], validate=True)
+        return pybase64.b64decode(memoryview(text)[1:-1], validate=True)
     except ValueError:  # binascii.Error
         return None
+
+
+def _check_row_count(n: int, max_rows: int, what: str) -> None:
+    if n > max_rows:
+        raise PayloadTooLarge(f"{what} has {n} rows; at most {max_rows} per request")
 
 
 def _check_dim(dim: int, expected_dim: int | None, what: str) -> None:
