@@ -138,6 +138,17 @@ def locate_postings(indptr, center_codes, n_values, start, length):
             length[r, v] = indptr[key + 1] - indptr[key]
 
 
+@njit(inline="always")
+def _keep_flags(seed, code_row, key_base, threshold, keep_all, keep):
+    """keep[v] = 1 where the one-hot dimension (v, code_row[v]) is chosen, else 0.
+
+    A loop of its own and nothing else in it, so that the hashes vectorise (a running count
+    here measurably slows it)."""
+    for v in range(code_row.shape[0]):
+        chosen = _splitmix64(seed, key_base[v] + np.uint64(code_row[v])) < threshold
+        keep[v] = np.int64(chosen) | keep_all
+
+
 # Posting lists are copied ROW_PAD entries at a time (the ``rows`` array carries ROW_PAD
 # spare entries at its end): short lists then cost no unpredictable loop exits.
 ROW_PAD = 4
@@ -275,27 +286,34 @@ def upper_codes_inline(
     count = np.zeros(n_points, np.int32)
     out[:] = 0
     points = np.empty(max(64, 8 * n_clusterings), np.int32)
+    keep = np.empty(n_clusterings, np.int64)
+    kept = np.empty(n_clusterings, np.int64)
+    key_base = np.arange(n_clusterings).astype(np.uint64) * np.uint64(n_values)
     for j in range(centers.shape[0]):
         r = centers[j]
         row = segments[r]
         span = row[n_clusterings] - row[0]
         if span + ROW_PAD > points.shape[0]:
             points = np.empty(2 * (span + ROW_PAD), np.int32)
-        t = 0
-        n_kept = 0
+        _keep_flags(seed, center_codes[r], key_base, threshold, keep_all, keep)
+        # The kept clusterings, compacted without branches: about half the lists are dropped,
+        # at random, which a branch per list would mispredict.
+        n_lists = 0
         for v in range(n_clusterings):
-            key = v * n_values + center_codes[r, v]
-            keep = keep_all or _splitmix64(seed, key) < threshold
+            kept[n_lists] = v
+            n_lists += keep[v]
+        t = 0
+        for q in range(n_lists):
+            v = kept[q]
             s = row[v]
             for p in range(ROW_PAD):
                 points[t + p] = neighbors[s + p]
             for p in range(ROW_PAD, row[v + 1] - s):
                 points[t + p] = neighbors[s + p]
-            t += (row[v + 1] - s) * keep
-            n_kept += keep
-        if skip_self and n_kept > best_count[r]:
+            t += row[v + 1] - s
+        if skip_self and n_lists > best_count[r]:
             # The center's own point shares every kept code with it.
-            best_count[r] = n_kept
+            best_count[r] = n_lists
             out[r] = j
         _count_and_select(points, t, count, best_count, out, j)
 
