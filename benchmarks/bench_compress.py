@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -27,13 +26,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_data import load_mnist
 from sklearn.cluster import KMeans
 from sklearn.metrics import normalized_mutual_info_score
 
 from mbn_core.bundle import load_bundle
 from mbn_core.training import TrainingParams, train_bundle
 
-MNIST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist70k.npz"
 TINY = {
     "n_train": 2000, "n_test": 500, "k1": 200, "n_clusterings": 20, "max_epochs": 3,
     "hidden": "64,64", "latency_calls": 200, "kmeans_init": 3,
@@ -57,7 +56,7 @@ print(json.dumps({"rss_before": before, "rss_after": after, "nbytes": model.nbyt
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", default=os.environ.get("MBN_MNIST", str(MNIST)))
+    parser.add_argument("--data", help="MNIST .npz (default: bench_data.load_mnist's search)")
     parser.add_argument("--n-train", type=int, default=60000)
     parser.add_argument("--n-test", type=int, default=10000)
     parser.add_argument("--k1", type=int, default=4000, help="bottom-layer centers (k_max)")
@@ -126,8 +125,7 @@ def exact_model_memory(path: Path) -> dict:
 
 
 def run(args: argparse.Namespace) -> list[tuple[str, str]]:
-    data = np.load(args.data)
-    X, y = data["x"], data["y"]
+    X, y = load_mnist(args.data)
     X_train, y_train = X[: args.n_train], y[: args.n_train]
     X_test, y_test = X[-args.n_test :], y[-args.n_test :]
     params = training_params(args)

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
+from bench_data import load_mnist
 from sklearn.cluster import KMeans
 from sklearn.datasets import load_digits, load_wine
 from sklearn.decomposition import PCA
@@ -29,14 +28,6 @@ from sklearn.metrics import normalized_mutual_info_score
 from threadpoolctl import threadpool_limits
 
 from mbn_core import MBN
-
-MNIST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist70k.npz"
-
-
-def load_mnist() -> tuple[np.ndarray, np.ndarray]:
-    path = Path(os.environ.get("MBN_MNIST", MNIST))
-    data = np.load(path)
-    return data["x"], data["y"]
 
 
 def mnist_subset(seed: int) -> tuple[np.ndarray, np.ndarray]:

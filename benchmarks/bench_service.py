@@ -43,19 +43,18 @@ from typing import Any
 
 import httpx
 import numpy as np
+from bench_data import load_mnist
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = REPO.parent / "shared" / "data" / "mnist70k.npz"
 
 
 # ---------------------------------------------------------------------------- setup
 
 
-def load_mnist(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    with np.load(path) as data:
-        x = data["x"].astype(np.float32)  # raw pixels 0..255: MBN is scale-free, the MLP
-        y = data["y"].astype(np.int64)  # standardises its input
-    return x, y
+def load_mnist_float(path: str | None) -> tuple[np.ndarray, np.ndarray]:
+    x, y = load_mnist(path)
+    # Raw pixels 0..255: MBN is scale-free, the MLP standardises its input.
+    return x.astype(np.float32), y.astype(np.int64)
 
 
 def train_model(
@@ -291,7 +290,7 @@ def breakdown(model_path: Path, x: np.ndarray, onnx_threads: int) -> list[tuple[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="mnist70k.npz")
+    parser.add_argument("--data", help="MNIST .npz (default: bench_data.load_mnist's search)")
     parser.add_argument("--model-dir", type=Path, help="bundles to serve (default: train one)")
     parser.add_argument("--model", help="model id or name to use (default: the default model)")
     parser.add_argument("--url", help="benchmark a running server instead of starting one")
@@ -317,7 +316,7 @@ def main() -> None:
         args.n_train, args.n_clusterings, args.max_epochs = 3000, 20, 5
         args.requests, args.batches, args.seconds, args.exact = 300, 30, 3.0, 5
 
-    x, y = load_mnist(args.data)
+    x, y = load_mnist_float(args.data)
     test = x[60_000:]
     work = Path(tempfile.mkdtemp(prefix="mbn-bench-"))
     model_dir = args.model_dir
