@@ -16,7 +16,6 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -138,7 +137,9 @@ def embed_file(
         chunks=(X.chunks[0], (width,)),
         meta=np.empty((0, width), dtype=np.float32),
     )
-    outputs = [(result[:, : loaded.output_dim], Path(out), np.float32)]
+    outputs: list[tuple[Any, Path, type[np.number]]] = [
+        (result[:, : loaded.output_dim], Path(out), np.float32)
+    ]
     if clusters_out is not None:
         clusters = result[:, loaded.output_dim].astype(np.int64)
         outputs.append((clusters, Path(clusters_out), np.int64))
@@ -148,7 +149,9 @@ def embed_file(
     started = time.perf_counter()
     writers = [_Output(path, array.shape, dtype) for array, path, dtype in outputs]
     try:
-        stores = [writer.store(da, array) for writer, (array, _, _) in zip(writers, outputs, strict=True)]
+        stores = [
+            writer.store(da, array) for writer, (array, _, _) in zip(writers, outputs, strict=True)
+        ]
         delayed = da.store(
             [array for array, _ in stores], [target for _, target in stores], lock=False,
             compute=False,
@@ -348,5 +351,3 @@ def _embed_block(
     assert clusters is not None
     # Cluster ids are small integers: exact in float32, split off again before writing.
     return np.hstack([embedding, clusters[:, None].astype(np.float32)])
-
-

@@ -13,7 +13,7 @@ from sklearn.datasets import load_digits
 
 distributed = pytest.importorskip("distributed")
 
-from mbn_core import MBN, TrainingStopped, model_to_arrays  # noqa: E402
+from mbn_core import MBN, TrainingStopped, cli, model_to_arrays  # noqa: E402
 from mbn_core import distributed as mbn_distributed  # noqa: E402
 from mbn_core.distributed import SchedulerUnreachable, last_transfers, use_dask  # noqa: E402
 
@@ -26,17 +26,9 @@ def digits():
     return X[:500]
 
 
-@pytest.fixture(scope="module")
-def client():
-    # Two single-threaded worker processes, as a real deployment has (not threads in this
-    # process): the data and the tasks are serialised and cross process boundaries.
-    with (
-        distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
-        ) as cluster,
-        distributed.Client(cluster) as client,
-    ):
-        yield client
+@pytest.fixture
+def client(dask_client):
+    return dask_client
 
 
 def assert_same_model(a: MBN, b: MBN) -> None:
@@ -120,7 +112,7 @@ def test_missing_dask_names_the_extra_to_install(monkeypatch):
 
 
 def test_killed_worker_mid_layer_does_not_change_the_model(client, digits):
-    # Last in the module: the nanny restarts the killed worker for any later test.
+    # The nanny restarts the killed worker; later tests wait for it (wait_for_workers).
     pids = client.run(os.getpid)
     victim = sorted(pids.values())[0]
     killed_at: list[tuple[int, int, int]] = []
@@ -140,3 +132,46 @@ def test_killed_worker_mid_layer_does_not_change_the_model(client, digits):
         os.kill(victim, 0)
     model.set_params(callback=None)
     assert_same_model(model, expected)
+    client.wait_for_workers(2)
+
+
+# ---------------------------------------------------------------------- mbn train --scheduler
+
+TRAIN_SMALL = [
+    "--n-clusterings", "20", "--k1", "0.1", "--hidden-layer-sizes", "16", "--max-epochs", "2",
+    "--quiet",
+]  # fmt: skip
+
+
+def test_mbn_train_on_the_cluster_writes_the_local_model(client, tmp_path, monkeypatch, capsys):
+    X, y = load_digits(return_X_y=True)
+    np.savez(tmp_path / "digits.npz", x=X[:400], y=y[:400])
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "digits.npz", "--out", "local", *TRAIN_SMALL]) == 0
+    address = client.scheduler.address
+    argv = ["train", "digits.npz", "--out", "remote", "--scheduler", address, *TRAIN_SMALL]
+    assert cli.main(argv) == 0
+    assert f"on the Dask cluster at {address}" in capsys.readouterr().out
+    with np.load("local/mbn.npz") as local, np.load("remote/mbn.npz") as remote:
+        assert local.files == remote.files
+        for name in local.files:
+            np.testing.assert_array_equal(local[name], remote[name], err_msg=name)
+
+
+def test_mbn_train_with_an_unreachable_scheduler_fails_before_work(tmp_path, monkeypatch, capsys):
+    X, _ = load_digits(return_X_y=True)
+    np.save(tmp_path / "digits.npy", X)
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = ["train", "digits.npy", "--out", "m", "--scheduler", f"tcp://127.0.0.1:{port}",
+            "--connect-timeout", "1"]  # fmt: skip
+    assert cli.main(argv) == cli.EXIT_USAGE
+    captured = capsys.readouterr()
+    assert captured.out == ""  # not even "Training on ...": the data was never read
+    [line] = captured.err.strip().splitlines()
+    assert line.startswith(
+        f"mbn train: error: cannot reach the Dask scheduler at 'tcp://127.0.0.1:{port}' within 1 s"
+    )
+    assert not (tmp_path / "m").exists()
