@@ -396,3 +396,59 @@ class _Reporter:
             raise TrainingStopped(
                 f"training stopped by the callback during {STAGES[stage]} ({done} of {total})"
             )
+
+
+# ---------------------------------------------------------------------- persistence
+
+
+def embedding_to_arrays(model: MultilevelEmbedding) -> dict[str, np.ndarray]:
+    """Every array ``transform`` needs, keyed by name (for ``np.savez``, no pickle).
+
+    The hyperparameters are not included: store ``model.get_params()`` (minus ``callback``)
+    beside the arrays and pass them back to ``embedding_from_arrays``.
+    """
+    check_is_fitted(model)
+    return {
+        "X_fit": model.X_fit_,
+        "embedding": model.embedding_,
+        "sigma": np.asarray(model.sigma_, dtype=np.float64),
+        "level_sizes": np.asarray(model.level_sizes_, dtype=np.int64),
+    }
+
+
+def embedding_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MultilevelEmbedding:
+    """Rebuild a fitted ``MultilevelEmbedding`` (for ``transform``) from its arrays.
+
+    Raises ``ValueError`` naming the array when one is missing or inconsistent. Only the
+    finest level's training rows are kept, so ``level_vertices_`` is not restored.
+    """
+
+    def get(name: str) -> np.ndarray:
+        if name not in arrays:
+            raise ValueError(f"model array {name!r} is missing")
+        return np.asarray(arrays[name])
+
+    model = MultilevelEmbedding(
+        **{key: value for key, value in params.items() if key != "callback"}
+    )
+    model._validate_params()
+    X_fit = get("X_fit").astype(np.float64, copy=False)
+    embedding = get("embedding").astype(np.float64, copy=False)
+    sigma = float(get("sigma"))
+    level_sizes = [int(size) for size in get("level_sizes")]
+    if X_fit.ndim != 2 or X_fit.shape[0] <= model.n_neighbors:
+        raise ValueError(f"model array 'X_fit' has shape {X_fit.shape}")
+    if embedding.shape != (X_fit.shape[0], model.n_components):
+        raise ValueError(f"model array 'embedding' has shape {embedding.shape}")
+    if not (sigma > 0):
+        raise ValueError(f"model array 'sigma' must be positive, got {sigma}")
+    if not level_sizes or level_sizes[0] != X_fit.shape[0]:
+        raise ValueError(f"model array 'level_sizes' holds {level_sizes}")
+    if not (np.all(np.isfinite(X_fit)) and np.all(np.isfinite(embedding))):
+        raise ValueError("model arrays 'X_fit' and 'embedding' must be finite")
+    model.X_fit_ = X_fit
+    model.embedding_ = embedding
+    model.sigma_ = sigma
+    model.level_sizes_ = level_sizes
+    model.n_features_in_ = X_fit.shape[1]
+    return model

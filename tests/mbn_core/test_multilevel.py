@@ -10,6 +10,7 @@ from sklearn.manifold import Isomap
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from mbn_core import MultilevelEmbedding, MultilevelKMeans, TrainingStopped, _multilevel
+from mbn_core.multilevel import embedding_from_arrays, embedding_to_arrays
 from mbn_core.neighbors import knn_graph
 
 
@@ -188,3 +189,20 @@ def test_multilevel_kmeans_needs_no_more_final_iterations_than_random_kmeans():
         plain.append(baseline.n_iter_)
     assert np.mean(ours) <= np.mean(plain)
     assert np.array_equal(model.predict(X[:20]), model.labels_[:20])
+
+
+def test_arrays_round_trip_transforms_identically(swiss_roll):
+    X = swiss_roll[0][:400]
+    model = MultilevelEmbedding(n_neighbors=6, random_state=0).fit(X)
+    params = {k: v for k, v in model.get_params().items() if k != "callback"}
+    arrays = embedding_to_arrays(model)
+    assert all(isinstance(value, np.ndarray) for value in arrays.values())
+    loaded = embedding_from_arrays(arrays, params)
+    new = X[:30] + 0.2
+    np.testing.assert_array_equal(loaded.transform(new), model.transform(new))
+    np.testing.assert_array_equal(loaded.transform(X[:5]), model.embedding_[:5])
+    broken = dict(arrays, embedding=arrays["embedding"][:, :1])
+    with pytest.raises(ValueError, match="'embedding'"):
+        embedding_from_arrays(broken, params)
+    with pytest.raises(ValueError, match="'sigma' is missing"):
+        embedding_from_arrays({k: v for k, v in arrays.items() if k != "sigma"}, params)
