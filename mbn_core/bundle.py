@@ -3,7 +3,8 @@
 A bundle is a directory (named after the model id) holding
 
 - ``manifest.json``: format, ids, dimensions, hyperparameters, training facts, fidelity,
-  library versions and the SHA-256 and size of every other file;
+  label-free quality (trustworthiness and continuity, beside PCA's), library versions and
+  the SHA-256 and size of every other file;
 - ``mbn.npz``: the exact model's arrays (``np.load(..., allow_pickle=False)``), plus the
   clustering head's centroids;
 - ``compressor.onnx``: the fast path, self-contained.
@@ -254,6 +255,7 @@ def _manifest(
         },
         "training": _jsonable(training),
         "fidelity": _jsonable(model.fidelity_),
+        "quality": _jsonable(model.quality_),
         "library_versions": library_versions(),
     }
 
