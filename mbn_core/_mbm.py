@@ -17,7 +17,12 @@ from collections.abc import Callable
 
 import numpy as np
 import scipy.linalg
+from scipy.sparse.linalg import LinearOperator, eigsh
 from threadpoolctl import threadpool_limits
+
+# Above this rank the block step uses Lanczos on T as "diagonal minus low rank" (O(ρ HM) per
+# product) instead of a dense eigendecomposition (O(ρ^3)); both are exact to rounding.
+LANCZOS_MIN_RANK = 400
 
 # Called after every block update as on_update(epoch, module, factors); True stops.
 UpdateHook = Callable[[int, int, np.ndarray], object]
@@ -39,6 +44,45 @@ def rank_truncated_root(T: np.ndarray, rank: int) -> np.ndarray:
     values, vectors = values[::-1], vectors[:, ::-1]
     factor[:k] = np.sqrt(np.maximum(values, 0.0))[:, None] * vectors.T
     return factor
+
+
+def lanczos_block_root(
+    q: np.ndarray,
+    others: np.ndarray,
+    old: np.ndarray,
+    n_modules: int,
+    diversity: float,
+    epsilon: float,
+) -> np.ndarray:
+    """``rank_truncated_root(block_target(...), H)`` without forming T.
+
+    ``others`` stacks the other modules' factors ((M-1) H x ρ) and ``old`` is F_m,old
+    (H x ρ), so T v = c (q v - (λ/M) G^T G v + ε F^T F v) costs O(ρ M H). ARPACK's implicitly
+    restarted Lanczos converges to machine precision (tol=0), started from F_m,old's rows.
+    """
+    rank, size = old.shape
+    if rank >= size - 1:  # ARPACK needs k < n - 1; such tiny problems are cheap densely
+        target = block_target(q, others.T @ others, old.T @ old, n_modules, diversity, epsilon)
+        return rank_truncated_root(target, rank)
+    c = 1.0 / ((1.0 - diversity) + diversity / n_modules + epsilon)
+    coupling = diversity / n_modules
+
+    def product(v: np.ndarray) -> np.ndarray:
+        return c * (q * v - coupling * (others.T @ (others @ v)) + epsilon * (old.T @ (old @ v)))
+
+    def block_product(V: np.ndarray) -> np.ndarray:
+        return c * (
+            q[:, None] * V - coupling * (others.T @ (others @ V)) + epsilon * (old.T @ (old @ V))
+        )
+
+    operator = LinearOperator((size, size), matvec=product, matmat=block_product, dtype=np.float64)
+    start = old.sum(axis=0)
+    if not np.any(start):
+        start = np.sqrt(q)
+    values, vectors = eigsh(operator, k=rank, which="LA", v0=start, tol=0)
+    order = np.argsort(values)[::-1]
+    values, vectors = values[order], vectors[:, order]
+    return np.sqrt(np.maximum(values, 0.0))[:, None] * vectors.T
 
 
 def block_target(
@@ -122,15 +166,33 @@ def optimise(
     losses = [modular_loss(factors, q, diversity)]
     if factors.shape[-1] == 0:
         return factors, losses, False
-    grams = np.einsum("mhi,mhj->mij", factors, factors)
     # One BLAS thread: these eigenproblems are small (ρ <= R), and a second thread spinning
     # on a busy machine made each one 10-50x slower in measurements.
     with threadpool_limits(limits=1, user_api="blas"):
-        return _epochs(q, factors, grams, diversity, epsilon, max_epochs, tol, losses, on_update)
+        if q.shape[0] >= LANCZOS_MIN_RANK:
+            return _lanczos_epochs(
+                q, factors, diversity, epsilon, max_epochs, tol, losses, on_update
+            )
+        return _dense_epochs(q, factors, diversity, epsilon, max_epochs, tol, losses, on_update)
 
 
-def _epochs(q, factors, grams, diversity, epsilon, max_epochs, tol, losses, on_update):
+def _lanczos_epochs(q, factors, diversity, epsilon, max_epochs, tol, losses, on_update):
     n_modules = factors.shape[0]
+    for epoch in range(max_epochs):
+        for m in range(n_modules):
+            others = np.delete(factors, m, axis=0).reshape(-1, factors.shape[-1])
+            factors[m] = lanczos_block_root(q, others, factors[m], n_modules, diversity, epsilon)
+            if on_update is not None and on_update(epoch, m, factors):
+                return factors, losses, True
+        losses.append(modular_loss(factors, q, diversity))
+        if losses[-2] - losses[-1] <= tol * abs(losses[-1]):
+            break
+    return factors, losses, False
+
+
+def _dense_epochs(q, factors, diversity, epsilon, max_epochs, tol, losses, on_update):
+    n_modules = factors.shape[0]
+    grams = np.einsum("mhi,mhj->mij", factors, factors)
     for epoch in range(max_epochs):
         # Summed afresh each epoch so rounding in the running update cannot drift.
         total = grams.sum(axis=0)

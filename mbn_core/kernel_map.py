@@ -227,3 +227,49 @@ def _n_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def map_to_arrays(landmark_map: LandmarkMap) -> dict[str, np.ndarray]:
+    """Plain arrays that ``map_from_arrays`` turns back into the same map (no pickle)."""
+    return {
+        "landmarks": np.asarray(landmark_map.landmarks, dtype=np.float64),
+        "gamma": np.array(landmark_map.gamma, dtype=np.float64),
+        "weights": np.asarray(landmark_map.weights, dtype=np.float64),
+        "offset": np.asarray(landmark_map.offset, dtype=np.float64),
+        "modules": np.array([landmark_map.n_modules, landmark_map.module_dim], dtype=np.int64),
+        "scale": np.array(landmark_map.scale, dtype=np.float64),
+    }
+
+
+def map_from_arrays(arrays: dict[str, np.ndarray]) -> LandmarkMap:
+    """The map stored by ``map_to_arrays``; ValueError naming any missing or inconsistent array."""
+    missing = sorted({"landmarks", "gamma", "weights", "offset", "modules", "scale"} - set(arrays))
+    if missing:
+        raise ValueError(f"landmark map arrays are missing {missing}")
+    landmarks = np.asarray(arrays["landmarks"], dtype=np.float64)
+    weights = np.asarray(arrays["weights"], dtype=np.float64)
+    offset = np.asarray(arrays["offset"], dtype=np.float64)
+    modules = np.asarray(arrays["modules"]).astype(np.int64).ravel()
+    gamma, scale = float(arrays["gamma"]), float(arrays["scale"])
+    if landmarks.ndim != 2 or weights.ndim != 2 or weights.shape[1] != landmarks.shape[0]:
+        raise ValueError(
+            f"weights {weights.shape} must be (D, R) for landmarks {landmarks.shape} (R, d)"
+        )
+    if offset.shape != (weights.shape[0],):
+        raise ValueError(f"offset {offset.shape} must be ({weights.shape[0]},)")
+    if modules.shape != (2,) or int(modules[0]) * int(modules[1]) != weights.shape[0]:
+        raise ValueError(f"modules {modules.tolist()} must multiply to {weights.shape[0]}")
+    if not (gamma > 0 and np.isfinite(gamma) and scale > 0 and np.isfinite(scale)):
+        raise ValueError(f"gamma={gamma} and scale={scale} must be finite and positive")
+    for name, array in (("landmarks", landmarks), ("weights", weights), ("offset", offset)):
+        if not np.isfinite(array).all():
+            raise ValueError(f"{name} contains NaN or infinity")
+    return LandmarkMap(
+        landmarks=landmarks,
+        gamma=gamma,
+        weights=weights,
+        offset=offset,
+        n_modules=int(modules[0]),
+        module_dim=int(modules[1]),
+        scale=scale,
+    )

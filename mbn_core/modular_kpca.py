@@ -15,7 +15,13 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from mbn_core import _mbm
-from mbn_core.kernel_map import KernelFeatures, LandmarkMap, fit_kernel_features
+from mbn_core.kernel_map import (
+    KernelFeatures,
+    LandmarkMap,
+    fit_kernel_features,
+    map_from_arrays,
+    map_to_arrays,
+)
 from mbn_core.modular_eval import input_neighbours, modular_neighbours, retrieval_precision
 from mbn_core.network import TrainingStopped
 
@@ -305,3 +311,38 @@ def module_map(features: KernelFeatures, factors: np.ndarray) -> LandmarkMap:
         module_dim=module_dim,
         scale=n_modules**-0.5,
     )
+
+
+def modular_to_arrays(model: LandmarkMapTransformer) -> dict[str, np.ndarray]:
+    """The fitted map of a ``ModularKPCA`` (or baseline) as plain arrays for a bundle.
+
+    Hyper-parameters are not included: store ``get_params()`` (minus ``callback``) beside.
+    """
+    check_is_fitted(model)
+    arrays = map_to_arrays(model.map_)
+    if isinstance(model, ModularKPCA):
+        arrays["loss_curve"] = np.asarray(model.loss_curve_, dtype=np.float64)
+        arrays["diversity"] = np.array(model.diversity_, dtype=np.float64)
+        arrays["rank"] = np.array(model.rank_, dtype=np.int64)
+    return arrays
+
+
+def modular_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> ModularKPCA:
+    """A fitted ``ModularKPCA`` from ``modular_to_arrays`` output and its ``get_params()``.
+
+    ``transform`` of the result equals the original's bit for bit.
+    """
+    model = ModularKPCA(**{key: value for key, value in params.items() if key != "callback"})
+    landmark_map = map_from_arrays(arrays)
+    for name in ("loss_curve", "diversity", "rank"):
+        if name not in arrays:
+            raise ValueError(f"modular kernel PCA arrays are missing {name!r}")
+    model.map_ = landmark_map
+    model.n_features_in_ = landmark_map.n_features_in
+    model.gamma_ = landmark_map.gamma
+    model.diversity_ = float(arrays["diversity"])
+    model.validation_scores_ = None
+    model.rank_ = int(arrays["rank"])
+    model.loss_curve_ = [float(v) for v in np.asarray(arrays["loss_curve"]).ravel()]
+    model.n_iter_ = len(model.loss_curve_) - 1
+    return model

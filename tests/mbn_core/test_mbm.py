@@ -185,3 +185,25 @@ def test_drop_module_gradient_is_the_scaled_modular_gradient(spectrum):
     np.testing.assert_allclose(
         expected, predicted, rtol=1e-10, atol=1e-10 * np.abs(predicted).max()
     )
+
+
+def test_lanczos_block_step_equals_the_dense_one():
+    rng = np.random.default_rng(9)
+    q = np.sort(rng.uniform(0.01, 5.0, 60))[::-1] ** 2
+    factors = rng.standard_normal((4, 3, 60)) * np.sqrt(q) / 8
+    others = factors[1:].reshape(-1, 60)
+    dense = _mbm.rank_truncated_root(
+        _mbm.block_target(q, others.T @ others, factors[0].T @ factors[0], 4, 0.9, 1e-3), 3
+    )
+    lanczos = _mbm.lanczos_block_root(q, others, factors[0], 4, 0.9, 1e-3)
+    np.testing.assert_allclose(lanczos.T @ lanczos, dense.T @ dense, atol=1e-9 * q[0])
+
+
+def test_both_epoch_paths_give_the_same_descent(monkeypatch):
+    rng = np.random.default_rng(10)
+    q = np.sort(rng.uniform(0.01, 5.0, 40))[::-1] ** 2
+    start = _mbm.initial_factors(q, 3, 2, np.random.RandomState(0))
+    _, dense, _ = _mbm.optimise(q, start.copy(), 0.9, 1e-6, 15, 0.0)
+    monkeypatch.setattr(_mbm, "LANCZOS_MIN_RANK", 10)
+    _, lanczos, _ = _mbm.optimise(q, start.copy(), 0.9, 1e-6, 15, 0.0)
+    np.testing.assert_allclose(lanczos, dense, rtol=1e-8)
