@@ -3,6 +3,7 @@
 from mbn_core.compress import CompressiveMBN
 from mbn_core.modular_baselines import ModularBaseline
 from mbn_core.modular_kpca import ModularKPCA
+from mbn_core.multilevel import MultilevelEmbedding, MultilevelKMeans
 from mbn_core.network import MBN, TrainingStopped, model_from_arrays, model_to_arrays
 
 __all__ = [
@@ -10,6 +11,8 @@ __all__ = [
     "CompressiveMBN",
     "ModularBaseline",
     "ModularKPCA",
+    "MultilevelEmbedding",
+    "MultilevelKMeans",
     "TrainingStopped",
     "model_from_arrays",
     "model_to_arrays",
