@@ -3,9 +3,9 @@
 A bundle is a directory (named after the model id) holding
 
 - ``manifest.json``: format, ids, dimensions, hyperparameters, training facts, fidelity,
-  library versions, the SHA-256 and size of every other file, and its own SHA-256
-  (``manifest_sha256``, over the canonical JSON of every other field), so a changed byte
-  anywhere in the bundle is refused;
+  label-free quality (trustworthiness and continuity, beside PCA's), library versions, the
+  SHA-256 and size of every other file, and its own SHA-256 (``manifest_sha256``, over the
+  canonical JSON of every other field), so a changed byte anywhere in the bundle is refused;
 - ``mbn.npz``: the exact model's arrays (``np.load(..., allow_pickle=False)``), plus the
   clustering head's centroids;
 - ``compressor.onnx``: the fast path, self-contained.
@@ -258,6 +258,7 @@ def _manifest(
         },
         "training": _jsonable(training),
         "fidelity": _jsonable(model.fidelity_),
+        "quality": _jsonable(model.quality_),
         "library_versions": library_versions(),
     }
 

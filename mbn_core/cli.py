@@ -25,6 +25,7 @@ from mbn_core import bulk
 from mbn_core.bundle import BundleError, check_target, load_bundle
 from mbn_core.compress import fidelity_report
 from mbn_core.network import TrainingStopped
+from mbn_core.quality import quality_summary
 from mbn_core.training import (
     COMPRESSOR_FIELDS,
     TrainingEvent,
@@ -401,6 +402,9 @@ def _describe(manifest: dict[str, Any], *, brief: bool) -> list[str]:
     fidelity = manifest.get("fidelity")
     if fidelity:
         lines.append(f"fidelity:    {fidelity_report(_nan_for_none(fidelity))}")
+    quality = manifest.get("quality")
+    if quality:
+        lines.append(f"quality:     {quality_summary(quality)}")
     if not brief:
         for part, params in manifest["hyperparameters"].items():
             text = ", ".join(f"{key}={value}" for key, value in sorted(params.items()))

@@ -111,6 +111,7 @@ def test_manifest_describes_the_model(model, saved):
     assert manifest["fidelity"]["nmi_labels_exact"] == pytest.approx(
         model.fidelity_["nmi_labels_exact"]
     )
+    assert manifest["quality"] == model.quality_
     assert {"numpy", "scikit-learn", "onnxruntime", "python"} <= set(manifest["library_versions"])
     for name in (EXACT_FILE, ONNX_FILE):
         data = (saved / name).read_bytes()
