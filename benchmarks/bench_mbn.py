@@ -1,12 +1,19 @@
-"""Quality, speed and scale of mbn_core.MBN (issue 2). Prints markdown tables.
+"""Quality, speed and scale of mbn_core.MBN (issues 2 and 17). Prints markdown tables.
 
-    python benchmarks/bench_mbn.py quality [--datasets mnist5k digits wine] [--seeds N]
+    python benchmarks/bench_mbn.py quality [--datasets digits iris ...] [--seeds N]
+    python benchmarks/bench_mbn.py paper [--datasets mnist5k digits wine] [--seeds N]
     python benchmarks/bench_mbn.py speed [--repeats N]
     python benchmarks/bench_mbn.py scale [--sizes 5000 20000 70000] [--k-max 8000]
 
-Quality follows the papers' protocol (Table 7 of mbn-compressive): embedding dimension = number
-of classes, k-means run 50 times keeping the lowest inertia, NMI against the labels; mean and
-standard deviation over seeds (MNIST: over 5,000-image subsets with 500 images per digit).
+``quality`` (issue 17) compares MBN's old and new defaults with UMAP and PCA on small,
+low-dimensional and tabular data and MNIST: every method embeds into c dimensions (c = number
+of classes), k-means with c clusters keeps the lowest inertia of 20 runs, NMI against the
+labels, mean and standard deviation over seeds (the methods' random_state; MNIST: a 5,000-image
+subset per seed). Beside the NMI, the label-free report every model carries: trustworthiness
+and continuity (k = 10) of the embedding against the input, on up to 1,000 of its rows.
+
+``paper`` follows the papers' protocol (Table 7 of mbn-compressive): k-means run 50 times
+keeping the lowest inertia, PCA keeping 98% of the variance.
 """
 
 from __future__ import annotations
@@ -22,12 +29,22 @@ from collections.abc import Callable
 import numpy as np
 from bench_data import load_mnist
 from sklearn.cluster import KMeans
-from sklearn.datasets import load_digits, load_wine
+from sklearn.datasets import (
+    load_breast_cancer,
+    load_digits,
+    load_iris,
+    load_wine,
+    make_circles,
+    make_moons,
+    make_swiss_roll,
+)
 from sklearn.decomposition import PCA
 from sklearn.metrics import normalized_mutual_info_score
+from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
 from mbn_core import MBN
+from mbn_core.quality import neighbourhood_scores
 
 
 def mnist_subset(seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -89,7 +106,7 @@ def datasets(names, n_seeds):
             raise SystemExit(f"unknown dataset {name!r}")
 
 
-def quality(args) -> None:
+def paper(args) -> None:
     print(f"| data | n | {' | '.join(METHODS)} |")
     print(f"|---|---|{'---|' * len(METHODS)}")
     for name, runs in datasets(args.datasets, args.seeds):
@@ -115,6 +132,119 @@ def quality(args) -> None:
         )
 
 
+# ---------------------------------------------------------------------- issue 17
+
+
+def _swiss_roll_quartiles() -> tuple[np.ndarray, np.ndarray]:
+    X, t = make_swiss_roll(2000, noise=0.2, random_state=7)
+    return X, np.digitize(t, np.quantile(t, [0.25, 0.5, 0.75]))
+
+
+def _breast_cancer_standardised() -> tuple[np.ndarray, np.ndarray]:
+    X, y = load_breast_cancer(return_X_y=True)
+    return StandardScaler().fit_transform(X), y
+
+
+# Fixed data sets (the seed varies only the methods); MNIST draws a subset per seed.
+QUALITY_DATA: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {
+    "digits": lambda: load_digits(return_X_y=True),
+    "iris": lambda: load_iris(return_X_y=True),
+    "breast-cancer": _breast_cancer_standardised,
+    "moons": lambda: make_moons(1000, noise=0.06, random_state=7),
+    "circles": lambda: make_circles(1000, factor=0.5, noise=0.04, random_state=7),
+    "swiss-roll": _swiss_roll_quartiles,
+    "wine": lambda: load_wine(return_X_y=True),
+}
+
+
+def quality_data(name: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    if name == "mnist5k":
+        return mnist_subset(seed)
+    if name not in QUALITY_DATA:
+        raise SystemExit(f"unknown dataset {name!r}; known: mnist5k {' '.join(QUALITY_DATA)}")
+    X, y = QUALITY_DATA[name]()
+    return np.asarray(X, dtype=np.float64), y
+
+
+def old_default_fraction(n_features: int) -> float:
+    """feature_fraction "auto" before issue 17: at least min(d, 8) of d inputs."""
+    return max(round(0.5 * n_features), min(n_features, 8)) / n_features
+
+
+def issue17_mbn_old(X, c, seed):
+    # The defaults before issue 17, spelt out (delta 0.5; the old "auto" feature rule).
+    fraction = old_default_fraction(X.shape[1])
+    return MBN(n_classes=c, delta=0.5, feature_fraction=fraction, random_state=seed).fit_transform(
+        X
+    )
+
+
+def issue17_mbn_new(X, c, seed):
+    return MBN(n_classes=c, random_state=seed).fit_transform(X)
+
+
+def issue17_umap(X, c, seed):
+    import umap  # optional benchmark extra: pip install -e ".[bench]"
+
+    return umap.UMAP(n_components=c, random_state=seed).fit_transform(np.asarray(X, np.float32))
+
+
+def issue17_pca(X, c, seed):
+    return PCA(n_components=min(c, X.shape[1]), random_state=seed).fit_transform(X)
+
+
+QUALITY_METHODS: dict[str, Callable] = {
+    "MBN, old defaults": issue17_mbn_old,
+    "MBN, new defaults": issue17_mbn_new,
+    "UMAP": issue17_umap,
+    "PCA": issue17_pca,
+}
+
+
+def label_free(X: np.ndarray, Z: np.ndarray, seed: int) -> dict[str, float]:
+    rows = np.random.default_rng(seed).permutation(len(X))[:1000]
+    return neighbourhood_scores(X[rows], Z[rows], 10, "euclidean")
+
+
+def quality(args) -> None:
+    methods = {name: QUALITY_METHODS[name] for name in args.methods}
+    print(
+        f"{len(args.datasets)} data sets, {args.seeds} seeds; cell: NMI mean ± sd "
+        "(seconds per embedding; trustworthiness / continuity, k = 10)"
+    )
+    print()
+    print(f"| data | n x d | {' | '.join(methods)} |")
+    print(f"|---|---|{'---|' * len(methods)}")
+    for name in args.datasets:
+        runs = [(seed, *quality_data(name, seed)) for seed in range(args.seeds)]
+        cells = []
+        for method, embed in methods.items():
+            scores, seconds, trust, cont = [], [], [], []
+            for seed, X, y in runs:
+                c = len(np.unique(y))
+                start = time.perf_counter()
+                try:
+                    Z = embed(X, c, seed)
+                except ImportError:
+                    break
+                seconds.append(time.perf_counter() - start)
+                labels = KMeans(c, n_init=20, random_state=seed).fit_predict(Z)
+                scores.append(normalized_mutual_info_score(y, labels))
+                report = label_free(X, Z, seed)
+                trust.append(report["trustworthiness"])
+                cont.append(report["continuity"])
+                print(f"{name} {method} seed {seed}: NMI {scores[-1]:.4f}", file=sys.stderr)
+            if not scores:
+                cells.append("not installed")
+                continue
+            cells.append(
+                f"{np.mean(scores):.3f} ± {np.std(scores):.3f} ({np.median(seconds):.1f} s; "
+                f"{np.mean(trust):.3f} / {np.mean(cont):.3f})"
+            )
+        shape = runs[0][1].shape
+        print(f"| {name} | {shape[0]:,} x {shape[1]} | {' | '.join(cells)} |", flush=True)
+
+
 def bare_bottom_gemms(n: int, d_chosen: int, k: int, V: int) -> float:
     """Seconds for V float32 products of the bottom layer's shapes, default BLAS threads."""
     rng = np.random.default_rng(0)
@@ -131,7 +261,7 @@ def speed(args) -> None:
     X, _ = mnist_subset(0)
     model = MBN(random_state=0)
     ks = model.layer_sizes(len(X))
-    d_chosen = model._n_bottom_features(X.shape[1])
+    d_chosen = model._n_bottom_features(X, np.random.RandomState(0))
     rows = []
     for repeat in range(args.repeats):
         gemm = bare_bottom_gemms(len(X), d_chosen, ks[0], model.n_clusterings)
@@ -213,8 +343,12 @@ def main() -> None:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     q = sub.add_parser("quality")
-    q.add_argument("--datasets", nargs="+", default=["mnist5k", "digits", "wine"])
+    q.add_argument("--datasets", nargs="+", default=[*QUALITY_DATA, "mnist5k"])
+    q.add_argument("--methods", nargs="+", default=list(QUALITY_METHODS))
     q.add_argument("--seeds", type=int, default=5)
+    p = sub.add_parser("paper")
+    p.add_argument("--datasets", nargs="+", default=["mnist5k", "digits", "wine"])
+    p.add_argument("--seeds", type=int, default=5)
     s = sub.add_parser("speed")
     s.add_argument("--repeats", type=int, default=3)
     c = sub.add_parser("scale")
@@ -226,6 +360,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "quality":
         quality(args)
+    elif args.command == "paper":
+        paper(args)
     elif args.command == "speed":
         speed(args)
     elif args.command == "scale":

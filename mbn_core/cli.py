@@ -83,6 +83,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "n_components": _optional_int,
     "feature_fraction": _number_or_auto,
     "k1": _number_or_auto,
+    "delta": _number_or_auto,
     "ks": _int_list,
     "k_max": _optional_int,
     "random_state": _optional_int,

@@ -19,6 +19,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from threadpoolctl import threadpool_limits
 
 from mbn_core import _kernels
+from mbn_core.auto import bottom_feature_count, choose_delta
 from mbn_core.layers import (
     BottomLayer,
     PointPostings,
@@ -34,9 +35,6 @@ from mbn_core.layers import (
 ProgressCallback = Callable[[int, int, int], object]
 
 METRICS = ("euclidean", "cosine")
-# With fewer input dimensions than this, "auto" keeps them all: a random half of two or
-# three coordinates would make each clustering a degenerate partition along one axis.
-AUTO_MIN_FEATURES = 8
 # Above this many one-hot entries the top PCA runs sparse (ARPACK) instead of dense.
 _DENSE_PCA_MAX_ENTRIES = 5_000_000
 
@@ -83,8 +81,10 @@ class MBN(TransformerMixin, BaseEstimator):
         Clusterings per layer (V). Robust for V >= 100.
     feature_fraction : float in (0, 1] or "auto", default="auto"
         Fraction of input dimensions each clustering chooses (a). "auto" is 0.5, except that
-        the bottom layer keeps at least ``min(d, 8)`` of its d input dimensions, so
-        low-dimensional data (2-D or 3-D manifolds) is not cut into one-axis partitions.
+        the bottom layer chooses more of the d input dimensions when random halves of them
+        do not keep the input's neighbourhoods (2-D or 3-D manifolds, a few unrelated
+        measurements): measured on a sample of the training rows, never on labels (see
+        ``mbn_core.auto``).
         At the bottom exactly ``round(a * d)`` dimensions are chosen without replacement; at
         the upper layers each of the V * k one-hot dimensions is chosen independently with
         probability a (the same in distribution for their thousands of dimensions, and it
@@ -92,8 +92,14 @@ class MBN(TransformerMixin, BaseEstimator):
     k1 : int, float in (0, 1] or "auto", default="auto"
         Centers per clustering in the bottom layer. "auto" is ``0.5 * n_samples``; a float is
         that fraction of ``n_samples``. Capped by ``k_max``.
-    delta : float in (0, 1), default=0.5
-        Each layer has ``floor(delta * k)`` centers, k being the layer below's.
+    delta : float in (0, 1) or "auto", default="auto"
+        Each layer has ``floor(delta * k)`` centers, k being the layer below's. "auto" is
+        the smallest of 0.5, 0.7 and 0.9 whose second layer leaves at most 0.5% of the
+        points sharing no code with any of its centers (a point that shares nothing gets
+        an arbitrary code, which glues distant points together in every layer above). It
+        is measured on the bottom layer's codes of the training data, never on labels:
+        images and text keep the paper's 0.5, thin manifolds get more (see
+        ``mbn_core.auto``).
     n_classes : int, default=10
         Guessed number of classes c: layers stop before k < 1.5 c, and the default
         ``n_components`` is c.
@@ -126,6 +132,8 @@ class MBN(TransformerMixin, BaseEstimator):
         Centers per layer, bottom first.
     n_components_ : int
         Dimension of the embedding.
+    delta_ : float or None
+        The shrink factor used (measured when ``delta="auto"``); None with explicit ``ks``.
     bottom_layer_ : BottomLayer
         The fitted bottom layer.
     upper_layers_ : list of UpperLayer
@@ -151,7 +159,7 @@ class MBN(TransformerMixin, BaseEstimator):
         n_clusterings: int = 400,
         feature_fraction: float | str = "auto",
         k1: int | float | str = "auto",
-        delta: float = 0.5,
+        delta: float | str = "auto",
         n_classes: int = 10,
         ks: Sequence[int] | None = None,
         k_max: int | None = None,
@@ -217,7 +225,7 @@ class MBN(TransformerMixin, BaseEstimator):
             ensure_min_samples=2,
             reset=True,
         )
-        n_samples, n_features = X.shape
+        n_samples = X.shape[0]
         ks = self.layer_sizes(n_samples)
         n_components = self.n_classes if self.n_components is None else self.n_components
         n_top = self.n_clusterings * ks[-1]
@@ -227,13 +235,24 @@ class MBN(TransformerMixin, BaseEstimator):
                 f"ks[-1]) = {min(n_samples, n_top)}"
             )
         rng = check_random_state(self.random_state)
-        n_chosen = self._n_bottom_features(n_features)
+        n_chosen = self._n_bottom_features(X, rng)
         n_threads = _effective_threads(self.n_jobs)
         factory = layer_runner_factory.get() or _LayerRunner
 
         with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_threads) as pool:
             runner = factory(pool, self.callback)
             bottom, codes = self._fit_bottom(X, ks[0], n_chosen, rng, runner)
+            delta = None
+            if self.delta == "auto" and self.ks is None:
+                min_k = 1.5 * self.n_classes
+                delta = choose_delta(codes, ks[0], self._upper_fraction(), min_k, rng)
+                chosen = self.layer_sizes(n_samples, delta)
+                # A larger delta may end on a smaller top layer: keep the one that was
+                # checked against n_components when it no longer fits.
+                if n_components <= min(n_samples, self.n_clusterings * chosen[-1]):
+                    ks = chosen
+                else:
+                    delta = 0.5
             upper: list[UpperLayer] = []
             for index, k in enumerate(ks[1:], start=1):
                 layer, codes = self._fit_upper(codes, ks[index - 1], k, rng, runner, index)
@@ -242,6 +261,9 @@ class MBN(TransformerMixin, BaseEstimator):
             embedding = _project(codes, top)
 
         self.ks_ = list(ks)
+        if delta is None and self.ks is None:
+            delta = 0.5 if self.delta == "auto" else float(self.delta)
+        self.delta_ = delta
         self.n_components_ = n_components
         self.bottom_layer_ = bottom
         self.upper_layers_ = upper
@@ -249,8 +271,13 @@ class MBN(TransformerMixin, BaseEstimator):
         self.explained_variance_ratio_ = top.explained_variance_ratio
         return embedding
 
-    def layer_sizes(self, n_samples: int) -> list[int]:
-        """Centers per layer that ``fit`` uses for ``n_samples`` training points."""
+    def layer_sizes(self, n_samples: int, delta: float | None = None) -> list[int]:
+        """Centers per layer that ``fit`` uses for ``n_samples`` training points.
+
+        With ``delta="auto"`` the shrink factor is measured during ``fit`` (``delta_``);
+        pass it as ``delta`` to get the sizes it chose. Without it, "auto" assumes 0.5,
+        the choice of high-dimensional data.
+        """
         if self.ks is not None:
             ks = [int(k) for k in self.ks]
             too_many = [k for k in ks if k > n_samples]
@@ -272,14 +299,17 @@ class MBN(TransformerMixin, BaseEstimator):
             k1 = min(k1, int(self.k_max))
         k1 = max(2, min(k1, n_samples))
         ks = [k1]
-        while (k := int(self.delta * ks[-1])) >= 1.5 * self.n_classes:
+        if delta is None:
+            delta = 0.5 if self.delta == "auto" else float(self.delta)
+        shrink = delta
+        while (k := int(shrink * ks[-1])) >= 1.5 * self.n_classes:
             ks.append(k)
         return ks
 
-    def _n_bottom_features(self, n_features: int) -> int:
+    def _n_bottom_features(self, X, rng) -> int:
         if self.feature_fraction == "auto":
-            return max(round(0.5 * n_features), min(n_features, AUTO_MIN_FEATURES))
-        return max(1, round(float(self.feature_fraction) * n_features))
+            return bottom_feature_count(X, rng)
+        return max(1, round(float(self.feature_fraction) * X.shape[1]))
 
     def _upper_fraction(self) -> float:
         return 0.5 if self.feature_fraction == "auto" else float(self.feature_fraction)
@@ -426,7 +456,8 @@ class MBN(TransformerMixin, BaseEstimator):
                 _check_int("k1", self.k1, 2)
             else:
                 _check_real("k1", self.k1, 0.0, 1.0, low_open=True)
-        _check_real("delta", self.delta, 0.0, 1.0, low_open=True, high_open=True)
+        if self.delta != "auto":
+            _check_real("delta", self.delta, 0.0, 1.0, low_open=True, high_open=True)
         if self.ks is not None:
             if isinstance(self.ks, str | bytes) or not isinstance(self.ks, Sequence | np.ndarray):
                 raise ValueError(f"ks must be a sequence of integers >= 2, got {self.ks!r}")

@@ -79,7 +79,10 @@ class TrainingParams:
         default="auto",
         metadata=_help("bottom-layer centers: an integer, a fraction of n, or auto (0.5 n)"),
     )
-    delta: float = field(default=0.5, metadata=_help("centers shrink by this factor per layer"))
+    delta: float | str = field(
+        default="auto",
+        metadata=_help("centers shrink by this factor per layer, or auto (measured)"),
+    )
     n_classes: int = field(
         default=10, metadata=_help("guessed number of classes: stops the layers at 1.5 c")
     )
@@ -431,6 +434,10 @@ class _Tracker:
         self.events = events
 
     def clustering_done(self, layer: int, clustering: int, total: int) -> bool:
+        if layer >= len(self.layer_costs):
+            # delta="auto" chose to shrink slower than the planned 0.5: extra layers.
+            message = f"layer {layer + 1} (extra): clustering {clustering}/{total}"
+            return self.report("mbn", 1.0, message)
         done = sum(self.layer_costs[:layer]) + self.layer_costs[layer] * clustering / total
         phase_fraction = done / sum(self.layer_costs)
         message = (

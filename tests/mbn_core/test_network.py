@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from sklearn.cluster import KMeans
-from sklearn.datasets import load_digits, make_moons, make_swiss_roll
+from sklearn.datasets import load_digits, load_iris, load_wine, make_moons, make_swiss_roll
 from sklearn.exceptions import NotFittedError
 from sklearn.metrics import normalized_mutual_info_score
 from sklearn.utils.estimator_checks import parametrize_with_checks
@@ -151,12 +151,29 @@ def _nmi_of_embedding(X, y, **params):
     return normalized_mutual_info_score(y, labels)
 
 
+def _auto_features(X, seed=0):
+    return MBN(feature_fraction="auto")._n_bottom_features(X, np.random.RandomState(seed))
+
+
+def test_auto_feature_fraction_measures_whether_half_the_inputs_suffice(digits):
+    X, _ = digits
+    # Redundant inputs (pixels; iris's four correlated measurements): the paper's half.
+    assert _auto_features(X) == 32
+    assert _auto_features(load_iris().data) == 2
+    assert _auto_features(X[:, :1]) == 1
+    # A 2-D or 3-D manifold: half the coordinates rank neighbours by something else.
+    assert _auto_features(make_moons(300, noise=0.05, random_state=0)[0]) == 2
+    assert _auto_features(make_swiss_roll(300, noise=0.2, random_state=0)[0]) == 3
+    # Too few rows to rank neighbours, and sparse text, keep the half.
+    assert _auto_features(X[:4]) == 32
+    assert _auto_features(sp.csr_matrix(X)) == 32
+    # Decided by the seed and the data alone.
+    assert _auto_features(load_wine().data, 3) == _auto_features(load_wine().data, 3)
+
+
 def test_auto_feature_fraction_handles_low_dimensional_manifolds():
     # With 2 or 3 inputs, a = 0.5 leaves each clustering one coordinate: a degenerate
     # partition into strips. "auto" keeps them all and recovers the manifold's structure.
-    assert MBN()._n_bottom_features(2) == 2
-    assert MBN()._n_bottom_features(13) == 8
-    assert MBN()._n_bottom_features(784) == 392
     X, t = make_swiss_roll(800, noise=0.2, random_state=0)
     bands = np.digitize(t, np.quantile(t, [0.25, 0.5, 0.75]))
     swiss = dict(n_clusterings=60, k1=0.1)
