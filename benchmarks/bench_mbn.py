@@ -166,17 +166,16 @@ def quality_data(name: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(X, dtype=np.float64), y
 
 
-def old_default_fraction(n_features: int) -> float:
-    """feature_fraction "auto" before issue 17: at least min(d, 8) of d inputs."""
-    return max(round(0.5 * n_features), min(n_features, 8)) / n_features
+class OldDefaultsMBN(MBN):
+    """MBN as its defaults were before issue 17: delta 0.5, and "auto" features meaning at
+    least min(d, 8) of the d inputs at the bottom (0.5 at the upper layers)."""
+
+    def _n_bottom_features(self, X, rng) -> int:
+        return max(round(0.5 * X.shape[1]), min(X.shape[1], 8))
 
 
 def issue17_mbn_old(X, c, seed):
-    # The defaults before issue 17, spelt out (delta 0.5; the old "auto" feature rule).
-    fraction = old_default_fraction(X.shape[1])
-    return MBN(n_classes=c, delta=0.5, feature_fraction=fraction, random_state=seed).fit_transform(
-        X
-    )
+    return OldDefaultsMBN(n_classes=c, delta=0.5, random_state=seed).fit_transform(X)
 
 
 def issue17_mbn_new(X, c, seed):

@@ -1,0 +1,102 @@
+"""MBN's automatic mode: measured on the data alone, deterministic, valid for any shape."""
+
+import itertools
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits, make_circles
+
+from mbn_core import MBN
+from mbn_core.auto import DELTAS, FRACTIONS, choose_delta, orphan_rate
+
+
+class LabelsThatMustNotBeRead:
+    """A y whose every use raises: the automatic mode may only look at X."""
+
+    def __array__(self, *args, **kwargs):
+        raise AssertionError("fit read y")
+
+    def __len__(self):
+        raise AssertionError("fit read y")
+
+
+@pytest.fixture(scope="module")
+def circles():
+    X, _ = make_circles(300, factor=0.5, noise=0.04, random_state=7)
+    return X
+
+
+def test_auto_is_the_default_and_never_reads_y(circles):
+    params = MBN().get_params()
+    assert params["delta"] == "auto" and params["feature_fraction"] == "auto"
+    first = MBN(n_classes=2, n_clusterings=40, random_state=3)
+    embedding = first.fit_transform(circles, LabelsThatMustNotBeRead())
+    second = MBN(n_classes=2, n_clusterings=40, random_state=3).fit(circles)
+    assert first.delta_ == second.delta_ and first.ks_ == second.ks_
+    np.testing.assert_array_equal(embedding, second.transform(circles))
+
+
+def test_thin_manifolds_shrink_slower_and_images_keep_half(circles):
+    # Two rings: halving the centers leaves points with no code-sharing center.
+    rings = MBN(n_classes=2, n_clusterings=40, random_state=0).fit(circles)
+    assert rings.delta_ > 0.5
+    assert rings.ks_ == MBN(n_classes=2, delta=rings.delta_).layer_sizes(300)
+    # With the default V = 400 clusterings (fewer share fewer codes, and orphan more).
+    digits = MBN(random_state=0).fit(load_digits().data[:500])
+    assert digits.delta_ == 0.5
+    assert digits.ks_ == MBN().layer_sizes(500)
+
+
+def test_orphan_rate_counts_points_without_a_shared_code():
+    rng = np.random.RandomState(0)
+    # Two groups of points that share no code: one center can only serve one group.
+    codes = np.repeat(np.array([[0, 0, 0], [1, 1, 1]], dtype=np.uint8), 50, axis=0)
+    assert orphan_rate(codes, 1, 1.0, rng) == pytest.approx(0.5, abs=0.15)
+    assert orphan_rate(codes, 100, 1.0, rng) == 0.0
+    same = np.zeros((100, 3), dtype=np.uint8)
+    assert orphan_rate(same, 1, 1.0, rng) == 0.0
+
+
+def test_choose_delta_leaves_the_callers_stream_alone():
+    codes = np.random.RandomState(0).randint(0, 20, size=(200, 30)).astype(np.uint8)
+    rng = np.random.RandomState(5)
+    before = rng.get_state()[1].copy()
+    delta = choose_delta(codes, 100, 0.5, 3.0, rng)
+    assert delta in DELTAS
+    np.testing.assert_array_equal(rng.get_state()[1], before)
+    assert delta == choose_delta(codes, 100, 0.5, 3.0, np.random.RandomState(5))
+
+
+@pytest.mark.parametrize(("n", "d"), [(10, 1), (10, 2), (11, 5), (25, 1), (40, 3), (60, 13)])
+def test_every_choice_fits_any_shape(n, d):
+    X = np.random.RandomState(n * 100 + d).normal(size=(n, d))
+    fractions = sorted({max(1, round(f * d)) / d for f in FRACTIONS})
+    for delta, fraction in itertools.product(DELTAS, fractions):
+        model = MBN(n_clusterings=6, delta=delta, feature_fraction=fraction, random_state=0)
+        embedding = model.fit_transform(X)
+        assert embedding.shape == (n, model.n_components_) and np.isfinite(embedding).all()
+    auto = MBN(n_clusterings=6, n_classes=2, random_state=0)
+    assert np.isfinite(auto.fit_transform(X)).all() and auto.delta_ in DELTAS
+
+
+@pytest.mark.parametrize(
+    ("params", "match"),
+    [
+        ({"delta": "automatic"}, "delta"),
+        ({"delta": 1.0}, "delta"),
+        ({"delta": float("nan")}, "delta"),
+        ({"feature_fraction": "half"}, "feature_fraction"),
+    ],
+)
+def test_bad_parameters_are_named(params, match):
+    with pytest.raises(ValueError, match=match):
+        MBN(**params).fit(np.zeros((20, 3)))
+
+
+def test_bad_input_is_named():
+    X = np.random.RandomState(0).normal(size=(30, 4))
+    X[3, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        MBN().fit(X)
+    with pytest.raises(ValueError, match="feature"):
+        MBN().fit(np.zeros((30, 0)))
