@@ -13,7 +13,6 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from mbn_core import MBN
 from mbn_core.training import TrainingParams, load_training_data
 from service.config import Settings
 from service.errors import Conflict, InvalidInput, Overloaded, PayloadTooLarge
@@ -38,8 +37,13 @@ DEMO_PARAMS: dict[str, Any] = {
 DEMO_JOB_ID = uuid.uuid5(uuid.NAMESPACE_URL, f"mbn-demo:{sorted(DEMO_PARAMS.items())}").hex
 
 
-def check_params(params: dict[str, Any]) -> dict[str, Any]:
-    """The full parameter set (defaults filled in) or InvalidInput naming the bad key."""
+def check_params(params: dict[str, Any], method: str | None = None) -> dict[str, Any]:
+    """The full parameter set (the method and every default filled in) or InvalidInput
+    naming the bad key. ``method`` may come beside the params or inside them, not both."""
+    if method is not None:
+        if params.get("method", method) != method:
+            raise InvalidInput(f"method {method!r} disagrees with params.method")
+        params = {**params, "method": method}
     server = sorted(SERVER_PARAMS & params.keys())
     if server:
         raise InvalidInput(
@@ -55,8 +59,10 @@ def check_data(x: Any, params: dict[str, Any]) -> None:
     """Refuse data the training would fail on at once (too few rows for the layers)."""
     if x.shape[0] < 2:
         raise InvalidInput(f"training needs at least 2 rows, got {x.shape[0]}")
+    training = TrainingParams.from_dict(params)
     try:
-        MBN(**TrainingParams.from_dict(params).mbn_kwargs()).layer_sizes(x.shape[0])
+        if training.spec.check_rows is not None:
+            training.spec.check_rows(training.estimator(), x.shape[0])
     except ValueError as exc:
         raise InvalidInput(f"params do not fit {x.shape[0]} rows: {exc}") from None
 
