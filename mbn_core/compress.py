@@ -31,6 +31,7 @@ from threadpoolctl import threadpool_limits
 
 from mbn_core.network import MBN, TrainingStopped
 from mbn_core.params import CheckedParams, check_int_items
+from mbn_core.quality import quality_report
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,11 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         ``cosine`` (mean row cosine), ``nmi_fast_exact`` (between k-means clusterings of
         both), ``nmi_labels_exact`` / ``nmi_labels_fast`` when labels were given, and
         ``cluster_agreement`` of the head. See ``fidelity_report``.
+    quality_ : dict
+        Label-free quality on (a sample of) the held-out points: trustworthiness and
+        continuity (k = 10) of the exact and fast embeddings against the input, and of PCA
+        with as many components fitted on the training points. See
+        ``mbn_core.quality.quality_report``.
     n_epochs_ : int
         MLP epochs run.
     n_samples_ : int
@@ -283,13 +289,22 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
             self.cluster_centers_ = centers.astype(np.float32)
 
         started = time.perf_counter()
+        fast = self.transform(X[holdout])
         self.fidelity_ = measure_fidelity(
             embedding[holdout],
-            self.transform(X[holdout]),
+            fast,
             None if labels is None else labels[holdout],
             n_clusters=self.n_clusters if self.n_clusters is not None else _eval_clusters(teacher),
             centers=self.cluster_centers_,
             seed=_seed(rng),
+        )
+        self.quality_ = quality_report(
+            X[train],
+            X[holdout],
+            {"exact": embedding[holdout], "fast": fast},
+            n_components=self.n_components_,
+            metric=getattr(teacher, "metric", "euclidean"),
+            random_state=rng,
         )
         self.timings_ = {
             "teacher": teacher_seconds,

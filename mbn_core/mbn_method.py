@@ -45,7 +45,14 @@ def _track(mbn: MBN, shape: tuple[int, int], report: Reporter) -> None:
 
 
 def _check_rows(mbn: MBN, n_samples: int) -> None:
-    mbn.layer_sizes(n_samples)
+    ks = mbn.layer_sizes(n_samples)
+    n_components = mbn.n_classes if mbn.n_components is None else mbn.n_components
+    top = min(n_samples, mbn.n_clusterings * ks[-1])
+    if n_components > top:
+        raise ValueError(
+            f"n_components={n_components} (n_classes when unset) must be <= "
+            f"min(rows, n_clusterings * ks[-1]) = {top}"
+        )
 
 
 def _facts(mbn: MBN) -> dict[str, Any]:

@@ -32,6 +32,8 @@ class TrainedModel:
         The clustering head's centroids.
     fidelity : dict
         Fast against exact on held-out rows (``mbn_core.compress.measure_fidelity``).
+    quality : dict
+        Label-free quality of both on held-out rows (``mbn_core.quality.quality_report``).
     hyperparameters : dict
         Parameters by part: the method's under its name, ``compressor`` for a distilled
         fast path, ``pipeline`` (held-out share, clusters, seed).
@@ -45,6 +47,7 @@ class TrainedModel:
     fast_path: Any
     cluster_centers: np.ndarray | None
     fidelity: dict[str, Any]
+    quality: dict[str, Any]
     hyperparameters: dict[str, dict[str, Any]]
     facts: dict[str, Any] = field(default_factory=dict)
     n_features_in: int = 0
@@ -76,6 +79,7 @@ class TrainedModel:
             fast_path=to_onnx(model),
             cluster_centers=model.cluster_centers_,
             fidelity=dict(model.fidelity_),
+            quality=dict(model.quality_),
             hyperparameters={
                 method.name: estimator_hyperparameters(model.teacher_),
                 "compressor": compressor,

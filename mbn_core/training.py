@@ -31,6 +31,7 @@ from mbn_core.compress import (
     _split,
     measure_fidelity,
 )
+from mbn_core.datafile import peek_data_file
 from mbn_core.methods import (
     DEFAULT_METHOD,
     PIPELINE_PARAMS,
@@ -40,6 +41,7 @@ from mbn_core.methods import (
 )
 from mbn_core.network import TrainingStopped
 from mbn_core.params import InvalidParameterError, Param
+from mbn_core.quality import quality_report
 from mbn_core.trained import TrainedModel, estimator_hyperparameters
 
 log = logging.getLogger(__name__)
@@ -216,6 +218,10 @@ def load_training_data(path: str | os.PathLike[str]) -> tuple[Any, np.ndarray | 
     y = None
     try:
         _check_magic(path, suffix)
+        if suffix in (".npy", ".npz"):
+            # Headers that claim more data than the file holds are refused before numpy
+            # allocates what they claim.
+            peek_data_file(path)
         if suffix == ".npy":
             X = np.load(path, allow_pickle=False)
         elif suffix == ".npz":
@@ -306,6 +312,21 @@ def _check_labels(y, n_samples: int, source: str) -> np.ndarray | None:
     return y
 
 
+def check_feasible(params: TrainingParams, n_rows: int) -> None:
+    """ValueError unless ``params`` can train on ``n_rows`` rows: what ``train_bundle`` would
+    otherwise find out only after the fit (the compressor needs 4 rows, the clustering head
+    ``n_clusters``, and the method its own: ``Method.check_rows``)."""
+    minimum = 4  # rows are held out for validation and fidelity
+    if n_rows < minimum:
+        raise ValueError(f"training needs at least {minimum} rows, got {n_rows}")
+    method = params.spec
+    if method.check_rows is not None:
+        method.check_rows(params.estimator(), n_rows)
+    n_clusters = params["n_clusters"]
+    if n_clusters is not None and n_clusters > n_rows:
+        raise ValueError(f"n_clusters={n_clusters} is more than the {n_rows} rows")
+
+
 # ---------------------------------------------------------------------- training
 
 
@@ -365,9 +386,8 @@ def train_bundle(
     method = params.spec
     if sp.issparse(X) and not method.sparse:
         raise ValueError(f"method {method.name!r} does not take sparse input")
+    check_feasible(params, X.shape[0])
     estimator = params.estimator()
-    if method.check_rows is not None:
-        method.check_rows(estimator, X.shape[0])
 
     tracker = _Tracker(params, estimator, X.shape, progress, events)
     started = time.perf_counter()
@@ -447,6 +467,14 @@ def _fit_exported(method: Method, params: TrainingParams, estimator, X, y) -> Tr
         centers=centers,
         seed=_seed(rng),
     )
+    quality = quality_report(
+        X[train],
+        X[holdout],
+        {"exact": exact, "fast": fast},
+        n_components=int(embedding.shape[1]),
+        metric=getattr(estimator, "metric", "euclidean"),
+        random_state=rng,
+    )
     facts: dict[str, Any] = {
         "n_samples": int(X.shape[0]),
         "n_fit_samples": len(train),
@@ -464,6 +492,7 @@ def _fit_exported(method: Method, params: TrainingParams, estimator, X, y) -> Tr
         fast_path=proto,
         cluster_centers=centers,
         fidelity=fidelity,
+        quality=quality,
         hyperparameters={
             method.name: estimator_hyperparameters(estimator),
             "pipeline": pipeline,

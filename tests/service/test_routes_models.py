@@ -27,6 +27,9 @@ def test_list_get_delete(api: Callable[..., TestClient], write_bundle: Callable[
     ]
     manifest = client.get("/models/m-digits").json()
     assert manifest["id"] == "m-digits" and manifest["format"] == "mbn-bundle"
+    quality = manifest["quality"]  # the label-free report, PCA's beside the model's
+    assert quality["n_neighbors"] == 10
+    assert {"trustworthiness", "continuity"} <= set(quality["exact"]) & set(quality["pca"])
     assert client.get("/models/digits").json() == manifest  # by name too
 
     # A bundle written by someone else (another replica's worker) shows up.
