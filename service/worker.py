@@ -215,6 +215,8 @@ class Worker:
                 out_dir=str(staging / model_id),
                 model_id=model_id,
                 threads=self.settings.train_threads,
+                scheduler=self.settings.dask_scheduler,
+                connect_timeout=self.settings.dask_connect_timeout_seconds,
             )
             run = self._supervise(job, spec)
             self._conclude(job, run, model_id)
