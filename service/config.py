@@ -113,6 +113,13 @@ class Settings(BaseSettings):
         "4, and the arrays a file declares, decompressed): checked from the file's headers "
         "before anything is read, so a decompression bomb is refused at once (413).",
     )
+    min_free_bytes: int = Field(
+        default=64 * MIB,
+        ge=0,
+        le=1024 * GIB,
+        description="Free disk space the data and model directories need for /health/ready "
+        "to answer 200 (uploads and bundles are written there).",
+    )
     max_concurrent_exact: int = Field(
         default=2,
         ge=1,
