@@ -111,10 +111,14 @@ class TrainOptions(_Request):
         pattern=MODEL_REF_PATTERN,
         description="Model name; the newest model of a name answers requests naming it.",
     )
+    method: str | None = Field(
+        default=None,
+        description="Embedding method (a registered one; default mbn). Its options are the params.",
+    )
     params: dict[str, Any] = Field(
         default_factory=dict,
-        description="Training parameters (mbn_core.training.TrainingParams; n_jobs is the "
-        "server's).",
+        description="Training parameters of the method (those of `mbn train --method M`; "
+        "n_jobs is the server's).",
     )
 
 
