@@ -236,6 +236,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_requests=settings.max_inflight_requests,
         retry_after=settings.retry_after_seconds,
         on_reject=lambda reason: metrics.rejected.labels(f"embed_{reason}").inc(),
+        threads=settings.fast_threads,
     )
     install_error_handlers(app)
     app.add_middleware(
