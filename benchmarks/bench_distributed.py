@@ -275,7 +275,7 @@ def main() -> None:
     embed.add_argument("--rows", type=int, default=10_000_000)
     embed.add_argument("--dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "mbn-bulk"))
     embed.add_argument("--threads", type=int, default=2)
-    embed.add_argument("--chunk-rows", type=int, default=65_536)
+    embed.add_argument("--chunk-rows", type=int, default=32_768)
     args = parser.parse_args()
     {"fit": cmd_fit, "overhead": cmd_overhead, "model": cmd_model, "embed": cmd_embed}[
         args.command
