@@ -178,3 +178,11 @@ def test_mbn_train_with_an_unreachable_scheduler_fails_before_work(tmp_path, mon
         f"mbn train: error: cannot reach the Dask scheduler at 'tcp://127.0.0.1:{port}' within 1 s"
     )
     assert not (tmp_path / "m").exists()
+
+
+def test_a_scheduler_without_workers_is_refused_before_any_work():
+    with (
+        distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as empty,
+        pytest.raises(SchedulerUnreachable, match="has no workers"),
+    ):
+        mbn_distributed.connect(empty.scheduler_address, timeout=0.5)
