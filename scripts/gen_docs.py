@@ -27,7 +27,10 @@ def training_options() -> str:
     from mbn_core.params import markdown_table
 
     parts = []
-    titles = {"compressor": "the distilled compressor's", "pipeline": "the pipeline's (every method)"}
+    titles = {
+        "compressor": "the distilled compressor's",
+        "pipeline": "the pipeline's (every method)",
+    }
     seen_shared = False
     # The methods of this repository (not plug-ins a test or a site registered).
     for name in method_names():
@@ -59,9 +62,7 @@ SECTIONS: dict[str, tuple[Path, Callable[[], str]]] = {
 
 
 def pattern(name: str) -> re.Pattern[str]:
-    return re.compile(
-        rf"(<!-- generated:{name} -->\n)(.*?)(<!-- /generated:{name} -->)", re.DOTALL
-    )
+    return re.compile(rf"(<!-- generated:{name} -->\n)(.*?)(<!-- /generated:{name} -->)", re.DOTALL)
 
 
 def expected(name: str) -> tuple[Path, str, str]:
@@ -77,7 +78,10 @@ def main() -> None:
     for name in SECTIONS:
         path, current, text = expected(name)
         if current != text:
-            content = pattern(name).sub(lambda m: m.group(1) + text + m.group(3), path.read_text())
+            match = pattern(name).search(path.read_text())
+            assert match is not None
+            content = path.read_text()
+            content = content[: match.start(2)] + text + content[match.end(2) :]
             path.write_text(content)
             print(f"{path.relative_to(REPO)}: {name} regenerated")  # noqa: T201
 
