@@ -366,3 +366,20 @@ class Settings(BaseSettings):
         """The job store's SQLAlchemy URL."""
         assert self.database_url is not None
         return self.database_url
+
+
+def settings_markdown() -> str:
+    """The settings as a Markdown table (variable, default, meaning): what the README shows,
+    generated from the fields so the two cannot disagree (``scripts/gen_docs.py``)."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        default = field.default
+        if default is None or default == ():
+            shown = "unset"
+        elif isinstance(default, bool):
+            shown = f"`{str(default).lower()}`"
+        else:
+            shown = f"`{default}`"
+        description = " ".join((field.description or "").split())
+        rows.append(f"| `MBN_{name.upper()}` | {shown} | {description} |")
+    return "\n".join(rows)
