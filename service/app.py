@@ -227,6 +227,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             '{"error": {"type": ..., "message": ...}}.'
         ),
         lifespan=lifespan,
+        # /train/ is not /train: a 404, not a 307 that clients would follow without their
+        # body (or their key, across hosts).
+        redirect_slashes=False,
     )
     app.state.settings = settings
     app.state.metrics = metrics
