@@ -57,8 +57,12 @@ def context() -> BaseContext:
     """The multiprocessing context training processes are started from."""
     if "forkserver" not in mp.get_all_start_methods():  # pragma: no cover - not Linux
         return mp.get_context("spawn")
+    from mbn_core.methods import registered_modules
+
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
+    # The modules that registered the methods: a training process knows every method the
+    # API accepted (plug-ins included) without naming any.
+    ctx.set_forkserver_preload([*_PRELOAD, *registered_modules()])
     return ctx
 
 
