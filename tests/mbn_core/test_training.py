@@ -21,6 +21,7 @@ from mbn_core.training import (
 SMALL = {
     "n_clusterings": 20,
     "k1": 0.1,
+    "delta": 0.5,  # layers known in advance (auto may add layers with few clusterings)
     "hidden_layer_sizes": [32],
     "max_epochs": 4,
     "n_clusters": 5,
