@@ -117,6 +117,9 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
         Embedding = MLP output * target_scale_ + target_mean_.
     cluster_centers_ : ndarray of shape (n_clusters, n_components_), float32, or None
         k-means centroids of the clustering head.
+    embedding_ : ndarray of shape (n_samples_, n_components_), float32
+        The exact MBN embedding of the training data (kept for the bundle's 2-D map, which
+        would otherwise cost a second exact transform).
     fidelity_ : dict
         Held-out agreement between fast and exact embeddings: ``r2`` (variance weighted),
         ``cosine`` (mean row cosine), ``nmi_fast_exact`` (between k-means clusterings of
@@ -250,6 +253,7 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
         self.n_samples_ = n_samples
         self.input_sparse_ = sparse
         self.n_epochs_ = n_epochs
+        self.embedding_ = np.asarray(embedding, dtype=np.float32)
         self.cluster_centers_ = None
         if self.n_clusters is not None:
             centers = _kmeans(embedding, self.n_clusters, _seed(rng)).cluster_centers_

@@ -23,6 +23,7 @@ import scipy.sparse as sp
 
 from mbn_core.bundle import check_target, save_bundle, validate_model_id, validate_name
 from mbn_core.compress import CompressiveMBN
+from mbn_core.embedding_map import MAP_FILE, MAX_MAP_POINTS, build_map
 from mbn_core.network import MBN, TrainingStopped
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,13 @@ class TrainingParams:
     n_clusters: int | None = field(
         default=None, metadata=_help("add a k-means clustering head with this many clusters")
     )
+    map_points: int = field(
+        default=MAX_MAP_POINTS,
+        metadata=_help(
+            f"training rows in the stored 2-D map (t-SNE of a sample), 0 for none; "
+            f"at most {MAX_MAP_POINTS}"
+        ),
+    )
 
     def __post_init__(self) -> None:
         for key in ("ks", "hidden_layer_sizes"):
@@ -119,6 +127,16 @@ class TrainingParams:
             isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32
         ):
             raise ValueError(f"random_state must be an integer in [0, 2**32) or None, got {seed!r}")
+        points = self.map_points
+        if (
+            isinstance(points, bool)
+            or not isinstance(points, int)
+            or not (points == 0 or 2 <= points <= MAX_MAP_POINTS)
+        ):
+            raise ValueError(
+                f"map_points must be 0 (no map) or an integer in [2, {MAX_MAP_POINTS}], "
+                f"got {points!r}"
+            )
         MBN(**self.mbn_kwargs())._validate_params()
         CompressiveMBN(**self.compressor_kwargs())._validate_params()
 
@@ -362,7 +380,18 @@ def train_bundle(
     started = time.perf_counter()
     log.info("training %r on %d x %d points, layers %s", name, *X.shape, ks)
     model.fit(X, labels)
-    if tracker.report("export", 0.0, "writing the bundle"):
+    extra_files, sections = {}, {}
+    if params.map_points:
+        if tracker.report("export", 0.0, "2-D map of the training embedding (t-SNE)"):
+            raise TrainingStopped("training stopped by the progress callback before the map")
+        map_started = time.perf_counter()
+        embedding_map = _training_map(model, labels, params)
+        extra_files[MAP_FILE] = embedding_map.to_bytes()
+        sections["map"] = {
+            **embedding_map.summary(),
+            "seconds": round(time.perf_counter() - map_started, 3),
+        }
+    if tracker.report("export", 0.5, "writing the bundle"):
         raise TrainingStopped("training stopped by the progress callback before export")
     seconds = time.perf_counter() - started
     path = save_bundle(
@@ -372,9 +401,29 @@ def train_bundle(
         model_id=model_id,
         overwrite=overwrite,
         extra={"total_seconds": round(seconds, 3), "params": params.to_dict()},
+        extra_files=extra_files,
+        manifest_sections=sections,
     )
     tracker.report("export", 1.0, "bundle written")
     return path
+
+
+def _training_map(model: CompressiveMBN, labels, params: TrainingParams):
+    """The bundle's 2-D map: coloured by labels when given, else by the head's clusters."""
+    embedding = model.embedding_
+    clusters = None
+    if model.cluster_centers_ is not None:
+        centers = model.cluster_centers_
+        scores = embedding @ (-2.0 * centers.T) + np.sum(centers**2, axis=1)
+        clusters = np.argmin(scores, axis=1)
+    return build_map(
+        embedding,
+        clusters=clusters,
+        labels=labels,
+        max_points=params.map_points,
+        random_state=params.random_state,
+        n_jobs=params.n_jobs,
+    )
 
 
 class _Tracker:
