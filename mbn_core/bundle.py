@@ -3,7 +3,9 @@
 A bundle is a directory (named after the model id) holding
 
 - ``manifest.json``: format, ids, dimensions, hyperparameters, training facts, fidelity,
-  library versions and the SHA-256 and size of every other file;
+  label-free quality (trustworthiness and continuity, beside PCA's), library versions, the
+  SHA-256 and size of every other file, and its own SHA-256 (``manifest_sha256``, over the
+  canonical JSON of every other field), so a changed byte anywhere in the bundle is refused;
 - ``mbn.npz``: the exact model's arrays (``np.load(..., allow_pickle=False)``), plus the
   clustering head's centroids;
 - ``compressor.onnx``: the fast path, self-contained;
@@ -46,10 +48,12 @@ from mbn_core.onnx import OnnxEmbedder, to_onnx
 log = logging.getLogger(__name__)
 
 FORMAT = "mbn-bundle"
-FORMAT_VERSION = 1
+# Version 2 added the manifest's own digest (``manifest_sha256``).
+FORMAT_VERSION = 2
 # Oldest format this code can read, upgrading the manifest step by step (see _UPGRADES).
 MIN_FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+MANIFEST_DIGEST = "manifest_sha256"
 EXACT_FILE = "mbn.npz"
 ONNX_FILE = "compressor.onnx"
 DATA_FILES = (EXACT_FILE, ONNX_FILE)
@@ -61,8 +65,9 @@ _MAX_MANIFEST_BYTES = 1 << 20
 _HEAD_CENTERS = "head.cluster_centers"
 _LIBRARIES = ("mbn", "numpy", "scipy", "scikit-learn", "onnx", "onnxruntime", "skl2onnx")
 # Manifest upgrades: _UPGRADES[v] turns a version-v manifest into a version v+1 one.
-# Version 1 is the first format, so there is nothing to upgrade yet.
-_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+# Version 2 only added the self-digest, which a version-1 manifest cannot have: its fields
+# are read as they are (and a warning says that the manifest itself is not protected).
+_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: dict}
 
 
 class BundleError(ValueError):
@@ -164,8 +169,7 @@ def save_bundle(
     manifest.update(_jsonable(sections))
     files = {EXACT_FILE: exact_bytes, ONNX_FILE: onnx_bytes, **extra_files}
     manifest["files"] = {file_name: _file_entry(data) for file_name, data in files.items()}
-    # allow_nan=False: the manifest must be strict JSON for every reader (NaN became null).
-    manifest_bytes = (json.dumps(manifest, indent=2, allow_nan=False) + "\n").encode()
+    manifest_bytes = manifest_to_bytes(manifest)
 
     temporary = parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:12]}"
     temporary.mkdir()
@@ -269,6 +273,7 @@ def _manifest(
         },
         "training": _jsonable(training),
         "fidelity": _jsonable(model.fidelity_),
+        "quality": _jsonable(model.quality_),
         "library_versions": library_versions(),
     }
 
@@ -291,6 +296,36 @@ def library_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[package] = "unknown"
     return versions
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """SHA-256 of a manifest's canonical JSON (sorted keys, no spaces), without its own
+    ``manifest_sha256`` field: what that field must hold."""
+    fields = {key: value for key, value in manifest.items() if key != MANIFEST_DIGEST}
+    canonical = json.dumps(
+        fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    )
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def manifest_to_bytes(manifest: dict[str, Any]) -> bytes:
+    """The bytes of ``manifest.json`` for ``manifest``, with a fresh ``manifest_sha256``."""
+    sealed = {**manifest, MANIFEST_DIGEST: manifest_digest(manifest)}
+    # allow_nan=False: the manifest must be strict JSON for every reader (NaN became null).
+    return (json.dumps(sealed, indent=2, allow_nan=False) + "\n").encode()
+
+
+def write_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
+    """Replace a bundle's manifest (atomically, with a fresh digest): for tools that edit
+    a manifest on purpose. The data files' entries must still match, or loading refuses."""
+    file = Path(directory) / MANIFEST
+    temporary = file.with_name(f".{MANIFEST}.tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        _write_synced(temporary, manifest_to_bytes(manifest))
+        os.replace(temporary, file)
+    finally:
+        temporary.unlink(missing_ok=True)
+    _fsync_directory(file.parent)
 
 
 # ---------------------------------------------------------------------- reading
@@ -499,6 +534,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         raise BundleError(f"{file}: not valid JSON (truncated or corrupted?): {error}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BundleError(f'{file}: not an MBN bundle manifest (no "format": "{FORMAT}")')
+    _check_manifest_digest(file, manifest)
     version = manifest.get("format_version")
     if isinstance(version, bool) or not isinstance(version, int):
         raise BundleError(f"{file}: format_version must be an integer, got {version!r}")
@@ -520,6 +556,25 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         manifest["format_version"] = version
     _check_manifest_fields(file, manifest)
     return manifest
+
+
+def _check_manifest_digest(file: Path, manifest: dict[str, Any]) -> None:
+    """Refuse a manifest whose own digest does not match (checked whenever it is present,
+    whatever version the manifest claims: a flipped version digit is caught too)."""
+    recorded = manifest.get(MANIFEST_DIGEST)
+    if recorded is None:
+        if manifest.get("format_version") == 1:
+            log.warning("%s: format version 1 has no manifest digest; re-save to protect it", file)
+            return
+        raise BundleError(f"{file}: no {MANIFEST_DIGEST}; the manifest cannot be verified")
+    try:
+        expected = manifest_digest(manifest)
+    except ValueError:  # NaN or infinity: never written by save_bundle
+        expected = None
+    if recorded != expected:
+        raise BundleError(
+            f"{file}: {MANIFEST_DIGEST} does not match its content (the manifest was modified)"
+        )
 
 
 def _check_manifest_fields(file: Path, manifest: dict[str, Any]) -> None:

@@ -7,21 +7,25 @@ with one line on stderr and exit status 2; Ctrl-C ends with status 130 and no pa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import importlib.util
 import logging
 import os
 import sys
 import types
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mbn_core import bulk
 from mbn_core.bundle import BundleError, check_target, load_bundle
 from mbn_core.compress import fidelity_report
 from mbn_core.network import TrainingStopped
+from mbn_core.quality import quality_summary
 from mbn_core.training import (
     COMPRESSOR_FIELDS,
     TrainingEvent,
@@ -118,6 +122,45 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def _add_scheduler_options(parser: argparse.ArgumentParser, purpose: str) -> None:
+    parser.add_argument(
+        "--scheduler",
+        metavar="tcp://HOST:8786",
+        help=f"{purpose} (needs the 'distributed' extra)",
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds to wait for the scheduler (default: 10)",
+    )
+
+
+@contextlib.contextmanager
+def _dask_client(args: argparse.Namespace, *, for_fit: bool) -> Iterator[Any]:
+    """The Dask client of ``--scheduler`` (None without it), connected before any work."""
+    if not args.scheduler:
+        yield None
+        return
+    try:
+        from mbn_core import distributed
+    except ImportError as error:  # pragma: no cover - the module itself imports no Dask
+        raise UserError(str(error)) from None
+    try:
+        context: contextlib.AbstractContextManager[Any]
+        if for_fit:
+            context = distributed.use_dask(args.scheduler, timeout=args.connect_timeout)
+        else:
+            context = contextlib.closing(
+                distributed.connect(args.scheduler, timeout=args.connect_timeout)
+            )
+    except ImportError as error:
+        raise UserError(str(error)) from None
+    with context as client:
+        yield client
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``mbn``."""
     parser = argparse.ArgumentParser(
@@ -141,18 +184,35 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--model-id", help="model id (default: DIR's name)")
     train.add_argument("--force", action="store_true", help="replace an existing bundle at DIR")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_scheduler_options(train, "run each layer's clusterings on this Dask cluster")
     _add_training_options(train)
     train.set_defaults(handler=_train)
 
     embed = commands.add_parser(
-        "embed", help="embed data with a bundle", description="Embed DATA with BUNDLE."
+        "embed",
+        help="embed data with a bundle",
+        description="Embed DATA with BUNDLE. A .npy or Zarr (.zarr) DATA is read and "
+        "written chunk by chunk (dask.array), so it may be larger than memory; .npz and .csv "
+        "are read whole.",
     )
     embed.add_argument("bundle", metavar="BUNDLE", help="bundle directory")
-    embed.add_argument("data", metavar="DATA", help="data file (.npy, .npz, .csv)")
-    embed.add_argument("--out", required=True, metavar="OUT.npy", help="embeddings (float32)")
+    embed.add_argument("data", metavar="DATA", help="data file (.npy, .zarr, .npz, .csv)")
+    embed.add_argument(
+        "--out", required=True, metavar="OUT", help="embeddings, float32 (.npy or .zarr)"
+    )
     embed.add_argument("--exact", action="store_true", help="use the exact MBN (slow)")
     embed.add_argument("--clusters", metavar="CLUSTERS.npy", help="also write cluster ids")
     embed.add_argument("--threads", type=int, default=1, help="threads (default: 1)")
+    embed.add_argument(
+        "--chunk-rows",
+        type=int,
+        default=bulk.DEFAULT_CHUNK_ROWS,
+        metavar="N",
+        help=f"rows per chunk of a .npy or .zarr DATA (default: {bulk.DEFAULT_CHUNK_ROWS})",
+    )
+    _add_scheduler_options(
+        embed, "embed the chunks on this Dask cluster (its workers must see the same paths)"
+    )
     embed.set_defaults(handler=_embed)
 
     info = commands.add_parser(
@@ -207,9 +267,16 @@ def _train(args: argparse.Namespace) -> None:
     if out.exists() and not args.force:
         raise UserError(f"{out}: already exists (use --force to replace it)")
     check_target(out, overwrite=args.force)
-    X, y = load_training_data(args.data)
-    name = args.name or Path(args.data).stem
-    _say(f"Training on {X.shape[0]} x {X.shape[1]} points from {args.data}")
+    # Connects first: an unreachable scheduler is reported before the data is even read.
+    with _dask_client(args, for_fit=True) as client:
+        X, y = load_training_data(args.data)
+        name = args.name or Path(args.data).stem
+        where = f" on the Dask cluster at {args.scheduler}" if client is not None else ""
+        _say(f"Training on {X.shape[0]} x {X.shape[1]} points from {args.data}{where}")
+        _train_with_progress(args, X, y, out, params, name)
+
+
+def _train_with_progress(args, X, y, out: Path, params: TrainingParams, name: str) -> None:
     with _ProgressBars(disable=True if args.quiet else None) as bars:
         path = train_bundle(
             X, out, name=name, params=params, y=y, model_id=args.model_id,
@@ -222,6 +289,9 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _embed(args: argparse.Namespace) -> None:
+    if _chunked(args):
+        _embed_chunked(args)
+        return
     bundle = load_bundle(args.bundle, threads=max(1, args.threads))
     X, _ = load_training_data(args.data)
     if X.shape[1] != bundle.input_dim:
@@ -237,6 +307,35 @@ def _embed(args: argparse.Namespace) -> None:
     if args.clusters:
         _save_npy(Path(args.clusters), bundle.predict_clusters(X, mode=mode))
     _say(f"Wrote {embedding.shape[0]} x {embedding.shape[1]} {mode} embeddings to {args.out}")
+
+
+def _chunked(args: argparse.Namespace) -> bool:
+    """Whether ``mbn embed`` streams chunks through dask.array (else: reads DATA whole)."""
+    if args.scheduler or Path(args.out).suffix.lower() == ".zarr":
+        return True
+    suffix = Path(args.data).suffix.lower()
+    if suffix == ".zarr":
+        return True
+    # Without Dask a .npy is read whole, as before the chunked path existed.
+    return suffix == ".npy" and importlib.util.find_spec("dask") is not None
+
+
+def _embed_chunked(args: argparse.Namespace) -> None:
+    if args.threads < 1 or args.chunk_rows < 1:
+        raise UserError("--threads and --chunk-rows must be positive")
+    mode = "exact" if args.exact else "fast"
+    with _dask_client(args, for_fit=False) as client:
+        try:
+            result = bulk.embed_file(
+                args.bundle, args.data, args.out, mode=mode, clusters_out=args.clusters,
+                chunk_rows=args.chunk_rows, client=client, threads=args.threads,
+            )  # fmt: skip
+        except ImportError as error:
+            raise UserError(str(error)) from None
+    _say(
+        f"Wrote {result.n_rows} x {result.output_dim} {mode} embeddings to {args.out} "
+        f"({result.n_chunks} chunks, {result.rows_per_second:,.0f} rows/s)"
+    )
 
 
 def _info(args: argparse.Namespace) -> None:
@@ -303,6 +402,9 @@ def _describe(manifest: dict[str, Any], *, brief: bool) -> list[str]:
     fidelity = manifest.get("fidelity")
     if fidelity:
         lines.append(f"fidelity:    {fidelity_report(_nan_for_none(fidelity))}")
+    quality = manifest.get("quality")
+    if quality:
+        lines.append(f"quality:     {quality_summary(quality)}")
     if not brief:
         for part, params in manifest["hyperparameters"].items():
             text = ", ".join(f"{key}={value}" for key, value in sorted(params.items()))

@@ -26,6 +26,7 @@ from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_dat
 from threadpoolctl import threadpool_limits
 
 from mbn_core.network import MBN, TrainingStopped
+from mbn_core.quality import quality_report
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,11 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
         ``cosine`` (mean row cosine), ``nmi_fast_exact`` (between k-means clusterings of
         both), ``nmi_labels_exact`` / ``nmi_labels_fast`` when labels were given, and
         ``cluster_agreement`` of the head. See ``fidelity_report``.
+    quality_ : dict
+        Label-free quality on (a sample of) the held-out points: trustworthiness and
+        continuity (k = 10) of the exact and fast embeddings against the input, and of PCA
+        with as many components fitted on the training points. See
+        ``mbn_core.quality.quality_report``.
     n_epochs_ : int
         MLP epochs run.
     n_samples_ : int
@@ -260,11 +266,17 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
             self.cluster_centers_ = centers.astype(np.float32)
 
         started = time.perf_counter()
+        fast = self.transform(X[holdout])
         self.fidelity_ = self._measure_fidelity(
-            embedding[holdout],
-            self.transform(X[holdout]),
-            None if labels is None else labels[holdout],
-            rng,
+            embedding[holdout], fast, None if labels is None else labels[holdout], rng
+        )
+        self.quality_ = quality_report(
+            X[train],
+            X[holdout],
+            {"exact": embedding[holdout], "fast": fast},
+            n_components=self.n_components_,
+            metric=mbn.metric,
+            random_state=rng,
         )
         self.timings_ = {
             "mbn": mbn_seconds,

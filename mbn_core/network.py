@@ -7,6 +7,7 @@ import numbers
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,14 @@ METRICS = ("euclidean", "cosine")
 AUTO_MIN_FEATURES = 8
 # Above this many one-hot entries the top PCA runs sparse (ARPACK) instead of dense.
 _DENSE_PCA_MAX_ENTRIES = 5_000_000
+
+
+# Builds the object that maps each layer's clusterings during ``fit``: ``_LayerRunner`` (a
+# thread pool) unless ``mbn_core.distributed.use_dask`` set a factory for this context.
+LayerRunnerFactory = Callable[[ThreadPoolExecutor, "ProgressCallback | None"], "_LayerRunner"]
+layer_runner_factory: ContextVar[LayerRunnerFactory | None] = ContextVar(
+    "mbn_layer_runner_factory", default=None
+)
 
 
 class TrainingStopped(RuntimeError):
@@ -218,14 +227,13 @@ class MBN(TransformerMixin, BaseEstimator):
                 f"ks[-1]) = {min(n_samples, n_top)}"
             )
         rng = check_random_state(self.random_state)
-        X_work = _float32_input(X)
         n_chosen = self._n_bottom_features(n_features)
         n_threads = _effective_threads(self.n_jobs)
+        factory = layer_runner_factory.get() or _LayerRunner
 
         with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_threads) as pool:
-            runner = _LayerRunner(pool, self.callback)
-            bottom, codes = self._fit_bottom(X, X_work, ks[0], n_chosen, rng, runner)
-            del X_work
+            runner = factory(pool, self.callback)
+            bottom, codes = self._fit_bottom(X, ks[0], n_chosen, rng, runner)
             upper: list[UpperLayer] = []
             for index, k in enumerate(ks[1:], start=1):
                 layer, codes = self._fit_upper(codes, ks[index - 1], k, rng, runner, index)
@@ -276,7 +284,7 @@ class MBN(TransformerMixin, BaseEstimator):
     def _upper_fraction(self) -> float:
         return 0.5 if self.feature_fraction == "auto" else float(self.feature_fraction)
 
-    def _fit_bottom(self, X, X_work, k, n_chosen, rng, runner):
+    def _fit_bottom(self, X, k, n_chosen, rng, runner):
         n_samples, n_features = X.shape
         V = self.n_clusterings
         features = np.zeros((V, n_features), dtype=bool)
@@ -302,15 +310,7 @@ class MBN(TransformerMixin, BaseEstimator):
             center_data=center_data,
             metric=self.metric,
         )
-        norms = input_row_norms(X)
-        codes = runner.run_layer(
-            0,
-            V,
-            lambda v: layer.clustering_codes(X_work, v, norms),
-            n_samples,
-            smallest_uint(k - 1),
-        )
-        return layer, codes
+        return layer, runner.bottom_codes(layer, X, smallest_uint(k - 1))
 
     def _fit_upper(self, codes, n_values, k, rng, runner, index):
         n_samples = codes.shape[0]
@@ -318,15 +318,8 @@ class MBN(TransformerMixin, BaseEstimator):
         fraction = self._upper_fraction()
         centers = np.stack([rng.choice(n_samples, k, replace=False) for _ in range(V)])
         seeds = rng.randint(0, 2**63, size=V, dtype=np.int64).astype(np.uint64)
-        postings = Postings.build(codes, codes, n_values, centers_are_points=True, pool=runner.pool)
-        centers32 = centers.astype(np.int32)
-
-        def encode(v: int) -> np.ndarray:
-            return upper_clustering_codes(
-                postings, codes, centers32[v], n_values, seeds[v], fraction
-            )
-
-        new_codes = runner.run_layer(index, V, encode, n_samples, smallest_uint(k - 1))
+        clusterings = UpperClusterings(centers.astype(np.int32), seeds, n_values, fraction)
+        new_codes = runner.upper_codes(index, codes, clusterings, smallest_uint(k - 1))
         rows, local = np.unique(centers, return_inverse=True)
         layer = UpperLayer(
             centers=local.reshape(V, k).astype(smallest_uint(len(rows) - 1)),
@@ -456,12 +449,94 @@ class MBN(TransformerMixin, BaseEstimator):
             raise ValueError(f"callback must be callable, got {self.callback!r}")
 
 
+@dataclass(frozen=True)
+class UpperClusterings:
+    """The random choices of an upper layer's V clusterings during ``fit``.
+
+    Attributes
+    ----------
+    centers : ndarray of shape (V, k), int32
+        Each clustering's centers, as training points (rows of the previous layer's codes).
+    seeds : ndarray of shape (V,), uint64
+        Seeds of each clustering's choice of one-hot dimensions.
+    n_values : int
+        k of the previous layer.
+    feature_fraction : float
+    """
+
+    centers: np.ndarray
+    seeds: np.ndarray
+    n_values: int
+    feature_fraction: float
+
+    def encoder(
+        self, codes: np.ndarray, pool: ThreadPoolExecutor | None = None
+    ) -> Callable[[int], np.ndarray]:
+        """``encode(v)``: the codes of every training point for clustering v.
+
+        Builds the layer's posting lists once (the shared, per-layer cost); each call then
+        runs one clustering's kernel.
+        """
+        postings = Postings.build(codes, codes, self.n_values, centers_are_points=True, pool=pool)
+
+        def encode(v: int) -> np.ndarray:
+            return upper_clustering_codes(
+                postings, codes, self.centers[v], self.n_values, self.seeds[v],
+                self.feature_fraction,
+            )  # fmt: skip
+
+        return encode
+
+
+def bottom_encoder(
+    layer: BottomLayer, X, norms: np.ndarray | None = None
+) -> Callable[[int], np.ndarray]:
+    """``encode(v)``: the codes of every row of X for bottom clustering v.
+
+    X is the validated input (dense or CSR); its float32 working copy, shared by all
+    clusterings, is built here once, and so are its row norms unless given.
+    """
+    X_work = _float32_input(X)
+    if norms is None:
+        norms = input_row_norms(X)
+    return lambda v: layer.clustering_codes(X_work, v, norms)
+
+
 class _LayerRunner:
-    """Runs a layer's clusterings on a thread pool, reporting progress to the callback."""
+    """Runs a layer's clusterings on a thread pool, reporting progress to the callback.
+
+    ``bottom_codes`` and ``upper_codes`` are what ``fit`` calls per layer; a subclass can map
+    the same per-clustering kernels elsewhere (``mbn_core.distributed``).
+    """
 
     def __init__(self, pool: ThreadPoolExecutor, callback: ProgressCallback | None) -> None:
         self.pool = pool
         self.callback = callback
+
+    def bottom_codes(
+        self, layer: BottomLayer, X, code_dtype: type[np.unsignedinteger]
+    ) -> np.ndarray:
+        """(n, V) codes of the training data X for the bottom layer."""
+        encode = bottom_encoder(layer, X)
+        return self.run_layer(0, len(layer.centers), encode, X.shape[0], code_dtype)
+
+    def upper_codes(
+        self,
+        index: int,
+        codes: np.ndarray,
+        clusterings: UpperClusterings,
+        code_dtype: type[np.unsignedinteger],
+    ) -> np.ndarray:
+        """(n, V) codes of upper layer ``index`` from the previous layer's (n, V_prev) codes."""
+        encode = clusterings.encoder(codes, self.pool)
+        n_clusterings = len(clusterings.centers)
+        return self.run_layer(index, n_clusterings, encode, codes.shape[0], code_dtype)
+
+    def stop_message(self, layer: int, done: int, n_clusterings: int) -> str:
+        return (
+            f"training stopped by the callback in layer {layer} after {done} "
+            f"of {n_clusterings} clusterings"
+        )
 
     def run_layer(
         self,
@@ -484,10 +559,7 @@ class _LayerRunner:
                 future.result()
                 if self.callback is not None and self.callback(layer, done, n_clusterings):
                     stopped = True
-                    raise TrainingStopped(
-                        f"training stopped by the callback in layer {layer} after {done} "
-                        f"of {n_clusterings} clusterings"
-                    )
+                    raise TrainingStopped(self.stop_message(layer, done, n_clusterings))
         finally:
             for future in futures:
                 future.cancel()

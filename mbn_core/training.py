@@ -23,6 +23,7 @@ import scipy.sparse as sp
 
 from mbn_core.bundle import check_target, save_bundle, validate_model_id, validate_name
 from mbn_core.compress import CompressiveMBN
+from mbn_core.datafile import peek_data_file
 from mbn_core.embedding_map import MAP_FILE, MAX_MAP_POINTS, build_map
 from mbn_core.network import MBN, TrainingStopped
 
@@ -226,6 +227,10 @@ def load_training_data(path: str | os.PathLike[str]) -> tuple[Any, np.ndarray | 
     y = None
     try:
         _check_magic(path, suffix)
+        if suffix in (".npy", ".npz"):
+            # Headers that claim more data than the file holds are refused before numpy
+            # allocates what they claim.
+            peek_data_file(path)
         if suffix == ".npy":
             X = np.load(path, allow_pickle=False)
         elif suffix == ".npz":
@@ -316,6 +321,26 @@ def _check_labels(y, n_samples: int, source: str) -> np.ndarray | None:
     return y
 
 
+def check_feasible(params: TrainingParams, n_rows: int) -> None:
+    """ValueError unless ``params`` can train on ``n_rows`` rows: what ``train_bundle`` would
+    otherwise find out only after the MBN (the compressor needs 4 rows, the top layer
+    ``n_components`` of them, the clustering head ``n_clusters``)."""
+    minimum = 4  # CompressiveMBN holds rows out for validation and fidelity
+    if n_rows < minimum:
+        raise ValueError(f"training needs at least {minimum} rows, got {n_rows}")
+    mbn = MBN(**params.mbn_kwargs())
+    ks = mbn.layer_sizes(n_rows)
+    n_components = params.n_classes if params.n_components is None else params.n_components
+    top = min(n_rows, params.n_clusterings * ks[-1])
+    if n_components > top:
+        raise ValueError(
+            f"n_components={n_components} (n_classes when unset) must be <= "
+            f"min(rows, n_clusterings * ks[-1]) = {top}"
+        )
+    if params.n_clusters is not None and params.n_clusters > n_rows:
+        raise ValueError(f"n_clusters={params.n_clusters} is more than the {n_rows} rows")
+
+
 # ---------------------------------------------------------------------- training
 
 
@@ -371,6 +396,7 @@ def train_bundle(
     check_target(out_dir, overwrite=overwrite)
     X = check_matrix(X)
     labels = _check_labels(y, X.shape[0], "y")
+    check_feasible(params, X.shape[0])
 
     mbn = MBN(**params.mbn_kwargs())
     ks = mbn.layer_sizes(X.shape[0])

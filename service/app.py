@@ -116,16 +116,20 @@ class Runtime:
 
     def readiness(self) -> tuple[dict[str, bool], list[str]]:
         checks = {"store": self.store.ping(), "models_scanned": self.initialized}
-        checks["model_available"] = len(self.registry) > 0
+        snapshot = self.registry.snapshot
+        # Ready means /embed can answer a request that names no model.
+        checks["model_available"] = snapshot.default is not None
         problems = []
         if not checks["store"]:
             problems.append("job store unreachable")
         if not checks["models_scanned"]:
             problems.append("model directory not scanned yet")
-        elif not checks["model_available"] and checks["store"]:
-            demo = self.store.get(DEMO_JOB_ID)
+        elif not checks["model_available"]:
+            demo = self.store.get(DEMO_JOB_ID) if checks["store"] else None
             if demo is not None and not demo.finished:
                 problems.append(f"demo model still training (job {demo.id}, {demo.status})")
+            else:
+                problems.append(snapshot.default_problem or "no usable model; train one")
         return checks, problems
 
     def stop(self) -> None:

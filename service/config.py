@@ -89,7 +89,8 @@ class Settings(BaseSettings):
         default=512 * MIB,
         ge=1 * KIB,
         le=16 * GIB,
-        description="Largest POST /train body in bytes, JSON or multipart (413 above it).",
+        description="Largest POST /train file upload in bytes (413 above it); must be at "
+        "least MBN_MAX_BODY_BYTES. JSON training bodies are held to MBN_MAX_BODY_BYTES.",
     )
     max_rows_per_request: int = Field(
         default=8192,
@@ -102,6 +103,14 @@ class Settings(BaseSettings):
         ge=10,
         le=100_000_000,
         description="Most rows a training job may have (413 above it).",
+    )
+    max_train_bytes: int = Field(
+        default=4 * GIB,
+        ge=1 * MIB,
+        le=1024 * GIB,
+        description="Most bytes a training job's data may take once read (rows x features x "
+        "4, and the arrays a file declares, decompressed): checked from the file's headers "
+        "before anything is read, so a decompression bomb is refused at once (413).",
     )
     max_concurrent_exact: int = Field(
         default=2,
@@ -273,7 +282,10 @@ class Settings(BaseSettings):
                 "be taken for orphans"
             )
         if self.max_upload_bytes < self.max_body_bytes:
-            raise ValueError("max_upload_bytes must be at least max_body_bytes")
+            raise ValueError(
+                f"MBN_MAX_UPLOAD_BYTES ({self.max_upload_bytes}) must be at least "
+                f"MBN_MAX_BODY_BYTES ({self.max_body_bytes})"
+            )
         return self
 
     # Typed views of the derived fields (always set after validation).

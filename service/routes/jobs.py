@@ -67,7 +67,8 @@ async def train(
     if content_type.lower().startswith("multipart/form-data"):
         job = await _train_multipart(request, submitter)
     elif is_json(content_type):
-        req = await parse_json(request, TrainRequest)
+        # JSON rows become Python objects first: bounded by the (smaller) body limit.
+        req = await parse_json(request, TrainRequest, limit=submitter.settings.max_body_bytes)
         params = check_params(req.params)
         x = rows_to_matrix(
             req.data,

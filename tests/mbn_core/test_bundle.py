@@ -22,6 +22,7 @@ from mbn_core.bundle import (
     read_manifest,
     save_bundle,
     validate_model_id,
+    write_manifest,
 )
 
 
@@ -51,9 +52,10 @@ def copy(saved, tmp_path):
 
 
 def rewrite_manifest(path, change):
+    """Edit a manifest on purpose: with a fresh self-digest, so only ``change`` is tested."""
     manifest = json.loads((path / MANIFEST).read_text())
     change(manifest)
-    (path / MANIFEST).write_text(json.dumps(manifest))
+    write_manifest(path, manifest)
 
 
 # ---------------------------------------------------------------------- round trip
@@ -109,6 +111,7 @@ def test_manifest_describes_the_model(model, saved):
     assert manifest["fidelity"]["nmi_labels_exact"] == pytest.approx(
         model.fidelity_["nmi_labels_exact"]
     )
+    assert manifest["quality"] == model.quality_
     assert {"numpy", "scikit-learn", "onnxruntime", "python"} <= set(manifest["library_versions"])
     for name in (EXACT_FILE, ONNX_FILE):
         data = (saved / name).read_bytes()
@@ -327,6 +330,51 @@ def test_inconsistent_manifest_is_refused(copy, change, message):
     rewrite_manifest(copy, change)
     with pytest.raises(BundleError, match=message):
         load_bundle(copy)
+
+
+# ---------------------------------------------------------------------- manifest digest
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (b'"name": "Digits"', b'"name": "Digitz"'),  # a flipped bit in a value
+        (b'"format_version": 2', b'"format_version": 1'),  # a downgrade is no way around it
+        (b'"input_dim": 64', b'"input_dim": 65'),
+    ],
+)
+def test_a_changed_byte_in_the_manifest_is_refused(copy, old, new):
+    content = (copy / MANIFEST).read_bytes()
+    assert old in content
+    (copy / MANIFEST).write_bytes(content.replace(old, new, 1))
+    with pytest.raises(BundleError, match=r"manifest_sha256 does not match.*modified"):
+        load_bundle(copy)
+
+
+def test_manifest_without_digest_is_refused_from_format_2(copy):
+    manifest = json.loads((copy / MANIFEST).read_text())
+    del manifest["manifest_sha256"]
+    (copy / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="no manifest_sha256"):
+        load_bundle(copy)
+
+
+def test_format_1_manifest_without_digest_still_loads(copy, digits, caplog):
+    manifest = json.loads((copy / MANIFEST).read_text())
+    del manifest["manifest_sha256"]
+    manifest["format_version"] = 1
+    (copy / MANIFEST).write_text(json.dumps(manifest))
+    bundle = load_bundle(copy)
+    assert bundle.manifest["format_version"] == FORMAT_VERSION
+    assert "no manifest digest" in caplog.text
+    assert bundle.embed(digits[0][:2]).shape == (2, 10)
+
+
+def test_whitespace_changes_keep_the_digest_valid(copy):
+    # The digest covers the manifest's content, not its formatting.
+    manifest = json.loads((copy / MANIFEST).read_text())
+    (copy / MANIFEST).write_text(json.dumps(manifest, indent=None))
+    assert load_bundle(copy).manifest == manifest
 
 
 # ---------------------------------------------------------------------- format versions

@@ -65,6 +65,7 @@ def test_train_writes_a_bundle_and_prints_the_report(trained):
     assert "Traceback" not in result.stderr
     assert "Wrote bundle 'model' (Digits)" in result.stdout
     assert "fidelity:" in result.stdout and "NMI vs labels" in result.stdout
+    assert "quality:     trustworthiness / continuity (k=10" in result.stdout
     bundle = load_bundle(path)
     assert bundle.manifest["hyperparameters"]["mbn"]["n_clusterings"] == 20
     assert bundle.n_clusters == 4
@@ -126,6 +127,7 @@ def test_info(trained, workdir, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "id:          model" in out
     assert "64 -> 10" in out
+    assert "quality:     trustworthiness / continuity" in out and "pca " in out
     assert "verified:" in out
 
 

@@ -73,6 +73,15 @@ def test_fidelity_report_is_complete_and_faithful(fitted):
     assert set(fitted.timings_) == {"mbn", "compressor", "evaluation"}
 
 
+def test_quality_report_on_the_held_out_points(fitted):
+    report = fitted.quality_
+    assert report["n_rows"] == fitted.fidelity_["n_holdout"] and report["n_neighbors"] == 10
+    for name in ("exact", "fast", "pca"):
+        for key in ("trustworthiness", "continuity"):
+            assert 0.5 < report[name][key] <= 1.0, (name, key)
+    assert report["pca"]["n_components"] == fitted.n_components_
+
+
 def test_labels_are_optional(digits):
     X, _ = digits
     model = small_model(max_epochs=2).fit(X)
@@ -104,6 +113,7 @@ def test_same_seed_same_model(digits):
     second = small_model(max_epochs=3).fit(X)
     np.testing.assert_array_equal(first.transform(X[:30]), second.transform(X[:30]))
     assert first.fidelity_ == second.fidelity_
+    assert first.quality_ == second.quality_
 
 
 def test_transform_is_batch_independent(fitted, digits):

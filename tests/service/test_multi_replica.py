@@ -68,7 +68,9 @@ def test_two_apis_two_workers(
         took_jobs = [bool(re.search(r"attempt \d+ started", w.log_tail(2000))) for w in workers]
         assert all(took_jobs), "both workers should have shared the queue"
         models_dir = tmp_path / "shared" / "models"
-        assert sorted(p.name for p in models_dir.iterdir()) == sorted(j["model_id"] for j in done)
+        assert sorted(p.name for p in models_dir.iterdir() if not p.name.startswith(".")) == sorted(
+            j["model_id"] for j in done
+        )
 
         # Usable through both APIs, by id and by name.
         rows = x[:3].tolist()
