@@ -15,11 +15,15 @@ from __future__ import annotations
 import io
 import zipfile
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Any
 
 import numpy as np
 from sklearn.manifold import TSNE
 from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import Interval
+
+from mbn_core.params import Param
 
 MAP_FILE = "map.npz"
 MAX_MAP_POINTS = 20_000
@@ -31,6 +35,18 @@ LOCATE_NEIGHBOURS = 5
 _LOCATE_CHUNK = 1024
 TSNE_ITERATIONS = 500
 _ARRAYS = ("xy", "embedding", "row", "cluster", "label")
+# The training option that sizes the map (declared once: the CLI, POST /train and the docs
+# take it from here, like the estimators' options).
+MAP_POINTS = Param(
+    name="map_points",
+    default=MAX_MAP_POINTS,
+    constraints=[Interval(Integral, 0, MAX_MAP_POINTS, closed="both")],
+    help=(
+        "Training rows in the 2-D map stored with the model (a t-SNE of a random sample), "
+        "0 for no map."
+    ),
+    owner="the map",
+)
 
 
 @dataclass(frozen=True)

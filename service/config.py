@@ -6,6 +6,7 @@ that is zero, negative or absurdly large is refused at start-up rather than disc
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -112,6 +113,28 @@ class Settings(BaseSettings):
         "4, and the arrays a file declares, decompressed): checked from the file's headers "
         "before anything is read, so a decompression bomb is refused at once (413).",
     )
+    min_free_bytes: int = Field(
+        default=64 * MIB,
+        ge=0,
+        le=1024 * GIB,
+        description="Free disk space the data and model directories need for /health/ready "
+        "to answer 200 (uploads and bundles are written there).",
+    )
+    max_inflight_rows: int = Field(
+        default=32_768,
+        ge=1,
+        le=100_000_000,
+        description="Fast-mode rows being embedded at once by one process; a request that "
+        "would pass it is refused with 429 and Retry-After at once. At least "
+        "MBN_MAX_ROWS_PER_REQUEST.",
+    )
+    max_inflight_requests: int = Field(
+        default=64,
+        ge=1,
+        le=100_000,
+        description="/embed requests one process reads, parses and computes at once; one "
+        "more is refused with 429 and Retry-After before its body is read.",
+    )
     max_concurrent_exact: int = Field(
         default=2,
         ge=1,
@@ -170,6 +193,18 @@ class Settings(BaseSettings):
         ge=1,
         le=256,
         description="Threads each training job may use.",
+    )
+    dask_scheduler: str | None = Field(
+        default=None,
+        description="Address of a Dask scheduler (tcp://host:8786): training jobs run each "
+        "MBN layer's clusterings on its workers (needs the 'distributed' extra). Unset or "
+        "empty: jobs train on the worker's own threads.",
+    )
+    dask_connect_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="How long a training job waits for the Dask scheduler before failing.",
     )
     poll_interval_seconds: float = Field(
         default=1.0,
@@ -261,6 +296,20 @@ class Settings(BaseSettings):
             )
         return url
 
+    @field_validator("dask_scheduler")
+    @classmethod
+    def _check_scheduler(cls, address: str | None) -> str | None:
+        if address is None or not address.strip():
+            return None
+        address = address.strip()
+        if not re.fullmatch(r"(tcp|tls|ucx|inproc)://[^\s/]+", address):
+            raise ValueError(f"{address!r} is not a Dask scheduler address like tcp://host:8786")
+        if importlib.util.find_spec("distributed") is None:
+            raise ValueError(
+                "training on a Dask cluster needs Dask: pip install 'mbn[distributed]'"
+            )
+        return address
+
     @field_validator("default_model")
     @classmethod
     def _check_default_model(cls, ref: str | None) -> str | None:
@@ -280,6 +329,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 "stale_after_seconds must exceed 2 x heartbeat_seconds, or live jobs would "
                 "be taken for orphans"
+            )
+        if self.max_inflight_rows < self.max_rows_per_request:
+            raise ValueError(
+                f"MBN_MAX_INFLIGHT_ROWS ({self.max_inflight_rows}) must be at least "
+                f"MBN_MAX_ROWS_PER_REQUEST ({self.max_rows_per_request})"
             )
         if self.max_upload_bytes < self.max_body_bytes:
             raise ValueError(
@@ -305,3 +359,20 @@ class Settings(BaseSettings):
         """The job store's SQLAlchemy URL."""
         assert self.database_url is not None
         return self.database_url
+
+
+def settings_markdown() -> str:
+    """The settings as a Markdown table (variable, default, meaning): what the README shows,
+    generated from the fields so the two cannot disagree (``scripts/gen_docs.py``)."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        default = field.default
+        if default is None or default == ():
+            shown = "unset"
+        elif isinstance(default, bool):
+            shown = f"`{str(default).lower()}`"
+        else:
+            shown = f"`{default}`"
+        description = " ".join((field.description or "").split())
+        rows.append(f"| `MBN_{name.upper()}` | {shown} | {description} |")
+    return "\n".join(rows)

@@ -1,4 +1,4 @@
-"""Request and response models of the HTTP API (the contract of DESIGN.md).
+"""Request and response models of the HTTP API (the contract of docs/DESIGN.md).
 
 Request models forbid unknown fields and are strict (a string is not a number). They are
 flat on purpose: the routes that read raw bodies publish these schemas inline in OpenAPI.
@@ -111,10 +111,14 @@ class TrainOptions(_Request):
         pattern=MODEL_REF_PATTERN,
         description="Model name; the newest model of a name answers requests naming it.",
     )
+    method: str | None = Field(
+        default=None,
+        description="Embedding method (a registered one; default mbn). Its options are the params.",
+    )
     params: dict[str, Any] = Field(
         default_factory=dict,
-        description="Training parameters (mbn_core.training.TrainingParams; n_jobs is the "
-        "server's).",
+        description="Training parameters of the method (those of `mbn train --method M`; "
+        "n_jobs is the server's).",
     )
 
 

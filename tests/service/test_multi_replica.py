@@ -33,7 +33,9 @@ def test_two_apis_two_workers(
         "MBN_EMBEDDED_WORKER": "false",
         "MBN_DEMO_MODEL": "false",
     }
-    workers = [Process([MBN_COMMAND, "worker"], env, tmp_path / f"worker{i}.log") for i in range(2)]
+    workers = [
+        Process([*MBN_COMMAND, "worker"], env, tmp_path / f"worker{i}.log") for i in range(2)
+    ]
     apis = [Server(env, tmp_path / f"api{i}.log") for i in range(2)]
     processes.extend([*workers, *apis])
     for worker in workers:

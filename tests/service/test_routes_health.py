@@ -17,6 +17,7 @@ def test_live_and_ready(api: Callable[..., TestClient]) -> None:
     assert ready.status_code == 200
     assert ready.json()["checks"] == {
         "store": True,
+        "disk": True,
         "models_scanned": True,
         "model_available": True,
     }
@@ -50,10 +51,11 @@ def test_not_ready_when_the_store_is_down(api: Callable[..., TestClient]) -> Non
     store = client.app.state.store  # type: ignore[attr-defined]
     store.engine.dispose()
     # Make the store unreachable for real: a directory where the database file was.
-    db_file = store.engine.url.database
+    db_file = str(store.sqlite_path)
     os.rename(db_file, db_file + ".moved")
     os.mkdir(db_file)
     try:
+        wait_for(lambda: client.get("/health/ready").status_code == 503, 10, "not ready")
         error = assert_error(client.get("/health/ready"), 503)
         assert "job store" in error["message"]
         assert_error(client.get("/jobs"), 503, "unavailable")
@@ -62,7 +64,7 @@ def test_not_ready_when_the_store_is_down(api: Callable[..., TestClient]) -> Non
     finally:
         os.rmdir(db_file)
         os.rename(db_file + ".moved", db_file)
-    assert client.get("/health/ready").status_code == 200
+    wait_for(lambda: client.get("/health/ready").status_code == 200, 10, "ready again")
 
 
 def test_metrics(api: Callable[..., TestClient]) -> None:

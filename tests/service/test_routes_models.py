@@ -10,6 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 from servicetest import assert_error, wait_for
 
+from mbn_core.bundle import EXACT_FILE
+
 
 def test_list_get_delete(api: Callable[..., TestClient], write_bundle: Callable[..., Path]) -> None:
     client = api()
@@ -101,7 +103,7 @@ def test_a_tampered_exact_model_is_a_clear_409_and_shows_in_models(
 ) -> None:
     client = api()
     models_path = client.app.state.settings.models_path  # type: ignore[attr-defined]
-    exact = models_path / "m-digits" / "mbn.npz"
+    exact = models_path / "m-digits" / EXACT_FILE
     good = exact.read_bytes()
     row = {"inputs": [[0.0] * 64]}
     assert client.post("/embed", json=row).status_code == 200  # loaded (fast path only)
@@ -110,7 +112,7 @@ def test_a_tampered_exact_model_is_a_clear_409_and_shows_in_models(
     with caplog.at_level(logging.ERROR, logger="service.registry"):
         error = assert_error(client.post("/embed", json={**row, "mode": "exact"}), 409, "conflict")
     assert "failed verification" in error["message"]
-    assert "mbn.npz: SHA-256 does not match the manifest" in error["message"]
+    assert f"{EXACT_FILE}: SHA-256 does not match the manifest" in error["message"]
     assert str(models_path) not in error["message"] and "/" not in error["message"]
     assert "failed verification" in caplog.text  # logged, with the server's path
     # Out of service in every mode until repaired, and listed with the reason.
@@ -119,7 +121,7 @@ def test_a_tampered_exact_model_is_a_clear_409_and_shows_in_models(
     assert_error(client.get("/health/ready"), 503)
     [model] = client.get("/models").json()["models"]
     assert (model["id"], model["state"]) == ("m-digits", "damaged")
-    assert "mbn.npz" in model["problem"]
+    assert EXACT_FILE in model["problem"]
 
     # Repaired in place: served again after the next scan, the directory untouched.
     with exact.open("r+b") as handle:
