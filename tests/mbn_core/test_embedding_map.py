@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits, make_blobs
 
-from mbn_core.bundle import BundleError, load_bundle
+from mbn_core.bundle import EXACT_FILE, ONNX_FILE, BundleError, load_bundle
 from mbn_core.embedding_map import MAP_FILE, EmbeddingMap, build_map
 from mbn_core.training import TrainingParams, train_bundle
 
@@ -160,7 +160,7 @@ def test_training_stores_a_map_of_a_sample(mapped_bundle, digits):
     x, y = digits
     bundle = load_bundle(mapped_bundle)
     manifest = bundle.manifest
-    assert set(manifest["files"]) == {"mbn.npz", "compressor.onnx", MAP_FILE}
+    assert set(manifest["files"]) == {EXACT_FILE, ONNX_FILE, MAP_FILE}
     assert manifest["map"]["n_points"] == 400 and manifest["map"]["color_by"] == "label"
     assert bundle.has_map
     stored = bundle.embedding_map()
