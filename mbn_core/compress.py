@@ -1,17 +1,20 @@
-"""Compressive MBN: distil an MBN into a small MLP that embeds thousands of times faster.
+"""Compressive MBN: distil an MBN (or any embedding) into a small MLP that embeds thousands of
+times faster.
 
 Appendix D of Zhang's "Multilayer bootstrap networks": train MBN, then train a neural
 network from the raw input to MBN's embedding and predict with the network. A held-out part
 of the training set, never seen by the network, measures how faithfully it reproduces MBN.
+Nothing here depends on the teacher being an MBN: any fitted scikit-learn transformer can be
+distilled the same way (``mbn_core.methods`` registers which ones the pipeline offers).
 """
 
 from __future__ import annotations
 
 import logging
-import numbers
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
@@ -22,10 +25,12 @@ from sklearn.metrics import normalized_mutual_info_score, r2_score
 from sklearn.neural_network import MLPRegressor
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import HasMethods, Interval
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 from threadpoolctl import threadpool_limits
 
 from mbn_core.network import MBN, TrainingStopped
+from mbn_core.params import CheckedParams, check_int_items
 from mbn_core.quality import quality_report
 
 log = logging.getLogger(__name__)
@@ -43,22 +48,25 @@ _KMEANS_INIT = 10
 _MLP_INTERRUPTED = "Training interrupted by user."
 
 
-class CompressiveMBN(TransformerMixin, BaseEstimator):
+class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
     """MBN distilled into an MLP regressor: a fast embedding plus an optional cluster head.
 
-    ``fit`` trains the MBN (or uses a fitted one), then a scikit-learn ``MLPRegressor`` from
-    the standardised input to the MBN embedding (centred and scaled by its overall spread, so
-    the loss is the squared error in embedding space, the geometry k-means sees). A random
+    ``fit`` trains the teacher (an MBN unless told otherwise, or uses a fitted one), then a
+    scikit-learn ``MLPRegressor`` from the standardised input to the teacher's embedding
+    (centred and scaled by its overall spread, so the loss is the squared error in embedding
+    space, the geometry k-means sees). A random
     ``holdout_fraction`` of the training points is kept away from the network and used to
     measure its fidelity to the exact MBN (``fidelity_``).
 
     Parameters
     ----------
-    mbn : MBN, default=None
-        The network to distil. None means ``MBN(random_state=...)`` seeded from
-        ``random_state``. Unless ``prefit`` is True it is cloned and fitted.
+    teacher : transformer, default=None
+        The embedding to distil: an ``MBN`` or any scikit-learn transformer. None means
+        ``MBN(random_state=...)`` seeded from ``random_state``. Unless ``prefit`` is True it
+        is cloned and fitted.
     prefit : bool, default=False
-        Use ``mbn`` as already fitted (its embedding of X is recomputed with ``transform``).
+        Use ``teacher`` as already fitted (its embedding of X is recomputed with
+        ``transform``).
     hidden_layer_sizes : sequence of int, default=(256, 256)
         Hidden ReLU layers of the MLP. The paper used (2048, 2048). Prediction costs one
         multiply-add per weight, so the speed-up over exact MBN is about the ratio of MBN's
@@ -88,28 +96,29 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
         Fraction of the non-held-out points used for early stopping. 0 trains all
         ``max_epochs`` and keeps the last weights.
     holdout_fraction : float in (0, 0.5], default=0.1
-        Fraction of the points never shown to the MLP, on which ``fidelity_`` is measured.
+        Fraction of the points held out of training the fast path, on which ``fidelity_`` is
+        measured.
     n_clusters : int, default=None
-        If set, k-means with this many clusters on the MBN embedding of the training set; the
+        If set, k-means with this many clusters on the exact embedding of the training set; the
         model then answers a cluster id for any input (``predict_clusters``): the nearest
         k-means centroid of the embedding.
     random_state : int, RandomState instance or None, default=None
-        Seeds the held-out split, the MLP, k-means and (when ``mbn`` is None) the MBN.
+        Seeds the held-out split, the MLP, k-means and (when ``teacher`` is None) the MBN.
     n_jobs : int, default=None
-        BLAS threads while training the MLP. None means one: its matrix products are small
-        (minibatch x hidden units), and on a busy machine extra BLAS threads spin instead of
-        working (an epoch of 48,600 MNIST images: 2.0 s on one thread, 4.5 to 15 s on two
-        of two shared cores).
+        Threads to train with. For the MLP (BLAS threads) None means one: its matrix
+        products are small (minibatch x hidden units), and on a busy machine extra BLAS
+        threads spin instead of working (an epoch of 48,600 MNIST images: 2.0 s on one
+        thread, 4.5 to 15 s on two of two shared cores).
     callback : callable, default=None
         Called as ``callback(epoch, max_epochs, validation_loss)`` after each MLP epoch
         (1-based; the loss is NaN without a validation split). Returning True stops
-        training: ``fit`` raises ``TrainingStopped``. The MBN reports through its own
+        training: ``fit`` raises ``TrainingStopped``. The teacher reports through its own
         ``callback``.
 
     Attributes
     ----------
-    mbn_ : MBN
-        The fitted exact network.
+    teacher_ : transformer
+        The fitted exact embedding (the MBN).
     input_scaler_ : StandardScaler
         Input standardisation (spread floored, see above).
     mlp_ : MLPRegressor
@@ -135,7 +144,7 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
     input_sparse_ : bool
         Whether the training input was sparse (then the input is scaled, not centred).
     timings_ : dict
-        Seconds spent in ``mbn``, ``compressor`` and ``evaluation``.
+        Seconds spent in ``teacher``, ``compressor`` and ``evaluation``.
     n_features_in_ : int
     n_components_ : int
 
@@ -152,9 +161,27 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
     ['cluster_agreement', 'cosine', 'n_eval_clusters']
     """
 
+    _parameter_constraints: dict[str, list] = {
+        "teacher": [HasMethods(["fit", "transform"]), None],
+        "prefit": ["boolean"],
+        "hidden_layer_sizes": ["array-like"],
+        "max_epochs": [Interval(Integral, 1, None, closed="left")],
+        "batch_size": [Interval(Integral, 1, None, closed="left")],
+        "learning_rate": [Interval(Real, 0, 1, closed="right")],
+        "alpha": [Interval(Real, 0, None, closed="left")],
+        "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
+        "tol": [Interval(Real, 0, None, closed="left")],
+        "validation_fraction": [Interval(Real, 0, 0.5, closed="left")],
+        "holdout_fraction": [Interval(Real, 0, 0.5, closed="right")],
+        "n_clusters": [Interval(Integral, 1, None, closed="left"), None],
+        "random_state": ["random_state"],
+        "n_jobs": [Interval(Integral, 1, None, closed="left"), None],
+        "callback": [callable, None],
+    }
+
     def __init__(
         self,
-        mbn: MBN | None = None,
+        teacher: Any = None,
         *,
         prefit: bool = False,
         hidden_layer_sizes: Sequence[int] = (256, 256),
@@ -171,7 +198,7 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
         n_jobs: int | None = None,
         callback: EpochCallback | None = None,
     ) -> None:
-        self.mbn = mbn
+        self.teacher = teacher
         self.prefit = prefit
         self.hidden_layer_sizes = hidden_layer_sizes
         self.max_epochs = max_epochs
@@ -190,7 +217,7 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
     # ------------------------------------------------------------------ fitting
 
     def fit(self, X, y=None):
-        """Fit the MBN (unless prefit), the MLP and the optional cluster head.
+        """Fit the teacher (unless prefit), the MLP and the optional cluster head.
 
         Parameters
         ----------
@@ -224,8 +251,8 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
         rng = check_random_state(self.random_state)
 
         started = time.perf_counter()
-        mbn, embedding = self._fit_mbn(X, rng)
-        mbn_seconds = time.perf_counter() - started
+        teacher, embedding = self._fit_teacher(X, rng)
+        teacher_seconds = time.perf_counter() - started
 
         holdout, validation, train = _split(
             n_samples, self.holdout_fraction, self.validation_fraction, rng
@@ -247,7 +274,7 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
         )
         compressor_seconds = time.perf_counter() - started
 
-        self.mbn_ = mbn
+        self.teacher_ = teacher
         self.input_scaler_ = scaler
         self.mlp_ = mlp
         self.target_mean_ = target_mean.astype(np.float32)
@@ -263,37 +290,45 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
 
         started = time.perf_counter()
         fast = self.transform(X[holdout])
-        self.fidelity_ = self._measure_fidelity(
-            embedding[holdout], fast, None if labels is None else labels[holdout], rng
+        self.fidelity_ = measure_fidelity(
+            embedding[holdout],
+            fast,
+            None if labels is None else labels[holdout],
+            n_clusters=self.n_clusters if self.n_clusters is not None else _eval_clusters(teacher),
+            centers=self.cluster_centers_,
+            seed=_seed(rng),
         )
         self.quality_ = quality_report(
             X[train],
             X[holdout],
             {"exact": embedding[holdout], "fast": fast},
             n_components=self.n_components_,
-            metric=mbn.metric,
+            metric=getattr(teacher, "metric", "euclidean"),
             random_state=rng,
         )
         self.timings_ = {
-            "mbn": mbn_seconds,
+            "teacher": teacher_seconds,
             "compressor": compressor_seconds,
             "evaluation": time.perf_counter() - started,
         }
         log.info("compressive MBN fitted: %s", fidelity_report(self.fidelity_))
         return self
 
-    def _fit_mbn(self, X, rng) -> tuple[MBN, np.ndarray]:
+    def _fit_teacher(self, X, rng) -> tuple[Any, np.ndarray]:
         if self.prefit:
-            check_is_fitted(self.mbn)
-            assert self.mbn is not None
-            if self.mbn.n_features_in_ != X.shape[1]:
+            check_is_fitted(self.teacher)
+            assert self.teacher is not None
+            expected = getattr(self.teacher, "n_features_in_", X.shape[1])
+            if expected != X.shape[1]:
                 raise ValueError(
-                    f"X has {X.shape[1]} features but the prefit mbn expects "
-                    f"{self.mbn.n_features_in_}"
+                    f"X has {X.shape[1]} features but the prefit teacher expects {expected}"
                 )
-            return self.mbn, self.mbn.transform(X)
-        mbn = MBN(random_state=_seed(rng)) if self.mbn is None else _fresh_copy(self.mbn)
-        return mbn, mbn.fit_transform(X)
+            return self.teacher, _as_embedding(self.teacher.transform(X))
+        if self.teacher is None:
+            teacher = MBN(random_state=_seed(rng))
+        else:
+            teacher = _fresh_copy(self.teacher)
+        return teacher, _as_embedding(teacher.fit_transform(X))
 
     def _fit_mlp(self, X_train, Y_train, X_val, Y_val, rng) -> tuple[MLPRegressor, int]:
         mlp = MLPRegressor(
@@ -338,38 +373,6 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
             mlp.coefs_, mlp.intercepts_ = best_weights
         return mlp, epoch
 
-    def _measure_fidelity(self, exact, fast, labels, rng) -> dict[str, Any]:
-        exact = np.asarray(exact, dtype=np.float64)
-        fast = np.asarray(fast, dtype=np.float64)
-        n_clusters = self.n_clusters if self.n_clusters is not None else self.mbn_.n_classes
-        n_clusters = max(1, min(n_clusters, len(exact)))
-        seed = _seed(rng)
-        exact_clusters = _kmeans(exact, n_clusters, seed).labels_
-        fast_clusters = _kmeans(fast, n_clusters, seed).labels_
-        norms = np.linalg.norm(exact, axis=1) * np.linalg.norm(fast, axis=1)
-        cosine = np.sum(exact * fast, axis=1) / np.maximum(norms, np.finfo(np.float64).tiny)
-        report: dict[str, Any] = {
-            "n_holdout": len(exact),
-            "n_eval_clusters": n_clusters,
-            "r2": float(r2_score(exact, fast, multioutput="variance_weighted"))
-            if len(exact) > 1
-            else float("nan"),
-            "cosine": float(np.mean(cosine)),
-            "nmi_fast_exact": float(normalized_mutual_info_score(exact_clusters, fast_clusters)),
-            "nmi_labels_exact": None,
-            "nmi_labels_fast": None,
-            "cluster_agreement": None,
-        }
-        if labels is not None:
-            report["nmi_labels_exact"] = float(normalized_mutual_info_score(labels, exact_clusters))
-            report["nmi_labels_fast"] = float(normalized_mutual_info_score(labels, fast_clusters))
-        if self.cluster_centers_ is not None:
-            agree = _nearest(exact.astype(np.float32), self.cluster_centers_) == _nearest(
-                fast.astype(np.float32), self.cluster_centers_
-            )
-            report["cluster_agreement"] = float(np.mean(agree))
-        return report
-
     # ------------------------------------------------------------------ inference
 
     def transform(self, X):
@@ -389,10 +392,10 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
         return scaled * self.target_scale_ + self.target_mean_
 
     def exact_transform(self, X) -> np.ndarray:
-        """Embedding of X by the exact MBN (slow), float64."""
+        """Embedding of X by the exact teacher (slow), float64."""
         check_is_fitted(self)
         X = validate_data(self, X, accept_sparse="csr", dtype=np.float32, reset=False)
-        return self.mbn_.transform(X)
+        return _as_embedding(self.teacher_.transform(X))
 
     def predict_clusters(self, X, mode: str = "fast") -> np.ndarray:
         """Cluster id of each row: the nearest k-means centroid of its embedding.
@@ -401,7 +404,7 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
         ----------
         X : array-like or sparse matrix of shape (n_samples, n_features)
         mode : {"fast", "exact"}, default="fast"
-            Embed with the MLP or with the exact MBN.
+            Embed with the MLP or with the exact teacher.
 
         Returns
         -------
@@ -424,34 +427,71 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
         tags.transformer_tags.preserves_dtype = ["float32"]
         return tags
 
-    def _validate_params(self) -> None:
-        if self.mbn is not None and not isinstance(self.mbn, MBN):
-            raise ValueError(f"mbn must be an MBN instance or None, got {self.mbn!r}")
-        if not isinstance(self.prefit, bool):
-            raise ValueError(f"prefit must be True or False, got {self.prefit!r}")
-        if self.prefit and self.mbn is None:
-            raise ValueError("prefit=True needs a fitted mbn")
-        sizes = self.hidden_layer_sizes
-        if isinstance(sizes, str | bytes) or not isinstance(sizes, Sequence | np.ndarray):
-            raise ValueError(f"hidden_layer_sizes must be a sequence of integers, got {sizes!r}")
-        if len(sizes) == 0:
-            raise ValueError("hidden_layer_sizes must list at least one hidden layer")
-        for size in sizes:
-            _check_int("hidden_layer_sizes", size, 1)
-        _check_int("max_epochs", self.max_epochs, 1)
-        _check_int("batch_size", self.batch_size, 1)
-        _check_real("learning_rate", self.learning_rate, 0.0, 1.0, low_open=True)
-        _check_real("alpha", self.alpha, 0.0, np.inf)
-        _check_int("n_iter_no_change", self.n_iter_no_change, 1)
-        _check_real("tol", self.tol, 0.0, np.inf)
-        _check_real("validation_fraction", self.validation_fraction, 0.0, 0.5, high_open=True)
-        _check_real("holdout_fraction", self.holdout_fraction, 0.0, 0.5, low_open=True)
-        if self.n_clusters is not None:
-            _check_int("n_clusters", self.n_clusters, 1)
-        if self.n_jobs is not None:
-            _check_int("n_jobs", self.n_jobs, 1)
-        if self.callback is not None and not callable(self.callback):
-            raise ValueError(f"callback must be callable, got {self.callback!r}")
+    def _check_params(self) -> None:
+        check_int_items(type(self).__name__, "hidden_layer_sizes", self.hidden_layer_sizes, 1)
+        if self.prefit and self.teacher is None:
+            raise ValueError("prefit=True needs a fitted teacher")
+
+
+def measure_fidelity(
+    exact,
+    fast,
+    labels=None,
+    *,
+    n_clusters: int,
+    centers: np.ndarray | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """How faithfully a fast embedding reproduces the exact one on the same (held-out) rows.
+
+    Parameters
+    ----------
+    exact, fast : array-like of shape (n_rows, n_components)
+    labels : array-like of shape (n_rows,), default=None
+        True classes, for NMI of k-means on each embedding against them.
+    n_clusters : int
+        Clusters of the k-means runs compared.
+    centers : ndarray of shape (n_clusters, n_components), default=None
+        The clustering head's centroids: ``cluster_agreement`` is the share of rows whose
+        nearest centroid is the same in both embeddings.
+    seed : int, default=0
+        Seed of k-means.
+
+    Returns
+    -------
+    dict
+        ``n_holdout``, ``n_eval_clusters``, ``r2``, ``cosine``, ``nmi_fast_exact``,
+        ``nmi_labels_exact``, ``nmi_labels_fast``, ``cluster_agreement`` (None when not
+        measured). See ``fidelity_report``.
+    """
+    exact = np.asarray(exact, dtype=np.float64)
+    fast = np.asarray(fast, dtype=np.float64)
+    n_clusters = max(1, min(n_clusters, len(exact)))
+    exact_clusters = _kmeans(exact, n_clusters, seed).labels_
+    fast_clusters = _kmeans(fast, n_clusters, seed).labels_
+    norms = np.linalg.norm(exact, axis=1) * np.linalg.norm(fast, axis=1)
+    cosine = np.sum(exact * fast, axis=1) / np.maximum(norms, np.finfo(np.float64).tiny)
+    report: dict[str, Any] = {
+        "n_holdout": len(exact),
+        "n_eval_clusters": n_clusters,
+        "r2": float(r2_score(exact, fast, multioutput="variance_weighted"))
+        if len(exact) > 1
+        else float("nan"),
+        "cosine": float(np.mean(cosine)),
+        "nmi_fast_exact": float(normalized_mutual_info_score(exact_clusters, fast_clusters)),
+        "nmi_labels_exact": None,
+        "nmi_labels_fast": None,
+        "cluster_agreement": None,
+    }
+    if labels is not None:
+        report["nmi_labels_exact"] = float(normalized_mutual_info_score(labels, exact_clusters))
+        report["nmi_labels_fast"] = float(normalized_mutual_info_score(labels, fast_clusters))
+    if centers is not None:
+        agree = _nearest(exact.astype(np.float32), centers) == _nearest(
+            fast.astype(np.float32), centers
+        )
+        report["cluster_agreement"] = float(np.mean(agree))
+    return report
 
 
 def fidelity_report(fidelity: dict[str, Any]) -> str:
@@ -532,36 +572,34 @@ def _nearest(embedding: np.ndarray, centers: np.ndarray) -> np.ndarray:
     return np.argmin(scores, axis=1).astype(np.int64)
 
 
-def _fresh_copy(mbn: MBN) -> MBN:
+def _fresh_copy(teacher: Any) -> Any:
     """An unfitted clone that shares the callback instead of deep-copying it.
 
     ``sklearn.base.clone`` deep-copies parameters; a bound-method callback (a progress bar's
     update) would be copied together with its object and report to nobody.
     """
-    params = mbn.get_params(deep=False)
-    callback = params.pop("callback", None)
-    fresh = clone(MBN(**params))
-    fresh.callback = callback
+    params = teacher.get_params(deep=False)
+    if "callback" not in params:
+        return clone(teacher)
+    callback = params.pop("callback")
+    fresh = clone(type(teacher)(**params))
+    fresh.set_params(callback=callback)
     return fresh
+
+
+def _as_embedding(values: Any) -> np.ndarray:
+    """A teacher's output as a dense float64 matrix."""
+    if sp.issparse(values):
+        values = values.toarray()
+    return np.asarray(values, dtype=np.float64)
+
+
+def _eval_clusters(teacher: Any) -> int:
+    """Clusters k-means uses to compare fast and exact when no head is asked for: the
+    teacher's guessed number of classes when it has one (MBN's ``n_classes``), else 10."""
+    n_classes = getattr(teacher, "n_classes", None)
+    return int(n_classes) if isinstance(n_classes, Integral) else 10
 
 
 def _seed(rng) -> int:
     return int(rng.randint(np.iinfo(np.int32).max))
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def _check_real(
-    name: str, value, low: float, high: float, *, low_open: bool = False, high_open: bool = False
-) -> None:
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value
-    if ok:  # value == value is False only for NaN
-        ok = (value > low if low_open else value >= low) and (
-            value < high if high_open else value <= high
-        )
-    if not ok:
-        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-        raise ValueError(f"{name} must be a real number in {interval}, got {value!r}")

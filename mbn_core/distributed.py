@@ -26,7 +26,8 @@ How a layer is run:
 - Tasks return their codes in the smallest unsigned dtype (n bytes per clustering for k <= 256,
   2 n up to 65,536). The driver collects them as they complete, reports each clustering to the
   progress callback (which may stop the fit: the layer's tasks are cancelled), and assembles
-  the layer.
+  the layer. While no task finishes, the callback is called again every ``POLL_SECONDS`` with
+  the same count, so that stopping does not wait for the end of a long task.
 
 Fault tolerance is Dask's: a task lost with its worker is rerun on another, whose copy of the
 layer's input came from the broadcast. Each clustering's codes are a pure function of the data
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import queue
 import threading
 import uuid
 from collections import OrderedDict
@@ -70,6 +72,12 @@ CONNECT_TIMEOUT = 10.0
 # Tasks per worker thread and layer: enough to balance uneven workers and to lose little work
 # with a dead worker, few enough that Dask's per-task overhead stays negligible.
 TASKS_PER_THREAD = 4
+# ... and at most this many clusterings per task, so progress reports stay frequent with a
+# large V on a small cluster.
+MAX_CLUSTERINGS_PER_TASK = 50
+# While a layer's tasks run, the progress callback is called at least this often (with an
+# unchanged count when no task finished), so a stop request does not wait for a long task.
+POLL_SECONDS = 0.5
 
 
 class SchedulerUnreachable(ConnectionError):
@@ -124,7 +132,7 @@ def use_dask(
         connected client (left open).
     clusterings_per_task : int, default=None
         Clusterings each task encodes. None means about ``TASKS_PER_THREAD`` tasks per worker
-        thread and layer.
+        thread and layer, with at most ``MAX_CLUSTERINGS_PER_TASK`` clusterings each.
     timeout : float, default=CONNECT_TIMEOUT
         Seconds to wait for the scheduler when ``scheduler`` is an address.
 
@@ -222,7 +230,6 @@ class DaskLayerRunner(_LayerRunner):
         n_rows: int,
         code_dtype: type[np.unsignedinteger],
     ) -> np.ndarray:
-        distributed = import_distributed()
         client = self.client
         n_workers = len(client.nthreads())
         if n_workers == 0:
@@ -244,16 +251,28 @@ class DaskLayerRunner(_LayerRunner):
         starts = {future.key: start for future, (start, _) in zip(futures, ranges, strict=True)}
         codes = np.empty((n_rows, n_clusterings), dtype=code_dtype)
         done = gathered = 0
+        # Futures land here as they finish (done callbacks run on the client's thread).
+        finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for future in futures:
+            future.add_done_callback(finished.put)
         try:
-            for future, block in distributed.as_completed(futures, with_results=True):
+            for _ in futures:
+                while True:
+                    try:
+                        future = finished.get(timeout=POLL_SECONDS)
+                        break
+                    except queue.Empty:
+                        # Nothing finished: ask the callback anyway, so that a stop request
+                        # is honoured now rather than when the next task ends.
+                        self._report(layer, done, n_clusterings)
+                block = future.result()
                 start = starts[future.key]
                 codes[:, start : start + block.shape[1]] = block
                 gathered += block.nbytes
                 future.release()
                 for _ in range(block.shape[1]):
                     done += 1
-                    if self.callback is not None and self.callback(layer, done, n_clusterings):
-                        raise TrainingStopped(self.stop_message(layer, done, n_clusterings))
+                    self._report(layer, done, n_clusterings)
         finally:
             client.cancel([*futures, data])
             # Workers drop the layer's shared arrays; a worker that died has none to drop.
@@ -263,11 +282,16 @@ class DaskLayerRunner(_LayerRunner):
         )
         return codes
 
+    def _report(self, layer: int, done: int, n_clusterings: int) -> None:
+        if self.callback is not None and self.callback(layer, done, n_clusterings):
+            raise TrainingStopped(self.stop_message(layer, done, n_clusterings))
+
     def _task_ranges(self, n_clusterings: int) -> list[tuple[int, int]]:
         per_task = self.clusterings_per_task
         if per_task is None:
             threads = sum(self.client.nthreads().values()) or 1
             per_task = math.ceil(n_clusterings / (TASKS_PER_THREAD * threads))
+            per_task = min(per_task, MAX_CLUSTERINGS_PER_TASK)
         return [
             (start, min(start + per_task, n_clusterings))
             for start in range(0, n_clusterings, per_task)

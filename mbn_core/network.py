@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import math
 import numbers
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.decomposition import PCA
 from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import Interval, RealNotInt, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 from threadpoolctl import threadpool_limits
 
@@ -30,6 +31,7 @@ from mbn_core.layers import (
     upper_clustering_codes,
     with_ones_column,
 )
+from mbn_core.params import CheckedParams, check_int_items
 
 ProgressCallback = Callable[[int, int, int], object]
 
@@ -66,7 +68,7 @@ class _Top:
         return self.table.nbytes + self.offset.nbytes
 
 
-class MBN(TransformerMixin, BaseEstimator):
+class MBN(CheckedParams, TransformerMixin, BaseEstimator):
     """Multilayer Bootstrap Network for nonlinear dimensionality reduction.
 
     Each layer is ``n_clusterings`` k-centers clusterings. A clustering picks a random subset
@@ -144,6 +146,30 @@ class MBN(TransformerMixin, BaseEstimator):
     >>> mbn.fit_transform(X).shape
     (1797, 2)
     """
+
+    _parameter_constraints: dict[str, list] = {
+        "n_components": [Interval(Integral, 1, None, closed="left"), None],
+        "n_clusterings": [Interval(Integral, 1, None, closed="left")],
+        "feature_fraction": [Interval(Real, 0, 1, closed="right"), StrOptions({"auto"})],
+        "k1": [
+            Interval(Integral, 2, None, closed="left"),
+            Interval(RealNotInt, 0, 1, closed="right"),
+            StrOptions({"auto"}),
+        ],
+        "delta": [Interval(Real, 0, 1, closed="neither")],
+        "n_classes": [Interval(Integral, 1, None, closed="left")],
+        "ks": ["array-like", None],
+        "k_max": [Interval(Integral, 2, None, closed="left"), None],
+        "metric": [StrOptions(set(METRICS))],
+        "shift_fraction": [Interval(Real, 0, 1, closed="left")],
+        "random_state": ["random_state"],
+        "n_jobs": [
+            Interval(Integral, 1, None, closed="left"),
+            Interval(Integral, None, -1, closed="right"),
+            None,
+        ],
+        "callback": [callable, None],
+    }
 
     def __init__(
         self,
@@ -414,39 +440,9 @@ class MBN(TransformerMixin, BaseEstimator):
         tags.input_tags.sparse = True
         return tags
 
-    def _validate_params(self) -> None:
-        _check_int("n_clusterings", self.n_clusterings, 1)
-        _check_int("n_classes", self.n_classes, 1)
-        if self.n_components is not None:
-            _check_int("n_components", self.n_components, 1)
-        if self.feature_fraction != "auto":
-            _check_real("feature_fraction", self.feature_fraction, 0.0, 1.0, low_open=True)
-        if self.k1 != "auto":
-            if isinstance(self.k1, numbers.Integral) and not isinstance(self.k1, bool):
-                _check_int("k1", self.k1, 2)
-            else:
-                _check_real("k1", self.k1, 0.0, 1.0, low_open=True)
-        _check_real("delta", self.delta, 0.0, 1.0, low_open=True, high_open=True)
+    def _check_params(self) -> None:
         if self.ks is not None:
-            if isinstance(self.ks, str | bytes) or not isinstance(self.ks, Sequence | np.ndarray):
-                raise ValueError(f"ks must be a sequence of integers >= 2, got {self.ks!r}")
-            if len(self.ks) == 0:
-                raise ValueError("ks must list at least one layer size")
-            for k in self.ks:
-                _check_int("ks", k, 2)
-        if self.k_max is not None:
-            _check_int("k_max", self.k_max, 2)
-        if self.metric not in METRICS:
-            raise ValueError(f"metric must be one of {METRICS}, got {self.metric!r}")
-        _check_real("shift_fraction", self.shift_fraction, 0.0, 1.0, high_open=True)
-        if self.n_jobs is not None and (
-            not isinstance(self.n_jobs, numbers.Integral)
-            or isinstance(self.n_jobs, bool)
-            or self.n_jobs == 0
-        ):
-            raise ValueError(f"n_jobs must be a nonzero integer or None, got {self.n_jobs!r}")
-        if self.callback is not None and not callable(self.callback):
-            raise ValueError(f"callback must be callable, got {self.callback!r}")
+            check_int_items(type(self).__name__, "ks", self.ks, 2)
 
 
 @dataclass(frozen=True)
@@ -642,24 +638,6 @@ def _effective_threads(n_jobs: int | None) -> int:
     if n_jobs < 0:
         return max(1, available + 1 + n_jobs)
     return int(n_jobs)
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def _check_real(
-    name: str, value, low: float, high: float, *, low_open: bool = False, high_open: bool = False
-) -> None:
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = (value > low if low_open else value >= low) and (
-            value < high if high_open else value <= high
-        )
-    if not ok:
-        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-        raise ValueError(f"{name} must be a real number in {interval}, got {value!r}")
 
 
 # ---------------------------------------------------------------------- persistence

@@ -6,6 +6,7 @@ that is zero, negative or absurdly large is refused at start-up rather than disc
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -112,6 +113,13 @@ class Settings(BaseSettings):
         "4, and the arrays a file declares, decompressed): checked from the file's headers "
         "before anything is read, so a decompression bomb is refused at once (413).",
     )
+    min_free_bytes: int = Field(
+        default=64 * MIB,
+        ge=0,
+        le=1024 * GIB,
+        description="Free disk space the data and model directories need for /health/ready "
+        "to answer 200 (uploads and bundles are written there).",
+    )
     max_concurrent_exact: int = Field(
         default=2,
         ge=1,
@@ -170,6 +178,18 @@ class Settings(BaseSettings):
         ge=1,
         le=256,
         description="Threads each training job may use.",
+    )
+    dask_scheduler: str | None = Field(
+        default=None,
+        description="Address of a Dask scheduler (tcp://host:8786): training jobs run each "
+        "MBN layer's clusterings on its workers (needs the 'distributed' extra). Unset or "
+        "empty: jobs train on the worker's own threads.",
+    )
+    dask_connect_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="How long a training job waits for the Dask scheduler before failing.",
     )
     poll_interval_seconds: float = Field(
         default=1.0,
@@ -260,6 +280,20 @@ class Settings(BaseSettings):
                 f"got {scheme if sep else 'none'!r}"
             )
         return url
+
+    @field_validator("dask_scheduler")
+    @classmethod
+    def _check_scheduler(cls, address: str | None) -> str | None:
+        if address is None or not address.strip():
+            return None
+        address = address.strip()
+        if not re.fullmatch(r"(tcp|tls|ucx|inproc)://[^\s/]+", address):
+            raise ValueError(f"{address!r} is not a Dask scheduler address like tcp://host:8786")
+        if importlib.util.find_spec("distributed") is None:
+            raise ValueError(
+                "training on a Dask cluster needs Dask: pip install 'mbn[distributed]'"
+            )
+        return address
 
     @field_validator("default_model")
     @classmethod

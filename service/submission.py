@@ -43,8 +43,13 @@ DEMO_PARAMS: dict[str, Any] = {
 DEMO_JOB_ID = uuid.uuid5(uuid.NAMESPACE_URL, f"mbn-demo:{sorted(DEMO_PARAMS.items())}").hex
 
 
-def check_params(params: dict[str, Any]) -> dict[str, Any]:
-    """The full parameter set (defaults filled in) or InvalidInput naming the bad key."""
+def check_params(params: dict[str, Any], method: str | None = None) -> dict[str, Any]:
+    """The full parameter set (the method and every default filled in) or InvalidInput
+    naming the bad key. ``method`` may come beside the params or inside them, not both."""
+    if method is not None:
+        if params.get("method", method) != method:
+            raise InvalidInput(f"method {method!r} disagrees with params.method")
+        params = {**params, "method": method}
     server = sorted(SERVER_PARAMS & params.keys())
     if server:
         raise InvalidInput(

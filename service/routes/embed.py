@@ -148,7 +148,9 @@ def _exact(
             embeddings, labels = bundle.embed_with_clusters(x, mode="exact")
         else:
             embeddings, labels = bundle.embed(x, mode="exact"), None
-    except (BundleError, FileNotFoundError) as exc:
-        # The bundle was deleted (or damaged) after it was loaded, before its exact model was.
-        raise NotFound(f"model {bundle.id} is no longer available in exact mode: {exc}") from None
+    except BundleError as exc:
+        # Changed after it was loaded (tampered, truncated, deleted): out of service, 409.
+        raise registry.mark_damaged(bundle, exc) from None
+    except FileNotFoundError:
+        raise NotFound(f"model {bundle.id!r} was deleted") from None
     return embeddings, labels

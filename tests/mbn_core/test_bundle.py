@@ -103,11 +103,12 @@ def test_manifest_describes_the_model(model, saved):
     assert manifest["name"] == "Digits"
     assert manifest["created"].endswith("Z")
     assert (manifest["input_dim"], manifest["output_dim"]) == (64, 10)
-    assert manifest["metric"] == "euclidean"
+    assert (manifest["method"], manifest["fast_path"]) == ("mbn", "distilled")
+    assert manifest["training"]["metric"] == "euclidean"
     assert manifest["hyperparameters"]["mbn"]["n_clusterings"] == 30
     assert manifest["hyperparameters"]["compressor"]["hidden_layer_sizes"] == [32, 32]
     assert manifest["training"]["n_samples"] == 1797
-    assert manifest["training"]["ks"] == model.mbn_.ks_
+    assert manifest["training"]["ks"] == model.teacher_.ks_
     assert manifest["fidelity"]["nmi_labels_exact"] == pytest.approx(
         model.fidelity_["nmi_labels_exact"]
     )
@@ -339,7 +340,7 @@ def test_inconsistent_manifest_is_refused(copy, change, message):
     ("old", "new"),
     [
         (b'"name": "Digits"', b'"name": "Digitz"'),  # a flipped bit in a value
-        (b'"format_version": 2', b'"format_version": 1'),  # a downgrade is no way around it
+        (f'"format_version": {FORMAT_VERSION}'.encode(), b'"format_version": 1'),  # a downgrade
         (b'"input_dim": 64', b'"input_dim": 65'),
     ],
 )
@@ -409,6 +410,39 @@ def test_older_supported_format_is_upgraded(copy, digits, monkeypatch):
     assert bundle.manifest["upgraded"] is True
     assert bundle.manifest["format_version"] == FORMAT_VERSION + 1
     assert bundle.embed(digits[0][:3]).shape == (3, 10)
+
+
+def as_version_1(path):
+    """Rewrite a bundle as format version 1 wrote it: ``mbn.npz``, no method, the metric at
+    the top and the pipeline's options among the compressor's."""
+    (path / EXACT_FILE).rename(path / "mbn.npz")
+
+    def change(manifest):
+        manifest["format_version"] = 1
+        del manifest["method"], manifest["fast_path"]
+        manifest["metric"] = manifest["training"].pop("metric")
+        hyperparameters = manifest["hyperparameters"]
+        hyperparameters["compressor"].update(hyperparameters.pop("pipeline"))
+        manifest["files"]["mbn.npz"] = manifest["files"].pop(EXACT_FILE)
+
+    rewrite_manifest(path, change)
+
+
+def test_version_1_bundle_loads_and_embeds_the_same(saved, copy, digits):
+    X, _ = digits
+    as_version_1(copy)
+    old, new = load_bundle(copy), load_bundle(saved)
+    assert old.manifest["format_version"] == FORMAT_VERSION
+    assert old.manifest["method"] == "mbn"
+    assert (
+        old.manifest["hyperparameters"]["pipeline"] == new.manifest["hyperparameters"]["pipeline"]
+    )
+    assert (
+        old.manifest["hyperparameters"]["compressor"]
+        == new.manifest["hyperparameters"]["compressor"]
+    )
+    np.testing.assert_array_equal(old.embed(X[:20]), new.embed(X[:20]))
+    np.testing.assert_array_equal(old.embed(X[:20], mode="exact"), new.embed(X[:20], mode="exact"))
 
 
 # ---------------------------------------------------------------------- input

@@ -20,7 +20,7 @@ def small_mbn(**params):
 
 def small_model(**params):
     defaults = {"hidden_layer_sizes": (64, 64), "max_epochs": 15, "random_state": 0}
-    return CompressiveMBN(**{"mbn": small_mbn(), **defaults, **params})
+    return CompressiveMBN(**{"teacher": small_mbn(), **defaults, **params})
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_fidelity_report_is_complete_and_faithful(fitted):
     assert report["cosine"] > 0.7
     assert report["nmi_fast_exact"] > 0.6
     assert report["cluster_agreement"] > 0.7
-    assert set(fitted.timings_) == {"mbn", "compressor", "evaluation"}
+    assert set(fitted.timings_) == {"teacher", "compressor", "evaluation"}
 
 
 def test_quality_report_on_the_held_out_points(fitted):
@@ -93,7 +93,7 @@ def test_labels_are_optional(digits):
 
 def test_exact_transform_is_the_mbn(fitted, digits):
     X, _ = digits
-    np.testing.assert_array_equal(fitted.exact_transform(X[:20]), fitted.mbn_.transform(X[:20]))
+    np.testing.assert_array_equal(fitted.exact_transform(X[:20]), fitted.teacher_.transform(X[:20]))
 
 
 def test_cluster_head(fitted, digits):
@@ -127,7 +127,7 @@ def test_prefit_mbn_is_used_as_is(digits):
     X, _ = digits
     mbn = small_mbn().fit(X)
     model = CompressiveMBN(mbn, prefit=True, hidden_layer_sizes=(16,), max_epochs=2).fit(X)
-    assert model.mbn_ is mbn
+    assert model.teacher_ is mbn
     with pytest.raises(ValueError, match="features"):
         CompressiveMBN(mbn, prefit=True, max_epochs=1).fit(X[:, :10])
 
@@ -213,7 +213,7 @@ def test_without_validation_runs_all_epochs(digits):
         ({"n_clusters": 0}, "n_clusters"),
         ({"n_jobs": 0}, "n_jobs"),
         ({"callback": 3}, "callback"),
-        ({"mbn": "MBN"}, "mbn"),
+        ({"teacher": "MBN"}, "teacher"),
     ],
 )
 def test_bad_parameters_name_themselves(params, name, digits):

@@ -15,6 +15,7 @@ distributed = pytest.importorskip("distributed")
 
 from mbn_core import MBN, TrainingStopped, cli, model_to_arrays  # noqa: E402
 from mbn_core import distributed as mbn_distributed  # noqa: E402
+from mbn_core.bundle import EXACT_FILE  # noqa: E402
 from mbn_core.distributed import SchedulerUnreachable, last_transfers, use_dask  # noqa: E402
 
 PARAMS = {"n_clusterings": 24, "random_state": 7}
@@ -152,7 +153,7 @@ def test_mbn_train_on_the_cluster_writes_the_local_model(client, tmp_path, monke
     argv = ["train", "digits.npz", "--out", "remote", "--scheduler", address, *TRAIN_SMALL]
     assert cli.main(argv) == 0
     assert f"on the Dask cluster at {address}" in capsys.readouterr().out
-    with np.load("local/mbn.npz") as local, np.load("remote/mbn.npz") as remote:
+    with np.load(f"local/{EXACT_FILE}") as local, np.load(f"remote/{EXACT_FILE}") as remote:
         assert local.files == remote.files
         for name in local.files:
             np.testing.assert_array_equal(local[name], remote[name], err_msg=name)

@@ -1,4 +1,4 @@
-"""Fixtures shared by the mbn_core tests."""
+"""Fixtures shared by the library and the service tests."""
 
 import pytest
 
@@ -14,7 +14,7 @@ def dask_client():
     distributed = pytest.importorskip("distributed")
     with (
         distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
         ) as cluster,
         distributed.Client(cluster) as client,
     ):
