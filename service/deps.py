@@ -14,7 +14,7 @@ from service.auth import ApiKeys
 from service.config import Settings
 from service.errors import Unavailable
 from service.jobs import JobFiles, JobStore
-from service.limits import ExactGate
+from service.limits import ExactGate, RowBudget
 from service.metrics import Metrics
 from service.registry import ModelRegistry
 from service.submission import Submitter
@@ -57,6 +57,11 @@ async def get_gate(request: Request) -> ExactGate:
     return gate
 
 
+async def get_row_budget(request: Request) -> RowBudget:
+    budget: RowBudget = request.app.state.row_budget
+    return budget
+
+
 async def get_submitter(request: Request) -> Submitter:
     submitter = _started(request, "submitter")
     assert isinstance(submitter, Submitter)
@@ -89,6 +94,7 @@ StoreDep = Annotated[JobStore, Depends(get_store)]
 FilesDep = Annotated[JobFiles, Depends(get_files)]
 RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
 GateDep = Annotated[ExactGate, Depends(get_gate)]
+BudgetDep = Annotated[RowBudget, Depends(get_row_budget)]
 SubmitterDep = Annotated[Submitter, Depends(get_submitter)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 WorkerDep = Annotated[Worker | None, Depends(get_worker)]

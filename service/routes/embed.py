@@ -17,7 +17,7 @@ from service.arrays import (
     matrix_to_b64,
     rows_to_matrix,
 )
-from service.deps import GateDep, RegistryDep, SettingsDep, require_api_key
+from service.deps import BudgetDep, GateDep, RegistryDep, SettingsDep, require_api_key
 from service.errors import NotFound
 from service.json_rows import parse_number_rows
 from service.metrics import MODE_SCOPE_KEY
@@ -33,6 +33,9 @@ from service.schemas import INPUTS_PARSED, EmbedRequest, EmbedResponse, error_re
 
 router = APIRouter(tags=["embed"], dependencies=[Depends(require_api_key)])
 
+# Bodies larger than this are parsed on a thread rather than on the event loop.
+OFF_LOOP_PARSE_BYTES = 1 << 20
+
 
 @router.post(
     "/embed",
@@ -40,19 +43,40 @@ router = APIRouter(tags=["embed"], dependencies=[Depends(require_api_key)])
     summary="Embed rows with a model",
     description=(
         "Fast mode answers from the model's ONNX compressor; exact mode runs the full MBN "
-        "in a bounded pool (429 with Retry-After when it is busy). Headers: X-Model-Id, "
+        "in a bounded pool (429 with Retry-After when it is busy); past the in-flight "
+        "budget (MBN_MAX_INFLIGHT_REQUESTS, MBN_MAX_INFLIGHT_ROWS) every request gets 429 "
+        "with Retry-After at once. Headers: X-Model-Id, "
         "X-Compute-Time-Ms (model time only) and Server-Timing."
     ),
     responses=error_responses(401, 404, 413, 415, 422, 429, 503),
     openapi_extra=json_body(EmbedRequest),
 )
 async def embed(
-    request: Request, registry: RegistryDep, gate: GateDep, settings: SettingsDep
+    request: Request,
+    registry: RegistryDep,
+    gate: GateDep,
+    budget: BudgetDep,
+    settings: SettingsDep,
 ) -> Response:
-    # Parsing stays on the event loop: in a thread it would hold the GIL all the same, and
-    # the hop costs a quarter of the throughput of large JSON batches. Several processes
-    # (mbn serve --workers) are what serve large JSON batches in parallel.
-    req, parsed = _parse(await read_json_body(request))
+    with budget.request():  # 429 before the body is read when too many are in flight
+        return await _embed(request, registry, gate, budget, settings)
+
+
+async def _embed(
+    request: Request,
+    registry: RegistryDep,
+    gate: GateDep,
+    budget: BudgetDep,
+    settings: SettingsDep,
+) -> Response:
+    body = await read_json_body(request)
+    if len(body) > OFF_LOOP_PARSE_BYTES:
+        # Large bodies are parsed beside the event loop (the number parser releases the
+        # GIL), so health probes and small requests are not held up behind them.
+        req, parsed = await run_in_threadpool(_parse, body)
+    else:
+        # Small ones on the loop: the thread hop would cost more than the parse.
+        req, parsed = _parse(body)
     request.scope[MODE_SCOPE_KEY] = req.mode
     bundle = registry.lookup(req.model)
     if bundle is None:  # maybe written by another replica: rescan, off the event loop
@@ -63,12 +87,14 @@ async def embed(
     started = time.perf_counter()
     if req.mode == "exact":
         embeddings, clusters = await gate.run(lambda: _exact(registry, bundle, x, want_clusters))
-    elif x.shape[0] <= settings.inline_fast_rows:
-        # Cheaper than a thread hop.
-        embeddings, clusters = _fast(bundle, x, want_clusters)
     else:
-        # onnxruntime releases the GIL: large batches run beside the event loop.
-        embeddings, clusters = await run_in_threadpool(_fast, bundle, x, want_clusters)
+        with budget.rows(x.shape[0]):
+            if x.shape[0] <= settings.inline_fast_rows:
+                # Cheaper than a thread hop.
+                embeddings, clusters = _fast(bundle, x, want_clusters)
+            else:
+                # onnxruntime releases the GIL: large batches run beside the event loop.
+                embeddings, clusters = await run_in_threadpool(_fast, bundle, x, want_clusters)
     compute_ms = (time.perf_counter() - started) * 1000.0
 
     payload: dict[str, object] = {
