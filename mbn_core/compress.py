@@ -1,8 +1,16 @@
 """Compressive MBN: distil an MBN into a small MLP that embeds thousands of times faster.
 
 Appendix D of Zhang's "Multilayer bootstrap networks": train MBN, then train a neural
-network from the raw input to MBN's embedding and predict with the network. A held-out part
-of the training set, never seen by the network, measures how faithfully it reproduces MBN.
+network from the raw input to MBN's embedding and predict with the network.
+
+Two choices make the fast path faithful on new data, which is all a service ever sees:
+
+- The network learns each training row's *leave-self-out* embedding
+  (``MBN.fit_transform_leave_self_out``), not its in-sample one. A training row that is a
+  center matches itself exactly, which no new row does; learning that in-sample map made the
+  fast path worse than exact on new rows (measured in benchmarks/RESULTS.md).
+- The fidelity report is measured on rows kept out of the MBN fit and of the network's
+  training: new data to both, as a user's data will be.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator, TransformerMixin, clone
 from sklearn.cluster import KMeans
 from sklearn.metrics import normalized_mutual_info_score, r2_score
+from sklearn.neighbors import NearestNeighbors
 from sklearn.neural_network import MLPRegressor
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils import check_random_state
@@ -31,6 +40,7 @@ log = logging.getLogger(__name__)
 
 EpochCallback = Callable[[int, int, float], object]
 MODES = ("fast", "exact")
+TARGETS = ("leave-self-out", "in-sample")
 
 # A feature whose training spread is tiny (a pixel that is almost always blank) would be
 # blown up by a plain standard scaler on the rare test point where it is set; no feature is
@@ -38,6 +48,11 @@ MODES = ("fast", "exact")
 _MIN_SCALE_FRACTION = 0.1
 # k-means restarts when measuring fidelity and fitting the clustering head.
 _KMEANS_INIT = 10
+# The report's k-means keeps the lowest inertia of this many restarts: its NMI gap between
+# fast and exact should not be k-means noise.
+_REPORT_KMEANS_INIT = 20
+# Neighbours compared by the fidelity report's k-NN overlap.
+_KNN = 10
 # sklearn's MLP swallows Ctrl-C inside an epoch and warns with this message instead.
 _MLP_INTERRUPTED = "Training interrupted by user."
 
@@ -45,11 +60,12 @@ _MLP_INTERRUPTED = "Training interrupted by user."
 class CompressiveMBN(TransformerMixin, BaseEstimator):
     """MBN distilled into an MLP regressor: a fast embedding plus an optional cluster head.
 
-    ``fit`` trains the MBN (or uses a fitted one), then a scikit-learn ``MLPRegressor`` from
-    the standardised input to the MBN embedding (centred and scaled by its overall spread, so
-    the loss is the squared error in embedding space, the geometry k-means sees). A random
-    ``holdout_fraction`` of the training points is kept away from the network and used to
-    measure its fidelity to the exact MBN (``fidelity_``).
+    ``fit`` keeps a random ``holdout_fraction`` of the rows aside, trains the MBN on the
+    others (or uses a fitted one), then a scikit-learn ``MLPRegressor`` from the standardised
+    input to the MBN's leave-self-out embedding of those rows (centred and scaled by its
+    overall spread, so the loss is the squared error in embedding space, the geometry k-means
+    sees). The rows kept aside were seen by neither: on them the fast path is compared with
+    the exact MBN (``fidelity_``), as on a user's new data.
 
     Parameters
     ----------
@@ -87,7 +103,14 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
         Fraction of the non-held-out points used for early stopping. 0 trains all
         ``max_epochs`` and keeps the last weights.
     holdout_fraction : float in (0, 0.5], default=0.1
-        Fraction of the points never shown to the MLP, on which ``fidelity_`` is measured.
+        Fraction of the points kept out of the MBN fit and of the MLP's training, on which
+        ``fidelity_`` is measured. With ``prefit`` the MBN's own training rows are unknown:
+        pass rows it never saw for an honest report.
+    targets : {"leave-self-out", "in-sample"}, default="leave-self-out"
+        What the MLP learns for a training row: its leave-self-out embedding (coded as if it
+        were none of the centers, as a new row is) or its in-sample embedding
+        (``fit_transform``; kept for comparison). With ``prefit`` the MBN's training rows are
+        unknown and the MLP learns ``transform`` of X, whatever this says.
     n_clusters : int, default=None
         If set, k-means with this many clusters on the MBN embedding of the training set; the
         model then answers a cluster id for any input (``predict_clusters``): the nearest
@@ -118,10 +141,16 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
     cluster_centers_ : ndarray of shape (n_clusters, n_components_), float32, or None
         k-means centroids of the clustering head.
     fidelity_ : dict
-        Held-out agreement between fast and exact embeddings: ``r2`` (variance weighted),
-        ``cosine`` (mean row cosine), ``nmi_fast_exact`` (between k-means clusterings of
-        both), ``nmi_labels_exact`` / ``nmi_labels_fast`` when labels were given, and
-        ``cluster_agreement`` of the head. See ``fidelity_report``.
+        Agreement between fast and exact embeddings on the held-out rows (new to the MBN and
+        the MLP): ``r2`` (variance weighted), ``cosine`` (mean row cosine),
+        ``cosine_median``, ``knn_overlap`` (share of each row's 10 nearest held-out
+        neighbours in the exact embedding that are among its 10 nearest in the fast one),
+        ``nmi_fast_exact`` (between k-means clusterings of both), ``nmi_labels_exact`` /
+        ``nmi_labels_fast`` when labels were given, ``cluster_agreement`` of the head, and
+        ``holdout`` ("outside the MBN fit", or "prefit MBN" when the MBN came fitted). See
+        ``fidelity_report``.
+    holdout_ : ndarray of int
+        Rows of X the fidelity was measured on (kept out of the MBN fit and of the MLP).
     n_epochs_ : int
         MLP epochs run.
     n_samples_ : int
@@ -160,6 +189,7 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
         tol: float = 1e-4,
         validation_fraction: float = 0.1,
         holdout_fraction: float = 0.1,
+        targets: str = "leave-self-out",
         n_clusters: int | None = None,
         random_state: int | np.random.RandomState | None = None,
         n_jobs: int | None = None,
@@ -176,6 +206,7 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
         self.tol = tol
         self.validation_fraction = validation_fraction
         self.holdout_fraction = holdout_fraction
+        self.targets = targets
         self.n_clusters = n_clusters
         self.random_state = random_state
         self.n_jobs = n_jobs
@@ -217,25 +248,31 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
             raise ValueError(f"y has {len(labels)} labels but X has {n_samples} rows")
         rng = check_random_state(self.random_state)
 
-        started = time.perf_counter()
-        mbn, embedding = self._fit_mbn(X, rng)
-        mbn_seconds = time.perf_counter() - started
-
         holdout, validation, train = _split(
             n_samples, self.holdout_fraction, self.validation_fraction, rng
         )
+        # The MBN is fitted on the rows outside the holdout; its embedding of them comes in
+        # the order of ``fitted``, which train and validation index into.
+        fitted = np.sort(np.concatenate([validation, train]))
+        train = np.searchsorted(fitted, train)
+        validation = np.searchsorted(fitted, validation)
         started = time.perf_counter()
+        mbn, embedding = self._fit_mbn(X[fitted], rng)
+        mbn_seconds = time.perf_counter() - started
+
+        started = time.perf_counter()
+        X_fitted = X[fitted]
         sparse = sp.issparse(X)
-        scaler = _fit_input_scaler(X[train], sparse)
+        scaler = _fit_input_scaler(X_fitted[train], sparse)
         target_mean = embedding[train].mean(axis=0)
         # One spread for every dimension: the MLP's loss stays the squared error of the
         # embedding itself, instead of inflating the PCA's weak trailing dimensions.
         spread = float(np.sqrt(np.mean((embedding[train] - target_mean) ** 2)))
         target_scale = np.full_like(target_mean, spread if spread > 0 else 1.0)
         mlp, n_epochs = self._fit_mlp(
-            scaler.transform(X[train]),
+            scaler.transform(X_fitted[train]),
             ((embedding[train] - target_mean) / target_scale).astype(np.float32),
-            scaler.transform(X[validation]) if len(validation) else None,
+            scaler.transform(X_fitted[validation]) if len(validation) else None,
             ((embedding[validation] - target_mean) / target_scale).astype(np.float32),
             rng,
         )
@@ -250,18 +287,23 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
         self.n_samples_ = n_samples
         self.input_sparse_ = sparse
         self.n_epochs_ = n_epochs
-        self.cluster_centers_ = None
-        if self.n_clusters is not None:
-            centers = _kmeans(embedding, self.n_clusters, _seed(rng)).cluster_centers_
-            self.cluster_centers_ = centers.astype(np.float32)
+        self.holdout_ = holdout
 
         started = time.perf_counter()
+        exact_holdout = mbn.transform(X[holdout])
+        self.cluster_centers_ = None
+        if self.n_clusters is not None:
+            # Clusters of the embedding as new rows get it: leave-self-out and held out.
+            head_data = np.concatenate([embedding, exact_holdout])
+            centers = _kmeans(head_data, self.n_clusters, _seed(rng)).cluster_centers_
+            self.cluster_centers_ = centers.astype(np.float32)
         self.fidelity_ = self._measure_fidelity(
-            embedding[holdout],
+            exact_holdout,
             self.transform(X[holdout]),
             None if labels is None else labels[holdout],
             rng,
         )
+        self.fidelity_["holdout"] = "prefit MBN" if self.prefit else "outside the MBN fit"
         self.timings_ = {
             "mbn": mbn_seconds,
             "compressor": compressor_seconds,
@@ -271,6 +313,7 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
         return self
 
     def _fit_mbn(self, X, rng) -> tuple[MBN, np.ndarray]:
+        """The fitted MBN and the targets of X: leave-self-out, in-sample, or ``transform``."""
         if self.prefit:
             check_is_fitted(self.mbn)
             assert self.mbn is not None
@@ -281,7 +324,9 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
                 )
             return self.mbn, self.mbn.transform(X)
         mbn = MBN(random_state=_seed(rng)) if self.mbn is None else _fresh_copy(self.mbn)
-        return mbn, mbn.fit_transform(X)
+        if self.targets == "in-sample":
+            return mbn, mbn.fit_transform(X)
+        return mbn, mbn.fit_transform_leave_self_out(X)[1]
 
     def _fit_mlp(self, X_train, Y_train, X_val, Y_val, rng) -> tuple[MLPRegressor, int]:
         mlp = MLPRegressor(
@@ -329,11 +374,17 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
     def _measure_fidelity(self, exact, fast, labels, rng) -> dict[str, Any]:
         exact = np.asarray(exact, dtype=np.float64)
         fast = np.asarray(fast, dtype=np.float64)
-        n_clusters = self.n_clusters if self.n_clusters is not None else self.mbn_.n_classes
+        # As many clusters as the head has, else as the labels have classes, else MBN's guess.
+        if self.n_clusters is not None:
+            n_clusters = self.n_clusters
+        elif labels is not None:
+            n_clusters = len(np.unique(labels))
+        else:
+            n_clusters = self.mbn_.n_classes
         n_clusters = max(1, min(n_clusters, len(exact)))
         seed = _seed(rng)
-        exact_clusters = _kmeans(exact, n_clusters, seed).labels_
-        fast_clusters = _kmeans(fast, n_clusters, seed).labels_
+        exact_clusters = _kmeans(exact, n_clusters, seed, _REPORT_KMEANS_INIT).labels_
+        fast_clusters = _kmeans(fast, n_clusters, seed, _REPORT_KMEANS_INIT).labels_
         norms = np.linalg.norm(exact, axis=1) * np.linalg.norm(fast, axis=1)
         cosine = np.sum(exact * fast, axis=1) / np.maximum(norms, np.finfo(np.float64).tiny)
         report: dict[str, Any] = {
@@ -343,6 +394,8 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
             if len(exact) > 1
             else float("nan"),
             "cosine": float(np.mean(cosine)),
+            "cosine_median": float(np.median(cosine)),
+            "knn_overlap": knn_overlap(exact, fast, _KNN),
             "nmi_fast_exact": float(normalized_mutual_info_score(exact_clusters, fast_clusters)),
             "nmi_labels_exact": None,
             "nmi_labels_fast": None,
@@ -434,6 +487,8 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
         _check_real("tol", self.tol, 0.0, np.inf)
         _check_real("validation_fraction", self.validation_fraction, 0.0, 0.5, high_open=True)
         _check_real("holdout_fraction", self.holdout_fraction, 0.0, 0.5, low_open=True)
+        if self.targets not in TARGETS:
+            raise ValueError(f"targets must be one of {TARGETS}, got {self.targets!r}")
         if self.n_clusters is not None:
             _check_int("n_clusters", self.n_clusters, 1)
         if self.n_jobs is not None:
@@ -444,25 +499,54 @@ class CompressiveMBN(TransformerMixin, BaseEstimator):
 
 def fidelity_report(fidelity: dict[str, Any]) -> str:
     """One line summarising a ``fidelity_`` dict, for logs and the CLI."""
-    parts = [
-        f"R^2 {fidelity['r2']:.4f}",
-        f"cosine {fidelity['cosine']:.4f}",
-        f"NMI(fast, exact) {fidelity['nmi_fast_exact']:.4f}",
-    ]
+    parts = [f"R^2 {fidelity['r2']:.4f}", f"cosine {fidelity['cosine']:.4f}"]
+    # Reports of older bundles lack the median cosine and the k-NN overlap.
+    if fidelity.get("cosine_median") is not None:
+        parts.append(f"median cosine {fidelity['cosine_median']:.4f}")
+    if fidelity.get("knn_overlap") is not None:
+        parts.append(f"{_KNN}-NN overlap {fidelity['knn_overlap']:.4f}")
+    parts.append(f"NMI(fast, exact) {fidelity['nmi_fast_exact']:.4f}")
     if fidelity.get("nmi_labels_exact") is not None:
-        parts.append(
-            f"NMI vs labels exact {fidelity['nmi_labels_exact']:.4f} "
-            f"fast {fidelity['nmi_labels_fast']:.4f}"
-        )
+        exact, fast = fidelity["nmi_labels_exact"], fidelity["nmi_labels_fast"]
+        parts.append(f"NMI vs labels exact {exact:.4f} fast {fast:.4f} (gap {fast - exact:+.4f})")
     if fidelity.get("cluster_agreement") is not None:
         parts.append(f"cluster agreement {fidelity['cluster_agreement']:.4f}")
-    return f"{', '.join(parts)} (on {fidelity['n_holdout']} held-out points)"
+    where = {
+        "outside the MBN fit": "held-out points new to the MBN and the MLP",
+        "prefit MBN": "held-out points new to the MLP",
+    }.get(fidelity.get("holdout", ""), "held-out points")
+    return f"{', '.join(parts)} (on {fidelity['n_holdout']} {where})"
+
+
+def knn_overlap(exact: np.ndarray, fast: np.ndarray, k: int = _KNN) -> float | None:
+    """Mean share of each row's k nearest neighbours in ``exact`` that are also among its k
+    nearest in ``fast`` (the row itself excluded); None with k or fewer rows."""
+    n = len(exact)
+    if n <= k:
+        return None
+    neighbours = []
+    for embedding in (exact, fast):
+        index = NearestNeighbors(n_neighbors=k + 1).fit(embedding)
+        found = index.kneighbors(embedding, return_distance=False)
+        # Drop the row itself (the first hit, or wherever a tie put it).
+        neighbours.append([set(row[row != i][:k]) for i, row in enumerate(found)])
+    shared = [len(a & b) for a, b in zip(*neighbours, strict=True)]
+    return float(np.mean(shared) / k)
+
+
+def mbn_fit_rows(n_samples: int, holdout_fraction: float) -> int:
+    """Rows of ``n_samples`` that ``CompressiveMBN.fit`` fits the MBN on (the holdout's rest)."""
+    return n_samples - _n_holdout(n_samples, holdout_fraction)
+
+
+def _n_holdout(n_samples: int, holdout_fraction: float) -> int:
+    return max(1, round(holdout_fraction * n_samples))
 
 
 def _split(n_samples: int, holdout_fraction: float, validation_fraction: float, rng):
     """Random (holdout, validation, train) row indices, each sorted."""
     order = rng.permutation(n_samples)
-    n_holdout = max(1, round(holdout_fraction * n_samples))
+    n_holdout = _n_holdout(n_samples, holdout_fraction)
     rest = n_samples - n_holdout
     n_validation = round(validation_fraction * rest)
     if validation_fraction > 0:
@@ -502,11 +586,13 @@ def _partial_fit(mlp: MLPRegressor, X, Y) -> None:
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
-def _kmeans(embedding: np.ndarray, n_clusters: int, seed: int) -> KMeans:
+def _kmeans(
+    embedding: np.ndarray, n_clusters: int, seed: int, n_init: int = _KMEANS_INIT
+) -> KMeans:
     # Low-dimensional embeddings make small problems: one thread is as fast, and extra
     # OpenMP threads only spin against the other work of a busy machine.
     with threadpool_limits(limits=1):
-        return KMeans(n_clusters, n_init=_KMEANS_INIT, random_state=seed).fit(embedding)
+        return KMeans(n_clusters, n_init=n_init, random_state=seed).fit(embedding)
 
 
 def _predict(mlp: MLPRegressor, X, n_outputs: int) -> np.ndarray:

@@ -23,6 +23,7 @@ from mbn_core.layers import (
     PointPostings,
     Postings,
     UpperLayer,
+    bottom_codes_leave_self_out,
     compact_values,
     input_row_norms,
     smallest_uint,
@@ -36,6 +37,10 @@ METRICS = ("euclidean", "cosine")
 # With fewer input dimensions than this, "auto" keeps them all: a random half of two or
 # three coordinates would make each clustering a degenerate partition along one axis.
 AUTO_MIN_FEATURES = 8
+# Requests of up to this many dense rows are encoded row by row over the stored centers
+# (``BottomLayer.codes_few``, ``UpperLayer.codes_few``); larger batches share GEMMs and
+# posting lists between their rows.
+FEW_ROWS = 16
 # Above this many one-hot entries the top PCA runs sparse (ARPACK) instead of dense.
 _DENSE_PCA_MAX_ENTRIES = 5_000_000
 
@@ -186,19 +191,39 @@ class MBN(TransformerMixin, BaseEstimator):
 
     def fit_transform(self, X, y=None):
         """Fit the network and return the embedding of X (equal to ``fit(X).transform(X)``)."""
-        return self._fit(X)
+        return self._fit(X)[0]
 
-    def _fit(self, X) -> np.ndarray:
+    def fit_transform_leave_self_out(self, X) -> tuple[np.ndarray, np.ndarray]:
+        """Fit the network; return the embedding of X and its leave-self-out embedding.
+
+        A training row that is also a center matches itself at distance 0 (bottom layer) or
+        shares all its codes with itself (upper layers), which no new row does. The
+        leave-self-out embedding codes each training row with every center that is that row
+        left out, layer after layer, so it is distributed like the embedding of new rows:
+        the target a student network (``CompressiveMBN``) should learn. It costs one more
+        pass over the upper layers; the bottom layer's scores are shared.
+
+        Returns
+        -------
+        embedding : ndarray of shape (n_samples, n_components_), float64
+            Equal to ``fit_transform(X)``.
+        left_out : ndarray of shape (n_samples, n_components_), float64
+        """
+        embedding, left_out = self._fit(X, leave_self_out=True)
+        assert left_out is not None
+        return embedding, left_out
+
+    def _fit(self, X, leave_self_out: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
         # A stopped or failed fit leaves the estimator exactly as it was.
         previous_state = dict(self.__dict__)
         try:
-            return self._fit_network(X)
+            return self._fit_network(X, leave_self_out)
         except BaseException:
             self.__dict__.clear()
             self.__dict__.update(previous_state)
             raise
 
-    def _fit_network(self, X) -> np.ndarray:
+    def _fit_network(self, X, leave_self_out: bool) -> tuple[np.ndarray, np.ndarray | None]:
         self._validate_params()
         X = validate_data(
             self,
@@ -224,14 +249,19 @@ class MBN(TransformerMixin, BaseEstimator):
 
         with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_threads) as pool:
             runner = _LayerRunner(pool, self.callback)
-            bottom, codes = self._fit_bottom(X, X_work, ks[0], n_chosen, rng, runner)
+            bottom, codes, left_codes = self._fit_bottom(
+                X, X_work, ks[0], n_chosen, rng, runner, leave_self_out
+            )
             del X_work
             upper: list[UpperLayer] = []
             for index, k in enumerate(ks[1:], start=1):
-                layer, codes = self._fit_upper(codes, ks[index - 1], k, rng, runner, index)
+                layer, codes, left_codes = self._fit_upper(
+                    codes, left_codes, ks[index - 1], k, rng, runner, index
+                )
                 upper.append(layer)
             top = _fit_top(codes, ks[-1], n_components, rng)
             embedding = _project(codes, top)
+            left_out = None if left_codes is None else _project(left_codes, top)
 
         self.ks_ = list(ks)
         self.n_components_ = n_components
@@ -239,7 +269,7 @@ class MBN(TransformerMixin, BaseEstimator):
         self.upper_layers_ = upper
         self.top_ = top
         self.explained_variance_ratio_ = top.explained_variance_ratio
-        return embedding
+        return embedding, left_out
 
     def layer_sizes(self, n_samples: int) -> list[int]:
         """Centers per layer that ``fit`` uses for ``n_samples`` training points."""
@@ -276,7 +306,7 @@ class MBN(TransformerMixin, BaseEstimator):
     def _upper_fraction(self) -> float:
         return 0.5 if self.feature_fraction == "auto" else float(self.feature_fraction)
 
-    def _fit_bottom(self, X, X_work, k, n_chosen, rng, runner):
+    def _fit_bottom(self, X, X_work, k, n_chosen, rng, runner, leave_self_out):
         n_samples, n_features = X.shape
         V = self.n_clusterings
         features = np.zeros((V, n_features), dtype=bool)
@@ -303,16 +333,27 @@ class MBN(TransformerMixin, BaseEstimator):
             metric=self.metric,
         )
         norms = input_row_norms(X)
-        codes = runner.run_layer(
-            0,
-            V,
-            lambda v: layer.clustering_codes(X_work, v, norms),
-            n_samples,
-            smallest_uint(k - 1),
-        )
-        return layer, codes
+        code_dtype = smallest_uint(k - 1)
+        if not leave_self_out:
+            codes = runner.run_layer(
+                0, V, lambda v: layer.clustering_codes(X_work, v, norms), n_samples, code_dtype
+            )
+            return layer, codes, None
+        left_codes = np.empty((n_samples, V), dtype=code_dtype)
 
-    def _fit_upper(self, codes, n_values, k, rng, runner, index):
+        def encode(v: int) -> np.ndarray:
+            # Row centers[v, j] must not take center j: one GEMM gives both codes.
+            exclude = np.full(n_samples, -1, dtype=np.int64)
+            exclude[centers[v]] = np.arange(k)
+            codes, left_codes[:, v] = bottom_codes_leave_self_out(
+                X_work, layer.features(v), layer.center_values(v), self.metric, norms, exclude
+            )
+            return codes
+
+        codes = runner.run_layer(0, V, encode, n_samples, code_dtype)
+        return layer, codes, left_codes
+
+    def _fit_upper(self, codes, left_codes, n_values, k, rng, runner, index):
         n_samples = codes.shape[0]
         V = self.n_clusterings
         fraction = self._upper_fraction()
@@ -320,22 +361,33 @@ class MBN(TransformerMixin, BaseEstimator):
         seeds = rng.randint(0, 2**63, size=V, dtype=np.int64).astype(np.uint64)
         postings = Postings.build(codes, codes, n_values, centers_are_points=True, pool=runner.pool)
         centers32 = centers.astype(np.int32)
+        code_dtype = smallest_uint(k - 1)
+        new_left = None
+        if left_codes is not None:
+            # The left-out rows against the centers' own (in-sample) codes, each row kept
+            # from matching itself.
+            left_postings = Postings.build(left_codes, codes, n_values, pool=runner.pool)
+            new_left = np.empty((n_samples, V), dtype=code_dtype)
 
         def encode(v: int) -> np.ndarray:
+            if new_left is not None:
+                new_left[:, v] = upper_clustering_codes(
+                    left_postings, codes, centers32[v], n_values, seeds[v], fraction, True
+                )
             return upper_clustering_codes(
                 postings, codes, centers32[v], n_values, seeds[v], fraction
             )
 
-        new_codes = runner.run_layer(index, V, encode, n_samples, smallest_uint(k - 1))
+        new_codes = runner.run_layer(index, V, encode, n_samples, code_dtype)
         rows, local = np.unique(centers, return_inverse=True)
-        layer = UpperLayer(
+        layer = UpperLayer.create(
             centers=local.reshape(V, k).astype(smallest_uint(len(rows) - 1)),
             center_codes=codes[rows].astype(smallest_uint(n_values - 1)),
             seeds=seeds,
             n_values=n_values,
             feature_fraction=fraction,
         )
-        return layer, new_codes
+        return layer, new_codes, new_left
 
     # ------------------------------------------------------------------ inference
 
@@ -382,6 +434,14 @@ class MBN(TransformerMixin, BaseEstimator):
         check_is_fitted(self)
         X = validate_data(self, X, accept_sparse="csr", dtype=[np.float64, np.float32], reset=False)
         n_samples = X.shape[0]
+        bottom = self.bottom_layer_
+        if n_samples <= FEW_ROWS and not sp.issparse(X) and bottom.few_rows_supported:
+            # A request of a few rows: one pass over each layer's centers, on this thread.
+            X32 = np.asarray(X, dtype=np.float32)
+            codes = bottom.codes_few(X32, input_row_norms(X))
+            for layer in self.upper_layers_[: depth - 1]:
+                codes = layer.codes_few(codes)
+            return codes
         n_threads = _effective_threads(self.n_jobs)
         X_work = _float32_input(X)
         with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_threads) as pool:
@@ -672,21 +732,24 @@ def model_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MBN:
     _expect_index("layer0.centers", bottom.centers, center_data.shape[0])
     upper: list[UpperLayer] = []
     for index in range(1, len(ks)):
-        layer = UpperLayer(
-            centers=get(f"layer{index}.centers"),
-            center_codes=get(f"layer{index}.center_codes"),
-            seeds=get(f"layer{index}.seeds").astype(np.uint64),
+        centers = get(f"layer{index}.centers")
+        center_codes = get(f"layer{index}.center_codes")
+        seeds = get(f"layer{index}.seeds").astype(np.uint64)
+        _expect_shape(f"layer{index}.centers", centers, (V, ks[index]))
+        _expect_shape(f"layer{index}.seeds", seeds, (V,))
+        if center_codes.ndim != 2 or center_codes.shape[1] != V:
+            raise ValueError(
+                f"model array 'layer{index}.center_codes' has shape {center_codes.shape}"
+            )
+        _expect_index(f"layer{index}.centers", centers, center_codes.shape[0])
+        _expect_index(f"layer{index}.center_codes", center_codes, ks[index - 1])
+        layer = UpperLayer.create(
+            centers=centers,
+            center_codes=center_codes,
+            seeds=seeds,
             n_values=ks[index - 1],
             feature_fraction=float(get(f"layer{index}.feature_fraction")),
         )
-        _expect_shape(f"layer{index}.centers", layer.centers, (V, ks[index]))
-        _expect_shape(f"layer{index}.seeds", layer.seeds, (V,))
-        if layer.center_codes.ndim != 2 or layer.center_codes.shape[1] != V:
-            raise ValueError(
-                f"model array 'layer{index}.center_codes' has shape {layer.center_codes.shape}"
-            )
-        _expect_index(f"layer{index}.centers", layer.centers, layer.center_codes.shape[0])
-        _expect_index(f"layer{index}.center_codes", layer.center_codes, ks[index - 1])
         upper.append(layer)
     top = _Top(
         table=np.ascontiguousarray(get("top.table"), dtype=np.float64),

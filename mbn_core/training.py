@@ -22,7 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from mbn_core.bundle import check_target, save_bundle, validate_model_id, validate_name
-from mbn_core.compress import CompressiveMBN
+from mbn_core.compress import CompressiveMBN, mbn_fit_rows
 from mbn_core.network import MBN, TrainingStopped
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,8 @@ MBN_FIELDS = (
 )  # fmt: skip
 COMPRESSOR_FIELDS = (
     "hidden_layer_sizes", "max_epochs", "batch_size", "learning_rate", "alpha",
-    "n_iter_no_change", "tol", "validation_fraction", "holdout_fraction", "n_clusters",
+    "n_iter_no_change", "tol", "validation_fraction", "holdout_fraction", "targets",
+    "n_clusters",
 )  # fmt: skip
 SHARED_FIELDS = ("random_state", "n_jobs")
 ProgressCallback = Callable[[str, float], object]
@@ -103,7 +104,12 @@ class TrainingParams:
         default=0.1, metadata=_help("fraction used for early stopping")
     )
     holdout_fraction: float = field(
-        default=0.1, metadata=_help("fraction held out to measure fidelity")
+        default=0.1,
+        metadata=_help("fraction kept out of the MBN fit and the MLP to measure fidelity"),
+    )
+    targets: str = field(
+        default="leave-self-out",
+        metadata=_help("what the MLP learns: leave-self-out or in-sample embeddings"),
     )
     n_clusters: int | None = field(
         default=None, metadata=_help("add a k-means clustering head with this many clusters")
@@ -355,7 +361,8 @@ def train_bundle(
     labels = _check_labels(y, X.shape[0], "y")
 
     mbn = MBN(**params.mbn_kwargs())
-    ks = mbn.layer_sizes(X.shape[0])
+    # The MBN is fitted without the rows held out for the fidelity report.
+    ks = mbn.layer_sizes(mbn_fit_rows(X.shape[0], params.holdout_fraction))
     tracker = _Tracker(params, X.shape, ks, progress, events)
     mbn.set_params(callback=tracker.clustering_done)
     model = CompressiveMBN(mbn, **params.compressor_kwargs(), callback=tracker.epoch_done)
@@ -384,8 +391,11 @@ class _Tracker:
         n, d = shape
         V = params.n_clusterings
         fraction = 0.5 if params.feature_fraction == "auto" else float(params.feature_fraction)
-        bottom = float(n) * max(1.0, fraction * d) * ks[0]
-        upper = [_UPPER_COST * n * (V + k) for k in ks[1:]]
+        n_fit = mbn_fit_rows(n, params.holdout_fraction)
+        bottom = float(n_fit) * max(1.0, fraction * d) * ks[0]
+        # Leave-self-out targets walk the upper layers a second time.
+        passes = 2 if params.targets == "leave-self-out" else 1
+        upper = [passes * _UPPER_COST * n_fit * (V + k) for k in ks[1:]]
         self.layer_costs = [V * bottom] + [V * cost for cost in upper]
         mlp_macs = sum(
             a * b
@@ -395,11 +405,16 @@ class _Tracker:
                 strict=True,
             )
         )
-        n_train = n * (1 - params.holdout_fraction) * (1 - params.validation_fraction)
+        n_train = n_fit * (1 - params.validation_fraction)
         mlp = _MLP_COST * mlp_macs * n_train * params.max_epochs
         mbn = sum(self.layer_costs)
-        self.mbn_share = (1 - _EXPORT_SHARE) * mbn / (mbn + mlp)
-        self.compressor_share = (1 - _EXPORT_SHARE) - self.mbn_share
+        # The held-out rows' exact embedding (for the report) runs after the MLP, unreported:
+        # its bottom layer, counted in the last share with the export.
+        evaluation = V * float(n - n_fit) * max(1.0, fraction * d) * ks[0]
+        total = mbn + mlp + evaluation
+        self.export_share = _EXPORT_SHARE + (1 - _EXPORT_SHARE) * evaluation / total
+        self.mbn_share = (1 - _EXPORT_SHARE) * mbn / total
+        self.compressor_share = (1 - self.export_share) - self.mbn_share
         self.ks = ks
         self.progress = progress
         self.events = events
@@ -428,7 +443,7 @@ class _Tracker:
         width = {
             "mbn": self.mbn_share,
             "compressor": self.compressor_share,
-            "export": _EXPORT_SHARE,
+            "export": self.export_share,
         }[phase]
         fraction = min(1.0, start + width * phase_fraction)
         stop = False
