@@ -14,10 +14,13 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 WORKDIR /src
 
-# Dependencies first, read from pyproject.toml: this layer stays cached while only code changes.
-# Every dependency ships manylinux wheels, so no compiler is needed here either.
+# Dependencies first, read from pyproject.toml (the library's and the service extra's): this
+# layer stays cached while only code changes. Every dependency ships manylinux wheels, so no
+# compiler is needed here either.
 COPY pyproject.toml ./
-RUN python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > requirements.txt \
+# The image also carries the 'distributed' extra (Dask, Zarr): compose runs it as the Dask
+# scheduler and workers, and training jobs use them.
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print(*p['dependencies'], *p['optional-dependencies']['service'], *p['optional-dependencies']['distributed'], sep='\n')" > requirements.txt \
     && python -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir -r requirements.txt
 

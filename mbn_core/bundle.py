@@ -1,12 +1,17 @@
-"""Model bundles: a fitted compressive MBN on disk, written atomically, read with verification.
+"""Model bundles: a trained model on disk, written atomically, read with verification.
 
 A bundle is a directory (named after the model id) holding
 
-- ``manifest.json``: format, ids, dimensions, hyperparameters, training facts, fidelity,
-  library versions and the SHA-256 and size of every other file;
-- ``mbn.npz``: the exact model's arrays (``np.load(..., allow_pickle=False)``), plus the
-  clustering head's centroids;
-- ``compressor.onnx``: the fast path, self-contained.
+- ``manifest.json``: format, ids, the method (``mbn_core.methods``), dimensions,
+  hyperparameters, training facts, fidelity, label-free quality (trustworthiness and
+  continuity, beside PCA's), library versions, the SHA-256 and size of every other file, and
+  its own SHA-256 (``manifest_sha256``, over the canonical JSON of every other field), so a
+  changed byte anywhere in the bundle is refused;
+- ``exact.npz`` (``mbn.npz`` before format version 3): the exact model's arrays, as the
+  method's ``save`` gives them (``np.load(..., allow_pickle=False)``), plus the clustering
+  head's centroids;
+- ``compressor.onnx``: the fast path, self-contained: a distilled MLP or the method's own
+  exported map.
 
 Nothing is pickled. ``save_bundle`` writes into a hidden temporary directory beside the
 target and renames it into place, so readers (and a Ctrl-C) never see half a bundle.
@@ -37,27 +42,55 @@ import scipy.sparse as sp
 from sklearn.utils.validation import check_is_fitted
 
 from mbn_core.compress import MODES, CompressiveMBN
-from mbn_core.network import MBN, model_from_arrays, model_to_arrays
-from mbn_core.onnx import OnnxEmbedder, to_onnx
+from mbn_core.methods import PIPELINE_PARAMS, Method, get_method
+from mbn_core.onnx import OnnxEmbedder
+from mbn_core.trained import TrainedModel
 
 log = logging.getLogger(__name__)
 
 FORMAT = "mbn-bundle"
-FORMAT_VERSION = 1
+# Version 2 added the manifest's own digest (``manifest_sha256``); version 3 the method.
+FORMAT_VERSION = 3
 # Oldest format this code can read, upgrading the manifest step by step (see _UPGRADES).
 MIN_FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-EXACT_FILE = "mbn.npz"
+MANIFEST_DIGEST = "manifest_sha256"
+EXACT_FILE = "exact.npz"
+# Before version 3 there was one method, MBN, and its exact file was named after it.
+LEGACY_EXACT_FILE = "mbn.npz"
 ONNX_FILE = "compressor.onnx"
 DATA_FILES = (EXACT_FILE, ONNX_FILE)
 MODEL_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # A manifest is a few kilobytes; refuse to parse anything absurdly larger.
 _MAX_MANIFEST_BYTES = 1 << 20
-_HEAD_CENTERS = "head.cluster_centers"
+_HEAD_PREFIX = "head."
+_HEAD_CENTERS = _HEAD_PREFIX + "cluster_centers"
 _LIBRARIES = ("mbn", "numpy", "scipy", "scikit-learn", "onnx", "onnxruntime", "skl2onnx")
+
+
+def _upgrade_v2(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 to 3: the method is named (it was always MBN) and the pipeline's options
+    (held-out share, clusters, seed, threads) move out of the compressor's."""
+    manifest = dict(manifest)
+    manifest["method"] = "mbn"
+    hyperparameters = dict(manifest.get("hyperparameters", {}))
+    compressor = dict(hyperparameters.get("compressor", {}))
+    hyperparameters["pipeline"] = {
+        key: compressor.pop(key) for key in PIPELINE_PARAMS if key in compressor
+    }
+    hyperparameters["compressor"] = compressor
+    manifest["hyperparameters"] = hyperparameters
+    training = dict(manifest.get("training", {}))
+    if "metric" in manifest:
+        training.setdefault("metric", manifest["metric"])
+    manifest["training"] = training
+    return manifest
+
+
 # Manifest upgrades: _UPGRADES[v] turns a version-v manifest into a version v+1 one.
-# Version 1 is the first format, so there is nothing to upgrade yet.
-_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+# Version 2 only added the self-digest, which a version-1 manifest cannot have: its fields
+# are read as they are (and a warning says that the manifest itself is not protected).
+_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: dict, 2: _upgrade_v2}
 
 
 class BundleError(ValueError):
@@ -98,7 +131,7 @@ def bundle_path(model_dir: str | os.PathLike[str], model_id: str) -> Path:
 
 
 def save_bundle(
-    model: CompressiveMBN,
+    model: TrainedModel | CompressiveMBN,
     directory: str | os.PathLike[str],
     *,
     name: str,
@@ -110,8 +143,9 @@ def save_bundle(
 
     Parameters
     ----------
-    model : CompressiveMBN
-        A fitted model.
+    model : TrainedModel or CompressiveMBN
+        A trained model (``mbn_core.training``), or a fitted ``CompressiveMBN`` whose
+        teacher is a registered method's estimator.
     directory : path
         The bundle directory to create. Its parent must exist.
     name : str
@@ -131,7 +165,9 @@ def save_bundle(
     Path
         The bundle directory.
     """
-    check_is_fitted(model)
+    if isinstance(model, CompressiveMBN):
+        check_is_fitted(model)
+        model = TrainedModel.from_compressor(model)
     directory = Path(directory)
     model_id = validate_model_id(directory.name if model_id is None else model_id)
     name = validate_name(name)
@@ -139,14 +175,13 @@ def save_bundle(
     parent = directory.parent
 
     exact_bytes = _npz_bytes(model)
-    onnx_bytes = to_onnx(model).SerializeToString()
+    onnx_bytes = model.fast_path.SerializeToString()
     manifest = _manifest(model, model_id, name, extra or {})
     manifest["files"] = {
         EXACT_FILE: _file_entry(exact_bytes),
         ONNX_FILE: _file_entry(onnx_bytes),
     }
-    # allow_nan=False: the manifest must be strict JSON for every reader (NaN became null).
-    manifest_bytes = (json.dumps(manifest, indent=2, allow_nan=False) + "\n").encode()
+    manifest_bytes = manifest_to_bytes(manifest)
 
     temporary = parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:12]}"
     temporary.mkdir()
@@ -214,29 +249,21 @@ def _move_into_place(temporary: Path, directory: Path, overwrite: bool) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _npz_bytes(model: CompressiveMBN) -> bytes:
-    arrays = model_to_arrays(model.mbn_)
-    if model.cluster_centers_ is not None:
-        arrays[_HEAD_CENTERS] = model.cluster_centers_
+def _npz_bytes(model: TrainedModel) -> bytes:
+    arrays = dict(model.method.save(model.estimator))
+    if any(name.startswith(_HEAD_PREFIX) for name in arrays):
+        raise ValueError(f"method {model.method.name!r} saved arrays named {_HEAD_PREFIX}*")
+    if model.cluster_centers is not None:
+        arrays[_HEAD_CENTERS] = model.cluster_centers
     buffer = io.BytesIO()
     np.savez(buffer, allow_pickle=False, **arrays)
     return buffer.getvalue()
 
 
 def _manifest(
-    model: CompressiveMBN, model_id: str, name: str, extra: dict[str, Any]
+    model: TrainedModel, model_id: str, name: str, extra: dict[str, Any]
 ) -> dict[str, Any]:
-    mbn = model.mbn_
-    compressor = model.get_params(deep=False)
-    for key in ("mbn", "callback", "prefit"):
-        compressor.pop(key, None)
-    training = {
-        "n_samples": int(model.n_samples_),
-        "input_sparse": bool(model.input_sparse_),
-        "ks": [int(k) for k in mbn.ks_],
-        "n_epochs": int(model.n_epochs_),
-        "seconds": {key: round(float(value), 3) for key, value in model.timings_.items()},
-    }
+    training = dict(model.facts)
     training.update(extra)
     return {
         "format": FORMAT,
@@ -244,27 +271,17 @@ def _manifest(
         "id": model_id,
         "name": name,
         "created": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
-        "input_dim": int(model.n_features_in_),
-        "output_dim": int(model.n_components_),
-        "metric": mbn.metric,
-        "n_clusters": None if model.cluster_centers_ is None else len(model.cluster_centers_),
-        "hyperparameters": {
-            "mbn": _jsonable(mbn_params(mbn)),
-            "compressor": _jsonable(compressor),
-        },
+        "method": model.method.name,
+        "fast_path": model.method.fast_path,
+        "input_dim": int(model.n_features_in),
+        "output_dim": int(model.n_components),
+        "n_clusters": None if model.cluster_centers is None else len(model.cluster_centers),
+        "hyperparameters": _jsonable(model.hyperparameters),
         "training": _jsonable(training),
-        "fidelity": _jsonable(model.fidelity_),
+        "fidelity": _jsonable(model.fidelity),
+        "quality": _jsonable(model.quality),
         "library_versions": library_versions(),
     }
-
-
-def mbn_params(mbn: MBN) -> dict[str, Any]:
-    """The MBN hyperparameters a bundle stores (everything but the callback)."""
-    params = mbn.get_params(deep=False)
-    params.pop("callback", None)
-    if isinstance(params.get("random_state"), np.random.RandomState):
-        params["random_state"] = None  # a generator's state is not a hyperparameter
-    return params
 
 
 def library_versions() -> dict[str, str]:
@@ -278,11 +295,41 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """SHA-256 of a manifest's canonical JSON (sorted keys, no spaces), without its own
+    ``manifest_sha256`` field: what that field must hold."""
+    fields = {key: value for key, value in manifest.items() if key != MANIFEST_DIGEST}
+    canonical = json.dumps(
+        fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    )
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def manifest_to_bytes(manifest: dict[str, Any]) -> bytes:
+    """The bytes of ``manifest.json`` for ``manifest``, with a fresh ``manifest_sha256``."""
+    sealed = {**manifest, MANIFEST_DIGEST: manifest_digest(manifest)}
+    # allow_nan=False: the manifest must be strict JSON for every reader (NaN became null).
+    return (json.dumps(sealed, indent=2, allow_nan=False) + "\n").encode()
+
+
+def write_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
+    """Replace a bundle's manifest (atomically, with a fresh digest): for tools that edit
+    a manifest on purpose. The data files' entries must still match, or loading refuses."""
+    file = Path(directory) / MANIFEST
+    temporary = file.with_name(f".{MANIFEST}.tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        _write_synced(temporary, manifest_to_bytes(manifest))
+        os.replace(temporary, file)
+    finally:
+        temporary.unlink(missing_ok=True)
+    _fsync_directory(file.parent)
+
+
 # ---------------------------------------------------------------------- reading
 
 
 class Bundle:
-    """A verified, loaded bundle: the fast ONNX path at once, the exact MBN on demand.
+    """A verified, loaded bundle: the fast ONNX path at once, the exact model on demand.
 
     Use ``load_bundle`` to make one. Thread safe: ``embed`` and ``predict_clusters`` may be
     called from several threads.
@@ -309,7 +356,8 @@ class Bundle:
         self.n_clusters: int | None = manifest["n_clusters"]
         self.threads = threads
         self._embedder = embedder
-        self._exact: MBN | None = None
+        self.method: str = manifest["method"]
+        self._exact: Any = None
         self._centers: np.ndarray | None = None
         self._lock = threading.Lock()
 
@@ -324,7 +372,7 @@ class Bundle:
         X : array-like or sparse matrix of shape (n_samples, input_dim)
             Finite real values.
         mode : {"fast", "exact"}, default="fast"
-            The ONNX compressor, or the exact MBN (loaded from ``mbn.npz`` on first use).
+            The ONNX fast path, or the exact model (loaded from its arrays on first use).
         """
         X = self._check_input(X, mode)
         if mode == "fast":
@@ -357,8 +405,8 @@ class Bundle:
         scores = embedding @ (-2.0 * self._centers.T) + np.sum(self._centers**2, axis=1)
         return embedding, np.argmin(scores, axis=1).astype(np.int64)
 
-    def exact_model(self) -> MBN:
-        """The exact MBN, read from ``mbn.npz`` (hash checked again) on the first call."""
+    def exact_model(self) -> Any:
+        """The exact estimator, read from its arrays (hash checked again) on the first call."""
         with self._lock:
             if self._exact is None:
                 self._exact, self._centers = _load_exact(self.path, self.manifest, self.threads)
@@ -418,7 +466,7 @@ def load_bundle(directory: str | os.PathLike[str], *, threads: int = 1) -> Bundl
     if not path.is_dir():
         raise BundleError(f"{path}: no such bundle directory")
     manifest = read_manifest(path)
-    for file_name in DATA_FILES:
+    for file_name in (exact_file(manifest), ONNX_FILE):
         _verified_bytes(path, manifest, file_name, keep=False)
     onnx_bytes = _verified_bytes(path, manifest, ONNX_FILE)
     try:
@@ -457,6 +505,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         raise BundleError(f"{file}: not valid JSON (truncated or corrupted?): {error}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BundleError(f'{file}: not an MBN bundle manifest (no "format": "{FORMAT}")')
+    _check_manifest_digest(file, manifest)
     version = manifest.get("format_version")
     if isinstance(version, bool) or not isinstance(version, int):
         raise BundleError(f"{file}: format_version must be an integer, got {version!r}")
@@ -480,6 +529,25 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     return manifest
 
 
+def _check_manifest_digest(file: Path, manifest: dict[str, Any]) -> None:
+    """Refuse a manifest whose own digest does not match (checked whenever it is present,
+    whatever version the manifest claims: a flipped version digit is caught too)."""
+    recorded = manifest.get(MANIFEST_DIGEST)
+    if recorded is None:
+        if manifest.get("format_version") == 1:
+            log.warning("%s: format version 1 has no manifest digest; re-save to protect it", file)
+            return
+        raise BundleError(f"{file}: no {MANIFEST_DIGEST}; the manifest cannot be verified")
+    try:
+        expected = manifest_digest(manifest)
+    except ValueError:  # NaN or infinity: never written by save_bundle
+        expected = None
+    if recorded != expected:
+        raise BundleError(
+            f"{file}: {MANIFEST_DIGEST} does not match its content (the manifest was modified)"
+        )
+
+
 def _check_manifest_fields(file: Path, manifest: dict[str, Any]) -> None:
     required: dict[str, type | tuple[type, ...]] = {
         "id": str,
@@ -487,7 +555,7 @@ def _check_manifest_fields(file: Path, manifest: dict[str, Any]) -> None:
         "created": str,
         "input_dim": int,
         "output_dim": int,
-        "metric": str,
+        "method": str,
         "n_clusters": (int, type(None)),
         "hyperparameters": dict,
         "files": dict,
@@ -505,10 +573,9 @@ def _check_manifest_fields(file: Path, manifest: dict[str, Any]) -> None:
     if manifest["input_dim"] < 1 or manifest["output_dim"] < 1:
         raise BundleError(f"{file}: dimensions must be positive")
     files = manifest["files"]
-    if sorted(files) != sorted(DATA_FILES):
-        raise BundleError(
-            f"{file}: lists files {sorted(files)}, expected exactly {sorted(DATA_FILES)}"
-        )
+    expected = sorted((exact_file(manifest), ONNX_FILE))
+    if sorted(files) != expected:
+        raise BundleError(f"{file}: lists files {sorted(files)}, expected exactly {expected}")
     for file_name, entry in files.items():
         if (
             not isinstance(entry, dict)
@@ -549,33 +616,48 @@ def _verified_bytes(path: Path, manifest: dict[str, Any], file_name: str, keep: 
     return b"".join(chunks) if keep else None
 
 
+def exact_file(manifest: dict[str, Any]) -> str:
+    """Name of the exact model's file: ``exact.npz``, or ``mbn.npz`` in a version-1 bundle."""
+    return LEGACY_EXACT_FILE if LEGACY_EXACT_FILE in manifest.get("files", {}) else EXACT_FILE
+
+
 def _load_exact(
     path: Path, manifest: dict[str, Any], threads: int
-) -> tuple[MBN, np.ndarray | None]:
-    file = path / EXACT_FILE
-    data = _verified_bytes(path, manifest, EXACT_FILE)
+) -> tuple[Any, np.ndarray | None]:
+    name = exact_file(manifest)
+    file = path / name
+    try:
+        method = get_method(manifest["method"])
+    except ValueError as error:
+        raise BundleError(f"{path / MANIFEST}: {error} (is the plug-in installed?)") from None
+    data = _verified_bytes(path, manifest, name)
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             arrays = {key: npz[key] for key in npz.files}
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as error:
         raise BundleError(f"{file}: not a readable array archive: {error}") from None
-    params = dict(manifest["hyperparameters"].get("mbn", {}))
-    params["n_jobs"] = threads
+    centers = arrays.pop(_HEAD_CENTERS, None)
     try:
-        model = model_from_arrays(arrays, params)
+        model = method.load(arrays, _load_params(method, manifest, threads))
     except (TypeError, ValueError) as error:
         raise BundleError(f"{file}: {error}") from None
-    if (model.n_features_in_, model.n_components_) != (
-        manifest["input_dim"],
-        manifest["output_dim"],
-    ):
+    n_features = getattr(model, "n_features_in_", manifest["input_dim"])
+    n_components = getattr(model, "n_components_", manifest["output_dim"])
+    if (n_features, n_components) != (manifest["input_dim"], manifest["output_dim"]):
         raise BundleError(f"{file}: model dimensions disagree with the manifest")
-    centers = arrays.get(_HEAD_CENTERS)
     if manifest["n_clusters"] is not None and (
         centers is None or centers.shape != (manifest["n_clusters"], manifest["output_dim"])
     ):
         raise BundleError(f"{file}: clustering head centroids missing or misshapen")
     return model, None if centers is None else centers.astype(np.float32)
+
+
+def _load_params(method: Method, manifest: dict[str, Any], threads: int) -> dict[str, Any]:
+    """The estimator's parameters as stored, with the reader's thread count."""
+    params = dict(manifest["hyperparameters"].get(method.name, {}))
+    if "n_jobs" in method.constraints:
+        params["n_jobs"] = threads
+    return params
 
 
 # ---------------------------------------------------------------------- helpers

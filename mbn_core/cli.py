@@ -1,4 +1,9 @@
-"""The ``mbn`` command: train bundles offline, embed with them, inspect them, run the service.
+"""The ``mbn`` command: train bundles offline, embed with them, inspect them.
+
+``train``, ``embed`` and ``info`` need only the library. Other commands are plug-ins: an
+installed package adds them through the ``mbn.commands`` entry-point group (the service adds
+``serve`` and ``worker`` with the ``mbn[service]`` extra). A plug-in whose dependencies are
+missing still shows up, and says which extra to install.
 
 User errors (a missing file, an unreadable format, a dimension mismatch, a bad option) end
 with one line on stderr and exit status 2; Ctrl-C ends with status 130 and no partial output.
@@ -7,23 +12,27 @@ with one line on stderr and exit status 2; Ctrl-C ends with status 130 and no pa
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import contextlib
+import importlib.util
 import logging
 import os
 import sys
-import types
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mbn_core import bulk
 from mbn_core.bundle import BundleError, check_target, load_bundle
 from mbn_core.compress import fidelity_report
+from mbn_core.methods import DEFAULT_METHOD, get_method, method_names
 from mbn_core.network import TrainingStopped
+from mbn_core.params import metavar, parse_flag
+from mbn_core.quality import quality_summary
 from mbn_core.training import (
-    COMPRESSOR_FIELDS,
     TrainingEvent,
     TrainingParams,
     load_training_data,
@@ -34,6 +43,10 @@ log = logging.getLogger(__name__)
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+COMMAND_GROUP = "mbn.commands"
+
+# A plug-in command: adds its sub-parser (with a ``handler``) to the ``mbn`` sub-parsers.
+Command = Callable[[Any], None]
 
 
 class UserError(Exception):
@@ -43,139 +56,209 @@ class UserError(Exception):
 # ---------------------------------------------------------------------- option parsing
 
 
-def _int_list(text: str) -> list[int]:
+def _add_training_options(parser: argparse.ArgumentParser, method_name: str) -> None:
+    """One option per training parameter of the method, derived from its estimators'
+    parameter constraints (the same options ``POST /train`` takes)."""
+    method = get_method(method_name)
+    titles = {"compressor": "compressor options", "pipeline": "pipeline options"}
+    for group_name, params in method.option_groups().items():
+        group = parser.add_argument_group(titles.get(group_name, f"{group_name} options"))
+        for param in params:
+            default = param.json_default()
+            if isinstance(default, list):
+                default = ",".join(str(value) for value in default)
+            group.add_argument(
+                f"--{param.name.replace('_', '-')}",
+                dest=param.name,
+                type=parse_flag(param),
+                default=argparse.SUPPRESS,
+                metavar=metavar(param),
+                help=f"{param.help} (default: {'none' if default is None else default})",
+            )
+
+
+def _method_in(argv: Sequence[str]) -> str:
+    """The ``--method`` given to ``mbn train`` (its options depend on it)."""
+    for index, arg in enumerate(argv):
+        if arg == "--method" and index + 1 < len(argv):
+            return argv[index + 1]
+        if arg.startswith("--method="):
+            return arg.split("=", 1)[1]
+    return DEFAULT_METHOD
+
+
+def _add_scheduler_options(parser: argparse.ArgumentParser, purpose: str) -> None:
+    parser.add_argument(
+        "--scheduler",
+        metavar="tcp://HOST:8786",
+        help=f"{purpose} (needs the 'distributed' extra)",
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds to wait for the scheduler (default: 10)",
+    )
+
+
+@contextlib.contextmanager
+def _dask_client(args: argparse.Namespace, *, for_fit: bool) -> Iterator[Any]:
+    """The Dask client of ``--scheduler`` (None without it), connected before any work."""
+    if not args.scheduler:
+        yield None
+        return
     try:
-        return [int(part) for part in text.replace(" ", "").split(",") if part]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-
-
-def _optional_int(text: str) -> int | None:
-    if text.lower() == "none":
-        return None
+        from mbn_core import distributed
+    except ImportError as error:  # pragma: no cover - the module itself imports no Dask
+        raise UserError(str(error)) from None
     try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'none', got {text!r}") from None
+        context: contextlib.AbstractContextManager[Any]
+        if for_fit:
+            context = distributed.use_dask(args.scheduler, timeout=args.connect_timeout)
+        else:
+            context = contextlib.closing(
+                distributed.connect(args.scheduler, timeout=args.connect_timeout)
+            )
+    except ImportError as error:
+        raise UserError(str(error)) from None
+    with context as client:
+        yield client
 
 
-def _number_or_auto(text: str) -> int | float | str:
-    """'auto', an integer, or a fraction: for ``k1`` and ``feature_fraction``."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from None
+def build_parser(
+    method: str = DEFAULT_METHOD, commands: Mapping[str, Command] | None = None
+) -> argparse.ArgumentParser:
+    """The argument parser of ``mbn``.
 
-
-_PARSERS: dict[str, Callable[[str], Any]] = {
-    "n_components": _optional_int,
-    "feature_fraction": _number_or_auto,
-    "k1": _number_or_auto,
-    "ks": _int_list,
-    "k_max": _optional_int,
-    "random_state": _optional_int,
-    "n_jobs": _optional_int,
-    "hidden_layer_sizes": _int_list,
-    "n_clusters": _optional_int,
-}
-
-_METAVARS: dict[Callable[[str], Any], str] = {
-    int: "N",
-    float: "X",
-    str: "NAME",
-    _optional_int: "N|none",
-    _number_or_auto: "X|auto",
-    _int_list: "N,N,...",
-}
-
-
-def _add_training_options(parser: argparse.ArgumentParser) -> None:
-    """One option per ``TrainingParams`` field, so the CLI and the service share them."""
-    mbn_group = parser.add_argument_group("MBN options")
-    compressor_group = parser.add_argument_group("compressor options")
-    for item in dataclasses.fields(TrainingParams):
-        group = compressor_group if item.name in COMPRESSOR_FIELDS else mbn_group
-        default = item.default
-        if isinstance(default, tuple):
-            default = ",".join(str(value) for value in default)
-        parse = _PARSERS.get(item.name) or type(item.default)
-        metavar = _METAVARS.get(parse, "VALUE")
-        group.add_argument(
-            f"--{item.name.replace('_', '-')}",
-            dest=item.name,
-            type=parse,
-            default=argparse.SUPPRESS,
-            metavar=metavar,
-            help=f"{item.metadata.get('help', '')} (default: {default})",
-        )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``mbn``."""
+    Parameters
+    ----------
+    method : str, default="mbn"
+        Whose options ``mbn train`` offers.
+    commands : mapping, default=None
+        Plug-in commands by name; None means those of the ``mbn.commands`` entry points.
+    """
     parser = argparse.ArgumentParser(
         prog="mbn",
-        description="Multilayer Bootstrap Network embeddings: train, embed, inspect, serve.",
+        description="Multilayer Bootstrap Network embeddings: train, embed, inspect.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    train = commands.add_parser(
+    names = method_names()
+    train = subparsers.add_parser(
         "train",
-        help="train MBN and its compressor, write a model bundle",
-        description="Train MBN on DATA, distil it into a fast MLP, and write the bundle "
-        "directory DIR (manifest.json, mbn.npz, compressor.onnx). DATA is .npy, .npz "
-        "(array 'x', optional labels 'y' used only for the fidelity report), a scipy sparse "
-        ".npz, or .csv.",
+        help="train an embedding method and its fast path, write a model bundle",
+        description="Train METHOD on DATA, make its fast path (a distilled MLP or the "
+        "method's own exported map), and write the bundle directory DIR (manifest.json, "
+        "exact.npz, compressor.onnx). DATA is .npy, .npz (array 'x', optional labels 'y' "
+        "used only for the fidelity report), a scipy sparse .npz, or .csv. The options "
+        "below are those of --method " + method + "; `mbn train --method NAME --help` "
+        "lists another's.",
     )
     train.add_argument("data", metavar="DATA", help="training data file")
     train.add_argument("--out", required=True, metavar="DIR", help="bundle directory to create")
+    train.add_argument(
+        "--method",
+        default=DEFAULT_METHOD,
+        choices=names,
+        help=f"embedding method (default: {DEFAULT_METHOD}; one of {', '.join(names)})",
+    )
     train.add_argument("--name", help="model name (default: the data file's name)")
     train.add_argument("--model-id", help="model id (default: DIR's name)")
     train.add_argument("--force", action="store_true", help="replace an existing bundle at DIR")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
-    _add_training_options(train)
+    _add_scheduler_options(train, "run each layer's clusterings on this Dask cluster")
+    if method in names:
+        _add_training_options(train, method)
     train.set_defaults(handler=_train)
 
-    embed = commands.add_parser(
-        "embed", help="embed data with a bundle", description="Embed DATA with BUNDLE."
+    embed = subparsers.add_parser(
+        "embed",
+        help="embed data with a bundle",
+        description="Embed DATA with BUNDLE. A .npy or Zarr (.zarr) DATA is read and "
+        "written chunk by chunk (dask.array), so it may be larger than memory; .npz and .csv "
+        "are read whole.",
     )
     embed.add_argument("bundle", metavar="BUNDLE", help="bundle directory")
-    embed.add_argument("data", metavar="DATA", help="data file (.npy, .npz, .csv)")
-    embed.add_argument("--out", required=True, metavar="OUT.npy", help="embeddings (float32)")
-    embed.add_argument("--exact", action="store_true", help="use the exact MBN (slow)")
+    embed.add_argument("data", metavar="DATA", help="data file (.npy, .zarr, .npz, .csv)")
+    embed.add_argument(
+        "--out", required=True, metavar="OUT", help="embeddings, float32 (.npy or .zarr)"
+    )
+    embed.add_argument("--exact", action="store_true", help="use the exact model (slow)")
     embed.add_argument("--clusters", metavar="CLUSTERS.npy", help="also write cluster ids")
     embed.add_argument("--threads", type=int, default=1, help="threads (default: 1)")
+    embed.add_argument(
+        "--chunk-rows",
+        type=int,
+        default=bulk.DEFAULT_CHUNK_ROWS,
+        metavar="N",
+        help=f"rows per chunk of a .npy or .zarr DATA (default: {bulk.DEFAULT_CHUNK_ROWS})",
+    )
+    _add_scheduler_options(
+        embed, "embed the chunks on this Dask cluster (its workers must see the same paths)"
+    )
     embed.set_defaults(handler=_embed)
 
-    info = commands.add_parser(
+    info = subparsers.add_parser(
         "info", help="show a bundle's manifest", description="Verify BUNDLE and describe it."
     )
     info.add_argument("bundle", metavar="BUNDLE", help="bundle directory")
     info.add_argument("--json", action="store_true", help="print the raw manifest")
     info.set_defaults(handler=_info)
 
-    serve = commands.add_parser("serve", help="run the HTTP service")
-    serve.add_argument("--host", default="127.0.0.1", help="address (default: 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
-    serve.add_argument("--workers", type=int, default=1, help="server processes (default: 1)")
-    serve.set_defaults(handler=_serve)
-
-    worker = commands.add_parser("worker", help="run a training worker for the service")
-    worker.set_defaults(handler=_worker)
+    for add_command in (plugin_commands() if commands is None else commands).values():
+        add_command(subparsers)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def plugin_commands() -> dict[str, Command]:
+    """The commands of the ``mbn.commands`` entry points, by name.
+
+    A plug-in that cannot be imported (its optional dependencies are not installed) becomes
+    a command that says which extra to install.
+    """
+    entries = sorted(metadata.entry_points(group=COMMAND_GROUP), key=lambda e: e.name)
+    return {entry.name: load_command(entry) for entry in entries}
+
+
+def load_command(entry: metadata.EntryPoint) -> Command:
+    """The command an entry point names, or one saying which extra it needs."""
+    try:
+        command: Command = entry.load()
+    except ImportError as error:
+        return _missing_command(entry.name, entry.extras, error)
+    return command
+
+
+def _missing_command(name: str, extras: list[str], error: ImportError) -> Command:
+    requirement = f"mbn[{','.join(extras)}]" if extras else "mbn"
+    missing = getattr(error, "name", None) or str(error)
+
+    def add(subparsers: Any) -> None:
+        command = subparsers.add_parser(
+            name,
+            help=f"(needs {requirement}: pip install '{requirement}')",
+            add_help=False,
+            prefix_chars="\0",  # take any arguments: the answer is the same
+        )
+        command.add_argument("rest", nargs=argparse.REMAINDER)
+
+        def handler(args: argparse.Namespace) -> None:
+            raise UserError(
+                f"this command needs the optional dependencies of {requirement} "
+                f"({missing} is not installed): pip install '{requirement}'"
+            )
+
+        command.set_defaults(handler=handler)
+
+    return add
+
+
+def main(argv: Sequence[str] | None = None, commands: Mapping[str, Command] | None = None) -> int:
     """Entry point of the ``mbn`` console script; returns the exit status."""
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_method_in(argv), commands)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -198,18 +281,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _train(args: argparse.Namespace) -> None:
     options = {
-        item.name: getattr(args, item.name)
-        for item in dataclasses.fields(TrainingParams)
-        if hasattr(args, item.name)
+        param.name: getattr(args, param.name)
+        for param in get_method(args.method).options()
+        if hasattr(args, param.name)
     }
-    params = TrainingParams.from_dict(options)
+    params = TrainingParams.from_dict({"method": args.method, **options})
     out = Path(args.out)
     if out.exists() and not args.force:
         raise UserError(f"{out}: already exists (use --force to replace it)")
     check_target(out, overwrite=args.force)
-    X, y = load_training_data(args.data)
-    name = args.name or Path(args.data).stem
-    _say(f"Training on {X.shape[0]} x {X.shape[1]} points from {args.data}")
+    # Connects first: an unreachable scheduler is reported before the data is even read.
+    with _dask_client(args, for_fit=True) as client:
+        X, y = load_training_data(args.data)
+        name = args.name or Path(args.data).stem
+        where = f" on the Dask cluster at {args.scheduler}" if client is not None else ""
+        _say(f"Training on {X.shape[0]} x {X.shape[1]} points from {args.data}{where}")
+        _train_with_progress(args, X, y, out, params, name)
+
+
+def _train_with_progress(args, X, y, out: Path, params: TrainingParams, name: str) -> None:
     with _ProgressBars(disable=True if args.quiet else None) as bars:
         path = train_bundle(
             X, out, name=name, params=params, y=y, model_id=args.model_id,
@@ -222,6 +312,9 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _embed(args: argparse.Namespace) -> None:
+    if _chunked(args):
+        _embed_chunked(args)
+        return
     bundle = load_bundle(args.bundle, threads=max(1, args.threads))
     X, _ = load_training_data(args.data)
     if X.shape[1] != bundle.input_dim:
@@ -239,6 +332,35 @@ def _embed(args: argparse.Namespace) -> None:
     _say(f"Wrote {embedding.shape[0]} x {embedding.shape[1]} {mode} embeddings to {args.out}")
 
 
+def _chunked(args: argparse.Namespace) -> bool:
+    """Whether ``mbn embed`` streams chunks through dask.array (else: reads DATA whole)."""
+    if args.scheduler or Path(args.out).suffix.lower() == ".zarr":
+        return True
+    suffix = Path(args.data).suffix.lower()
+    if suffix == ".zarr":
+        return True
+    # Without Dask a .npy is read whole, as before the chunked path existed.
+    return suffix == ".npy" and importlib.util.find_spec("dask") is not None
+
+
+def _embed_chunked(args: argparse.Namespace) -> None:
+    if args.threads < 1 or args.chunk_rows < 1:
+        raise UserError("--threads and --chunk-rows must be positive")
+    mode = "exact" if args.exact else "fast"
+    with _dask_client(args, for_fit=False) as client:
+        try:
+            result = bulk.embed_file(
+                args.bundle, args.data, args.out, mode=mode, clusters_out=args.clusters,
+                chunk_rows=args.chunk_rows, client=client, threads=args.threads,
+            )  # fmt: skip
+        except ImportError as error:
+            raise UserError(str(error)) from None
+    _say(
+        f"Wrote {result.n_rows} x {result.output_dim} {mode} embeddings to {args.out} "
+        f"({result.n_chunks} chunks, {result.rows_per_second:,.0f} rows/s)"
+    )
+
+
 def _info(args: argparse.Namespace) -> None:
     bundle = load_bundle(args.bundle)
     if args.json:
@@ -249,25 +371,6 @@ def _info(args: argparse.Namespace) -> None:
     for line in _describe(bundle.manifest, brief=False):
         _say(line)
     _say(f"verified:    every file matches its SHA-256 ({bundle.path})")
-
-
-def _serve(args: argparse.Namespace) -> None:
-    _service_main().serve(args.host, args.port, args.workers)
-
-
-def _worker(args: argparse.Namespace) -> None:
-    _service_main().run_worker()
-
-
-def _service_main() -> types.ModuleType:
-    # Imported lazily: the library and the trainer must not need the web stack.
-    try:
-        import service.main as service_main
-    except ModuleNotFoundError as error:
-        if error.name in ("service", "service.main"):
-            raise UserError("the service is not installed (package 'service' missing)") from None
-        raise
-    return service_main
 
 
 # ---------------------------------------------------------------------- output
@@ -290,19 +393,32 @@ def _describe(manifest: dict[str, Any], *, brief: bool) -> list[str]:
             f"format:      {manifest['format']} version {manifest['format_version']}",
         ]
     clusters = manifest["n_clusters"]
+    details = [f"metric {training['metric']}"] if "metric" in training else []
+    if clusters:
+        details.append(f"clustering head with {clusters} clusters")
+    fit = [f"{training.get('n_samples', '?')} points"]
+    if training.get("input_sparse"):
+        fit[0] += " (sparse)"
+    if layers:
+        fit.append(f"layers {layers}")
+    if "n_epochs" in training:
+        fit.append(f"{training['n_epochs']} MLP epochs")
+    times = [f"{phase} {value:.1f} s" for phase, value in seconds.items()]
+    times.append(f"total {training.get('total_seconds', 0):.1f} s")
     lines += [
-        f"dimensions:  {manifest['input_dim']} -> {manifest['output_dim']} "
-        f"(metric {manifest['metric']}"
-        + (f", clustering head with {clusters} clusters)" if clusters else ")"),
-        f"training:    {training.get('n_samples', '?')} points"
-        + (" (sparse)" if training.get("input_sparse") else "")
-        + f", layers {layers}, {training.get('n_epochs', '?')} MLP epochs",
-        f"time:        MBN {seconds.get('mbn', 0):.1f} s, compressor "
-        f"{seconds.get('compressor', 0):.1f} s, total {training.get('total_seconds', 0):.1f} s",
+        f"method:      {manifest.get('method', '?')} (fast path: "
+        f"{manifest.get('fast_path', 'distilled')})",
+        f"dimensions:  {manifest['input_dim']} -> {manifest['output_dim']}"
+        + (f" ({', '.join(details)})" if details else ""),
+        f"training:    {', '.join(fit)}",
+        f"time:        {', '.join(times)}",
     ]
     fidelity = manifest.get("fidelity")
     if fidelity:
         lines.append(f"fidelity:    {fidelity_report(_nan_for_none(fidelity))}")
+    quality = manifest.get("quality")
+    if quality:
+        lines.append(f"quality:     {quality_summary(quality)}")
     if not brief:
         for part, params in manifest["hyperparameters"].items():
             text = ", ".join(f"{key}={value}" for key, value in sorted(params.items()))
@@ -370,7 +486,7 @@ class _ProgressBars:
             self.phase = event.phase
             if event.phase == "export":
                 return
-            label = {"mbn": "MBN", "compressor": "MLP"}[event.phase]
+            label = {"fit": "fit", "compressor": "MLP"}[event.phase]
             self.bar = tqdm(
                 total=self._TOTAL,
                 desc=label,

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-import math
 import numbers
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.decomposition import PCA
 from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import Interval, RealNotInt, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 from threadpoolctl import threadpool_limits
 
@@ -30,6 +32,7 @@ from mbn_core.layers import (
     upper_clustering_codes,
     with_ones_column,
 )
+from mbn_core.params import CheckedParams, check_int_items
 
 ProgressCallback = Callable[[int, int, int], object]
 
@@ -43,6 +46,14 @@ AUTO_MIN_FEATURES = 8
 FEW_ROWS = 16
 # Above this many one-hot entries the top PCA runs sparse (ARPACK) instead of dense.
 _DENSE_PCA_MAX_ENTRIES = 5_000_000
+
+
+# Builds the object that maps each layer's clusterings during ``fit``: ``_LayerRunner`` (a
+# thread pool) unless ``mbn_core.distributed.use_dask`` set a factory for this context.
+LayerRunnerFactory = Callable[[ThreadPoolExecutor, "ProgressCallback | None"], "_LayerRunner"]
+layer_runner_factory: ContextVar[LayerRunnerFactory | None] = ContextVar(
+    "mbn_layer_runner_factory", default=None
+)
 
 
 class TrainingStopped(RuntimeError):
@@ -62,7 +73,7 @@ class _Top:
         return self.table.nbytes + self.offset.nbytes
 
 
-class MBN(TransformerMixin, BaseEstimator):
+class MBN(CheckedParams, TransformerMixin, BaseEstimator):
     """Multilayer Bootstrap Network for nonlinear dimensionality reduction.
 
     Each layer is ``n_clusterings`` k-centers clusterings. A clustering picks a random subset
@@ -141,6 +152,30 @@ class MBN(TransformerMixin, BaseEstimator):
     (1797, 2)
     """
 
+    _parameter_constraints: dict[str, list] = {
+        "n_components": [Interval(Integral, 1, None, closed="left"), None],
+        "n_clusterings": [Interval(Integral, 1, None, closed="left")],
+        "feature_fraction": [Interval(Real, 0, 1, closed="right"), StrOptions({"auto"})],
+        "k1": [
+            Interval(Integral, 2, None, closed="left"),
+            Interval(RealNotInt, 0, 1, closed="right"),
+            StrOptions({"auto"}),
+        ],
+        "delta": [Interval(Real, 0, 1, closed="neither")],
+        "n_classes": [Interval(Integral, 1, None, closed="left")],
+        "ks": ["array-like", None],
+        "k_max": [Interval(Integral, 2, None, closed="left"), None],
+        "metric": [StrOptions(set(METRICS))],
+        "shift_fraction": [Interval(Real, 0, 1, closed="left")],
+        "random_state": ["random_state"],
+        "n_jobs": [
+            Interval(Integral, 1, None, closed="left"),
+            Interval(Integral, None, -1, closed="right"),
+            None,
+        ],
+        "callback": [callable, None],
+    }
+
     def __init__(
         self,
         n_components: int | None = None,
@@ -199,9 +234,9 @@ class MBN(TransformerMixin, BaseEstimator):
         A training row that is also a center matches itself at distance 0 (bottom layer) or
         shares all its codes with itself (upper layers), which no new row does. The
         leave-self-out embedding codes each training row with every center that is that row
-        left out, layer after layer, so it is distributed like the embedding of new rows:
-        the target a student network (``CompressiveMBN``) should learn. It costs one more
-        pass over the upper layers; the bottom layer's scores are shared.
+        left out, layer after layer: a training row seen as new data, the target a student
+        network (``CompressiveMBN``) should learn. It costs one more pass over the upper
+        layers; the bottom layer's scores are shared.
 
         Returns
         -------
@@ -243,16 +278,15 @@ class MBN(TransformerMixin, BaseEstimator):
                 f"ks[-1]) = {min(n_samples, n_top)}"
             )
         rng = check_random_state(self.random_state)
-        X_work = _float32_input(X)
         n_chosen = self._n_bottom_features(n_features)
         n_threads = _effective_threads(self.n_jobs)
+        factory = layer_runner_factory.get() or _LayerRunner
 
         with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_threads) as pool:
-            runner = _LayerRunner(pool, self.callback)
+            runner = factory(pool, self.callback)
             bottom, codes, left_codes = self._fit_bottom(
-                X, X_work, ks[0], n_chosen, rng, runner, leave_self_out
+                X, ks[0], n_chosen, rng, runner, leave_self_out
             )
-            del X_work
             upper: list[UpperLayer] = []
             for index, k in enumerate(ks[1:], start=1):
                 layer, codes, left_codes = self._fit_upper(
@@ -306,7 +340,7 @@ class MBN(TransformerMixin, BaseEstimator):
     def _upper_fraction(self) -> float:
         return 0.5 if self.feature_fraction == "auto" else float(self.feature_fraction)
 
-    def _fit_bottom(self, X, X_work, k, n_chosen, rng, runner, leave_self_out):
+    def _fit_bottom(self, X, k, n_chosen, rng, runner, leave_self_out):
         n_samples, n_features = X.shape
         V = self.n_clusterings
         features = np.zeros((V, n_features), dtype=bool)
@@ -332,25 +366,11 @@ class MBN(TransformerMixin, BaseEstimator):
             center_data=center_data,
             metric=self.metric,
         )
-        norms = input_row_norms(X)
-        code_dtype = smallest_uint(k - 1)
         if not leave_self_out:
-            codes = runner.run_layer(
-                0, V, lambda v: layer.clustering_codes(X_work, v, norms), n_samples, code_dtype
-            )
-            return layer, codes, None
-        left_codes = np.empty((n_samples, V), dtype=code_dtype)
-
-        def encode(v: int) -> np.ndarray:
-            # Row centers[v, j] must not take center j: one GEMM gives both codes.
-            exclude = np.full(n_samples, -1, dtype=np.int64)
-            exclude[centers[v]] = np.arange(k)
-            codes, left_codes[:, v] = bottom_codes_leave_self_out(
-                X_work, layer.features(v), layer.center_values(v), self.metric, norms, exclude
-            )
-            return codes
-
-        codes = runner.run_layer(0, V, encode, n_samples, code_dtype)
+            return layer, runner.bottom_codes(layer, X, smallest_uint(k - 1)), None
+        codes, left_codes = runner.bottom_codes_leave_self_out(
+            layer, X, centers, smallest_uint(k - 1)
+        )
         return layer, codes, left_codes
 
     def _fit_upper(self, codes, left_codes, n_values, k, rng, runner, index):
@@ -359,26 +379,14 @@ class MBN(TransformerMixin, BaseEstimator):
         fraction = self._upper_fraction()
         centers = np.stack([rng.choice(n_samples, k, replace=False) for _ in range(V)])
         seeds = rng.randint(0, 2**63, size=V, dtype=np.int64).astype(np.uint64)
-        postings = Postings.build(codes, codes, n_values, centers_are_points=True, pool=runner.pool)
-        centers32 = centers.astype(np.int32)
-        code_dtype = smallest_uint(k - 1)
+        clusterings = UpperClusterings(centers.astype(np.int32), seeds, n_values, fraction)
         new_left = None
-        if left_codes is not None:
-            # The left-out rows against the centers' own (in-sample) codes, each row kept
-            # from matching itself.
-            left_postings = Postings.build(left_codes, codes, n_values, pool=runner.pool)
-            new_left = np.empty((n_samples, V), dtype=code_dtype)
-
-        def encode(v: int) -> np.ndarray:
-            if new_left is not None:
-                new_left[:, v] = upper_clustering_codes(
-                    left_postings, codes, centers32[v], n_values, seeds[v], fraction, True
-                )
-            return upper_clustering_codes(
-                postings, codes, centers32[v], n_values, seeds[v], fraction
+        if left_codes is None:
+            new_codes = runner.upper_codes(index, codes, clusterings, smallest_uint(k - 1))
+        else:
+            new_codes, new_left = runner.upper_codes_leave_self_out(
+                index, codes, left_codes, clusterings, smallest_uint(k - 1)
             )
-
-        new_codes = runner.run_layer(index, V, encode, n_samples, code_dtype)
         rows, local = np.unique(centers, return_inverse=True)
         layer = UpperLayer.create(
             centers=local.reshape(V, k).astype(smallest_uint(len(rows) - 1)),
@@ -437,8 +445,7 @@ class MBN(TransformerMixin, BaseEstimator):
         bottom = self.bottom_layer_
         if n_samples <= FEW_ROWS and not sp.issparse(X) and bottom.few_rows_supported:
             # A request of a few rows: one pass over each layer's centers, on this thread.
-            X32 = np.asarray(X, dtype=np.float32)
-            codes = bottom.codes_few(X32, input_row_norms(X))
+            codes = bottom.codes_few(np.asarray(X, dtype=np.float32), input_row_norms(X))
             for layer in self.upper_layers_[: depth - 1]:
                 codes = layer.codes_few(codes)
             return codes
@@ -481,47 +488,159 @@ class MBN(TransformerMixin, BaseEstimator):
         tags.input_tags.sparse = True
         return tags
 
-    def _validate_params(self) -> None:
-        _check_int("n_clusterings", self.n_clusterings, 1)
-        _check_int("n_classes", self.n_classes, 1)
-        if self.n_components is not None:
-            _check_int("n_components", self.n_components, 1)
-        if self.feature_fraction != "auto":
-            _check_real("feature_fraction", self.feature_fraction, 0.0, 1.0, low_open=True)
-        if self.k1 != "auto":
-            if isinstance(self.k1, numbers.Integral) and not isinstance(self.k1, bool):
-                _check_int("k1", self.k1, 2)
-            else:
-                _check_real("k1", self.k1, 0.0, 1.0, low_open=True)
-        _check_real("delta", self.delta, 0.0, 1.0, low_open=True, high_open=True)
+    def _check_params(self) -> None:
         if self.ks is not None:
-            if isinstance(self.ks, str | bytes) or not isinstance(self.ks, Sequence | np.ndarray):
-                raise ValueError(f"ks must be a sequence of integers >= 2, got {self.ks!r}")
-            if len(self.ks) == 0:
-                raise ValueError("ks must list at least one layer size")
-            for k in self.ks:
-                _check_int("ks", k, 2)
-        if self.k_max is not None:
-            _check_int("k_max", self.k_max, 2)
-        if self.metric not in METRICS:
-            raise ValueError(f"metric must be one of {METRICS}, got {self.metric!r}")
-        _check_real("shift_fraction", self.shift_fraction, 0.0, 1.0, high_open=True)
-        if self.n_jobs is not None and (
-            not isinstance(self.n_jobs, numbers.Integral)
-            or isinstance(self.n_jobs, bool)
-            or self.n_jobs == 0
-        ):
-            raise ValueError(f"n_jobs must be a nonzero integer or None, got {self.n_jobs!r}")
-        if self.callback is not None and not callable(self.callback):
-            raise ValueError(f"callback must be callable, got {self.callback!r}")
+            check_int_items(type(self).__name__, "ks", self.ks, 2)
+
+
+@dataclass(frozen=True)
+class UpperClusterings:
+    """The random choices of an upper layer's V clusterings during ``fit``.
+
+    Attributes
+    ----------
+    centers : ndarray of shape (V, k), int32
+        Each clustering's centers, as training points (rows of the previous layer's codes).
+    seeds : ndarray of shape (V,), uint64
+        Seeds of each clustering's choice of one-hot dimensions.
+    n_values : int
+        k of the previous layer.
+    feature_fraction : float
+    """
+
+    centers: np.ndarray
+    seeds: np.ndarray
+    n_values: int
+    feature_fraction: float
+
+    def encoder(
+        self, codes: np.ndarray, pool: ThreadPoolExecutor | None = None
+    ) -> Callable[[int], np.ndarray]:
+        """``encode(v)``: the codes of every training point for clustering v.
+
+        Builds the layer's posting lists once (the shared, per-layer cost); each call then
+        runs one clustering's kernel.
+        """
+        postings = Postings.build(codes, codes, self.n_values, centers_are_points=True, pool=pool)
+
+        def encode(v: int) -> np.ndarray:
+            return upper_clustering_codes(
+                postings, codes, self.centers[v], self.n_values, self.seeds[v],
+                self.feature_fraction,
+            )  # fmt: skip
+
+        return encode
+
+    def left_out_encoder(
+        self, codes: np.ndarray, left_codes: np.ndarray, pool: ThreadPoolExecutor | None = None
+    ) -> Callable[[int], np.ndarray]:
+        """``encode(v)``: the leave-self-out codes of every training point for clustering v.
+
+        ``left_codes`` are the points' previous-layer leave-self-out codes; the centers keep
+        their own (in-sample) ``codes``, as the fitted layer stores them, and no point may
+        take a center that is itself.
+        """
+        postings = Postings.build(left_codes, codes, self.n_values, pool=pool)
+
+        def encode(v: int) -> np.ndarray:
+            return upper_clustering_codes(
+                postings, codes, self.centers[v], self.n_values, self.seeds[v],
+                self.feature_fraction, exclude_self=True,
+            )  # fmt: skip
+
+        return encode
+
+
+def bottom_encoder(
+    layer: BottomLayer, X, norms: np.ndarray | None = None
+) -> Callable[[int], np.ndarray]:
+    """``encode(v)``: the codes of every row of X for bottom clustering v.
+
+    X is the validated input (dense or CSR); its float32 working copy, shared by all
+    clusterings, is built here once, and so are its row norms unless given.
+    """
+    X_work = _float32_input(X)
+    if norms is None:
+        norms = input_row_norms(X)
+    return lambda v: layer.clustering_codes(X_work, v, norms)
 
 
 class _LayerRunner:
-    """Runs a layer's clusterings on a thread pool, reporting progress to the callback."""
+    """Runs a layer's clusterings on a thread pool, reporting progress to the callback.
+
+    ``bottom_codes`` and ``upper_codes`` are what ``fit`` calls per layer; a subclass can map
+    the same per-clustering kernels elsewhere (``mbn_core.distributed``).
+    """
 
     def __init__(self, pool: ThreadPoolExecutor, callback: ProgressCallback | None) -> None:
         self.pool = pool
         self.callback = callback
+
+    def bottom_codes(
+        self, layer: BottomLayer, X, code_dtype: type[np.unsignedinteger]
+    ) -> np.ndarray:
+        """(n, V) codes of the training data X for the bottom layer."""
+        encode = bottom_encoder(layer, X)
+        return self.run_layer(0, len(layer.centers), encode, X.shape[0], code_dtype)
+
+    def upper_codes(
+        self,
+        index: int,
+        codes: np.ndarray,
+        clusterings: UpperClusterings,
+        code_dtype: type[np.unsignedinteger],
+    ) -> np.ndarray:
+        """(n, V) codes of upper layer ``index`` from the previous layer's (n, V_prev) codes."""
+        encode = clusterings.encoder(codes, self.pool)
+        n_clusterings = len(clusterings.centers)
+        return self.run_layer(index, n_clusterings, encode, codes.shape[0], code_dtype)
+
+    def bottom_codes_leave_self_out(
+        self, layer: BottomLayer, X, centers: np.ndarray, code_dtype: type[np.unsignedinteger]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``bottom_codes`` and the leave-self-out codes: in clustering v, training row
+        ``centers[v, j]`` may not take center j (one GEMM per clustering gives both)."""
+        X_work = _float32_input(X)
+        norms = input_row_norms(X)
+        n_rows, (n_clusterings, k) = X.shape[0], centers.shape
+        left = np.empty((n_rows, n_clusterings), dtype=code_dtype)
+
+        def encode(v: int) -> np.ndarray:
+            exclude = np.full(n_rows, -1, dtype=np.int64)
+            exclude[centers[v]] = np.arange(k)
+            codes, left[:, v] = bottom_codes_leave_self_out(
+                X_work, layer.features(v), layer.center_values(v), layer.metric, norms, exclude
+            )
+            return codes
+
+        return self.run_layer(0, n_clusterings, encode, n_rows, code_dtype), left
+
+    def upper_codes_leave_self_out(
+        self,
+        index: int,
+        codes: np.ndarray,
+        left_codes: np.ndarray,
+        clusterings: UpperClusterings,
+        code_dtype: type[np.unsignedinteger],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``upper_codes`` and, from the previous layer's leave-self-out ``left_codes``,
+        this layer's (both clusterings run in one task, so progress counts them once)."""
+        encode = clusterings.encoder(codes, self.pool)
+        encode_left = clusterings.left_out_encoder(codes, left_codes, self.pool)
+        n_rows, n_clusterings = codes.shape[0], len(clusterings.centers)
+        left = np.empty((n_rows, n_clusterings), dtype=code_dtype)
+
+        def both(v: int) -> np.ndarray:
+            left[:, v] = encode_left(v)
+            return encode(v)
+
+        return self.run_layer(index, n_clusterings, both, n_rows, code_dtype), left
+
+    def stop_message(self, layer: int, done: int, n_clusterings: int) -> str:
+        return (
+            f"training stopped by the callback in layer {layer} after {done} "
+            f"of {n_clusterings} clusterings"
+        )
 
     def run_layer(
         self,
@@ -544,10 +663,7 @@ class _LayerRunner:
                 future.result()
                 if self.callback is not None and self.callback(layer, done, n_clusterings):
                     stopped = True
-                    raise TrainingStopped(
-                        f"training stopped by the callback in layer {layer} after {done} "
-                        f"of {n_clusterings} clusterings"
-                    )
+                    raise TrainingStopped(self.stop_message(layer, done, n_clusterings))
         finally:
             for future in futures:
                 future.cancel()
@@ -630,24 +746,6 @@ def _effective_threads(n_jobs: int | None) -> int:
     if n_jobs < 0:
         return max(1, available + 1 + n_jobs)
     return int(n_jobs)
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def _check_real(
-    name: str, value, low: float, high: float, *, low_open: bool = False, high_open: bool = False
-) -> None:
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = (value > low if low_open else value >= low) and (
-            value < high if high_open else value <= high
-        )
-    if not ok:
-        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-        raise ValueError(f"{name} must be a real number in {interval}, got {value!r}")
 
 
 # ---------------------------------------------------------------------- persistence

@@ -109,35 +109,70 @@ def to_onnx(model: CompressiveMBN) -> onnx.ModelProto:
             name="mbn_target_mean",
         ),
     ]
-    outputs = [helper.make_tensor_value_info(EMBEDDING, TensorProto.FLOAT, [None, n_out])]
-    centers = model.cluster_centers_
-    if centers is not None:
-        # argmin_j |e - c_j|^2 = argmin_j (|c_j|^2 - 2 e.c_j): |e|^2 is the same for every j.
-        nodes += [
-            helper.make_node(
-                "MatMul",
-                [EMBEDDING, constant("mbn_centers_t", (-2.0 * centers.T).astype(np.float32))],
-                ["mbn_cross"],
-                name="mbn_cross",
-            ),
-            helper.make_node(
-                "Add",
-                [
-                    "mbn_cross",
-                    constant("mbn_center_norms", np.sum(centers * centers, axis=1)),
-                ],
-                ["mbn_scores"],
-                name="mbn_scores",
-            ),
-            helper.make_node(
-                "ArgMin", ["mbn_scores"], [CLUSTER], axis=1, keepdims=0, name="mbn_cluster"
-            ),
-        ]
-        outputs.append(helper.make_tensor_value_info(CLUSTER, TensorProto.INT64, [None]))
     graph.node.extend(nodes)
-    graph.output.extend(outputs)
+    graph.output.append(helper.make_tensor_value_info(EMBEDDING, TensorProto.FLOAT, [None, n_out]))
     graph.name = "compressive_mbn"
     proto.doc_string = "Compressive MBN fast path: input scaling, MLP, inverse target scaling"
+    return add_cluster_head(proto, model.cluster_centers_)
+
+
+def add_cluster_head(proto: onnx.ModelProto, centers: np.ndarray | None) -> onnx.ModelProto:
+    """Add the nearest-centroid output ``cluster`` to an embedding graph, and its metadata.
+
+    Parameters
+    ----------
+    proto : onnx.ModelProto
+        A graph with input ``input`` (n, d) float32 and output ``embedding`` (n, c) float32:
+        a distilled compressor or a method's own exported map. Changed in place.
+    centers : ndarray of shape (n_clusters, c) or None
+        k-means centroids of the embedding; None adds no head (only the metadata).
+
+    Returns
+    -------
+    onnx.ModelProto
+        ``proto``, checked.
+    """
+    graph = proto.graph
+    inputs = [value for value in graph.input if value.name == INPUT]
+    outputs = [value for value in graph.output if value.name == EMBEDDING]
+    if len(inputs) != 1 or len(outputs) != 1 or CLUSTER in {o.name for o in graph.output}:
+        raise ValueError(
+            f"an embedding graph needs input {INPUT!r} and output {EMBEDDING!r} (and no "
+            f"{CLUSTER!r} yet)"
+        )
+    n_in = _value_dim(inputs[0], INPUT)
+    n_out = _value_dim(outputs[0], EMBEDDING)
+    if centers is not None:
+        centers = np.asarray(centers, dtype=np.float32)
+
+        def constant(name: str, value: np.ndarray) -> str:
+            graph.initializer.append(numpy_helper.from_array(value, name=name))
+            return name
+
+        # argmin_j |e - c_j|^2 = argmin_j (|c_j|^2 - 2 e.c_j): |e|^2 is the same for every j.
+        graph.node.extend(
+            [
+                helper.make_node(
+                    "MatMul",
+                    [EMBEDDING, constant("mbn_centers_t", (-2.0 * centers.T).astype(np.float32))],
+                    ["mbn_cross"],
+                    name="mbn_cross",
+                ),
+                helper.make_node(
+                    "Add",
+                    [
+                        "mbn_cross",
+                        constant("mbn_center_norms", np.sum(centers * centers, axis=1)),
+                    ],
+                    ["mbn_scores"],
+                    name="mbn_scores",
+                ),
+                helper.make_node(
+                    "ArgMin", ["mbn_scores"], [CLUSTER], axis=1, keepdims=0, name="mbn_cluster"
+                ),
+            ]
+        )
+        graph.output.append(helper.make_tensor_value_info(CLUSTER, TensorProto.INT64, [None]))
     helper.set_model_props(
         proto,
         {
@@ -299,3 +334,10 @@ def _static_dim(shape, name: str) -> int:
     if len(shape) != 2 or not isinstance(shape[1], int):
         raise ValueError(f"ONNX {name} must have a fixed second dimension, got {shape}")
     return int(shape[1])
+
+
+def _value_dim(value: onnx.ValueInfoProto, name: str) -> int:
+    dims = value.type.tensor_type.shape.dim
+    if len(dims) != 2 or not dims[1].HasField("dim_value"):
+        raise ValueError(f"ONNX {name} must be 2-D with a fixed second dimension")
+    return int(dims[1].dim_value)

@@ -1,168 +1,173 @@
-"""Training a bundle end to end: parameters, reading data, MBN + compressor + export.
+"""Training a bundle end to end: parameters, reading data, method fit + fast path + export.
 
 Both the ``mbn train`` command and the service's worker call ``train_bundle``; it reports
 progress as one fraction 0..1 over the whole job, weighted by the expected cost of each step,
-and stops (writing nothing) when the progress callback returns True.
+and stops (writing nothing) when the progress callback returns True. Nothing here names a
+method: the registry (``mbn_core.methods``) says what each one needs.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
 import warnings
 import zipfile
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+from sklearn.utils import check_random_state
 
 from mbn_core.bundle import check_target, save_bundle, validate_model_id, validate_name
-from mbn_core.compress import CompressiveMBN, mbn_fit_rows
-from mbn_core.network import MBN, TrainingStopped
+from mbn_core.compress import (
+    CompressiveMBN,
+    _kmeans,
+    _report_clusters,
+    _seed,
+    _split,
+    measure_fidelity,
+    teacher_fit_rows,
+)
+from mbn_core.datafile import peek_data_file
+from mbn_core.methods import (
+    DEFAULT_METHOD,
+    PIPELINE_PARAMS,
+    SHARED_PARAMS,
+    Method,
+    get_method,
+)
+from mbn_core.network import TrainingStopped
+from mbn_core.params import InvalidParameterError, Param
+from mbn_core.quality import quality_report
+from mbn_core.trained import TrainedModel, estimator_hyperparameters
 
 log = logging.getLogger(__name__)
 
-PHASES = ("mbn", "compressor", "export")
-# Which TrainingParams fields go to MBN, to CompressiveMBN, or to both.
-MBN_FIELDS = (
-    "n_components", "n_clusterings", "feature_fraction", "k1", "delta", "n_classes", "ks",
-    "k_max", "metric", "shift_fraction",
-)  # fmt: skip
-COMPRESSOR_FIELDS = (
-    "hidden_layer_sizes", "max_epochs", "batch_size", "learning_rate", "alpha",
-    "n_iter_no_change", "tol", "validation_fraction", "holdout_fraction", "targets",
-    "n_clusters",
-)  # fmt: skip
-SHARED_FIELDS = ("random_state", "n_jobs")
+PHASES = ("fit", "compressor", "export")
 ProgressCallback = Callable[[str, float], object]
 
-# Relative cost of the steps, in bottom-layer multiply-adds (measured on MNIST on two cores):
-# an upper-layer clustering walks posting lists at about this many bottom-layer GEMM
-# multiply-adds per (point, clustering + center) ...
-_UPPER_COST = 40.0
-# ... and an MLP weight costs about this many per point and epoch (forward, backward and
-# update, on one BLAS thread against the bottom layer's two).
+# An MLP weight costs about this many bottom-layer multiply-adds per point and epoch (forward,
+# backward and update, on one BLAS thread against the bottom layer's two; measured on MNIST).
 _MLP_COST = 7.0
 # Share of the whole job left to the fidelity evaluation and the export.
 _EXPORT_SHARE = 0.02
 _SPARSE_KEYS = {"format", "shape", "data", "indices", "indptr"}
-
-
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
+_MAX_SEED = 2**32
 
 
 @dataclass(frozen=True)
 class TrainingParams:
-    """Every option of a training job: the MBN's and the compressor's.
+    """Every option of a training job: the method, its parameters, the fast path's and the
+    pipeline's (held-out share, clustering head, seed, threads).
 
-    Build from JSON with ``TrainingParams.from_dict`` (unknown keys and bad values raise
-    ``ValueError`` naming the key); ``to_dict`` gives the JSON-able form back. Defaults suit
-    tens of thousands of points: ``k_max`` bounds the bottom layer, the dominant cost (linear
-    in k1). With 2000, 60,000 MNIST images cost about 2e13 multiply-adds, an estimated 10 to
-    15 minutes on two quiet cores (extrapolated from smaller measured runs).
+    The options are those the method's estimators declare (``Method.options``); nothing is
+    listed here. Build from JSON with ``TrainingParams.from_dict`` (unknown keys and bad values
+    raise ``ValueError`` naming the key); ``to_dict`` gives the JSON-able form back, with the
+    defaults filled in and ``method`` first.
+
+    Attributes
+    ----------
+    method : str
+        A registered method's name.
+    values : mapping
+        Every option's value (lists as tuples).
     """
 
-    n_components: int | None = field(
-        default=None, metadata=_help("embedding dimension; none means n_classes")
-    )
-    n_clusterings: int = field(default=400, metadata=_help("clusterings per layer (V)"))
-    feature_fraction: float | str = field(
-        default="auto", metadata=_help("fraction of input dimensions per clustering (a)")
-    )
-    k1: int | float | str = field(
-        default="auto",
-        metadata=_help("bottom-layer centers: an integer, a fraction of n, or auto (0.5 n)"),
-    )
-    delta: float = field(default=0.5, metadata=_help("centers shrink by this factor per layer"))
-    n_classes: int = field(
-        default=10, metadata=_help("guessed number of classes: stops the layers at 1.5 c")
-    )
-    ks: tuple[int, ...] | None = field(
-        default=None, metadata=_help("explicit centers per layer, e.g. 4000,2000,1000")
-    )
-    k_max: int | None = field(default=2000, metadata=_help("cap on bottom-layer centers"))
-    metric: str = field(default="euclidean", metadata=_help("euclidean or cosine"))
-    shift_fraction: float = field(default=0.0, metadata=_help("random reconstruction fraction (r)"))
-    random_state: int | None = field(default=0, metadata=_help("random seed"))
-    n_jobs: int | None = field(default=None, metadata=_help("threads; none means every core"))
-    hidden_layer_sizes: tuple[int, ...] = field(
-        default=(256, 256), metadata=_help("hidden layers of the compressor MLP")
-    )
-    max_epochs: int = field(default=40, metadata=_help("most MLP epochs"))
-    batch_size: int = field(default=256, metadata=_help("MLP minibatch size"))
-    learning_rate: float = field(default=1e-3, metadata=_help("Adam learning rate"))
-    alpha: float = field(default=1e-5, metadata=_help("L2 penalty of the MLP"))
-    n_iter_no_change: int = field(default=5, metadata=_help("early stopping patience in epochs"))
-    tol: float = field(default=1e-4, metadata=_help("smallest validation-loss improvement"))
-    validation_fraction: float = field(
-        default=0.1, metadata=_help("fraction used for early stopping")
-    )
-    holdout_fraction: float = field(
-        default=0.1,
-        metadata=_help("fraction kept out of the MBN fit and the MLP to measure fidelity"),
-    )
-    targets: str = field(
-        default="leave-self-out",
-        metadata=_help("what the MLP learns: leave-self-out or in-sample embeddings"),
-    )
-    n_clusters: int | None = field(
-        default=None, metadata=_help("add a k-means clustering head with this many clusters")
-    )
-
-    def __post_init__(self) -> None:
-        for key in ("ks", "hidden_layer_sizes"):
-            value = getattr(self, key)
-            if isinstance(value, list):
-                object.__setattr__(self, key, tuple(value))
-        seed = self.random_state
-        if seed is not None and (
-            isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32
-        ):
-            raise ValueError(f"random_state must be an integer in [0, 2**32) or None, got {seed!r}")
-        MBN(**self.mbn_kwargs())._validate_params()
-        CompressiveMBN(**self.compressor_kwargs())._validate_params()
+    method: str
+    values: Mapping[str, Any]
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any] | None) -> TrainingParams:
-        """Parameters from a JSON object; ValueError names an unknown key or a bad value."""
+    def from_dict(cls, values: Mapping[str, Any] | None = None) -> TrainingParams:
+        """Parameters from a JSON object (``method`` optional, ``"mbn"`` by default)."""
         if values is None:
-            return cls()
-        if not isinstance(values, dict):
+            values = {}
+        if not isinstance(values, Mapping):
             raise ValueError(f"training parameters must be an object, got {type(values).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
+        values = dict(values)
+        name = values.pop("method", DEFAULT_METHOD)
+        if not isinstance(name, str):
+            raise ValueError(f"method must be a string, got {name!r}")
+        method = get_method(name)
+        options = {param.name: param for param in method.options()}
         for key in values:
-            if key not in known:
+            if key not in options:
                 raise ValueError(
-                    f"unknown training parameter {key!r}; known: {', '.join(sorted(known))}"
+                    f"unknown training parameter {key!r} for method {name!r}; known: "
+                    f"{', '.join(sorted(options))}"
                 )
+        full = {}
+        for key, param in options.items():
+            value = values.get(key, param.default)
+            if param.is_list and isinstance(value, list):
+                value = tuple(value)
+            full[key] = value
+        params = cls(method=name, values=full)
+        params.validate()
+        return params
+
+    def validate(self) -> None:
+        """ValueError naming the first bad option (the estimators' own checks)."""
+        seed = self.values["random_state"]
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < _MAX_SEED
+        ):
+            raise ValueError(f"random_state must be an integer in [0, 2**32) or None, got {seed!r}")
         try:
-            return cls(**values)
-        except TypeError as error:  # e.g. a list where a number belongs, in a comparison
-            raise ValueError(f"invalid training parameters: {error}") from None
+            self.estimator()._validate_params()
+            CompressiveMBN(**self.compressor_kwargs())._validate_params()
+        except InvalidParameterError as error:
+            raise ValueError(str(error)) from None
+
+    @property
+    def spec(self) -> Method:
+        """The registered method."""
+        return get_method(self.method)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able parameters (tuples as lists)."""
+        """JSON-able parameters (tuples as lists), ``method`` first."""
         return {
-            key: list(value) if isinstance(value, tuple) else value
-            for key, value in dataclasses.asdict(self).items()
+            "method": self.method,
+            **{
+                key: list(value) if isinstance(value, tuple) else value
+                for key, value in self.values.items()
+            },
         }
 
-    def mbn_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``MBN``."""
-        kwargs = {name: getattr(self, name) for name in (*MBN_FIELDS, *SHARED_FIELDS)}
-        if kwargs["ks"] is not None:
-            kwargs["ks"] = list(kwargs["ks"])
-        return kwargs
+    def estimator_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the method's estimator (shared ones such as the seed too)."""
+        method = self.spec
+        accepted = method.constraints
+        kwargs = {param.name: self.values[param.name] for param in method.params()}
+        for key in SHARED_PARAMS:
+            if key in accepted:
+                kwargs[key] = self.values[key]
+        return {key: list(v) if isinstance(v, tuple) else v for key, v in kwargs.items()}
+
+    def estimator(self) -> Any:
+        """An unfitted estimator of the method with these parameters."""
+        return self.spec.estimator(**self.estimator_kwargs())
 
     def compressor_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``CompressiveMBN`` (without the MBN)."""
-        return {name: getattr(self, name) for name in (*COMPRESSOR_FIELDS, *SHARED_FIELDS)}
+        """Keyword arguments of ``CompressiveMBN`` (without the teacher): the compressor's
+        options (their defaults for an exported method) and the pipeline's."""
+        names = [param.name for param in self.spec.fast_path_params()] + list(PIPELINE_PARAMS)
+        return {name: self.values[name] for name in names}
+
+    def pipeline(self) -> dict[str, Any]:
+        """The pipeline's options (``PIPELINE_PARAMS``)."""
+        return {name: self.values[name] for name in PIPELINE_PARAMS}
+
+
+def option_params(method: str = DEFAULT_METHOD) -> dict[str, list[Param]]:
+    """The training options of ``method`` by group (for the CLI and the documentation)."""
+    return get_method(method).option_groups()
 
 
 @dataclass(frozen=True)
@@ -171,7 +176,7 @@ class TrainingEvent:
 
     Attributes
     ----------
-    phase : {"mbn", "compressor", "export"}
+    phase : {"fit", "compressor", "export"}
     fraction : float
         Of the whole job, 0..1 (what ``progress`` receives).
     phase_fraction : float
@@ -214,6 +219,10 @@ def load_training_data(path: str | os.PathLike[str]) -> tuple[Any, np.ndarray | 
     y = None
     try:
         _check_magic(path, suffix)
+        if suffix in (".npy", ".npz"):
+            # Headers that claim more data than the file holds are refused before numpy
+            # allocates what they claim.
+            peek_data_file(path)
         if suffix == ".npy":
             X = np.load(path, allow_pickle=False)
         elif suffix == ".npz":
@@ -304,6 +313,21 @@ def _check_labels(y, n_samples: int, source: str) -> np.ndarray | None:
     return y
 
 
+def check_feasible(params: TrainingParams, n_rows: int) -> None:
+    """ValueError unless ``params`` can train on ``n_rows`` rows: what ``train_bundle`` would
+    otherwise find out only after the fit (the compressor needs 4 rows, the clustering head
+    ``n_clusters``, and the method its own: ``Method.check_rows``)."""
+    minimum = 4  # rows are held out for validation and fidelity
+    if n_rows < minimum:
+        raise ValueError(f"training needs at least {minimum} rows, got {n_rows}")
+    method = params.spec
+    if method.check_rows is not None:
+        method.check_rows(params.estimator(), fit_shape(params, (n_rows, 1))[0])
+    n_clusters = params["n_clusters"]
+    if n_clusters is not None and n_clusters > n_rows:
+        raise ValueError(f"n_clusters={n_clusters} is more than the {n_rows} rows")
+
+
 # ---------------------------------------------------------------------- training
 
 
@@ -312,14 +336,14 @@ def train_bundle(
     out_dir: str | os.PathLike[str],
     *,
     name: str,
-    params: TrainingParams | dict[str, Any] | None = None,
+    params: TrainingParams | Mapping[str, Any] | None = None,
     y=None,
     model_id: str | None = None,
     progress: ProgressCallback | None = None,
     events: Callable[[TrainingEvent], object] | None = None,
     overwrite: bool = False,
 ) -> Path:
-    """Train MBN and its compressor on X and write the bundle to ``out_dir``.
+    """Train a method and its fast path on X and write the bundle to ``out_dir``.
 
     Parameters
     ----------
@@ -329,16 +353,17 @@ def train_bundle(
     name : str
         Human-readable model name.
     params : TrainingParams or dict, default=None
-        None means the defaults.
+        None means the default method (MBN) with its defaults.
     y : array-like of shape (n_samples,), default=None
         Labels, used only for the fidelity report.
     model_id : str, default=None
         None means ``out_dir``'s name.
     progress : callable, default=None
-        ``progress(phase, fraction)`` with phase in "mbn", "compressor", "export" and
-        fraction of the whole job in 0..1, called after every clustering and MLP epoch.
-        Returning True stops: ``TrainingStopped`` is raised and nothing is written. The
-        last call, ``("export", 1.0)``, comes after the bundle is written and cannot stop it.
+        ``progress(phase, fraction)`` with phase in ``PHASES`` ("fit", "compressor",
+        "export") and fraction of the whole job in 0..1, called as the method reports and
+        after every MLP epoch. Returning True stops: ``TrainingStopped`` is raised and
+        nothing is written. The last call, ``("export", 1.0)``, comes after the bundle is
+        written and cannot stop it.
     events : callable, default=None
         Receives a ``TrainingEvent`` at the same moments (for progress bars); returning
         True stops too.
@@ -359,16 +384,16 @@ def train_bundle(
     check_target(out_dir, overwrite=overwrite)
     X = check_matrix(X)
     labels = _check_labels(y, X.shape[0], "y")
+    method = params.spec
+    if sp.issparse(X) and not method.sparse:
+        raise ValueError(f"method {method.name!r} does not take sparse input")
+    check_feasible(params, X.shape[0])
+    estimator = params.estimator()
 
-    mbn = MBN(**params.mbn_kwargs())
-    # The MBN is fitted without the rows held out for the fidelity report.
-    ks = mbn.layer_sizes(mbn_fit_rows(X.shape[0], params.holdout_fraction))
-    tracker = _Tracker(params, X.shape, ks, progress, events)
-    mbn.set_params(callback=tracker.clustering_done)
-    model = CompressiveMBN(mbn, **params.compressor_kwargs(), callback=tracker.epoch_done)
+    tracker = _Tracker(params, estimator, X.shape, progress, events)
     started = time.perf_counter()
-    log.info("training %r on %d x %d points, layers %s", name, *X.shape, ks)
-    model.fit(X, labels)
+    log.info("training %r with %s on %d x %d points", name, method.name, *X.shape)
+    model = fit_model(params, X, labels, estimator=estimator, tracker=tracker)
     if tracker.report("export", 0.0, "writing the bundle"):
         raise TrainingStopped("training stopped by the progress callback before export")
     seconds = time.perf_counter() - started
@@ -384,49 +409,139 @@ def train_bundle(
     return path
 
 
-class _Tracker:
-    """Turns clustering and epoch callbacks into one cost-weighted fraction of the job."""
+def fit_model(
+    params: TrainingParams,
+    X,
+    y=None,
+    *,
+    estimator: Any = None,
+    tracker: _Tracker | None = None,
+) -> TrainedModel:
+    """Fit ``params``' method and make its fast path: a ``TrainedModel`` for ``save_bundle``.
 
-    def __init__(self, params: TrainingParams, shape, ks, progress, events) -> None:
-        n, d = shape
-        V = params.n_clusterings
-        fraction = 0.5 if params.feature_fraction == "auto" else float(params.feature_fraction)
-        n_fit = mbn_fit_rows(n, params.holdout_fraction)
-        bottom = float(n_fit) * max(1.0, fraction * d) * ks[0]
-        # Leave-self-out targets walk the upper layers a second time.
-        passes = 2 if params.targets == "leave-self-out" else 1
-        upper = [passes * _UPPER_COST * n_fit * (V + k) for k in ks[1:]]
-        self.layer_costs = [V * bottom] + [V * cost for cost in upper]
-        mlp_macs = sum(
-            a * b
-            for a, b in zip(
-                (d, *params.hidden_layer_sizes),
-                (*params.hidden_layer_sizes, params.n_components or params.n_classes),
-                strict=True,
-            )
+    A distilled method is the teacher of a ``CompressiveMBN``. An exported one is fitted on
+    all rows but the held-out ones; its own ONNX graph (plus the clustering head) is the fast
+    path, and fidelity compares that graph with the estimator on the held-out rows.
+    """
+    method = params.spec
+    estimator = params.estimator() if estimator is None else estimator
+    if tracker is not None and method.track is not None:
+        shape = fit_shape(params, X.shape)
+        method.track(estimator, shape, lambda f, message: tracker.report("fit", f, message))
+    if method.export is None:
+        compressor = CompressiveMBN(
+            estimator,
+            **params.compressor_kwargs(),
+            callback=None if tracker is None else tracker.epoch_done,
         )
-        n_train = n_fit * (1 - params.validation_fraction)
-        mlp = _MLP_COST * mlp_macs * n_train * params.max_epochs
-        mbn = sum(self.layer_costs)
-        # The held-out rows' exact embedding (for the report) runs after the MLP, unreported:
-        # its bottom layer, counted in the last share with the export.
-        evaluation = V * float(n - n_fit) * max(1.0, fraction * d) * ks[0]
-        total = mbn + mlp + evaluation
-        self.export_share = _EXPORT_SHARE + (1 - _EXPORT_SHARE) * evaluation / total
-        self.mbn_share = (1 - _EXPORT_SHARE) * mbn / total
-        self.compressor_share = (1 - self.export_share) - self.mbn_share
-        self.ks = ks
+        compressor.fit(X, y)
+        _detach(estimator)
+        model = TrainedModel.from_compressor(compressor)
+        model.hyperparameters[method.name] = estimator_hyperparameters(compressor.teacher_)
+        return model
+    return _fit_exported(method, params, estimator, X, y)
+
+
+def _fit_exported(method: Method, params: TrainingParams, estimator, X, y) -> TrainedModel:
+    from mbn_core.onnx import OnnxEmbedder, add_cluster_head
+
+    assert method.export is not None
+    pipeline = params.pipeline()
+    rng = check_random_state(pipeline["random_state"])
+    holdout, _, train = _split(X.shape[0], pipeline["holdout_fraction"], 0.0, rng)
+    started = time.perf_counter()
+    embedding = np.asarray(estimator.fit_transform(X[train]), dtype=np.float64)
+    _detach(estimator)
+    fit_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    centers = None
+    n_clusters = pipeline["n_clusters"]
+    if n_clusters is not None:
+        centers = _kmeans(embedding, n_clusters, _seed(rng)).cluster_centers_.astype(np.float32)
+    proto = add_cluster_head(method.export(estimator), centers)
+    exact = np.asarray(estimator.transform(X[holdout]), dtype=np.float64)
+    fast = OnnxEmbedder(proto).embed(X[holdout])
+    fidelity = measure_fidelity(
+        exact,
+        fast,
+        None if y is None else y[holdout],
+        n_clusters=_report_clusters(n_clusters, None if y is None else y[holdout], estimator),
+        centers=centers,
+        seed=_seed(rng),
+    )
+    quality = quality_report(
+        X[train],
+        X[holdout],
+        {"exact": exact, "fast": fast},
+        n_components=int(embedding.shape[1]),
+        metric=getattr(estimator, "metric", "euclidean"),
+        random_state=rng,
+    )
+    facts: dict[str, Any] = {
+        "n_samples": int(X.shape[0]),
+        "n_fit_samples": len(train),
+        "input_sparse": bool(sp.issparse(X)),
+        "seconds": {
+            "fit": round(fit_seconds, 3),
+            "evaluation": round(time.perf_counter() - started, 3),
+        },
+    }
+    if method.facts is not None:
+        facts.update(method.facts(estimator))
+    return TrainedModel(
+        method=method,
+        estimator=estimator,
+        fast_path=proto,
+        cluster_centers=centers,
+        fidelity=fidelity,
+        quality=quality,
+        hyperparameters={
+            method.name: estimator_hyperparameters(estimator),
+            "pipeline": pipeline,
+        },
+        facts=facts,
+        n_features_in=int(X.shape[1]),
+        n_components=int(embedding.shape[1]),
+    )
+
+
+def fit_shape(params: TrainingParams, shape: tuple[int, int]) -> tuple[int, int]:
+    """The shape of the data ``params``' method is fitted on: all rows but the held-out ones
+    (kept for the fidelity report), for distilled and exported methods alike."""
+    return teacher_fit_rows(shape[0], params["holdout_fraction"]), shape[1]
+
+
+def _detach(estimator: Any) -> None:
+    """Drop a progress callback from a fitted estimator: it is not a hyperparameter."""
+    if "callback" in estimator.get_params(deep=False):
+        estimator.set_params(callback=None)
+
+
+class _Tracker:
+    """Turns the method's and the MLP's reports into one cost-weighted fraction of the job."""
+
+    def __init__(self, params: TrainingParams, estimator, shape, progress, events) -> None:
+        method = params.spec
+        n, d = shape
+        fit_cost = None
+        if method.cost is not None:
+            fit_cost = method.cost(estimator, fit_shape(params, shape))
+        mlp = 0.0
+        if method.export is None:
+            values = params.values
+            hidden = tuple(values["hidden_layer_sizes"])
+            n_out = getattr(estimator, "n_components", None) or getattr(estimator, "n_classes", 10)
+            mlp_macs = sum(a * b for a, b in zip((d, *hidden), (*hidden, n_out), strict=True))
+            n_train = n * (1 - values["holdout_fraction"]) * (1 - values["validation_fraction"])
+            mlp = _MLP_COST * mlp_macs * n_train * values["max_epochs"]
+        if fit_cost is None:
+            fit_share = 0.5 if mlp else 1.0
+        else:
+            fit_share = fit_cost / (fit_cost + mlp) if fit_cost + mlp > 0 else 1.0
+        self.fit_share = (1 - _EXPORT_SHARE) * fit_share
+        self.compressor_share = (1 - _EXPORT_SHARE) - self.fit_share
         self.progress = progress
         self.events = events
-
-    def clustering_done(self, layer: int, clustering: int, total: int) -> bool:
-        done = sum(self.layer_costs[:layer]) + self.layer_costs[layer] * clustering / total
-        phase_fraction = done / sum(self.layer_costs)
-        message = (
-            f"layer {layer + 1}/{len(self.ks)} (k={self.ks[layer]}): "
-            f"clustering {clustering}/{total}"
-        )
-        return self.report("mbn", phase_fraction, message)
 
     def epoch_done(self, epoch: int, max_epochs: int, loss: float) -> bool:
         message = f"epoch {epoch}/{max_epochs}"
@@ -436,14 +551,14 @@ class _Tracker:
 
     def report(self, phase: str, phase_fraction: float, message: str) -> bool:
         start = {
-            "mbn": 0.0,
-            "compressor": self.mbn_share,
-            "export": self.mbn_share + self.compressor_share,
+            "fit": 0.0,
+            "compressor": self.fit_share,
+            "export": self.fit_share + self.compressor_share,
         }[phase]
         width = {
-            "mbn": self.mbn_share,
+            "fit": self.fit_share,
             "compressor": self.compressor_share,
-            "export": self.export_share,
+            "export": _EXPORT_SHARE,
         }[phase]
         fraction = min(1.0, start + width * phase_fraction)
         stop = False

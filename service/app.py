@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -25,6 +26,7 @@ from service.errors import Unavailable, install_error_handlers
 from service.jobs import JobFiles, JobStore
 from service.limits import BodyLimitMiddleware, ExactGate
 from service.metrics import Metrics, MetricsMiddleware
+from service.readiness import ReadinessMonitor
 from service.registry import ModelRegistry
 from service.submission import DEMO_JOB_ID, Submitter
 from service.worker import Worker
@@ -33,6 +35,9 @@ log = logging.getLogger(__name__)
 
 # How long start-up waits for the job store (PostgreSQL may come up after the API).
 STORE_WAIT_SECONDS = 60.0
+# Readiness is checked this often, beside the traffic; older than the second, not ready.
+READINESS_INTERVAL = 0.5
+READINESS_STALE = 10.0
 
 
 def open_store(settings: Settings, *, wait: float = STORE_WAIT_SECONDS) -> JobStore:
@@ -115,18 +120,45 @@ class Runtime:
         self.initialized = True
 
     def readiness(self) -> tuple[dict[str, bool], list[str]]:
-        checks = {"store": self.store.ping(), "models_scanned": self.initialized}
-        checks["model_available"] = len(self.registry) > 0
-        problems = []
-        if not checks["store"]:
-            problems.append("job store unreachable")
+        store_problems = self.store.problems()
+        disk_problems = self._disk_problems()
+        checks = {
+            "store": not store_problems,
+            "disk": not disk_problems,
+            "models_scanned": self.initialized,
+        }
+        snapshot = self.registry.snapshot
+        # Ready means /embed can answer a request that names no model.
+        checks["model_available"] = snapshot.default is not None
+        problems = store_problems + disk_problems
         if not checks["models_scanned"]:
             problems.append("model directory not scanned yet")
-        elif not checks["model_available"] and checks["store"]:
-            demo = self.store.get(DEMO_JOB_ID)
+        elif not checks["model_available"]:
+            demo = self.store.get(DEMO_JOB_ID) if checks["store"] else None
             if demo is not None and not demo.finished:
                 problems.append(f"demo model still training (job {demo.id}, {demo.status})")
+            else:
+                problems.append(snapshot.default_problem or "no usable model; train one")
         return checks, problems
+
+    def _disk_problems(self) -> list[str]:
+        settings = self.settings
+        problems = []
+        for what, path in (("data", settings.data_dir), ("model", settings.models_path)):
+            try:
+                stats = os.statvfs(path)
+            except OSError as exc:
+                problems.append(f"{what} directory unusable ({exc.strerror})")
+                continue
+            free = stats.f_bavail * stats.f_frsize
+            if free < settings.min_free_bytes:
+                problems.append(
+                    f"{what} directory's disk is full ({free} bytes free, "
+                    f"MBN_MIN_FREE_BYTES={settings.min_free_bytes})"
+                )
+            elif stats.f_flag & os.ST_RDONLY or not os.access(path, os.W_OK):
+                problems.append(f"{what} directory is read-only")
+        return sorted(set(problems))
 
     def stop(self) -> None:
         if self.worker is not None:
@@ -166,17 +198,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             runtime.gate,
             runtime.worker,
         )
-        readiness: Callable[[], tuple[dict[str, bool], list[str]]] = runtime.readiness
+        monitor = ReadinessMonitor(
+            runtime.readiness, interval=READINESS_INTERVAL, stale_after=READINESS_STALE
+        )
+        readiness: Callable[[], tuple[dict[str, bool], list[str]]] = monitor.current
         state.readiness = readiness
         rescans = asyncio.create_task(_rescan_forever(runtime), name="mbn-rescan")
+        watch = asyncio.create_task(monitor.run_forever(), name="mbn-readiness")
         try:
             yield
         finally:
             log.info("shutting down")
             state.readiness = None
-            rescans.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await rescans
+            for task in (rescans, watch):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            monitor.shutdown()
             await run_in_threadpool(runtime.stop)
             log.info("stopped")
 

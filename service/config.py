@@ -6,6 +6,7 @@ that is zero, negative or absurdly large is refused at start-up rather than disc
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -89,7 +90,8 @@ class Settings(BaseSettings):
         default=512 * MIB,
         ge=1 * KIB,
         le=16 * GIB,
-        description="Largest POST /train body in bytes, JSON or multipart (413 above it).",
+        description="Largest POST /train file upload in bytes (413 above it); must be at "
+        "least MBN_MAX_BODY_BYTES. JSON training bodies are held to MBN_MAX_BODY_BYTES.",
     )
     max_rows_per_request: int = Field(
         default=8192,
@@ -102,6 +104,21 @@ class Settings(BaseSettings):
         ge=10,
         le=100_000_000,
         description="Most rows a training job may have (413 above it).",
+    )
+    max_train_bytes: int = Field(
+        default=4 * GIB,
+        ge=1 * MIB,
+        le=1024 * GIB,
+        description="Most bytes a training job's data may take once read (rows x features x "
+        "4, and the arrays a file declares, decompressed): checked from the file's headers "
+        "before anything is read, so a decompression bomb is refused at once (413).",
+    )
+    min_free_bytes: int = Field(
+        default=64 * MIB,
+        ge=0,
+        le=1024 * GIB,
+        description="Free disk space the data and model directories need for /health/ready "
+        "to answer 200 (uploads and bundles are written there).",
     )
     max_concurrent_exact: int = Field(
         default=2,
@@ -161,6 +178,18 @@ class Settings(BaseSettings):
         ge=1,
         le=256,
         description="Threads each training job may use.",
+    )
+    dask_scheduler: str | None = Field(
+        default=None,
+        description="Address of a Dask scheduler (tcp://host:8786): training jobs run each "
+        "MBN layer's clusterings on its workers (needs the 'distributed' extra). Unset or "
+        "empty: jobs train on the worker's own threads.",
+    )
+    dask_connect_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="How long a training job waits for the Dask scheduler before failing.",
     )
     poll_interval_seconds: float = Field(
         default=1.0,
@@ -252,6 +281,20 @@ class Settings(BaseSettings):
             )
         return url
 
+    @field_validator("dask_scheduler")
+    @classmethod
+    def _check_scheduler(cls, address: str | None) -> str | None:
+        if address is None or not address.strip():
+            return None
+        address = address.strip()
+        if not re.fullmatch(r"(tcp|tls|ucx|inproc)://[^\s/]+", address):
+            raise ValueError(f"{address!r} is not a Dask scheduler address like tcp://host:8786")
+        if importlib.util.find_spec("distributed") is None:
+            raise ValueError(
+                "training on a Dask cluster needs Dask: pip install 'mbn[distributed]'"
+            )
+        return address
+
     @field_validator("default_model")
     @classmethod
     def _check_default_model(cls, ref: str | None) -> str | None:
@@ -273,7 +316,10 @@ class Settings(BaseSettings):
                 "be taken for orphans"
             )
         if self.max_upload_bytes < self.max_body_bytes:
-            raise ValueError("max_upload_bytes must be at least max_body_bytes")
+            raise ValueError(
+                f"MBN_MAX_UPLOAD_BYTES ({self.max_upload_bytes}) must be at least "
+                f"MBN_MAX_BODY_BYTES ({self.max_body_bytes})"
+            )
         return self
 
     # Typed views of the derived fields (always set after validation).

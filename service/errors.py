@@ -89,6 +89,13 @@ class Overloaded(ServiceError):
         super().__init__(message, headers={"Retry-After": str(retry_after)})
 
 
+class InsufficientStorage(ServiceError):
+    """The disk is full: the request cannot be stored (507)."""
+
+    status_code = 507
+    error_type = "insufficient_storage"
+
+
 class Unavailable(ServiceError):
     """The service cannot answer yet: no model, store down (503)."""
 
@@ -113,6 +120,7 @@ _HTTP_TYPES = {
     422: "invalid_input",
     429: "overloaded",
     503: "unavailable",
+    507: "insufficient_storage",
 }
 
 

@@ -23,6 +23,7 @@ client chose.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ import re
 import shutil
 import tempfile
 import time
+import urllib.parse
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
@@ -44,7 +46,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from service.errors import Conflict, NotFound, Overloaded, Unavailable
+from service.errors import Conflict, InsufficientStorage, NotFound, Overloaded, Unavailable
 from service.schemas import JOB_ID_PATTERN, TERMINAL_STATUSES, JobOut
 
 log = logging.getLogger(__name__)
@@ -165,24 +167,50 @@ class JobStore:
     def __init__(self, url: str, *, retry_after: int = 1) -> None:
         self.url = url
         self.retry_after = retry_after
+        self.sqlite_path = _sqlite_path(url)
         self.engine = _make_engine(url)
         self.is_postgres = self.engine.dialect.name == "postgresql"
+        # The SQLite file's identity (device, inode) when the schema was made: a store file
+        # deleted or replaced under the running service is noticed on the next operation,
+        # instead of writing jobs into a deleted file that nobody will ever read again.
+        self._identity: tuple[int, int] | None = None
+        self._file_lost = False
 
     # --- lifecycle ---------------------------------------------------------------------------
     def create_schema(self) -> None:
         """Create the table if missing; safe when several processes start at once."""
-        with self._write() as conn:
-            if self.is_postgres:
-                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_LOCK_KEY)))
-            metadata.create_all(conn, checkfirst=True)
+        if self.sqlite_path is not None:
+            _create_sqlite_file(self.sqlite_path)
+        with self._translate(), self.engine.connect() as conn:
+            conn.execution_options(mbn_immediate=True)
+            with conn.begin():
+                if self.is_postgres:
+                    conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_LOCK_KEY)))
+                metadata.create_all(conn, checkfirst=True)
+        if self.sqlite_path is not None:
+            self._identity = _file_identity(self.sqlite_path)
+            self._file_lost = False
 
     def ping(self) -> bool:
+        return not self.problems()
+
+    def problems(self) -> list[str]:
+        """What keeps the store from durably recording a job now (empty: nothing)."""
         try:
-            with self.engine.connect() as conn:
+            self._check_file()
+            with self._translate(), self.engine.connect() as conn:
                 conn.execute(sa.text("SELECT 1"))
-        except sa.exc.SQLAlchemyError:
-            return False
-        return True
+                if self.is_postgres:
+                    read_only = conn.execute(sa.text("SHOW transaction_read_only")).scalar()
+                    if read_only == "on":
+                        return ["job store is read-only (transaction_read_only)"]
+        except Unavailable as exc:
+            return [exc.message]
+        except sa.exc.SQLAlchemyError as exc:
+            return [f"job store unreachable ({type(exc).__name__})"]
+        if self.sqlite_path is not None and not _writable(self.sqlite_path):
+            return ["job store is read-only (its file or directory cannot be written)"]
+        return []
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -233,6 +261,9 @@ class JobStore:
                     created_at=now,
                 )
             )
+        # Committed, but into the file that is still the store? (Deleted meanwhile, the
+        # commit went into an unlinked file: the job would never run. Answer 503, not 202.)
+        self._check_file()
         job = self.get(job_id)
         assert job is not None
         return job
@@ -430,11 +461,13 @@ class JobStore:
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
+        self._check_file()
         with self._translate(), self.engine.connect() as conn:
             yield conn
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
+        self._check_file()
         with (
             self._translate(),
             self.engine.connect() as conn,
@@ -443,23 +476,95 @@ class JobStore:
             with conn.begin():
                 yield conn
 
+    def _check_file(self) -> None:
+        """Unavailable when the SQLite file is not the one the store was opened on.
+
+        Deleted: logged loudly (once), pooled connections dropped (they would write into
+        the unlinked file), and every operation refused until a file is back. Back (e.g.
+        restored from a backup): reconnected, the schema made if missing."""
+        if self.sqlite_path is None or self._identity is None:
+            return
+        identity = _file_identity(self.sqlite_path)
+        if identity == self._identity:
+            return
+        self.engine.dispose()
+        if identity is None:
+            if not self._file_lost:
+                self._file_lost = True
+                log.critical(
+                    "the SQLite job store %s was DELETED while running: every job in it is "
+                    "lost; refusing job operations until the file is restored",
+                    self.sqlite_path,
+                )
+            raise Unavailable(
+                "the job store's file was deleted; jobs cannot be recorded (see the server log)",
+                retry_after=self.retry_after,
+            )
+        log.critical(
+            "the SQLite job store %s was replaced while running; using the new file",
+            self.sqlite_path,
+        )
+        self._identity = None  # create_schema adopts the new file (or raises Unavailable)
+        self.create_schema()
+
     @contextmanager
     def _translate(self) -> Iterator[None]:
         try:
             yield
         except sa.exc.OperationalError as exc:
+            reason = str(exc.orig or exc)
+            if "full" in reason.lower():  # SQLITE_FULL / PostgreSQL's "No space left"
+                log.error("job store: disk full: %s", reason)
+                raise InsufficientStorage(
+                    "the job store's disk is full; free space and retry"
+                ) from exc
             # Connection refused, database locked too long...: the client may retry.
-            log.warning("job store unavailable: %s", exc.orig or exc)
+            log.warning("job store unavailable: %s", reason)
             raise Unavailable(
                 "the job store is unavailable; retry later", retry_after=self.retry_after
             ) from exc
 
 
+def _sqlite_path(url: str) -> Path | None:
+    if not url.startswith("sqlite"):
+        return None
+    path = sa.engine.make_url(url).database
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return None
+    return Path(path).absolute()
+
+
+def _create_sqlite_file(path: Path) -> None:
+    """Create an empty SQLite file if there is none: the engine itself never creates one
+    (``mode=rw``), so a deleted store is an error, not a silent new empty store."""
+    import sqlite3
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        sqlite3.connect(path).close()
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _writable(path: Path) -> bool:
+    """Whether the file and its directory (journal files) can be written, read-only mounts
+    included (``os.access`` reports those even for root)."""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+
+
 def _make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
-        path = sa.engine.make_url(url).database
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        path = _sqlite_path(url)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # mode=rw: connecting never creates the file (see _create_sqlite_file).
+            url = f"sqlite:///file:{urllib.parse.quote(str(path))}?mode=rw&uri=true"
         engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")
@@ -530,15 +635,35 @@ class JobFiles:
 
     def _write(self, job_id: str, name: str, write: Callable[[BinaryIO], None]) -> str:
         target = self.path(job_id, name)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".upload-", dir=target.parent)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".upload-", dir=target.parent)
+        except OSError as exc:
+            self.remove(job_id)
+            raise _storage_error(exc) from None
         try:
             with os.fdopen(fd, "wb") as handle:
                 write(handle)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, target)
-        except BaseException:
+        except BaseException as exc:
             Path(tmp).unlink(missing_ok=True)
+            self.remove(job_id)
+            if isinstance(exc, OSError):
+                raise _storage_error(exc) from None
             raise
         return name
+
+
+def _storage_error(exc: OSError) -> Exception:
+    """A clear 507 / 503 for what the disk refused (the server log gets the details)."""
+    log.error("cannot store training data: %s", exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return InsufficientStorage(
+            "no space left to store the training data; free disk space or retry later"
+        )
+    return Unavailable(
+        f"cannot store the training data ({os.strerror(exc.errno or 0)}); retry later",
+        retry_after=5,
+    )

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import Overloaded, PayloadTooLarge, error_body
+from service.errors import Overloaded, PayloadTooLarge, Unavailable, error_body
 
 T = TypeVar("T")
 
@@ -118,7 +118,18 @@ class ExactGate:
 
     async def run(self, func: Callable[[], T]) -> T:
         with self._slot():
-            return await asyncio.get_running_loop().run_in_executor(self._pool, func)
+            future = asyncio.get_running_loop().run_in_executor(self._pool, func)
+            try:
+                return await future
+            except asyncio.CancelledError:
+                # uvicorn cancels requests still running when the shutdown grace ends; the
+                # client gets a clear 503 instead of a dropped connection. (The computation
+                # itself cannot be interrupted; shutdown waits for its thread.)
+                raise Unavailable(
+                    "the server is shutting down and this exact-mode request did not finish "
+                    "within the shutdown grace period; retry (another replica will answer)",
+                    retry_after=self.retry_after,
+                ) from None
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,4 +1,4 @@
-"""Entry points of ``mbn serve`` and ``mbn worker`` (called by ``mbn_core/cli.py``)."""
+"""What ``mbn serve`` and ``mbn worker`` run (their command-line side is ``service/cli.py``)."""
 
 from __future__ import annotations
 

@@ -111,10 +111,14 @@ class TrainOptions(_Request):
         pattern=MODEL_REF_PATTERN,
         description="Model name; the newest model of a name answers requests naming it.",
     )
+    method: str | None = Field(
+        default=None,
+        description="Embedding method (a registered one; default mbn). Its options are the params.",
+    )
     params: dict[str, Any] = Field(
         default_factory=dict,
-        description="Training parameters (mbn_core.training.TrainingParams; n_jobs is the "
-        "server's).",
+        description="Training parameters of the method (those of `mbn train --method M`; "
+        "n_jobs is the server's).",
     )
 
 
@@ -153,17 +157,34 @@ class JobList(BaseModel):
 
 class ModelInfo(BaseModel):
     id: str
-    name: str
-    created: str
-    input_dim: int
-    output_dim: int
+    name: str | None = Field(description="None only for a damaged model without a manifest.")
+    created: str | None
+    input_dim: int | None
+    output_dim: int | None
     n_clusters: int | None
     default: bool = Field(description="Whether requests naming no model get this one.")
+    current: bool = Field(
+        default=False, description="Whether requests naming its name get this version."
+    )
+    state: Literal["ready", "damaged"] = Field(
+        default="ready",
+        description="damaged: its files failed verification; it is not served (409) until "
+        "they are repaired or it is deleted.",
+    )
+    problem: str | None = Field(default=None, description="What failed, for damaged models.")
 
 
 class ModelList(BaseModel):
     models: list[ModelInfo]
     default: str | None = Field(description="Id of the default model, if any.")
+    default_source: Literal["promoted", "configured", "auto"] | None = Field(
+        default=None,
+        description="promoted (POST /models/{id}/promote), configured (MBN_DEFAULT_MODEL) or "
+        "auto (the first model seen, e.g. the demo model).",
+    )
+    default_problem: str | None = Field(
+        default=None, description="Why there is no default although one was chosen."
+    )
 
 
 class Health(BaseModel):

@@ -1,20 +1,25 @@
 """Checking and queueing training jobs: what POST /train and the demo model do.
 
-Parameters and data are checked before anything is stored, so a bad request is a 422 at once
-and never a failed job later. Data is written under the job's id (never a client-chosen
-path) and flushed to disk before the job row exists: a queued job always has its data.
+Parameters and the data's shape are checked before a job is queued, so a request the
+training would refuse by its size is a 422/413 at once, not a failed job later. Uploaded
+files are streamed to disk and only their headers are read here (``mbn_core.datafile``): the
+API process never loads training data, the training process does (and a file whose numbers
+turn out unreadable, e.g. NaN, fails its job with the reason). Data is written under the
+job's id (never a client-chosen path) and flushed to disk before the job row exists: a queued
+job always has its data.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from mbn_core import MBN
-from mbn_core.training import TrainingParams, load_training_data
+from mbn_core.datafile import DataShape, peek_data_file
+from mbn_core.training import TrainingParams, check_feasible
 from service.config import Settings
 from service.errors import Conflict, InvalidInput, Overloaded, PayloadTooLarge
 from service.jobs import Job, JobFiles, JobStore, new_job_id
@@ -38,8 +43,13 @@ DEMO_PARAMS: dict[str, Any] = {
 DEMO_JOB_ID = uuid.uuid5(uuid.NAMESPACE_URL, f"mbn-demo:{sorted(DEMO_PARAMS.items())}").hex
 
 
-def check_params(params: dict[str, Any]) -> dict[str, Any]:
-    """The full parameter set (defaults filled in) or InvalidInput naming the bad key."""
+def check_params(params: dict[str, Any], method: str | None = None) -> dict[str, Any]:
+    """The full parameter set (the method and every default filled in) or InvalidInput
+    naming the bad key. ``method`` may come beside the params or inside them, not both."""
+    if method is not None:
+        if params.get("method", method) != method:
+            raise InvalidInput(f"method {method!r} disagrees with params.method")
+        params = {**params, "method": method}
     server = sorted(SERVER_PARAMS & params.keys())
     if server:
         raise InvalidInput(
@@ -51,14 +61,13 @@ def check_params(params: dict[str, Any]) -> dict[str, Any]:
         raise InvalidInput(f"params: {exc}") from None
 
 
-def check_data(x: Any, params: dict[str, Any]) -> None:
-    """Refuse data the training would fail on at once (too few rows for the layers)."""
-    if x.shape[0] < 2:
-        raise InvalidInput(f"training needs at least 2 rows, got {x.shape[0]}")
+def check_data(n_rows: int, params: dict[str, Any]) -> None:
+    """Refuse data the training would fail on by its size (too few rows for the layers,
+    the compressor, the embedding or the clustering head)."""
     try:
-        MBN(**TrainingParams.from_dict(params).mbn_kwargs()).layer_sizes(x.shape[0])
+        check_feasible(TrainingParams.from_dict(params), n_rows)
     except ValueError as exc:
-        raise InvalidInput(f"params do not fit {x.shape[0]} rows: {exc}") from None
+        raise InvalidInput(f"params do not fit {n_rows} rows: {exc}") from None
 
 
 class Submitter:
@@ -93,7 +102,7 @@ class Submitter:
             )
         if y is not None and y.shape != (x.shape[0],):
             raise InvalidInput(f"labels has {y.shape[0]} entries for {x.shape[0]} rows of data")
-        check_data(x, params)
+        check_data(x.shape[0], params)
         job_id = job_id or new_job_id()
         data_file = self.files.write_arrays(job_id, x, y)
         return self._queue(job_id, name, params, data_file, x.shape)
@@ -115,20 +124,34 @@ class Submitter:
             ) from None
         path = self.files.path(job_id, data_file)
         try:
-            try:
-                x, _ = load_training_data(path)
-            except ValueError as exc:
-                # The message names our storage path; to the client it is "file".
-                raise InvalidInput(str(exc).replace(str(path), "file")) from None
-            if x.shape[0] > self.settings.max_train_rows:
-                raise PayloadTooLarge(
-                    f"file has {x.shape[0]} rows; at most {self.settings.max_train_rows} per job"
-                )
-            check_data(x, params)
+            shape = self._check_file(path)
+            check_data(shape.n_rows, params)
         except BaseException:
             self.files.remove(job_id)
             raise
-        return self._queue(job_id, name, params, data_file, x.shape)
+        return self._queue(job_id, name, params, data_file, (shape.n_rows, shape.n_features))
+
+    def _check_file(self, path: Path) -> DataShape:
+        """The shape of an uploaded file from its headers, within the limits."""
+        try:
+            shape = peek_data_file(path)
+        except ValueError as exc:
+            # The message names our storage path; to the client it is "file".
+            raise InvalidInput(str(exc).replace(str(path), "file")) from None
+        limit = self.settings.max_train_rows
+        if shape.n_rows > limit:
+            raise PayloadTooLarge(f"file has {shape.n_rows} rows; at most {limit} per job")
+        limit = self.settings.max_train_bytes
+        float32_bytes = shape.n_rows * shape.n_features * 4
+        if max(shape.data_bytes, float32_bytes) > limit:
+            raise PayloadTooLarge(
+                f"file holds {shape.n_rows} x {shape.n_features} values "
+                f"({max(shape.data_bytes, float32_bytes)} bytes once read); "
+                f"at most {limit} bytes per job (MBN_MAX_TRAIN_BYTES)"
+            )
+        if shape.n_features < 1:
+            raise InvalidInput("file has no columns")
+        return shape
 
     def submit_demo(self) -> Job | None:
         """Queue the demo model's job unless it was queued before (by any replica)."""

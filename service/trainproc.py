@@ -23,6 +23,7 @@ import multiprocessing as mp
 import os
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
@@ -47,14 +48,21 @@ class TrainSpec:
     out_dir: str
     model_id: str
     threads: int
+    # A Dask scheduler's address: the MBN layers' clusterings run on its workers.
+    scheduler: str | None = None
+    connect_timeout: float = 10.0
 
 
 def context() -> BaseContext:
     """The multiprocessing context training processes are started from."""
     if "forkserver" not in mp.get_all_start_methods():  # pragma: no cover - not Linux
         return mp.get_context("spawn")
+    from mbn_core.methods import registered_modules
+
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
+    # The modules that registered the methods: a training process knows every method the
+    # API accepted (plug-ins included) without naming any.
+    ctx.set_forkserver_preload([*_PRELOAD, *registered_modules()])
     return ctx
 
 
@@ -114,7 +122,7 @@ def _train(spec: TrainSpec, conn: Connection, stopped: Any) -> tuple[str, str]:
         return bool(stopped()) or os.getppid() != parent
 
     try:
-        with threadpool_limits(spec.threads):
+        with threadpool_limits(spec.threads), _cluster(spec):
             x, y = load_training_data(Path(spec.data_path))
             path = train_bundle(
                 x,
@@ -127,12 +135,47 @@ def _train(spec: TrainSpec, conn: Connection, stopped: Any) -> tuple[str, str]:
             )
     except TrainingStopped:
         return ("stopped", "")
+    except ClusterUnavailable as exc:
+        log.error("job %s: %s", spec.job_id, exc.detail)
+        return ("error", str(exc))
     except Exception as exc:  # becomes the job's error; the traceback goes to the log
         log.exception("job %s: training failed", spec.job_id)
         # Clients see the error: name their data, not where the server keeps it.
         message = str(exc).replace(spec.data_path, "the training data")
         return ("error", f"{type(exc).__name__}: {message}")
     return ("done", str(path))
+
+
+class ClusterUnavailable(RuntimeError):
+    """The configured Dask cluster cannot be used; the message is safe to show clients."""
+
+    def __init__(self, message: str, detail: str) -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+@contextlib.contextmanager
+def _cluster(spec: TrainSpec) -> Iterator[None]:
+    """Fits inside run on the Dask cluster of ``spec.scheduler`` (nothing without one).
+
+    Connects before the data is read: a cluster that cannot be reached fails the job at once.
+    Clients see that the training cluster is unreachable, not its address (the log has it).
+    """
+    if spec.scheduler is None:
+        yield
+        return
+    from mbn_core.distributed import SchedulerUnreachable, use_dask
+
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(use_dask(spec.scheduler, timeout=spec.connect_timeout))
+        except (SchedulerUnreachable, ImportError) as error:
+            raise ClusterUnavailable(
+                "the training cluster (Dask scheduler) cannot be reached; ask the operator "
+                "to check MBN_DASK_SCHEDULER",
+                str(error),
+            ) from None
+        yield
 
 
 def _die_with_parent() -> None:

@@ -38,7 +38,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from service import trainproc
+from service import leftovers, trainproc
 from service.config import Settings
 from service.errors import Unavailable
 from service.jobs import Job, JobFiles, JobStore
@@ -184,6 +184,12 @@ class Worker:
         for job_id, status in recovered:
             if status == "failed":
                 self.files.remove(job_id)
+        try:
+            leftovers.sweep(self.settings, self.store)
+        except Unavailable:
+            return
+        except Exception:
+            log.exception("removing leftovers failed")
 
     # --- one job -----------------------------------------------------------------------------
     def _run_job_logged(self, job: Job) -> None:
@@ -215,6 +221,8 @@ class Worker:
                 out_dir=str(staging / model_id),
                 model_id=model_id,
                 threads=self.settings.train_threads,
+                scheduler=self.settings.dask_scheduler,
+                connect_timeout=self.settings.dask_connect_timeout_seconds,
             )
             run = self._supervise(job, spec)
             self._conclude(job, run, model_id)

@@ -22,7 +22,13 @@ from service.errors import NotFound
 from service.json_rows import parse_number_rows
 from service.metrics import MODE_SCOPE_KEY
 from service.registry import ModelRegistry
-from service.routes._body import json_body, parse_body, read_json_body, split_member
+from service.routes._body import (
+    check_structure,
+    json_body,
+    parse_body,
+    read_json_body,
+    split_member,
+)
 from service.schemas import INPUTS_PARSED, EmbedRequest, EmbedResponse, error_responses
 
 router = APIRouter(tags=["embed"], dependencies=[Depends(require_api_key)])
@@ -99,7 +105,10 @@ def _parse(body: bytes) -> tuple[EmbedRequest, np.ndarray | bytes | None]:
         rest, name, raw = split
         parsed = parse_number_rows(raw) if name == "inputs" else b64_string_to_bytes(raw)
         if parsed is not None:
-            return parse_body(EmbedRequest, rest, context={INPUTS_PARSED: name}), parsed
+            # On the whole body: ``rest`` was rebuilt from a dict, without duplicates.
+            check_structure(body, raw)
+            req = parse_body(EmbedRequest, rest, context={INPUTS_PARSED: name}, checked=True)
+            return req, parsed
     return parse_body(EmbedRequest, body), None
 
 
@@ -139,7 +148,9 @@ def _exact(
             embeddings, labels = bundle.embed_with_clusters(x, mode="exact")
         else:
             embeddings, labels = bundle.embed(x, mode="exact"), None
-    except (BundleError, FileNotFoundError) as exc:
-        # The bundle was deleted (or damaged) after it was loaded, before its exact model was.
-        raise NotFound(f"model {bundle.id} is no longer available in exact mode: {exc}") from None
+    except BundleError as exc:
+        # Changed after it was loaded (tampered, truncated, deleted): out of service, 409.
+        raise registry.mark_damaged(bundle, exc) from None
+    except FileNotFoundError:
+        raise NotFound(f"model {bundle.id!r} was deleted") from None
     return embeddings, labels

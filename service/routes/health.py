@@ -23,7 +23,8 @@ async def live() -> Health:
     summary="Ready for traffic: the job store answers and models are usable (else 503)",
     responses=error_responses(503),
 )
-def ready(request: Request) -> Health:
+async def ready(request: Request) -> Health:
+    # Answered from memory (service.readiness): never queued behind requests.
     readiness = getattr(request.app.state, "readiness", None)
     if readiness is None:
         raise Unavailable("not ready: starting", retry_after=1)

@@ -26,7 +26,7 @@ from service.submission import Submitter, check_params
 
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require_api_key)])
 
-_FORM_FIELDS = ("file", "params", "name")
+_FORM_FIELDS = ("file", "params", "name", "method")
 _MULTIPART_SCHEMA = {
     "type": "object",
     "required": ["file"],
@@ -39,6 +39,7 @@ _MULTIPART_SCHEMA = {
         },
         "params": {"type": "string", "description": "Training parameters, a JSON object."},
         "name": TrainOptions.model_json_schema()["properties"]["name"],
+        "method": TrainOptions.model_json_schema()["properties"]["method"],
     },
 }
 
@@ -67,8 +68,9 @@ async def train(
     if content_type.lower().startswith("multipart/form-data"):
         job = await _train_multipart(request, submitter)
     elif is_json(content_type):
-        req = await parse_json(request, TrainRequest)
-        params = check_params(req.params)
+        # JSON rows become Python objects first: bounded by the (smaller) body limit.
+        req = await parse_json(request, TrainRequest, limit=submitter.settings.max_body_bytes)
+        params = check_params(req.params, req.method)
         x = rows_to_matrix(
             req.data,
             expected_dim=None,
@@ -101,12 +103,12 @@ async def _train_multipart(request: Request, submitter: Submitter) -> Job:
     try:
         unknown = sorted(set(form.keys()) - set(_FORM_FIELDS))
         if unknown:
-            raise InvalidInput(f"unknown form fields {unknown}; expected file, params, name")
+            raise InvalidInput(f"unknown form fields {unknown}; expected {', '.join(_FORM_FIELDS)}")
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
             raise InvalidInput("the form needs a 'file' part holding the training data")
         fields: dict[str, Any] = {}
-        for key in ("params", "name"):
+        for key in ("params", "name", "method"):
             value = form.get(key)
             if value is None:
                 continue
@@ -122,7 +124,7 @@ async def _train_multipart(request: Request, submitter: Submitter) -> Job:
             options = TrainOptions.model_validate(fields)
         except ValidationError as exc:
             raise invalid_from_validation(exc) from None
-        params = check_params(options.params)
+        params = check_params(options.params, options.method)
         suffix = PurePath(upload.filename or "").suffix.lower()
         return await run_in_threadpool(
             submitter.submit_file, options.name, params, suffix, upload.file

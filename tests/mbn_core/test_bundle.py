@@ -22,6 +22,7 @@ from mbn_core.bundle import (
     read_manifest,
     save_bundle,
     validate_model_id,
+    write_manifest,
 )
 
 
@@ -51,9 +52,10 @@ def copy(saved, tmp_path):
 
 
 def rewrite_manifest(path, change):
+    """Edit a manifest on purpose: with a fresh self-digest, so only ``change`` is tested."""
     manifest = json.loads((path / MANIFEST).read_text())
     change(manifest)
-    (path / MANIFEST).write_text(json.dumps(manifest))
+    write_manifest(path, manifest)
 
 
 # ---------------------------------------------------------------------- round trip
@@ -101,14 +103,16 @@ def test_manifest_describes_the_model(model, saved):
     assert manifest["name"] == "Digits"
     assert manifest["created"].endswith("Z")
     assert (manifest["input_dim"], manifest["output_dim"]) == (64, 10)
-    assert manifest["metric"] == "euclidean"
+    assert (manifest["method"], manifest["fast_path"]) == ("mbn", "distilled")
+    assert manifest["training"]["metric"] == "euclidean"
     assert manifest["hyperparameters"]["mbn"]["n_clusterings"] == 30
     assert manifest["hyperparameters"]["compressor"]["hidden_layer_sizes"] == [32, 32]
     assert manifest["training"]["n_samples"] == 1797
-    assert manifest["training"]["ks"] == model.mbn_.ks_
+    assert manifest["training"]["ks"] == model.teacher_.ks_
     assert manifest["fidelity"]["nmi_labels_exact"] == pytest.approx(
         model.fidelity_["nmi_labels_exact"]
     )
+    assert manifest["quality"] == model.quality_
     assert {"numpy", "scikit-learn", "onnxruntime", "python"} <= set(manifest["library_versions"])
     for name in (EXACT_FILE, ONNX_FILE):
         data = (saved / name).read_bytes()
@@ -329,6 +333,51 @@ def test_inconsistent_manifest_is_refused(copy, change, message):
         load_bundle(copy)
 
 
+# ---------------------------------------------------------------------- manifest digest
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (b'"name": "Digits"', b'"name": "Digitz"'),  # a flipped bit in a value
+        (f'"format_version": {FORMAT_VERSION}'.encode(), b'"format_version": 1'),  # a downgrade
+        (b'"input_dim": 64', b'"input_dim": 65'),
+    ],
+)
+def test_a_changed_byte_in_the_manifest_is_refused(copy, old, new):
+    content = (copy / MANIFEST).read_bytes()
+    assert old in content
+    (copy / MANIFEST).write_bytes(content.replace(old, new, 1))
+    with pytest.raises(BundleError, match=r"manifest_sha256 does not match.*modified"):
+        load_bundle(copy)
+
+
+def test_manifest_without_digest_is_refused_from_format_2(copy):
+    manifest = json.loads((copy / MANIFEST).read_text())
+    del manifest["manifest_sha256"]
+    (copy / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="no manifest_sha256"):
+        load_bundle(copy)
+
+
+def test_format_1_manifest_without_digest_still_loads(copy, digits, caplog):
+    manifest = json.loads((copy / MANIFEST).read_text())
+    del manifest["manifest_sha256"]
+    manifest["format_version"] = 1
+    (copy / MANIFEST).write_text(json.dumps(manifest))
+    bundle = load_bundle(copy)
+    assert bundle.manifest["format_version"] == FORMAT_VERSION
+    assert "no manifest digest" in caplog.text
+    assert bundle.embed(digits[0][:2]).shape == (2, 10)
+
+
+def test_whitespace_changes_keep_the_digest_valid(copy):
+    # The digest covers the manifest's content, not its formatting.
+    manifest = json.loads((copy / MANIFEST).read_text())
+    (copy / MANIFEST).write_text(json.dumps(manifest, indent=None))
+    assert load_bundle(copy).manifest == manifest
+
+
 # ---------------------------------------------------------------------- format versions
 
 
@@ -361,6 +410,39 @@ def test_older_supported_format_is_upgraded(copy, digits, monkeypatch):
     assert bundle.manifest["upgraded"] is True
     assert bundle.manifest["format_version"] == FORMAT_VERSION + 1
     assert bundle.embed(digits[0][:3]).shape == (3, 10)
+
+
+def as_version_1(path):
+    """Rewrite a bundle as format version 1 wrote it: ``mbn.npz``, no method, the metric at
+    the top and the pipeline's options among the compressor's."""
+    (path / EXACT_FILE).rename(path / "mbn.npz")
+
+    def change(manifest):
+        manifest["format_version"] = 1
+        del manifest["method"], manifest["fast_path"]
+        manifest["metric"] = manifest["training"].pop("metric")
+        hyperparameters = manifest["hyperparameters"]
+        hyperparameters["compressor"].update(hyperparameters.pop("pipeline"))
+        manifest["files"]["mbn.npz"] = manifest["files"].pop(EXACT_FILE)
+
+    rewrite_manifest(path, change)
+
+
+def test_version_1_bundle_loads_and_embeds_the_same(saved, copy, digits):
+    X, _ = digits
+    as_version_1(copy)
+    old, new = load_bundle(copy), load_bundle(saved)
+    assert old.manifest["format_version"] == FORMAT_VERSION
+    assert old.manifest["method"] == "mbn"
+    assert (
+        old.manifest["hyperparameters"]["pipeline"] == new.manifest["hyperparameters"]["pipeline"]
+    )
+    assert (
+        old.manifest["hyperparameters"]["compressor"]
+        == new.manifest["hyperparameters"]["compressor"]
+    )
+    np.testing.assert_array_equal(old.embed(X[:20]), new.embed(X[:20]))
+    np.testing.assert_array_equal(old.embed(X[:20], mode="exact"), new.embed(X[:20], mode="exact"))
 
 
 # ---------------------------------------------------------------------- input

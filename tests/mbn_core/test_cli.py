@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 import time
-import types
+from importlib import metadata
 
 import numpy as np
 import pytest
@@ -65,6 +65,7 @@ def test_train_writes_a_bundle_and_prints_the_report(trained):
     assert "Traceback" not in result.stderr
     assert "Wrote bundle 'model' (Digits)" in result.stdout
     assert "fidelity:" in result.stdout and "NMI vs labels" in result.stdout
+    assert "quality:     trustworthiness / continuity (k=10" in result.stdout
     bundle = load_bundle(path)
     assert bundle.manifest["hyperparameters"]["mbn"]["n_clusterings"] == 20
     assert bundle.n_clusters == 4
@@ -126,6 +127,7 @@ def test_info(trained, workdir, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "id:          model" in out
     assert "64 -> 10" in out
+    assert "quality:     trustworthiness / continuity" in out and "pca " in out
     assert "verified:" in out
 
 
@@ -148,7 +150,10 @@ def test_embed_exact_from_sparse_input(trained, workdir, monkeypatch):
         (["embed", "model", "digits.txt", "--out", "o.npy"], ["digits.txt: no such file"]),
         (["embed", "model", "queries.npy", "--out", "nodir/o.npy"], ["nodir: no such directory"]),
         (["train", "digits.npz", "--out", "model"], ["model: already exists", "--force"]),
-        (["train", "digits.npz", "--out", "m3", "--delta", "2"], ["delta must be"]),
+        (
+            ["train", "digits.npz", "--out", "m3", "--delta", "2"],
+            ["'delta' parameter of MBN must be"],
+        ),
         (["train", "digits.npz", "--out", "bad id"], ["model id 'bad id'"]),
     ],
 )
@@ -174,12 +179,41 @@ def test_info_json(trained, workdir, monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out)["id"] == "model"
 
 
-def test_serve_and_worker_dispatch_to_the_service(monkeypatch):
-    calls = []
-    fake = types.ModuleType("service.main")
-    fake.serve = lambda host, port, workers: calls.append(("serve", host, port, workers))  # type: ignore[attr-defined]
-    fake.run_worker = lambda: calls.append(("worker",))  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "service.main", fake)
-    assert cli.main(["serve", "--host", "0.0.0.0", "--port", "9001", "--workers", "3"]) == 0
-    assert cli.main(["worker"]) == 0
-    assert calls == [("serve", "0.0.0.0", 9001, 3), ("worker",)]
+def test_a_command_whose_extra_is_missing_says_what_to_install(capsys):
+    # An entry point as the base install has it, whose module cannot be imported.
+    entry = metadata.EntryPoint(
+        name="serve", value="mbn_no_such_module.cli:serve_command [service]",
+        group=cli.COMMAND_GROUP,
+    )  # fmt: skip
+    command = cli.load_command(entry)
+    assert cli.main(["serve", "--port", "9000"], commands={"serve": command}) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "mbn serve: error: this command needs the optional dependencies of mbn[service] "
+        "(mbn_no_such_module is not installed): pip install 'mbn[service]'"
+    )
+
+
+def test_the_library_and_the_cli_import_nothing_of_the_service():
+    web = {"service", "fastapi", "uvicorn", "sqlalchemy", "psycopg", "msgspec", "pybase64",
+           "starlette", "pydantic"}  # fmt: skip
+    code = (
+        "import sys, mbn_core, mbn_core.cli, mbn_core.training, mbn_core.bundle;"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:])))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, *web], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
+def test_the_service_commands_parse(tmp_path):
+    # The service's commands as `mbn` gets them from its entry points (python -m service uses
+    # the same functions): options and help, without starting anything.
+    for command, option in (("serve", "--workers"), ("worker", "training jobs")):
+        result = subprocess.run(
+            [sys.executable, "-m", "service", command, "--help"],
+            capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert option in result.stdout

@@ -21,7 +21,7 @@ def small_mbn(**params):
 
 def small_model(**params):
     defaults = {"hidden_layer_sizes": (64, 64), "max_epochs": 15, "random_state": 0}
-    return CompressiveMBN(**{"mbn": small_mbn(), **defaults, **params})
+    return CompressiveMBN(**{"teacher": small_mbn(), **defaults, **params})
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_transform_shapes_and_dtypes(fitted, digits):
 def test_fidelity_report_is_complete_and_faithful(fitted):
     report = fitted.fidelity_
     assert report["n_holdout"] == round(0.1 * 1797) == len(fitted.holdout_)
-    assert report["holdout"] == "outside the MBN fit"
+    assert report["holdout"] == "outside the teacher's fit"
     keys = ("r2", "cosine", "cosine_median", "knn_overlap", "nmi_fast_exact")
     for key in (*keys, "nmi_labels_exact", "nmi_labels_fast"):
         assert 0.0 <= report[key] <= 1.0, key
@@ -73,7 +73,16 @@ def test_fidelity_report_is_complete_and_faithful(fitted):
     assert report["cosine"] > 0.7
     assert report["nmi_fast_exact"] > 0.6
     assert report["cluster_agreement"] > 0.7
-    assert set(fitted.timings_) == {"mbn", "compressor", "evaluation"}
+    assert set(fitted.timings_) == {"teacher", "compressor", "evaluation"}
+
+
+def test_quality_report_on_the_held_out_points(fitted):
+    report = fitted.quality_
+    assert report["n_rows"] == fitted.fidelity_["n_holdout"] and report["n_neighbors"] == 10
+    for name in ("exact", "fast", "pca"):
+        for key in ("trustworthiness", "continuity"):
+            assert 0.5 < report[name][key] <= 1.0, (name, key)
+    assert report["pca"]["n_components"] == fitted.n_components_
 
 
 def test_no_row_of_the_report_is_in_the_mbn_fit(fitted, digits):
@@ -85,15 +94,17 @@ def test_no_row_of_the_report_is_in_the_mbn_fit(fitted, digits):
     rest = np.setdiff1d(np.arange(len(X)), holdout)
     refit = small_mbn().fit(X[rest].astype(np.float32))
     for name, array in model_to_arrays(refit).items():
-        np.testing.assert_array_equal(model_to_arrays(fitted.mbn_)[name], array, err_msg=name)
+        np.testing.assert_array_equal(model_to_arrays(fitted.teacher_)[name], array, err_msg=name)
     # And no held-out row is a bottom-layer center (the rows a fit keeps of its data).
-    centers = {row.tobytes() for row in fitted.mbn_.bottom_layer_.center_data.astype(np.float32)}
+    centers = {
+        row.tobytes() for row in fitted.teacher_.bottom_layer_.center_data.astype(np.float32)
+    }
     in_fit = {row.tobytes() for row in X[rest].astype(np.float32)}
     held_out = [X[i].astype(np.float32).tobytes() for i in holdout]
     assert not [row for row in held_out if row in centers and row not in in_fit]
 
 
-def test_report_agrees_with_a_test_set_when_targets_are_left_out(digits):
+def test_report_agrees_with_a_test_set(digits):
     # The report's rows are new to the MBN: its fast-exact agreement is that of new data,
     # here rows outside the training set altogether.
     X, y = digits
@@ -115,10 +126,16 @@ def test_knn_overlap():
     assert knn_overlap(Z[:10], Z[:10]) is None  # no 10 neighbours among 10 rows
 
 
-def test_in_sample_targets_stay_available(digits):
+def test_leave_self_out_targets(digits):
     X, y = digits
-    model = small_model(max_epochs=2, targets="in-sample").fit(X[:600], y[:600])
-    assert model.fidelity_["holdout"] == "outside the MBN fit"
+    default = small_model(max_epochs=2).fit(X[:600], y[:600])
+    left_out = small_model(max_epochs=2, targets="leave-self-out").fit(X[:600], y[:600])
+    # The same teacher, another target for the same training rows.
+    np.testing.assert_array_equal(
+        default.exact_transform(X[600:650]), left_out.exact_transform(X[600:650])
+    )
+    assert not np.array_equal(default.transform(X[600:650]), left_out.transform(X[600:650]))
+    assert left_out.fidelity_["holdout"] == "outside the teacher's fit"
     with pytest.raises(ValueError, match="targets"):
         small_model(targets="self").fit(X[:100])
 
@@ -134,7 +151,7 @@ def test_labels_are_optional(digits):
 
 def test_exact_transform_is_the_mbn(fitted, digits):
     X, _ = digits
-    np.testing.assert_array_equal(fitted.exact_transform(X[:20]), fitted.mbn_.transform(X[:20]))
+    np.testing.assert_array_equal(fitted.exact_transform(X[:20]), fitted.teacher_.transform(X[:20]))
 
 
 def test_cluster_head(fitted, digits):
@@ -154,6 +171,7 @@ def test_same_seed_same_model(digits):
     second = small_model(max_epochs=3).fit(X)
     np.testing.assert_array_equal(first.transform(X[:30]), second.transform(X[:30]))
     assert first.fidelity_ == second.fidelity_
+    assert first.quality_ == second.quality_
 
 
 def test_transform_is_batch_independent(fitted, digits):
@@ -167,7 +185,7 @@ def test_prefit_mbn_is_used_as_is(digits):
     X, _ = digits
     mbn = small_mbn().fit(X)
     model = CompressiveMBN(mbn, prefit=True, hidden_layer_sizes=(16,), max_epochs=2).fit(X)
-    assert model.mbn_ is mbn
+    assert model.teacher_ is mbn
     with pytest.raises(ValueError, match="features"):
         CompressiveMBN(mbn, prefit=True, max_epochs=1).fit(X[:, :10])
 
@@ -253,7 +271,7 @@ def test_without_validation_runs_all_epochs(digits):
         ({"n_clusters": 0}, "n_clusters"),
         ({"n_jobs": 0}, "n_jobs"),
         ({"callback": 3}, "callback"),
-        ({"mbn": "MBN"}, "mbn"),
+        ({"teacher": "MBN"}, "teacher"),
     ],
 )
 def test_bad_parameters_name_themselves(params, name, digits):

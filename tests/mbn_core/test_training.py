@@ -7,7 +7,7 @@ import pytest
 import scipy.sparse as sp
 from sklearn.datasets import load_digits
 
-from mbn_core import TrainingStopped
+from mbn_core import MBN, TrainingStopped
 from mbn_core.bundle import load_bundle
 from mbn_core.training import (
     PHASES,
@@ -36,7 +36,7 @@ def digits():
 
 
 def test_defaults_round_trip_through_json():
-    params = TrainingParams()
+    params = TrainingParams.from_dict({})
     again = TrainingParams.from_dict(json.loads(json.dumps(params.to_dict())))
     assert again == params
     assert TrainingParams.from_dict(None) == params
@@ -44,11 +44,28 @@ def test_defaults_round_trip_through_json():
 
 def test_lists_become_tuples():
     params = TrainingParams.from_dict({"ks": [40, 20], "hidden_layer_sizes": [8, 8]})
-    assert params.ks == (40, 20)
-    assert params.hidden_layer_sizes == (8, 8)
+    assert params["ks"] == (40, 20)
+    assert params["hidden_layer_sizes"] == (8, 8)
     assert params.to_dict()["ks"] == [40, 20]
-    assert params.mbn_kwargs()["ks"] == [40, 20]
+    assert params.estimator_kwargs()["ks"] == [40, 20]
     assert params.compressor_kwargs()["hidden_layer_sizes"] == (8, 8)
+
+
+def test_method_is_recorded_and_checked():
+    assert TrainingParams.from_dict({}).to_dict()["method"] == "mbn"
+    assert TrainingParams.from_dict({"method": "mbn"}) == TrainingParams.from_dict(None)
+    with pytest.raises(ValueError, match=r"unknown method 'nope'; known: .*mbn"):
+        TrainingParams.from_dict({"method": "nope"})
+
+
+def test_training_defaults_differ_from_the_estimators_only_where_declared():
+    # k_max is capped for a service and the seed fixed; everything else is MBN's own default.
+    params = TrainingParams.from_dict(None)
+    assert params["k_max"] == 2000 and params["random_state"] == 0
+    assert MBN().k_max is None
+    for key, value in MBN().get_params().items():
+        if key not in ("k_max", "random_state", "callback"):
+            assert params[key] == value, key
 
 
 def test_unknown_key_is_named():
@@ -81,6 +98,11 @@ def test_unknown_key_is_named():
         ({"learning_rate": "fast"}, "learning_rate"),
         ({"holdout_fraction": 0.9}, "holdout_fraction"),
         ({"n_clusters": 0}, "n_clusters"),
+        ({"alpha": float("inf")}, "alpha"),
+        ({"tol": float("nan")}, "tol"),
+        ({"learning_rate": float("inf")}, "learning_rate"),
+        ({"hidden_layer_sizes": [8, True]}, "hidden_layer_sizes"),
+        ({"n_clusters": True}, "n_clusters"),
     ],
 )
 def test_bad_values_name_the_key(values, key):
@@ -177,17 +199,19 @@ def test_train_bundle_reports_progress_in_order(digits, tmp_path):
     assert bundle.manifest["training"]["params"]["n_clusterings"] == 20
     assert bundle.manifest["fidelity"]["nmi_labels_fast"] is not None
     phases = [phase for phase, _ in calls]
-    assert phases[0] == "mbn" and calls[-1] == ("export", 1.0)
+    assert phases[0] == "fit" and calls[-1] == ("export", 1.0)
     assert sorted(set(phases), key=PHASES.index) == list(PHASES)
     assert phases == sorted(phases, key=PHASES.index)
     fractions = [fraction for _, fraction in calls]
     assert fractions == sorted(fractions) and fractions[0] > 0 and fractions[-1] == 1.0
     # One call per clustering and per epoch (plus two around the export).
     n_layers = len(bundle.manifest["training"]["ks"])
-    assert phases.count("mbn") == 20 * n_layers
+    assert phases.count("fit") == 20 * n_layers
     assert phases.count("compressor") == bundle.manifest["training"]["n_epochs"]
     assert all(isinstance(e, TrainingEvent) for e in events) and len(events) == len(calls)
-    assert events[0].message == f"layer 1/{n_layers} (k=180): clustering 1/20"
+    # The MBN is fitted on the 1617 rows outside the report's 180: k1 = 0.1 n = 162.
+    assert bundle.manifest["training"]["n_fit_samples"] == 1617
+    assert events[0].message == f"layer 1/{n_layers} (k=162): clustering 1/20"
     assert events[-1].phase_fraction == 1.0
 
 
@@ -198,7 +222,7 @@ def test_params_object_and_model_id(digits, tmp_path):
     assert load_bundle(path).id == "the-id"
 
 
-@pytest.mark.parametrize("phase", ["mbn", "compressor", "export"])
+@pytest.mark.parametrize("phase", ["fit", "compressor", "export"])
 def test_stopping_writes_nothing(digits, tmp_path, phase):
     X, _ = digits
 

@@ -25,7 +25,7 @@ from servicetest import REPO, Process, make_settings, running_app
 from sklearn.datasets import load_digits
 
 from mbn_core import MBN
-from mbn_core.bundle import save_bundle
+from mbn_core.bundle import save_bundle, write_manifest
 from mbn_core.compress import CompressiveMBN
 from service.config import Settings
 
@@ -58,11 +58,10 @@ def write_bundle(tiny_model: CompressiveMBN) -> Callable[..., Path]:
     def write(model_dir: Path, model_id: str, name: str, created: str | None = None) -> Path:
         model_dir.mkdir(parents=True, exist_ok=True)
         path = save_bundle(tiny_model, model_dir / model_id, name=name)
-        if created is not None:  # the manifest itself is not hashed, only the data files
-            manifest_file = path / "manifest.json"
-            manifest = json.loads(manifest_file.read_text())
+        if created is not None:
+            manifest = json.loads((path / "manifest.json").read_text())
             manifest["created"] = created
-            manifest_file.write_text(json.dumps(manifest))
+            write_manifest(path, manifest)  # with a fresh self-digest
         return path
 
     return write

@@ -29,7 +29,9 @@ with warnings.catch_warnings():
     from fastapi.testclient import TestClient
 
 REPO = Path(__file__).resolve().parents[2]
-MBN_COMMAND = str(Path(sys.executable).with_name("mbn"))
+# `mbn` with the service's commands, as its entry points give them once installed; run through
+# the package so a development environment installed before a new command still has it.
+MBN_COMMAND = [sys.executable, "-m", "service"]
 
 # Training parameters that make a digits model in a few seconds on one core.
 TINY_PARAMS: dict[str, Any] = {
@@ -96,7 +98,7 @@ class Server(Process):
     def __init__(self, env: dict[str, str], log_path: Path, port: int | None = None) -> None:
         self.port = port or free_port()
         super().__init__(
-            [MBN_COMMAND, "serve", "--host", "127.0.0.1", "--port", str(self.port)], env, log_path
+            [*MBN_COMMAND, "serve", "--host", "127.0.0.1", "--port", str(self.port)], env, log_path
         )
         self.url = f"http://127.0.0.1:{self.port}"
 

@@ -29,6 +29,7 @@ def test_openapi_documents_the_contract(api: Callable[..., TestClient]) -> None:
         ("GET", "/models"),
         ("GET", "/models/{model_id}"),
         ("DELETE", "/models/{model_id}"),
+        ("POST", "/models/{model_id}/promote"),
         ("GET", "/health/live"),
         ("GET", "/health/ready"),
         ("GET", "/metrics"),

@@ -77,5 +77,5 @@ def test_errors_do_not_echo_secrets(tmp_path: Path, field: str, secret: str) -> 
 
 
 def test_upload_limit_not_below_body_limit(tmp_path: Path) -> None:
-    with pytest.raises(ValidationError, match="max_upload_bytes"):
+    with pytest.raises(ValidationError, match=r"MBN_MAX_UPLOAD_BYTES \(1000000\) must be at least"):
         Settings(data_dir=tmp_path, max_body_bytes=10_000_000, max_upload_bytes=1_000_000)

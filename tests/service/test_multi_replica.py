@@ -33,7 +33,9 @@ def test_two_apis_two_workers(
         "MBN_EMBEDDED_WORKER": "false",
         "MBN_DEMO_MODEL": "false",
     }
-    workers = [Process([MBN_COMMAND, "worker"], env, tmp_path / f"worker{i}.log") for i in range(2)]
+    workers = [
+        Process([*MBN_COMMAND, "worker"], env, tmp_path / f"worker{i}.log") for i in range(2)
+    ]
     apis = [Server(env, tmp_path / f"api{i}.log") for i in range(2)]
     processes.extend([*workers, *apis])
     for worker in workers:
@@ -68,7 +70,9 @@ def test_two_apis_two_workers(
         took_jobs = [bool(re.search(r"attempt \d+ started", w.log_tail(2000))) for w in workers]
         assert all(took_jobs), "both workers should have shared the queue"
         models_dir = tmp_path / "shared" / "models"
-        assert sorted(p.name for p in models_dir.iterdir()) == sorted(j["model_id"] for j in done)
+        assert sorted(p.name for p in models_dir.iterdir() if not p.name.startswith(".")) == sorted(
+            j["model_id"] for j in done
+        )
 
         # Usable through both APIs, by id and by name.
         rows = x[:3].tolist()

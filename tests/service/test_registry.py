@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.errors import NotFound, Unavailable
+from service.errors import Conflict, NotFound, Unavailable
 from service.registry import ModelRegistry
 
 
@@ -19,7 +19,7 @@ def model_dir(tmp_path: Path) -> Path:
     return path
 
 
-def test_scan_loads_models_by_id_and_newest_by_name(
+def test_scan_loads_models_by_id_and_first_version_by_name(
     model_dir: Path, write_bundle: Callable[..., Path]
 ) -> None:
     write_bundle(model_dir, "m-old", "digits", created="2024-01-01T00:00:00Z")
@@ -28,9 +28,12 @@ def test_scan_loads_models_by_id_and_newest_by_name(
     registry = ModelRegistry(model_dir)
     registry.rescan()
     assert len(registry) == 3
-    assert registry.get("m-old").id == "m-old"
-    assert registry.get("digits").id == "m-new"  # a name means its newest version
-    assert registry.get(None).id == "m-new"  # default: the newest model
+    assert registry.get("m-new").id == "m-new"
+    # Until an operator promotes one, a name means the version first seen, the default the
+    # first model: recorded, so that nothing later moves them.
+    assert registry.get("digits").id == "m-old"
+    assert registry.get(None).id == "m-old"
+    assert registry.snapshot.default_source == "auto"
     assert [b.id for b in registry.models()] == ["m-new", "m-other", "m-old"]
 
 
@@ -93,24 +96,89 @@ def test_an_id_is_found_at_once_even_between_rescans(
         registry.get("fresh-but-unscanned-name")
 
 
-def test_add_swaps_in_a_new_version(model_dir: Path, write_bundle: Callable[..., Path]) -> None:
+def test_a_new_version_moves_nothing_until_promoted(
+    model_dir: Path, write_bundle: Callable[..., Path]
+) -> None:
     write_bundle(model_dir, "m-1", "digits", created="2024-01-01T00:00:00Z")
     registry = ModelRegistry(model_dir)
     registry.rescan()
     snapshot = registry.snapshot
     path = write_bundle(model_dir, "m-2", "digits", created="2025-01-01T00:00:00Z")
-    assert registry.add(path).id == "m-2"
-    assert registry.get("digits").id == "m-2"
+    assert registry.add(path).id == "m-2"  # e.g. a training job finished
+    assert registry.get("digits").id == "m-1" and registry.get(None).id == "m-1"
+    registry.promote("m-2", default=False)
+    assert registry.get("digits").id == "m-2" and registry.get(None).id == "m-1"
+    registry.promote("m-2")
+    assert registry.get(None).id == "m-2"
+    assert registry.snapshot.default_source == "promoted"
     assert snapshot.resolve("digits") is not None and snapshot.resolve("digits").id == "m-1"
+    # Choices live beside the bundles: another replica (a new registry) sees them.
+    other = ModelRegistry(model_dir)
+    other.rescan()
+    assert other.get("digits").id == "m-2" and other.get(None).id == "m-2"
+
+
+def test_promoted_default_wins_over_the_configured_one(
+    model_dir: Path, write_bundle: Callable[..., Path]
+) -> None:
+    write_bundle(model_dir, "m-a", "a", created="2024-01-01T00:00:00Z")
+    write_bundle(model_dir, "m-b", "b", created="2025-01-01T00:00:00Z")
+    registry = ModelRegistry(model_dir, default_ref="b")
+    registry.rescan()
+    assert registry.get(None).id == "m-b" and registry.snapshot.default_source == "configured"
+    registry.promote("m-a")
+    assert registry.get(None).id == "m-a" and registry.snapshot.default_source == "promoted"
+
+
+def test_deleting_the_default_or_a_chosen_version_needs_force(
+    model_dir: Path, write_bundle: Callable[..., Path]
+) -> None:
+    write_bundle(model_dir, "m-1", "digits", created="2024-01-01T00:00:00Z")
+    write_bundle(model_dir, "m-2", "digits", created="2025-01-01T00:00:00Z")
+    write_bundle(model_dir, "m-3", "other", created="2026-01-01T00:00:00Z")
+    registry = ModelRegistry(model_dir)
+    registry.rescan()
+    with pytest.raises(Conflict, match="default model"):
+        registry.delete("m-1")
+    registry.promote("m-3")
+    with pytest.raises(Conflict, match="name 'digits' resolves to"):
+        registry.delete("m-1")  # no longer the default, still what "digits" means
+    registry.delete("m-2")  # another version: free to go
+    registry.delete("m-3", force=True)
+    assert registry.snapshot.default is not None  # the first model, recorded again
+    assert registry.get("digits").id == "m-1"
+
+
+def test_a_damaged_default_is_refused_not_replaced(
+    model_dir: Path, write_bundle: Callable[..., Path]
+) -> None:
+    first = write_bundle(model_dir, "m-1", "digits", created="2024-01-01T00:00:00Z")
+    write_bundle(model_dir, "m-2", "digits", created="2025-01-01T00:00:00Z")
+    registry = ModelRegistry(model_dir)
+    registry.rescan()
+    good = (first / "compressor.onnx").read_bytes()
+    (first / "compressor.onnx").write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    registry.rescan()
+    for ref in (None, "digits", "m-1"):
+        with pytest.raises((Conflict, Unavailable), match="m-1"):
+            registry.get(ref)
+    [damaged] = registry.damaged()
+    assert damaged.id == "m-1" and "compressor.onnx: SHA-256 does not match" in damaged.problem
+    assert str(model_dir) not in damaged.problem
+    # Repaired in place (same directory, same inode): served again at the next scan.
+    with (first / "compressor.onnx").open("r+b") as handle:
+        handle.write(good)
+    registry.rescan()
+    assert registry.get(None).id == "m-1" and registry.damaged() == []
 
 
 def test_delete_removes_the_directory(model_dir: Path, write_bundle: Callable[..., Path]) -> None:
     write_bundle(model_dir, "m-1", "a")
     registry = ModelRegistry(model_dir)
     registry.rescan()
-    registry.delete("m-1")
+    registry.delete("m-1", force=True)  # the default: only when forced
     assert not (model_dir / "m-1").exists()
-    assert list(model_dir.iterdir()) == []
+    assert [p.name for p in model_dir.iterdir() if not p.name.startswith(".")] == []
     with pytest.raises(NotFound):
         registry.delete("m-1")
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 from fastapi.testclient import TestClient
-from servicetest import assert_error
+from servicetest import assert_error, wait_for
 
 
 def test_live_and_ready(api: Callable[..., TestClient]) -> None:
@@ -16,6 +17,7 @@ def test_live_and_ready(api: Callable[..., TestClient]) -> None:
     assert ready.status_code == 200
     assert ready.json()["checks"] == {
         "store": True,
+        "disk": True,
         "models_scanned": True,
         "model_available": True,
     }
@@ -32,9 +34,16 @@ def test_not_ready_while_the_demo_model_trains(api: Callable[..., TestClient]) -
     ]
 
 
-def test_ready_without_models_when_no_demo(api: Callable[..., TestClient]) -> None:
+def test_not_ready_without_a_usable_model_until_one_appears(
+    api: Callable[..., TestClient], write_bundle: Callable[..., Path]
+) -> None:
+    # /embed answers 503 here, so readiness must too (it answered 200 before).
     client = api(models=False)
-    assert client.get("/health/ready").json()["checks"]["model_available"] is False
+    error = assert_error(client.get("/health/ready"), 503, "unavailable")
+    assert "no usable model" in error["message"]
+    assert_error(client.post("/embed", json={"inputs": [[0.0] * 64]}), 503)
+    write_bundle(client.app.state.settings.models_path, "m-late", "late")  # type: ignore[attr-defined]
+    wait_for(lambda: client.get("/health/ready").status_code == 200, 10, "readiness")
 
 
 def test_not_ready_when_the_store_is_down(api: Callable[..., TestClient]) -> None:
@@ -42,10 +51,11 @@ def test_not_ready_when_the_store_is_down(api: Callable[..., TestClient]) -> Non
     store = client.app.state.store  # type: ignore[attr-defined]
     store.engine.dispose()
     # Make the store unreachable for real: a directory where the database file was.
-    db_file = store.engine.url.database
+    db_file = str(store.sqlite_path)
     os.rename(db_file, db_file + ".moved")
     os.mkdir(db_file)
     try:
+        wait_for(lambda: client.get("/health/ready").status_code == 503, 10, "not ready")
         error = assert_error(client.get("/health/ready"), 503)
         assert "job store" in error["message"]
         assert_error(client.get("/jobs"), 503, "unavailable")
@@ -54,7 +64,7 @@ def test_not_ready_when_the_store_is_down(api: Callable[..., TestClient]) -> Non
     finally:
         os.rmdir(db_file)
         os.rename(db_file + ".moved", db_file)
-    assert client.get("/health/ready").status_code == 200
+    wait_for(lambda: client.get("/health/ready").status_code == 200, 10, "ready again")
 
 
 def test_metrics(api: Callable[..., TestClient]) -> None:

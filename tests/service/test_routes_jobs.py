@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from servicetest import TINY_PARAMS, assert_error, make_settings, running_app
+from servicetest import TINY_PARAMS, assert_error, make_settings, running_app, wait_for
 
 from mbn_core.training import load_training_data
 from service.jobs import JobFiles
@@ -51,7 +51,7 @@ def stored_data(client: TestClient, job: dict) -> tuple[np.ndarray, np.ndarray |
 
 
 def test_train_json_queues_a_job_with_its_data(client: TestClient, digits: Digits) -> None:
-    x, y = digits[0][:300], digits[1][:300]
+    x, y = digits[0][:150], digits[1][:150]
     response = client.post(
         "/train",
         json={"name": "small", "data": x.tolist(), "labels": y.tolist(), "params": TINY_PARAMS},
@@ -60,7 +60,7 @@ def test_train_json_queues_a_job_with_its_data(client: TestClient, digits: Digit
     job = response.json()
     assert response.headers["location"] == f"/jobs/{job['id']}"
     assert (job["status"], job["name"], job["n_rows"], job["n_features"]) == (
-        "queued", "small", 300, 64,
+        "queued", "small", 150, 64,
     )  # fmt: skip
     assert job["progress"] == 0 and job["model_id"] is None and job["attempts"] == 0
     assert job["params"]["n_clusterings"] == 20  # the full parameter set is recorded
@@ -134,6 +134,14 @@ def test_bad_train_json(shared: TestClient, body: object, status: int, message: 
     assert not any(jobs_dir.iterdir())  # nothing left on disk
 
 
+def npy_header(shape: tuple[int, ...]) -> bytes:
+    """An .npy header alone: a file that claims ``shape``."""
+    buffer = io.BytesIO()
+    header = {"descr": "<f8", "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_1_0(buffer, header)  # type: ignore[no-untyped-call]
+    return buffer.getvalue()
+
+
 def npy(x: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, x)
@@ -153,8 +161,11 @@ BAD_UPLOADS: list[tuple[str, dict, dict, int, str]] = [
     ("garbage npy", {"file": ("x.npy", b"not numpy at all")}, {}, 422, "file"),
     ("pickled npy", {"file": ("x.npy", npy(np.array([{"a": 1}], dtype=object)))}, {}, 422,
      "file"),
-    ("text csv", {"file": ("x.csv", b"a,b\nc,d\n")}, {}, 422, "file"),
-    ("nan csv", {"file": ("x.csv", b"1,nan\n3,4\n")}, {}, 422, "NaN"),
+    ("text csv", {"file": ("x.csv", b"a,b\nc,d\n")}, {}, 422, "numbers"),
+    ("2-row csv", {"file": ("x.csv", b"1,2\n3,4\n")}, {}, 422, "at least 4 rows"),
+    ("huge npy header", {"file": ("x.npy", npy_header((10**9, 64)) + b"\0" * 1024)}, {}, 422,
+     "claims shape (1000000000, 64)"),
+    ("truncated npy", {"file": ("x.npy", npy(np.zeros((50, 2)))[:-8])}, {}, 422, "holds"),
     ("npz without x", {"file": ("x.npz", b"PK\x05\x06" + b"\0" * 18)}, {}, 422, "file"),
     ("1-D npy", {"file": ("x.npy", npy(np.arange(5.0)))}, {}, 422, "2-D"),
     ("too many rows", {"file": ("x.npy", npy(np.zeros((1001, 2))))}, {}, 413, "at most 1000"),
@@ -181,6 +192,39 @@ def test_bad_uploads(
     assert client.get("/jobs").json() == {"jobs": []}
     jobs_dir = client.app.state.settings.jobs_path  # type: ignore[attr-defined]
     assert not any(p.is_file() for p in jobs_dir.rglob("*"))
+
+
+def test_json_training_data_is_bounded_by_the_body_limit(client: TestClient) -> None:
+    # JSON rows become Python objects in the API process: the upload limit is for files.
+    rows = [[0.5] * 64] * 400  # ~100 kB, over max_body_bytes, under max_upload_bytes
+    response = client.post("/train", json={"data": rows})
+    error = assert_error(response, 413, "payload_too_large")
+    assert "as a file" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"1,nan\n3,4\n5,6\n7,8\n9,10\n", "NaN"),
+        (b"1,2\n3,x\n5,6\n7,8\n9,10\n", "could not convert"),
+    ],
+)
+def test_bad_numbers_in_a_file_fail_the_job_with_the_reason(
+    api: Callable[..., TestClient], content: bytes, reason: str
+) -> None:
+    # The API process reads only the file's shape; the training process reads the numbers.
+    client = api(embedded_worker=True)
+    params = json.dumps({"n_clusterings": 5, "n_components": 2, "hidden_layer_sizes": [4]})
+    response = client.post("/train", files={"file": ("x.csv", content)}, data={"params": params})
+    assert response.status_code == 202, response.text
+    job = wait_for(
+        lambda: (
+            (j := client.get(f"/jobs/{response.json()['id']}").json())["status"] == "failed" and j
+        ),
+        60,
+        "the job to fail",
+    )
+    assert reason in job["error"] and "/" not in job["error"], job
 
 
 def test_other_content_types_are_415(client: TestClient) -> None:

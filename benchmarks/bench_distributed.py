@@ -1,0 +1,286 @@
+"""MBN on a Dask cluster (issue 16): fit time against a local fit, bytes per layer, per-task
+overhead, a cost model for larger clusters, and bulk embedding of a file larger than memory.
+
+    python benchmarks/bench_distributed.py fit [--n 20000] [--k-max 2000] [--repeats 2]
+    python benchmarks/bench_distributed.py overhead [--tasks 2000]
+    python benchmarks/bench_distributed.py model --measured fit.json
+    python benchmarks/bench_distributed.py embed --rows 10000000 [--dir /tmp/mbn-bulk]
+
+``fit`` compares ``MBN.fit`` with ``n_jobs=2`` (threads) to the same fit inside ``use_dask`` on a
+LocalCluster of 2 single-threaded worker processes, alternating the two, and prints the time per
+layer and the bytes each layer moved; ``--json`` saves the measurements ``model`` extrapolates
+from. ``embed`` writes an n x 784 uint8 .npy chunk by chunk (MNIST rows with noise), trains a
+small bundle, runs ``mbn embed`` on it in a child process and reports its peak RSS and rows/s,
+then deletes the files. MNIST comes from ``bench_data.load_mnist()`` (``MBN_MNIST``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from bench_data import load_mnist
+
+from mbn_core import MBN
+from mbn_core.layers import Postings, smallest_uint
+
+
+def layer_timer():
+    """A callback recording when each layer's last clustering finished."""
+    marks: dict[int, float] = {}
+
+    def callback(layer: int, done: int, total: int) -> None:
+        if done == total:
+            marks[layer] = time.perf_counter()
+
+    return marks, callback
+
+
+def timed_fit(X, params, client=None):
+    from mbn_core.distributed import last_transfers, use_dask
+
+    marks, callback = layer_timer()
+    model = MBN(**params, callback=callback)
+    started = time.perf_counter()
+    if client is None:
+        model.fit(X)
+        transfers = []
+    else:
+        with use_dask(client):
+            model.fit(X)
+        transfers = last_transfers()
+    total = time.perf_counter() - started
+    edges = [started] + [marks[i] for i in range(len(model.ks_))]
+    layers = [b - a for a, b in itertools.pairwise(edges)]
+    return model, total, layers, transfers
+
+
+def cmd_fit(args) -> None:
+    from distributed import Client, LocalCluster
+
+    X = load_mnist()[0][: args.n]
+    params = {"n_clusterings": 400, "k_max": args.k_max, "random_state": 0}
+    ks = MBN(**params).layer_sizes(len(X))
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        # Warm-up: imports and numba's cached kernels in the driver and in both workers.
+        warm = {"n_clusterings": 8, "k_max": 200, "random_state": 0}
+        timed_fit(X[:2000], {**warm, "n_jobs": 2})
+        timed_fit(X[:2000], warm, client)
+        runs: dict[str, list] = {"local": [], "dask": []}
+        for _ in range(args.repeats):
+            for name in ("local", "dask"):
+                model, total, layers, transfers = timed_fit(
+                    X, {**params, "n_jobs": 2} if name == "local" else params,
+                    client if name == "dask" else None,
+                )  # fmt: skip
+                runs[name].append((total, layers, transfers))
+                print(f"{name}: {total:.1f} s", flush=True)
+        codes = model.encode(X, layer=0)
+    # The per-layer shared cost on a worker: the posting lists of layer 1 (single thread).
+    started = time.perf_counter()
+    postings = Postings.build(codes, codes, ks[0], centers_are_points=True)
+    postings_s = time.perf_counter() - started
+    postings_bytes = sum(
+        a.nbytes for a in (postings.rows, postings.start, postings.length, postings.segments,
+                           postings.neighbors) if a is not None
+    )  # fmt: skip
+
+    local_total = float(np.median([r[0] for r in runs["local"]]))
+    dask_total = float(np.median([r[0] for r in runs["dask"]]))
+    ratios = [d[0] / loc[0] for loc, d in zip(runs["local"], runs["dask"], strict=True)]
+    print(f"\nMNIST {len(X)} x 784, V=400, layers {'-'.join(map(str, ks))}, "
+          f"{args.repeats} runs each, alternating")  # fmt: skip
+    print(f"local n_jobs=2: median {local_total:.1f} s; LocalCluster 2x1: median "
+          f"{dask_total:.1f} s; ratio of medians {dask_total / local_total:.3f}; "
+          f"same-run ratios {', '.join(f'{r:.3f}' for r in ratios)}")  # fmt: skip
+    print(
+        "\n| layer | k | local s | dask s | input scattered (1 copy) | copies | codes back "
+        "| total moved | tasks |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    local_layers = np.median([r[1] for r in runs["local"]], axis=0)
+    dask_layers = np.median([r[1] for r in runs["dask"]], axis=0)
+    transfers = runs["dask"][-1][2]
+    for i, t in enumerate(transfers):
+        print(f"| {i} | {ks[i]} | {local_layers[i]:.1f} | {dask_layers[i]:.1f} | "
+              f"{mb(t.scattered_bytes)} | {t.n_workers} | {mb(t.gathered_bytes)} | "
+              f"{mb(t.total_bytes)} | {t.n_tasks} |")  # fmt: skip
+    print(f"\nposting lists of layer 1, one thread: {postings_s:.2f} s, {mb(postings_bytes)}")
+    if args.json:
+        measured = {
+            "n": len(X), "d": X.shape[1], "V": 400, "ks": ks,
+            "local_total_s": local_total, "dask_total_s": dask_total,
+            "local_layers_s": local_layers.tolist(), "dask_layers_s": dask_layers.tolist(),
+            "scattered_bytes": [t.scattered_bytes for t in transfers],
+            "gathered_bytes": [t.gathered_bytes for t in transfers],
+            "postings_s": postings_s, "postings_bytes": postings_bytes,
+        }  # fmt: skip
+        Path(args.json).write_text(json.dumps(measured, indent=1))
+
+
+def mb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB" if n < 1e9 else f"{n / 1e9:,.2f} GB"
+
+
+def noop(i: int) -> int:
+    return i
+
+
+def cmd_overhead(args) -> None:
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        client.gather(client.map(noop, range(100), pure=False))  # warm-up
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            client.gather(client.map(noop, range(args.tasks), pure=False))
+            times.append(time.perf_counter() - started)
+        per_task = float(np.median(times)) / args.tasks
+        # A whole MBN layer's fixed cost: scatter, tasks, gather, cache drop, on tiny data.
+        from mbn_core.distributed import use_dask
+
+        X = load_mnist()[0][:500]
+        layer_times = []
+        with use_dask(client, clusterings_per_task=1):
+            for _ in range(3):
+                model = MBN(n_clusterings=8, ks=[4] * 10, random_state=0)
+                started = time.perf_counter()
+                model.fit(X)
+                layer_times.append((time.perf_counter() - started) / 10)
+    print(f"no-op tasks: {args.tasks} in a batch, median of 3 batches: "
+          f"{per_task * 1e3:.2f} ms per task on 2 single-threaded workers")  # fmt: skip
+    print(f"a tiny MBN layer (8 tasks of 1 clustering on 500 rows): "
+          f"{np.median(layer_times) * 1e3:.0f} ms per layer")  # fmt: skip
+
+
+def cmd_model(args) -> None:
+    m = json.loads(Path(args.measured).read_text())
+    n0, d, V, ks = m["n"], m["d"], m["V"], m["ks"]
+    # Work per clustering, from the local fit on 2 threads: layer seconds x 2 threads / V.
+    work0 = [s * 2 / V for s in m["local_layers_s"]]
+    # The clusterings of a layer scale with n (k is capped by k_max, so the layer sizes and the
+    # per-row work do not change); the posting lists (built once per worker and upper layer,
+    # one thread) scale with n too.
+    print(f"Measured at n={n0:,}: bottom clustering {work0[0]:.3f} s, upper clusterings "
+          f"{sum(work0[1:]):.3f} s summed over {len(ks) - 1} layers; posting lists "
+          f"{m['postings_s']:.2f} s ({mb(m['postings_bytes'])}) per layer")  # fmt: skip
+    overhead_layer = args.layer_overhead
+    print(
+        "\n| rows | workers | wall time | per worker: memory | network per layer: to each "
+        "worker / driver in+out |"
+    )
+    print("|---|---|---|---|---|")
+    for n in (1_000_000, 10_000_000):
+        scale = n / n0
+        code_bytes = [n * V * np.dtype(smallest_uint(k - 1)).itemsize for k in ks]
+        for workers in (8, 32, 128):
+            wall = 0.0
+            for i, w in enumerate(work0):
+                waves = math.ceil(V / workers)  # whole clusterings per worker
+                build = m["postings_s"] * scale * (1 if i else 0)
+                # Bytes each worker receives this layer (the input) over a 10 Gbit/s NIC, and
+                # the driver's gather + one outgoing copy (the broadcast replicates peer to peer).
+                receive = (n * d if i == 0 else code_bytes[i - 1]) / args.bandwidth
+                driver = (code_bytes[i] + (code_bytes[i - 1] if i else n * d)) / args.bandwidth
+                wall += waves * w * scale + build + receive + driver + overhead_layer
+            x_bytes = n * d  # uint8 input, as MNIST ships
+            bottom_mem = x_bytes + n * (d + 1) * 4 + n * 8
+            upper_mem = max(code_bytes[:-1]) + m["postings_bytes"] * scale
+            memory = max(bottom_mem, upper_mem)
+            per_layer = max(code_bytes[:-1])
+            print(f"| {n:,} | {workers} | {wall / 60:,.1f} min | {mb(memory)} (bottom "
+                  f"{mb(bottom_mem)}, upper {mb(upper_mem)}) | {mb(x_bytes)} (layer 1), then "
+                  f"{mb(per_layer)} / {mb(2 * per_layer)} |")  # fmt: skip
+
+
+def cmd_embed(args) -> None:
+    from mbn_core.training import train_bundle
+
+    work = Path(args.dir)
+    work.mkdir(parents=True, exist_ok=True)
+    data = work / "rows.npy"
+    X, y = load_mnist()
+    try:
+        started = time.perf_counter()
+        out = np.lib.format.open_memmap(data, mode="w+", dtype=np.uint8, shape=(args.rows, 784))
+        rng = np.random.default_rng(0)
+        step = 100_000
+        for start in range(0, args.rows, step):
+            stop = min(start + step, args.rows)
+            rows = X[rng.integers(0, len(X), stop - start)].astype(np.int16)
+            rows += rng.integers(-8, 9, rows.shape, dtype=np.int16)
+            out[start:stop] = np.clip(rows, 0, 255).astype(np.uint8)
+            out.flush()
+        del out
+        print(f"wrote {data} ({mb(data.stat().st_size)}) in {time.perf_counter() - started:.0f} s")
+        bundle = work / "model"
+        if not bundle.exists():
+            train_bundle(X[:5000], bundle, name="mnist5k", y=y[:5000],
+                         params={"n_clusterings": 100, "k_max": 500, "max_epochs": 10})  # fmt: skip
+        command = [
+            sys.executable, "-m", "mbn_core.cli", "embed", str(bundle), str(data),
+            "--out", str(work / "embedding.npy"), "--threads", str(args.threads),
+            "--chunk-rows", str(args.chunk_rows),
+        ]  # fmt: skip
+        print("$ /usr/bin/time -v", " ".join(command[1:]), flush=True)
+        result = subprocess.run(
+            ["/usr/bin/time", "-v", *command], capture_output=True, text=True, check=True
+        )
+        print(result.stdout.strip())
+        for line in result.stderr.splitlines():
+            if "Maximum resident" in line or "Elapsed (wall" in line:
+                print(line.strip())
+        embedding = np.load(work / "embedding.npy", mmap_mode="r")
+        print(f"embedding {embedding.shape} {embedding.dtype}, finite: "
+              f"{bool(np.isfinite(embedding[:: max(1, args.rows // 1000)]).all())}")  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    fit = commands.add_parser("fit")
+    fit.add_argument("--n", type=int, default=20_000)
+    fit.add_argument("--k-max", type=int, default=2000)
+    fit.add_argument("--repeats", type=int, default=2)
+    fit.add_argument("--json", help="save the measurements for `model`")
+    overhead = commands.add_parser("overhead")
+    overhead.add_argument("--tasks", type=int, default=2000)
+    model = commands.add_parser("model")
+    model.add_argument("--measured", required=True)
+    model.add_argument("--bandwidth", type=float, default=1.25e9, help="bytes/s per NIC")
+    model.add_argument("--layer-overhead", type=float, default=0.1, help="s per layer")
+    embed = commands.add_parser("embed")
+    embed.add_argument("--rows", type=int, default=10_000_000)
+    embed.add_argument("--dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "mbn-bulk"))
+    embed.add_argument("--threads", type=int, default=2)
+    embed.add_argument("--chunk-rows", type=int, default=65_536)
+    args = parser.parse_args()
+    {"fit": cmd_fit, "overhead": cmd_overhead, "model": cmd_model, "embed": cmd_embed}[
+        args.command
+    ](args)
+
+
+if __name__ == "__main__":
+    main()

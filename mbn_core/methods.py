@@ -1,0 +1,281 @@
+"""The registry of embedding methods: what ``mbn train``, ``POST /train`` and bundles offer.
+
+A method is a scikit-learn transformer (its parameters declared in ``_parameter_constraints``)
+plus what the pipeline cannot guess about it:
+
+- how its fitted state becomes plain arrays for the bundle and back (``save`` / ``load``;
+  no pickle);
+- how its fast path is made: ``export`` turns the fitted estimator into an ONNX graph of its
+  own map, or, when ``export`` is None, a ``CompressiveMBN`` distils it into an MLP.
+
+Registering a method (``register``) is all it takes for the trainer, the bundle format, the
+CLI and the service to offer it: none of them names a method. The contract is written out in
+``docs/METHODS.md``. Built-in methods are the modules listed in ``BUILTIN_MODULES``; installed
+packages add theirs through the ``mbn.methods`` entry-point group (each entry point names a
+module that registers on import), and ``MBN_METHODS`` (comma-separated module names) imports
+more, e.g. a site's own method that is not packaged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Literal
+
+import numpy as np
+
+from mbn_core.params import Param, estimator_params
+
+log = logging.getLogger(__name__)
+
+# (fraction of the current phase in 0..1, what just finished) -> True to stop training.
+Reporter = Callable[[float, str], bool]
+
+ENTRY_POINT_GROUP = "mbn.methods"
+ENVIRONMENT_VARIABLE = "MBN_METHODS"
+DEFAULT_METHOD = "mbn"
+# Modules that register a built-in method when imported. A new method in mbn_core adds its
+# module here: that line is its whole registration.
+BUILTIN_MODULES: tuple[str, ...] = ("mbn_core.mbn_method",)
+# Parameters of the pipeline around every method (held-out fidelity rows, the clustering
+# head, the seed, threads). They are defined once, by CompressiveMBN, which implements them.
+PIPELINE_PARAMS = ("holdout_fraction", "n_clusters", "random_state", "n_jobs")
+# Of those, the ones an estimator may have too, meaning the same: it gets the job's value.
+SHARED_PARAMS = ("random_state", "n_jobs")
+# Training defaults that differ from the estimators': a reproducible seed.
+PIPELINE_DEFAULTS: dict[str, Any] = {"random_state": 0}
+# Parameters that are never training options: callbacks (no form can carry a function), the
+# distiller's teacher (the method itself) and its prefit flag.
+NOT_OPTIONS = frozenset({"callback", "teacher", "prefit"})
+_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+
+
+@dataclass(frozen=True)
+class Method:
+    """An embedding method the pipeline can train, bundle and serve.
+
+    Attributes
+    ----------
+    name : str
+        Lower-case identifier (``[a-z][a-z0-9_-]*``), recorded in bundle manifests and given
+        as ``method`` to ``mbn train`` and ``POST /train``.
+    estimator : type
+        A scikit-learn transformer class with ``_parameter_constraints`` covering every
+        ``__init__`` parameter and a numpydoc "Parameters" section (the help texts).
+        ``fit(X, y=None)`` takes dense float32 rows (and CSR when ``sparse``), ``transform``
+        returns the embedding.
+    summary : str
+        One line for ``--help`` and the documentation.
+    save : callable
+        ``save(fitted_estimator) -> dict[str, ndarray]``: every array exact ``transform``
+        needs. Names must not start with ``head.`` (the pipeline's own).
+    load : callable
+        ``load(arrays, params) -> fitted_estimator``: the inverse, given the estimator's
+        parameters as stored in the manifest. ValueError naming the array when one is
+        missing or inconsistent.
+    export : callable or None
+        ``export(fitted_estimator) -> onnx.ModelProto`` with input ``input`` (n, d) float32
+        and output ``embedding`` (n, c) float32: the method's own map as the fast path. None
+        distils the method into an MLP (``CompressiveMBN``), whose options then become
+        training options too.
+    defaults : mapping
+        Training defaults that differ from the estimator's own (e.g. a cap on cost).
+    track : callable or None
+        ``track(estimator, shape, report)``: make the unfitted estimator call
+        ``report(fraction, message)`` as it fits (fraction of its fit in 0..1) and stop
+        (raise ``mbn_core.TrainingStopped``) when ``report`` returns True. None: the
+        progress moves when the fit ends.
+    cost : callable or None
+        ``cost(estimator, shape) -> float``: expected fit cost in multiply-adds, to weigh
+        progress against the compressor's. None: half of the progress goes to the fit.
+    check_rows : callable or None
+        ``check_rows(estimator, n_samples)``: ValueError at once when the parameters cannot
+        work for that many rows (before a job is queued).
+    facts : callable or None
+        ``facts(fitted_estimator) -> dict``: JSON-able facts for the manifest's ``training``
+        section (e.g. layer sizes).
+    sparse : bool
+        Whether the estimator accepts scipy CSR input.
+    module : str
+        The module that registered the method (training processes import it); set by
+        ``register``.
+    """
+
+    name: str
+    estimator: type
+    summary: str
+    save: Callable[[Any], dict[str, np.ndarray]]
+    load: Callable[[dict[str, np.ndarray], dict[str, Any]], Any]
+    export: Callable[[Any], Any] | None = None
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    track: Callable[[Any, tuple[int, int], Reporter], None] | None = None
+    cost: Callable[[Any, tuple[int, int]], float] | None = None
+    check_rows: Callable[[Any, int], None] | None = None
+    facts: Callable[[Any], dict[str, Any]] | None = None
+    sparse: bool = False
+    module: str = ""
+
+    @property
+    def constraints(self) -> dict[str, list[Any]]:
+        """The estimator's ``_parameter_constraints``."""
+        return self.estimator._parameter_constraints  # type: ignore[attr-defined]
+
+    @property
+    def fast_path(self) -> Literal["exported", "distilled"]:
+        """``"exported"`` (the method's own ONNX graph) or ``"distilled"`` (an MLP)."""
+        return "distilled" if self.export is None else "exported"
+
+    def params(self) -> list[Param]:
+        """The method's own training options (without the pipeline's), in signature order."""
+        return [
+            param
+            for param in estimator_params(
+                self.estimator, exclude=NOT_OPTIONS, defaults=dict(self.defaults)
+            )
+            if param.name not in SHARED_PARAMS
+        ]
+
+    def fast_path_params(self) -> list[Param]:
+        """Options of the distilled compressor (none for an exported fast path)."""
+        if self.export is not None:
+            return []
+        from mbn_core.compress import CompressiveMBN
+
+        return [
+            param
+            for param in estimator_params(CompressiveMBN, exclude=NOT_OPTIONS)
+            if param.name not in PIPELINE_PARAMS
+        ]
+
+    def option_groups(self) -> dict[str, list[Param]]:
+        """Every training option, by group: the method's, the compressor's, the pipeline's."""
+        groups = {self.name: self.params(), "compressor": self.fast_path_params()}
+        groups["pipeline"] = pipeline_params()
+        return {group: params for group, params in groups.items() if params}
+
+    def options(self) -> list[Param]:
+        """Every training option of this method, flat."""
+        return [param for params in self.option_groups().values() for param in params]
+
+
+def pipeline_params() -> list[Param]:
+    """The options every method shares (``PIPELINE_PARAMS``), as CompressiveMBN defines them."""
+    from mbn_core.compress import CompressiveMBN
+
+    by_name = {
+        param.name: param
+        for param in estimator_params(
+            CompressiveMBN, exclude=NOT_OPTIONS, defaults=PIPELINE_DEFAULTS
+        )
+    }
+    return [by_name[name] for name in PIPELINE_PARAMS]
+
+
+# ---------------------------------------------------------------------- the registry
+
+_registry: dict[str, Method] = {}
+_lock = threading.RLock()
+_discovered = False
+
+
+def register(method: Method, *, replace: bool = False) -> Method:
+    """Add ``method`` to the registry and return it (with ``module`` filled in).
+
+    Raises
+    ------
+    ValueError
+        A bad name, a name already registered (unless ``replace``), or an option that
+        clashes with the pipeline's or the compressor's.
+    TypeError
+        An estimator parameter without constraints.
+    """
+    if not _NAME.fullmatch(method.name):
+        raise ValueError(f"method name {method.name!r} must match {_NAME.pattern}")
+    if not method.module:
+        # The module that registers is the one a fresh process must import to know it.
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        method = dataclasses.replace(method, module=caller)
+    own = {param.name for param in method.params()}
+    clash = own & {param.name for param in (*method.fast_path_params(), *pipeline_params())}
+    clash -= set(SHARED_PARAMS)
+    if clash:
+        raise ValueError(
+            f"method {method.name!r}: parameters {sorted(clash)} clash with the pipeline's "
+            "or the compressor's options; rename them"
+        )
+    with _lock:
+        if method.name in _registry and not replace and _registry[method.name] != method:
+            raise ValueError(f"a method named {method.name!r} is already registered")
+        _registry[method.name] = method
+    return method
+
+
+def unregister(name: str) -> None:
+    """Remove a method (tests register throw-away ones)."""
+    with _lock:
+        _registry.pop(name, None)
+
+
+def get_method(name: str) -> Method:
+    """The registered method ``name``; ValueError listing the known ones otherwise."""
+    _discover()
+    with _lock:
+        method = _registry.get(name)
+        known = sorted(_registry)
+    if method is None:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(known)}")
+    return method
+
+
+def method_names() -> list[str]:
+    """Names of every registered method, sorted (the default first)."""
+    _discover()
+    with _lock:
+        names = sorted(_registry)
+    return sorted(names, key=lambda name: name != DEFAULT_METHOD)
+
+
+def method_of(estimator: Any) -> Method:
+    """The registered method whose estimator class ``estimator`` is an instance of."""
+    _discover()
+    with _lock:
+        for method in _registry.values():
+            if type(estimator) is method.estimator:
+                return method
+    raise ValueError(f"no registered method trains {type(estimator).__name__}")
+
+
+def _discover() -> None:
+    """Import the built-in modules and the installed plug-ins once."""
+    global _discovered
+    if _discovered:
+        return
+    with _lock:
+        if _discovered:
+            return
+        for module in BUILTIN_MODULES:
+            importlib.import_module(module)
+        extra = os.environ.get(ENVIRONMENT_VARIABLE, "")
+        for module in filter(None, (part.strip() for part in extra.split(","))):
+            importlib.import_module(module)  # asked for by name: failing loudly is right
+        for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                importlib.import_module(entry.value.split(":")[0])
+            except Exception:  # a broken plug-in must not take the built-in methods down
+                log.exception("method plug-in %s could not be loaded", entry.value)
+        _discovered = True
+
+
+def registered_modules() -> list[str]:
+    """Modules that registered the known methods (what a fresh process must import)."""
+    _discover()
+    with _lock:
+        return sorted({method.module for method in _registry.values()})

@@ -1,0 +1,106 @@
+"""Algorithm 1 (independent-set coarsening) and the eq. (5) coarse graph, property-tested."""
+
+import numpy as np
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.sparse.csgraph import connected_components
+
+from mbn_core import _coarsen, _multilevel
+
+
+@st.composite
+def connected_graphs(draw):
+    """A random tree (always connected) plus random extra edges, with Euclidean lengths."""
+    n = draw(st.integers(2, 40))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.RandomState(seed)
+    parents = [int(rng.randint(i)) for i in range(1, n)]
+    n_extra = draw(st.integers(0, 3 * n))
+    rows = list(range(1, n)) + list(rng.randint(n, size=n_extra))
+    cols = parents + list(rng.randint(n, size=n_extra))
+    points = rng.normal(size=(n, 3))
+    return _graph(points, rows, cols), points
+
+
+def _graph(points, rows, cols):
+    rows, cols = np.asarray(rows), np.asarray(cols)
+    keep = rows != cols
+    rows, cols = rows[keep], cols[keep]
+    lengths = np.linalg.norm(points[rows] - points[cols], axis=1)
+    n = len(points)
+    graph = sp.csr_matrix((lengths, (rows, cols)), shape=(n, n))
+    graph = graph.maximum(graph.T).tocsr()
+    graph.sort_indices()
+    return graph
+
+
+def _states(graph, order, seed=0):
+    return _multilevel.independent_set(graph, order, np.random.RandomState(seed))
+
+
+@settings(max_examples=60, deadline=None)
+@given(connected_graphs(), st.sampled_from(["fixed", "random"]))
+def test_coarse_set_is_maximal_independent_and_keeps_the_graph_connected(case, order):
+    graph, _ = case
+    state = _states(graph, order)
+    coarse = state == _coarsen.COARSE
+    assert set(np.unique(state)) <= {_coarsen.COARSE, _coarsen.FINE}
+    adjacency = (graph != 0).astype(int)
+    # Independent: no edge joins two coarse vertices.
+    assert adjacency[coarse][:, coarse].nnz == 0
+    # Maximal: every fine vertex has a coarse neighbour.
+    assert np.all(np.asarray(adjacency[~coarse][:, coarse].sum(axis=1)).ravel() > 0)
+    indptr, indices, lengths = _coarsen.coarse_graph(
+        graph.indptr.astype(np.int64), graph.indices.astype(np.int64), graph.data, state
+    )
+    n_coarse = int(coarse.sum())
+    coarse_graph = sp.csr_matrix((lengths, indices, indptr), shape=(n_coarse, n_coarse))
+    assert connected_components(coarse_graph, directed=False)[0] == 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(connected_graphs())
+def test_coarse_lengths_are_the_shortest_two_hop_paths(case):
+    graph, points = case
+    state = _states(graph, "random", seed=3)
+    indptr, indices, lengths = _coarsen.coarse_graph(
+        graph.indptr.astype(np.int64), graph.indices.astype(np.int64), graph.data, state
+    )
+    coarse = np.flatnonzero(state == _coarsen.COARSE)
+    dense = graph.toarray()
+    expected = {}
+    for a, i in enumerate(coarse):
+        for b, k in enumerate(coarse):
+            both = np.flatnonzero(dense[i] * dense[:, k])
+            via = dense[i, both] + dense[both, k]
+            if i != k and len(via):
+                expected[(a, b)] = via.min()
+    found = {}
+    for a in range(len(coarse)):
+        for slot in range(indptr[a], indptr[a + 1]):
+            found[(a, int(indices[slot]))] = lengths[slot]
+        assert np.all(np.diff(indices[indptr[a] : indptr[a + 1]]) > 0)
+    assert found.keys() == expected.keys()
+    for (a, b), length in found.items():
+        assert np.isclose(length, expected[(a, b)])
+        # Triangle inequality: a 2-hop path is never shorter than the straight line.
+        assert length >= np.linalg.norm(points[coarse[a]] - points[coarse[b]]) - 1e-12
+
+
+def test_fixed_order_is_deterministic_and_random_order_follows_the_seed():
+    rng = np.random.RandomState(0)
+    points = rng.normal(size=(200, 2))
+    rows = np.repeat(np.arange(200), 5)
+    cols = np.argsort(((points[:, None] - points[None]) ** 2).sum(-1), axis=1)[:, 1:6].ravel()
+    graph = _graph(points, rows, cols)
+    assert np.array_equal(_states(graph, "fixed", 1), _states(graph, "fixed", 2))
+    assert np.array_equal(_states(graph, "random", 7), _states(graph, "random", 7))
+    assert not np.array_equal(_states(graph, "random", 7), _states(graph, "random", 8))
+
+
+def test_fixed_order_starts_at_vertex_zero_and_expands_the_smallest_index():
+    # Path 0-1-2-3-4: 0 coarse, 1 fine, then 2 (smallest queued) coarse, 3 fine, 4 coarse.
+    points = np.arange(5.0)[:, None]
+    graph = _graph(points, [0, 1, 2, 3], [1, 2, 3, 4])
+    assert list(_states(graph, "fixed")) == [1, 2, 1, 2, 1]

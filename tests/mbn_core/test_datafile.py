@@ -1,0 +1,83 @@
+"""Shapes of data files from their headers: agree with what loading finds, refuse lies."""
+
+import io
+import zipfile
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from mbn_core.datafile import DataShape, peek_data_file
+from mbn_core.training import load_training_data
+
+
+def header_only(shape, dtype="<f8"):
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buffer, {"descr": dtype, "fortran_order": False, "shape": shape}
+    )
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_npy(tmp_path, order):
+    x = np.asfortranarray(np.ones((7, 3))) if order == "F" else np.ones((7, 3))
+    np.save(tmp_path / "d.npy", x)
+    assert peek_data_file(tmp_path / "d.npy") == DataShape(7, 3, 7 * 3 * 8)
+    assert load_training_data(tmp_path / "d.npy")[0].shape == (7, 3)
+
+
+def test_npz_with_labels(tmp_path):
+    np.savez_compressed(tmp_path / "d.npz", x=np.ones((5, 2), np.float32), y=np.arange(5))
+    shape = peek_data_file(tmp_path / "d.npz")
+    assert (shape.n_rows, shape.n_features, shape.has_labels) == (5, 2, True)
+    assert shape.data_bytes == 5 * 2 * 4 + 5 * 8
+
+
+def test_sparse_npz(tmp_path):
+    sp.save_npz(tmp_path / "s.npz", sp.random(9, 4, density=0.5, format="csr", random_state=0))
+    shape = peek_data_file(tmp_path / "s.npz")
+    assert (shape.n_rows, shape.n_features, shape.sparse) == (9, 4, True)
+
+
+def test_csv_with_and_without_header(tmp_path):
+    (tmp_path / "a.csv").write_text("a,b,c\n1,2,3\n\n4,5,6\n7,8,9")
+    (tmp_path / "b.csv").write_text("1,2\n3,4\n")
+    with_header = peek_data_file(tmp_path / "a.csv")
+    assert (with_header.n_rows, with_header.n_features) == (3, 3)
+    assert peek_data_file(tmp_path / "b.csv").n_rows == 2
+
+
+def test_header_claiming_more_than_the_file_holds(tmp_path):
+    (tmp_path / "d.npy").write_bytes(header_only((10**9, 64)) + bytes(1024))
+    with pytest.raises(ValueError, match=r"claims shape \(1000000000, 64\).*holds 1152 bytes"):
+        peek_data_file(tmp_path / "d.npy")
+    # The loader checks the same before numpy allocates anything.
+    with pytest.raises(ValueError, match="claims shape"):
+        load_training_data(tmp_path / "d.npy")
+
+
+def test_npz_member_whose_declared_size_disagrees_with_its_header(tmp_path):
+    # An x.npy member that claims a shape its (declared, decompressed) size cannot hold.
+    with zipfile.ZipFile(tmp_path / "d.npz", "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("x.npy", header_only((10**8, 100)) + bytes(4096))
+    with pytest.raises(ValueError, match=r"member 'x\.npy'.*claims shape"):
+        peek_data_file(tmp_path / "d.npz")
+
+
+def test_objects_and_non_numbers_are_refused(tmp_path):
+    np.save(tmp_path / "o.npy", np.array([[{"a": 1}]], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="Python objects"):
+        peek_data_file(tmp_path / "o.npy")
+    np.save(tmp_path / "s.npy", np.array([["a", "b"]]))
+    with pytest.raises(ValueError, match="expected numbers"):
+        peek_data_file(tmp_path / "s.npy")
+
+
+def test_not_2d_and_unknown_suffix(tmp_path):
+    np.save(tmp_path / "v.npy", np.arange(4.0))
+    with pytest.raises(ValueError, match="2-D"):
+        peek_data_file(tmp_path / "v.npy")
+    (tmp_path / "d.txt").write_text("1")
+    with pytest.raises(ValueError, match="unsupported format"):
+        peek_data_file(tmp_path / "d.txt")

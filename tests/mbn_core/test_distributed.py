@@ -1,0 +1,178 @@
+"""MBN fitted on a real Dask LocalCluster of worker processes (mbn_core/distributed.py)."""
+
+import os
+import signal
+import socket
+import sys
+import threading
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.datasets import load_digits
+
+distributed = pytest.importorskip("distributed")
+
+from mbn_core import MBN, TrainingStopped, cli, model_to_arrays  # noqa: E402
+from mbn_core import distributed as mbn_distributed  # noqa: E402
+from mbn_core.bundle import EXACT_FILE  # noqa: E402
+from mbn_core.distributed import SchedulerUnreachable, last_transfers, use_dask  # noqa: E402
+
+PARAMS = {"n_clusterings": 24, "random_state": 7}
+
+
+@pytest.fixture(scope="module")
+def digits():
+    X, _ = load_digits(return_X_y=True)
+    return X[:500]
+
+
+@pytest.fixture
+def client(dask_client):
+    return dask_client
+
+
+def assert_same_model(a: MBN, b: MBN) -> None:
+    arrays_a, arrays_b = model_to_arrays(a), model_to_arrays(b)
+    assert arrays_a.keys() == arrays_b.keys()
+    for name in arrays_a:
+        assert arrays_a[name].dtype == arrays_b[name].dtype, name
+        np.testing.assert_array_equal(arrays_a[name], arrays_b[name], err_msg=name)
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse-cosine"])
+def test_fit_on_cluster_is_bit_identical_to_local_fit(client, digits, sparse):
+    X = sp.csr_matrix(digits) if sparse else digits
+    params = {**PARAMS, "metric": "cosine" if sparse else "euclidean"}
+    local = MBN(**params, n_jobs=2)
+    expected = local.fit_transform(X)
+    remote = MBN(**params)
+    with use_dask(client):
+        embedding = remote.fit_transform(X)
+    assert_same_model(local, remote)
+    np.testing.assert_array_equal(embedding, expected)
+    np.testing.assert_array_equal(remote.transform(X[:50]), expected[:50])
+
+
+def test_each_worker_gets_a_layer_once_and_codes_come_back_compact(client, digits):
+    model = MBN(**PARAMS)
+    with use_dask(client, clusterings_per_task=3):
+        model.fit(digits)
+    transfers = last_transfers()
+    assert [t.layer for t in transfers] == list(range(len(model.ks_)))
+    for transfer, k in zip(transfers, model.ks_, strict=True):
+        assert transfer.n_tasks == 8  # 24 clusterings, 3 per task, on 2 workers
+        # Codes: one byte per point and clustering (k <= 256), nothing else.
+        assert k <= 256
+        assert transfer.gathered_bytes == len(digits) * PARAMS["n_clusterings"]
+    # The bottom layer ships the digits as uint8 (they are whole numbers), not float64.
+    # (in float32 alone they would be digits.nbytes / 2; the centers and norms ride along)
+    assert transfers[0].scattered_bytes < digits.nbytes / 2
+    # Every worker built each layer's shared arrays once, though it ran several tasks.
+    builds = client.run(lambda: dict(mbn_distributed.builds))
+    for counts in builds.values():
+        assert set(counts.values()) <= {1}
+    layers_built = sum(len(counts) for counts in builds.values())
+    assert layers_built >= len(model.ks_)
+
+
+def test_callback_stops_a_distributed_fit_and_its_tasks(client, digits):
+    model = MBN(**PARAMS, callback=lambda layer, done, total: layer == 1 and done == 2)
+    with use_dask(client, clusterings_per_task=1), pytest.raises(TrainingStopped, match="layer 1"):
+        model.fit(digits)
+    assert not hasattr(model, "top_")
+
+    def tasks_left(dask_scheduler) -> int:
+        return len(dask_scheduler.tasks)
+
+    # The cancelled tasks and the scattered layer input are released on the scheduler.
+    event = threading.Event()
+    while client.run_on_scheduler(tasks_left) and not event.wait(0.1):
+        pass
+    assert client.run_on_scheduler(tasks_left) == 0
+
+
+def test_unreachable_scheduler_is_a_clear_error_before_any_work():
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    called = []
+    model = MBN(**PARAMS, callback=lambda *args: called.append(args))
+    with (
+        pytest.raises(SchedulerUnreachable, match=f"tcp://127.0.0.1:{port}"),
+        use_dask(f"tcp://127.0.0.1:{port}", timeout=1),
+    ):
+        model.fit(np.zeros((10, 3)))
+    assert called == []
+
+
+def test_missing_dask_names_the_extra_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "distributed", None)  # what an absent package looks like
+    with pytest.raises(ImportError, match=r"mbn\[distributed\]"):
+        mbn_distributed.connect("tcp://127.0.0.1:8786")
+
+
+def test_killed_worker_mid_layer_does_not_change_the_model(client, digits):
+    # The nanny restarts the killed worker; later tests wait for it (wait_for_workers).
+    pids = client.run(os.getpid)
+    victim = sorted(pids.values())[0]
+    killed_at: list[tuple[int, int, int]] = []
+
+    def kill_once(layer: int, done: int, total: int) -> None:
+        if layer == 0 and not killed_at:
+            os.kill(victim, signal.SIGKILL)
+            killed_at.append((layer, done, total))
+
+    expected = MBN(**PARAMS, n_jobs=2).fit(digits)
+    model = MBN(**PARAMS, callback=kill_once)
+    with use_dask(client, clusterings_per_task=1):
+        model.fit(digits)
+    _, done, total = killed_at[0]
+    assert done < total  # the layer still had clusterings to run when the worker died
+    with pytest.raises(ProcessLookupError):
+        os.kill(victim, 0)
+    model.set_params(callback=None)
+    assert_same_model(model, expected)
+    client.wait_for_workers(2)
+
+
+# ---------------------------------------------------------------------- mbn train --scheduler
+
+TRAIN_SMALL = [
+    "--n-clusterings", "20", "--k1", "0.1", "--hidden-layer-sizes", "16", "--max-epochs", "2",
+    "--quiet",
+]  # fmt: skip
+
+
+def test_mbn_train_on_the_cluster_writes_the_local_model(client, tmp_path, monkeypatch, capsys):
+    X, y = load_digits(return_X_y=True)
+    np.savez(tmp_path / "digits.npz", x=X[:400], y=y[:400])
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "digits.npz", "--out", "local", *TRAIN_SMALL]) == 0
+    address = client.scheduler.address
+    argv = ["train", "digits.npz", "--out", "remote", "--scheduler", address, *TRAIN_SMALL]
+    assert cli.main(argv) == 0
+    assert f"on the Dask cluster at {address}" in capsys.readouterr().out
+    with np.load(f"local/{EXACT_FILE}") as local, np.load(f"remote/{EXACT_FILE}") as remote:
+        assert local.files == remote.files
+        for name in local.files:
+            np.testing.assert_array_equal(local[name], remote[name], err_msg=name)
+
+
+def test_mbn_train_with_an_unreachable_scheduler_fails_before_work(tmp_path, monkeypatch, capsys):
+    X, _ = load_digits(return_X_y=True)
+    np.save(tmp_path / "digits.npy", X)
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = ["train", "digits.npy", "--out", "m", "--scheduler", f"tcp://127.0.0.1:{port}",
+            "--connect-timeout", "1"]  # fmt: skip
+    assert cli.main(argv) == cli.EXIT_USAGE
+    captured = capsys.readouterr()
+    assert captured.out == ""  # not even "Training on ...": the data was never read
+    [line] = captured.err.strip().splitlines()
+    assert line.startswith(
+        f"mbn train: error: cannot reach the Dask scheduler at 'tcp://127.0.0.1:{port}' within 1 s"
+    )
+    assert not (tmp_path / "m").exists()

@@ -1,0 +1,150 @@
+"""The method registry: a method plugs in by registering, with no change to the trainer, the
+bundle code or the CLI (``toy_method`` registers two, one exported and one distilled)."""
+
+import json
+
+import numpy as np
+import pytest
+import toy_method
+from sklearn.datasets import load_digits
+
+from mbn_core import cli
+from mbn_core.bundle import load_bundle
+from mbn_core.methods import (
+    Method,
+    get_method,
+    method_names,
+    register,
+    unregister,
+)
+from mbn_core.training import TrainingParams, train_bundle
+
+
+@pytest.fixture(scope="module")
+def digits():
+    X, y = load_digits(return_X_y=True)
+    return X[:1200], y[:1200], X[1200:]  # the last 597 rows are new to every model
+
+
+def test_registered_methods_are_listed():
+    names = method_names()
+    assert names[0] == "mbn"
+    assert {"toy-exported", "toy-distilled"} <= set(names)
+    assert get_method("toy-exported").fast_path == "exported"
+    assert get_method("toy-distilled").fast_path == "distilled"
+    assert get_method("mbn").fast_path == "distilled"
+
+
+def test_options_come_from_the_estimators():
+    exported = [p.name for p in get_method("toy-exported").options()]
+    assert exported == ["n_components", "whiten", "holdout_fraction", "n_clusters",
+                        "random_state", "n_jobs"]  # fmt: skip
+    distilled = {p.name: p for p in get_method("toy-distilled").options()}
+    assert "hidden_layer_sizes" in distilled and "n_clusterings" not in distilled
+    assert distilled["n_components"].default == 3  # the method's declared training default
+    assert distilled["n_components"].help == "Dimension of the embedding."
+
+
+def test_params_are_checked_per_method():
+    with pytest.raises(ValueError, match="unknown training parameter 'n_clusterings' for method"):
+        TrainingParams.from_dict({"method": "toy-exported", "n_clusterings": 5})
+    with pytest.raises(ValueError, match="unknown training parameter 'max_epochs'"):
+        TrainingParams.from_dict({"method": "toy-exported", "max_epochs": 5})
+    with pytest.raises(ValueError, match="whiten"):
+        TrainingParams.from_dict({"method": "toy-exported", "whiten": 1})
+    params = TrainingParams.from_dict({"method": "toy-exported", "whiten": True})
+    assert params.to_dict()["method"] == "toy-exported"
+    assert TrainingParams.from_dict(json.loads(json.dumps(params.to_dict()))) == params
+
+
+def test_a_clashing_or_misnamed_method_is_refused():
+    base = get_method("toy-exported")
+    with pytest.raises(ValueError, match="must match"):
+        register(Method(name="Bad Name", estimator=base.estimator, summary="", save=base.save,
+                        load=base.load))  # fmt: skip
+    with pytest.raises(ValueError, match="already registered"):
+        register(Method(name="toy-exported", estimator=base.estimator, summary="other",
+                        save=base.save, load=base.load))  # fmt: skip
+
+    class Clashing(toy_method.ToyProjection):
+        """Clashes with the pipeline.
+
+        Parameters
+        ----------
+        n_clusters : int, default=2
+            Clashes.
+        """
+
+        _parameter_constraints = {"n_clusters": [int]}
+
+        def __init__(self, n_clusters=2):
+            self.n_clusters = n_clusters
+
+    with pytest.raises(ValueError, match=r"\['n_clusters'\] clash"):
+        register(Method(name="clash", estimator=Clashing, summary="", save=base.save,
+                        load=base.load))  # fmt: skip
+    unregister("clash")
+    with pytest.raises(ValueError, match="unknown method 'clash'"):
+        get_method("clash")
+
+
+def test_exported_method_trains_bundles_and_serves_both_paths(digits, tmp_path):
+    X, y, new = digits
+    path = train_bundle(
+        X, tmp_path / "toy", name="toy", y=y,
+        params={"method": "toy-exported", "n_components": 4, "n_clusters": 5},
+    )  # fmt: skip
+    bundle = load_bundle(path)
+    manifest = bundle.manifest
+    assert (manifest["method"], manifest["fast_path"]) == ("toy-exported", "exported")
+    assert set(manifest["hyperparameters"]) == {"toy-exported", "pipeline"}
+    assert manifest["hyperparameters"]["toy-exported"]["n_components"] == 4
+    assert manifest["training"]["toy_axes"] == 4
+    # The exact map is the fast path: they agree to float32 rounding on rows never seen.
+    exact, fast = bundle.embed(new, mode="exact"), bundle.embed(new)
+    np.testing.assert_allclose(fast, exact, rtol=1e-4, atol=1e-3)
+    assert manifest["fidelity"]["r2"] > 0.9999
+    assert manifest["fidelity"]["n_holdout"] == 120  # holdout_fraction 0.1 of 1200 rows
+    np.testing.assert_array_equal(
+        bundle.predict_clusters(new[:50]), bundle.predict_clusters(new[:50], mode="exact")
+    )
+    assert manifest["training"]["n_fit_samples"] == 1080
+
+
+def test_distilled_method_gets_a_compressor(digits, tmp_path):
+    X, y, new = digits
+    path = train_bundle(
+        X, tmp_path / "toy", name="toy", y=y,
+        params={"method": "toy-distilled", "hidden_layer_sizes": [32], "max_epochs": 30},
+    )  # fmt: skip
+    bundle = load_bundle(path)
+    assert bundle.manifest["fast_path"] == "distilled"
+    assert bundle.manifest["hyperparameters"]["compressor"]["hidden_layer_sizes"] == [32]
+    assert bundle.output_dim == 3
+    exact = bundle.embed(new, mode="exact")
+    expected = (new - bundle.exact_model().mean_) @ bundle.exact_model().components_.T
+    np.testing.assert_allclose(exact, expected, rtol=1e-5, atol=1e-4)
+    # The MLP follows the map on new rows (answering the mean would leave a residual of 1).
+    fast = bundle.embed(new)
+    residual = np.sum((fast - exact) ** 2) / np.sum((exact - exact.mean(axis=0)) ** 2)
+    assert residual < 0.3
+
+
+def test_cli_trains_and_embeds_with_a_registered_method(digits, tmp_path, monkeypatch, capsys):
+    X, y, new = digits
+    monkeypatch.chdir(tmp_path)
+    np.savez("train.npz", x=X, y=y)
+    np.save("new.npy", new)
+    assert cli.main(["train", "train.npz", "--out", "m", "--method", "toy-exported",
+                     "--n-components", "3", "--whiten", "true", "--quiet"]) == 0  # fmt: skip
+    assert "method:      toy-exported (fast path: exported)" in capsys.readouterr().out
+    assert load_bundle(tmp_path / "m").manifest["hyperparameters"]["toy-exported"] == {
+        "n_components": 3, "whiten": True, "random_state": 0,
+    }  # fmt: skip
+    assert cli.main(["embed", "m", "new.npy", "--out", "e.npy"]) == 0
+    assert np.load("e.npy").shape == (len(new), 3)
+    # Options of another method are not options of this one.
+    with pytest.raises(SystemExit):
+        cli.main(["train", "train.npz", "--out", "m2", "--method", "toy-exported",
+                  "--n-clusterings", "5"])  # fmt: skip
+    assert "unrecognized arguments: --n-clusterings" in capsys.readouterr().err

@@ -1,0 +1,68 @@
+"""Exact, batch-independent k-NN and the connected k-NN graph (the paper's footnote 4)."""
+
+import numpy as np
+from scipy.sparse.csgraph import connected_components
+
+from mbn_core.neighbors import exact_kneighbors, knn_graph
+
+
+def _brute(reference, queries, k):
+    distances = np.sqrt(((queries[:, None, :] - reference[None]) ** 2).sum(-1))
+    order = np.lexsort((np.broadcast_to(np.arange(len(reference)), distances.shape), distances))
+    order = order[:, :k]
+    return np.take_along_axis(distances, order, axis=1), order
+
+
+def test_matches_brute_force_with_ties_broken_by_index():
+    rng = np.random.RandomState(0)
+    # Integer grid points: many exactly tied distances.
+    reference = rng.randint(0, 4, size=(300, 3)).astype(float)
+    queries = rng.randint(0, 4, size=(50, 3)).astype(float) + 0.5
+    distances, indices = exact_kneighbors(reference, queries, 12)
+    expected_d, expected_i = _brute(reference, queries, 12)
+    np.testing.assert_allclose(distances, expected_d, rtol=1e-12)
+    assert np.array_equal(indices, expected_i)
+
+
+def test_batch_independent_bit_for_bit():
+    rng = np.random.RandomState(1)
+    reference = rng.normal(size=(500, 30)) * 100
+    queries = rng.normal(size=(40, 30)) * 100
+    distances, indices = exact_kneighbors(reference, queries, 7)
+    for row in (0, 17, 39):
+        d1, i1 = exact_kneighbors(reference, queries[row : row + 1], 7)
+        assert np.array_equal(d1[0], distances[row])
+        assert np.array_equal(i1[0], indices[row])
+
+
+def test_exclude_self_skips_each_row_itself():
+    rng = np.random.RandomState(2)
+    X = rng.normal(size=(60, 4))
+    _, indices = exact_kneighbors(X, X, 5, exclude_self=True)
+    assert not np.any(indices == np.arange(60)[:, None])
+    _, expected = _brute(X, X, 6)
+    assert np.array_equal(indices, expected[:, 1:])
+
+
+def test_disconnected_graph_gets_the_shortest_edge_between_components():
+    rng = np.random.RandomState(3)
+    left = rng.normal(size=(30, 2))
+    right = rng.normal(size=(30, 2)) + np.array([50.0, 0.0])
+    X = np.vstack([left, right])
+    graph = knn_graph(X, 4)
+    assert connected_components(graph, directed=False)[0] == 1
+    between = graph[:30][:, 30:].tocoo()
+    gaps = np.linalg.norm(left[:, None] - right[None], axis=-1)
+    i, j = np.unravel_index(np.argmin(gaps), gaps.shape)
+    # Exactly one edge (both directions) was added: the closest pair of the two blobs.
+    assert between.nnz == 1
+    assert (between.row[0], between.col[0]) == (i, j)
+    assert np.isclose(between.data[0], gaps[i, j])
+    assert np.allclose((graph - graph.T).data, 0)
+
+
+def test_duplicate_rows_keep_their_edges():
+    X = np.array([[0.0, 0], [0, 0], [1, 0], [2, 0], [3, 0]])
+    graph = knn_graph(X, 1)
+    assert graph[0, 1] > 0 and graph[1, 0] > 0
+    assert connected_components(graph, directed=False)[0] == 1

@@ -1,0 +1,183 @@
+"""Requests an attacker would send, over real HTTP to ``mbn serve``: each one is a clear 4xx,
+never a 500, and the connection stays usable (a 500 made uvicorn drop it without saying so).
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from servicetest import FAST_JOBS_ENV, TINY_PARAMS, Server, assert_error
+
+ROW = [0.0] * 64
+TRAIN_BYTES = 64 << 20
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, write_bundle: Callable[..., Path]
+) -> Iterator[Server]:
+    data_dir = tmp_path_factory.mktemp("hostile")
+    write_bundle(data_dir / "models", "m-digits", "digits")
+    env = {
+        **FAST_JOBS_ENV,
+        "MBN_DATA_DIR": str(data_dir),
+        "MBN_DEMO_MODEL": "false",
+        "MBN_EMBEDDED_WORKER": "false",
+        "MBN_MAX_TRAIN_BYTES": str(TRAIN_BYTES),
+    }
+    srv = Server(env, data_dir / "server.log").start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        assert "Traceback" not in srv.log_path.read_text(), srv.log_tail()
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[httpx.Client]:
+    with server.client() as client:
+        yield client
+
+
+def _post_raw(client: httpx.Client, path: str, body: bytes) -> httpx.Response:
+    return client.post(path, content=body, headers={"content-type": "application/json"})
+
+
+def _twice_on_one_connection(server: Server, body: bytes) -> tuple[int, dict]:
+    """POST ``body`` to /embed, then a valid request on the same connection: the first
+    answer's status and error, after checking that the connection was kept (an unhandled
+    error made uvicorn drop it without a ``Connection: close``)."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        headers = {"content-type": "application/json"}
+        connection.request("POST", "/embed", body=body, headers=headers)
+        first = connection.getresponse()
+        status, error = first.status, json.loads(first.read())
+        assert not first.will_close, first.getheaders()
+        connection.request("POST", "/embed", body=json.dumps({"inputs": [ROW]}), headers=headers)
+        second = connection.getresponse()
+        assert second.status == 200, second.read()
+        second.read()
+    finally:
+        connection.close()
+    return status, error
+
+
+@pytest.mark.parametrize("depth", [100, 990, 5000, 100_000])
+def test_deeply_nested_json_is_a_422(server: Server, depth: int) -> None:
+    body = b'{"inputs": ' + b"[" * depth + b"]" * depth + b"}"
+    status, error = _twice_on_one_connection(server, body)
+    assert status == 422 and error["error"]["type"] == "invalid_input", error
+
+
+@pytest.mark.parametrize("depth", [990, 100_000])
+def test_deeply_nested_train_params_are_a_422(client: httpx.Client, depth: int) -> None:
+    body = b'{"name": "x", "data": [[1], [2]], "params": ' + b"[" * depth + b"]" * depth + b"}"
+    assert_error(_post_raw(client, "/train", body), 422, "invalid_input")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"\xff\xfe": 1, "inputs": [[0]]}',
+        b'{"inputs": [[0]], "mo\xc3del": "x"}',
+        b'{"model": "\xed\xa0\x80", "inputs": [[0]]}',  # an encoded surrogate
+    ],
+)
+def test_invalid_utf8_is_a_422_and_the_connection_stays(server: Server, body: bytes) -> None:
+    status, error = _twice_on_one_connection(server, body)
+    assert status == 422 and error["error"]["type"] == "invalid_input", error
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"inputs": [[0]], "model": "m-digits", "model": "digits"}',
+        b'{"inputs": [[0]], "inputs": [[0], [0]]}',
+        b'{"inputs_b64": "AAAAAA==", "dim": 1, "dim": 2}',
+        b'{"mode": "fast", "inputs": [[0.5]], "mode": "exact"}',
+        b'{"inputs": [[0, 1]], "mode": "fast", "mode": "fast"}',
+    ],
+)
+def test_duplicate_keys_are_refused_on_embed(client: httpx.Client, body: bytes) -> None:
+    error = assert_error(_post_raw(client, "/embed", body), 422, "invalid_input")
+    assert "twice" in error["message"]
+
+
+def test_duplicate_keys_are_refused_on_train(client: httpx.Client) -> None:
+    raw = (
+        b'{"name": "dup", "data": [[1, 2], [3, 4], [5, 6], [7, 8], [9, 10]], '
+        b'"params": {"n_clusterings": 5, "n_clusterings": 6}}'
+    )
+    error = assert_error(_post_raw(client, "/train", raw), 422, "invalid_input")
+    assert "'n_clusterings' twice" in error["message"]
+
+
+def _npy_header(shape: tuple[int, ...], dtype: str = "<f8") -> bytes:
+    """The bytes of an .npy file's header alone: a file that claims ``shape``."""
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buffer, {"descr": dtype, "fortran_order": False, "shape": shape}
+    )
+    return buffer.getvalue()
+
+
+def test_npy_claiming_a_huge_shape_is_refused_from_its_header(client: httpx.Client) -> None:
+    content = _npy_header((10**9, 64)) + b"\0" * 1024  # 1,152 bytes claiming 477 GiB
+    assert len(content) == 1152
+    response = client.post(
+        "/train", files={"file": ("big.npy", content)}, data={"params": json.dumps(TINY_PARAMS)}
+    )
+    error = assert_error(response, 422, "invalid_input")
+    assert "claims shape (1000000000, 64)" in error["message"] and "/" not in error["message"]
+
+
+def _bomb(rows: int, cols: int) -> bytes:
+    """An .npz whose x inflates to rows x cols float64 zeros (about 1000:1)."""
+    buffer = io.BytesIO()
+    with (
+        zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive,
+        archive.open("x.npy", "w", force_zip64=True) as member,
+    ):
+        member.write(_npy_header((rows, cols)))
+        zeros = bytes(MIB)
+        remaining = rows * cols * 8
+        while remaining:
+            member.write(zeros[: min(MIB, remaining)])
+            remaining -= min(MIB, remaining)
+    return buffer.getvalue()
+
+
+def _rss(server: Server) -> tuple[int, int]:
+    """(current, peak) resident set of the server process, bytes (Linux /proc)."""
+    assert server.proc is not None
+    status = Path(f"/proc/{server.proc.pid}/status").read_text()
+    values = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return (int(values["VmRSS"].split()[0]) * 1024, int(values["VmHWM"].split()[0]) * 1024)
+
+
+def test_uploads_stream_and_bombs_are_refused_in_bounded_memory(server: Server) -> None:
+    # Refused from the zip directory's declared size: 160 MB of float64 in a ~160 kB file.
+    bomb = _bomb(200_000, 100)
+    assert len(bomb) < 2 * MIB
+    # A plain upload near the limits, streamed to disk (its shape is over MBN_MAX_TRAIN_BYTES).
+    large = _npy_header((60_000, 784)) + bytes(60_000 * 784 * 8)
+    idle, peak_before = _rss(server)
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        response = client.post("/train", files={"file": ("bomb.npz", bomb)})
+        error = assert_error(response, 413, "payload_too_large")
+        assert "MBN_MAX_TRAIN_BYTES" in error["message"]
+        response = client.post("/train", files={"file": ("large.npy", large)})
+        assert_error(response, 413, "payload_too_large")
+    _, peak_after = _rss(server)
+    # The peak resident set grew by far less than the upload (376 MB) or the bomb (160 MB).
+    assert peak_after - max(idle, peak_before) < 300 * MIB, (idle, peak_before, peak_after)

@@ -1,0 +1,101 @@
+"""Training jobs on a Dask cluster (MBN_DASK_SCHEDULER): progress, cancel, an unreachable one."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from servicetest import TINY_PARAMS, make_settings, wait_for
+from test_worker import LONG_PARAMS, Setup, alive, training_pid
+
+from mbn_core import distributed as mbn_distributed
+from mbn_core.bundle import load_bundle
+
+pytest.importorskip("distributed")
+
+Digits = tuple[np.ndarray, np.ndarray]
+
+
+class DaskSetup(Setup):
+    def __init__(self, tmp_path: Path, scheduler: str) -> None:
+        super().__init__(tmp_path)
+        self.settings = make_settings(
+            tmp_path / "data", dask_scheduler=scheduler, dask_connect_timeout_seconds=1
+        )
+
+
+@pytest.fixture
+def cluster_setup(tmp_path: Path, dask_client) -> Iterator[DaskSetup]:
+    s = DaskSetup(tmp_path, dask_client.scheduler.address)
+    yield s
+    for worker in s.workers:
+        worker.stop(timeout=30)
+    s.store.dispose()
+
+
+def built_layers(client) -> int:
+    """Layers whose shared arrays the Dask workers have built, over their lifetime."""
+    counts = client.run(lambda: dict(mbn_distributed.builds))
+    return sum(len(layers) for layers in counts.values())
+
+
+def test_a_job_trains_on_the_cluster_with_progress(cluster_setup, digits: Digits, dask_client):
+    before = built_layers(dask_client)
+    job = cluster_setup.submit(digits[0][:400], TINY_PARAMS, digits[1][:400])
+    cluster_setup.worker()
+    done = cluster_setup.wait_status(job, {"succeeded", "failed"}, timeout=120)
+    assert done.status == "succeeded", done.error
+    assert done.progress == 1.0
+    assert load_bundle(cluster_setup.published[0]).manifest["training"]["n_samples"] == 400
+    assert built_layers(dask_client) > before  # the clusterings ran on the Dask workers
+
+
+def test_cancel_stops_a_job_on_the_cluster_and_its_tasks(cluster_setup, digits, dask_client):
+    job = cluster_setup.submit(digits[0], LONG_PARAMS)
+    worker = cluster_setup.worker()
+    cluster_setup.wait_running(job)
+    pid = training_pid(worker, job)
+    cancelled_at = time.monotonic()
+    cluster_setup.store.cancel(job.id)
+    wait_for(lambda: not alive(pid), 20, "the training process to end", interval=0.05)
+    stopped_after = time.monotonic() - cancelled_at
+    assert cluster_setup.wait_status(job, {"cancelled"}).status == "cancelled"
+    assert list(cluster_setup.settings.models_path.iterdir()) == []
+
+    def tasks_left(dask_scheduler) -> int:
+        return len(dask_scheduler.tasks)
+
+    wait_for(lambda: dask_client.run_on_scheduler(tasks_left) == 0, 20, "tasks to be released")
+    # Not a speed assertion: a stop that waited for the whole layer would take minutes here.
+    assert stopped_after < 20
+
+
+def test_an_unreachable_scheduler_fails_the_job_without_the_address(tmp_path: Path, digits):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    setup = DaskSetup(tmp_path, f"tcp://127.0.0.1:{port}")
+    try:
+        job = setup.submit(digits[0][:300], TINY_PARAMS)
+        setup.worker()
+        failed = setup.wait_status(job, {"failed", "succeeded"})
+        assert failed.status == "failed"
+        assert "training cluster (Dask scheduler) cannot be reached" in (failed.error or "")
+        assert str(port) not in (failed.error or "")
+    finally:
+        for worker in setup.workers:
+            worker.stop(timeout=30)
+        setup.store.dispose()
+
+
+def test_settings_check_the_scheduler_address() -> None:
+    assert make_settings(Path("d"), dask_scheduler="").dask_scheduler is None
+    assert make_settings(Path("d"), dask_scheduler=" tcp://h:8786 ").dask_scheduler == (
+        "tcp://h:8786"
+    )
+    with pytest.raises(ValueError, match="not a Dask scheduler address"):
+        make_settings(Path("d"), dask_scheduler="h:8786/x")
