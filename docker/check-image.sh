@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build ./Dockerfile for real and smoke-test the image, on a machine without a Docker engine or a
-# registry (notes: ../shared/notes/container-builds.md). Needs root; installs podman if missing.
+# registry (how: docs/DEPLOYMENT.md, "CI and the container check"). Needs root; installs podman if missing.
 #
 #   docker/check-image.sh            build, run on 127.0.0.1:$MBN_CHECK_PORT, probe, clean up
 #

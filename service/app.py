@@ -24,7 +24,7 @@ from service.auth import ApiKeys
 from service.config import Settings
 from service.errors import Unavailable, install_error_handlers
 from service.jobs import JobFiles, JobStore
-from service.limits import BodyLimitMiddleware, ExactGate
+from service.limits import BodyLimitMiddleware, ExactGate, RowBudget
 from service.metrics import Metrics, MetricsMiddleware
 from service.readiness import ReadinessMonitor
 from service.registry import ModelRegistry
@@ -227,10 +227,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             '{"error": {"type": ..., "message": ...}}.'
         ),
         lifespan=lifespan,
+        # /train/ is not /train: a 404, not a 307 that clients would follow without their
+        # body (or their key, across hosts).
+        redirect_slashes=False,
     )
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.api_keys = ApiKeys(settings.api_keys)
+    app.state.row_budget = RowBudget(
+        max_rows=settings.max_inflight_rows,
+        max_requests=settings.max_inflight_requests,
+        retry_after=settings.retry_after_seconds,
+        on_reject=lambda reason: metrics.rejected.labels(f"embed_{reason}").inc(),
+        threads=settings.fast_threads,
+    )
     install_error_handlers(app)
     app.add_middleware(
         BodyLimitMiddleware,

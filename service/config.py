@@ -120,6 +120,28 @@ class Settings(BaseSettings):
         description="Free disk space the data and model directories need for /health/ready "
         "to answer 200 (uploads and bundles are written there).",
     )
+    max_inflight_rows: int = Field(
+        default=32_768,
+        ge=1,
+        le=100_000_000,
+        description="Fast-mode rows being embedded at once by one process; a request that "
+        "would pass it is refused with 429 and Retry-After at once. At least "
+        "MBN_MAX_ROWS_PER_REQUEST.",
+    )
+    max_inflight_requests: int = Field(
+        default=8,
+        ge=1,
+        le=100_000,
+        description="/embed requests one process reads, parses and computes at once; one "
+        "more is refused with 429 and Retry-After before its body is read.",
+    )
+    fast_threads: int = Field(
+        default=2,
+        ge=1,
+        le=256,
+        description="Threads computing admitted fast-mode work beside the event loop "
+        "(large-body parsing, the model, answers); about one per core.",
+    )
     max_concurrent_exact: int = Field(
         default=2,
         ge=1,
@@ -315,6 +337,11 @@ class Settings(BaseSettings):
                 "stale_after_seconds must exceed 2 x heartbeat_seconds, or live jobs would "
                 "be taken for orphans"
             )
+        if self.max_inflight_rows < self.max_rows_per_request:
+            raise ValueError(
+                f"MBN_MAX_INFLIGHT_ROWS ({self.max_inflight_rows}) must be at least "
+                f"MBN_MAX_ROWS_PER_REQUEST ({self.max_rows_per_request})"
+            )
         if self.max_upload_bytes < self.max_body_bytes:
             raise ValueError(
                 f"MBN_MAX_UPLOAD_BYTES ({self.max_upload_bytes}) must be at least "
@@ -339,3 +366,20 @@ class Settings(BaseSettings):
         """The job store's SQLAlchemy URL."""
         assert self.database_url is not None
         return self.database_url
+
+
+def settings_markdown() -> str:
+    """The settings as a Markdown table (variable, default, meaning): what the README shows,
+    generated from the fields so the two cannot disagree (``scripts/gen_docs.py``)."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        default = field.default
+        if default is None or default == ():
+            shown = "unset"
+        elif isinstance(default, bool):
+            shown = f"`{str(default).lower()}`"
+        else:
+            shown = f"`{default}`"
+        description = " ".join((field.description or "").split())
+        rows.append(f"| `MBN_{name.upper()}` | {shown} | {description} |")
+    return "\n".join(rows)

@@ -89,6 +89,73 @@ async def _send_413(send: Send, limit: int) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+class RowBudget:
+    """Admission control of /embed (text-embeddings-inference's ``max_concurrent_requests``
+    and ``max_batch_tokens``, in rows): at most ``max_requests`` requests in flight (reading,
+    parsing, computing) and at most ``max_rows`` fast-mode rows being computed. Past either,
+    429 with Retry-After at once: the work a replica accepts stays bounded, so accepted
+    requests keep a bounded latency and health probes are not starved.
+
+    The work of admitted requests that runs beside the event loop (parsing large bodies,
+    the model, encoding answers) runs on a pool of ``threads`` of its own: parts of it hold
+    the GIL, and with one thread per request the event loop would get a share of the GIL too
+    small to even answer a health probe or refuse a request quickly.
+
+    Counters are used from the event loop only, so they need no lock.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_rows: int,
+        max_requests: int,
+        retry_after: int,
+        on_reject: Callable[[str], None],
+        threads: int = 2,
+    ) -> None:
+        self.max_rows = max_rows
+        self.max_requests = max_requests
+        self.retry_after = retry_after
+        self.rows_in_flight = 0
+        self.requests_in_flight = 0
+        self._on_reject = on_reject
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mbn-fast")
+
+    async def run(self, func: Callable[..., T], *args: object) -> T:
+        """``func(*args)`` on the budget's thread pool."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, func, *args)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    @contextmanager
+    def request(self) -> Iterator[None]:
+        if self.requests_in_flight >= self.max_requests:
+            self._reject("requests", f"{self.max_requests} /embed requests are in flight")
+        self.requests_in_flight += 1
+        try:
+            yield
+        finally:
+            self.requests_in_flight -= 1
+
+    @contextmanager
+    def rows(self, n: int) -> Iterator[None]:
+        # A batch alone always fits (max_rows >= MBN_MAX_ROWS_PER_REQUEST, checked at start).
+        if self.rows_in_flight and self.rows_in_flight + n > self.max_rows:
+            self._reject(
+                "rows", f"{self.rows_in_flight} rows are being embedded (budget {self.max_rows})"
+            )
+        self.rows_in_flight += n
+        try:
+            yield
+        finally:
+            self.rows_in_flight -= n
+
+    def _reject(self, reason: str, what: str) -> None:
+        self._on_reject(reason)
+        raise Overloaded(f"overloaded: {what}; retry later", retry_after=self.retry_after)
+
+
 class ExactGate:
     """At most ``limit`` exact computations at once, each on its own pool thread; one more
     is refused with 429 immediately (never queued)."""

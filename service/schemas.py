@@ -1,4 +1,4 @@
-"""Request and response models of the HTTP API (the contract of DESIGN.md).
+"""Request and response models of the HTTP API (the contract of docs/DESIGN.md).
 
 Request models forbid unknown fields and are strict (a string is not a number). They are
 flat on purpose: the routes that read raw bodies publish these schemas inline in OpenAPI.

@@ -17,7 +17,7 @@ from service.arrays import (
     matrix_to_b64,
     rows_to_matrix,
 )
-from service.deps import GateDep, RegistryDep, SettingsDep, require_api_key
+from service.deps import BudgetDep, GateDep, RegistryDep, SettingsDep, require_api_key
 from service.errors import NotFound
 from service.json_rows import parse_number_rows
 from service.metrics import MODE_SCOPE_KEY
@@ -33,6 +33,10 @@ from service.schemas import INPUTS_PARSED, EmbedRequest, EmbedResponse, error_re
 
 router = APIRouter(tags=["embed"], dependencies=[Depends(require_api_key)])
 
+# Bodies larger than this (about 300 rows of 64 numbers) are parsed on the budget's threads
+# rather than on the event loop.
+OFF_LOOP_PARSE_BYTES = 64 << 10
+
 
 @router.post(
     "/embed",
@@ -40,19 +44,40 @@ router = APIRouter(tags=["embed"], dependencies=[Depends(require_api_key)])
     summary="Embed rows with a model",
     description=(
         "Fast mode answers from the model's ONNX compressor; exact mode runs the full MBN "
-        "in a bounded pool (429 with Retry-After when it is busy). Headers: X-Model-Id, "
+        "in a bounded pool (429 with Retry-After when it is busy); past the in-flight "
+        "budget (MBN_MAX_INFLIGHT_REQUESTS, MBN_MAX_INFLIGHT_ROWS) every request gets 429 "
+        "with Retry-After at once. Headers: X-Model-Id, "
         "X-Compute-Time-Ms (model time only) and Server-Timing."
     ),
     responses=error_responses(401, 404, 413, 415, 422, 429, 503),
     openapi_extra=json_body(EmbedRequest),
 )
 async def embed(
-    request: Request, registry: RegistryDep, gate: GateDep, settings: SettingsDep
+    request: Request,
+    registry: RegistryDep,
+    gate: GateDep,
+    budget: BudgetDep,
+    settings: SettingsDep,
 ) -> Response:
-    # Parsing stays on the event loop: in a thread it would hold the GIL all the same, and
-    # the hop costs a quarter of the throughput of large JSON batches. Several processes
-    # (mbn serve --workers) are what serve large JSON batches in parallel.
-    req, parsed = _parse(await read_json_body(request))
+    with budget.request():  # 429 before the body is read when too many are in flight
+        return await _embed(request, registry, gate, budget, settings)
+
+
+async def _embed(
+    request: Request,
+    registry: RegistryDep,
+    gate: GateDep,
+    budget: BudgetDep,
+    settings: SettingsDep,
+) -> Response:
+    body = await read_json_body(request)
+    if len(body) > OFF_LOOP_PARSE_BYTES:
+        # Large bodies are parsed beside the event loop (the number parser releases the
+        # GIL), so health probes and small requests are not held up behind them.
+        req, parsed = await budget.run(_parse, body)
+    else:
+        # Small ones on the loop: the thread hop would cost more than the parse.
+        req, parsed = _parse(body)
     request.scope[MODE_SCOPE_KEY] = req.mode
     bundle = registry.lookup(req.model)
     if bundle is None:  # maybe written by another replica: rescan, off the event loop
@@ -63,14 +88,34 @@ async def embed(
     started = time.perf_counter()
     if req.mode == "exact":
         embeddings, clusters = await gate.run(lambda: _exact(registry, bundle, x, want_clusters))
-    elif x.shape[0] <= settings.inline_fast_rows:
-        # Cheaper than a thread hop.
-        embeddings, clusters = _fast(bundle, x, want_clusters)
     else:
-        # onnxruntime releases the GIL: large batches run beside the event loop.
-        embeddings, clusters = await run_in_threadpool(_fast, bundle, x, want_clusters)
+        with budget.rows(x.shape[0]):
+            if x.shape[0] <= settings.inline_fast_rows:
+                # Cheaper than a thread hop.
+                embeddings, clusters = _fast(bundle, x, want_clusters)
+            else:
+                # onnxruntime releases the GIL: large batches run beside the event loop.
+                embeddings, clusters = await budget.run(_fast, bundle, x, want_clusters)
     compute_ms = (time.perf_counter() - started) * 1000.0
 
+    if x.shape[0] <= settings.inline_fast_rows:
+        content = _encode(req, bundle, embeddings, clusters)
+    else:  # several milliseconds for large batches: beside the event loop
+        content = await budget.run(_encode, req, bundle, embeddings, clusters)
+    return Response(
+        content=content,
+        media_type="application/json",
+        headers={
+            "X-Model-Id": bundle.id,
+            "X-Compute-Time-Ms": f"{compute_ms:.3f}",
+            "Server-Timing": f"compute;dur={compute_ms:.3f}",
+        },
+    )
+
+
+def _encode(
+    req: EmbedRequest, bundle: Bundle, embeddings: np.ndarray, clusters: np.ndarray | None
+) -> bytes:
     payload: dict[str, object] = {
         "model": bundle.id,
         "name": bundle.name,
@@ -84,15 +129,7 @@ async def embed(
         payload["embeddings"] = embeddings.tolist()
     if clusters is not None:
         payload["clusters"] = clusters.tolist()
-    return Response(
-        content=msgspec.json.encode(payload),
-        media_type="application/json",
-        headers={
-            "X-Model-Id": bundle.id,
-            "X-Compute-Time-Ms": f"{compute_ms:.3f}",
-            "Server-Timing": f"compute;dur={compute_ms:.3f}",
-        },
-    )
+    return msgspec.json.encode(payload)
 
 
 def _parse(body: bytes) -> tuple[EmbedRequest, np.ndarray | bytes | None]:

@@ -10,8 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 from servicetest import assert_error
 
+from service.config import Settings
 from service.errors import Overloaded
-from service.limits import ExactGate
+from service.limits import ExactGate, RowBudget
 
 
 def test_exact_gate_refuses_at_once_when_full() -> None:
@@ -38,6 +39,33 @@ def test_exact_gate_refuses_at_once_when_full() -> None:
     assert rejected == [1]
 
 
+def test_row_budget_admits_until_full_then_refuses_at_once() -> None:
+    rejected: list[str] = []
+    budget = RowBudget(max_rows=100, max_requests=2, retry_after=2, on_reject=rejected.append)
+    with budget.request(), budget.request():
+        with pytest.raises(Overloaded, match="2 /embed requests") as info, budget.request():
+            pass
+        assert info.value.headers["Retry-After"] == "2"
+    with budget.rows(60):
+        with (
+            budget.rows(40),  # exactly full
+            pytest.raises(Overloaded, match="100 rows are being embedded"),
+            budget.rows(1),
+        ):
+            pass
+        with pytest.raises(Overloaded, match="60 rows"), budget.rows(41):
+            pass
+    with budget.rows(500):  # one batch alone is always admitted
+        assert budget.rows_in_flight == 500
+    assert (budget.rows_in_flight, budget.requests_in_flight) == (0, 0)
+    assert rejected == ["requests", "rows", "rows"]
+
+
+def test_inflight_rows_not_below_the_batch_limit() -> None:
+    with pytest.raises(ValueError, match="MBN_MAX_INFLIGHT_ROWS"):
+        Settings(max_inflight_rows=10, max_rows_per_request=100)
+
+
 def test_declared_body_size_is_checked_before_reading(api: Callable[..., TestClient]) -> None:
     client = api(max_body_bytes=2048)
     response = client.post(
@@ -59,9 +87,12 @@ def test_streamed_body_size_is_checked_while_reading(api: Callable[..., TestClie
 
 def test_training_uploads_get_their_own_limit(api: Callable[..., TestClient]) -> None:
     client = api(max_body_bytes=2048, max_upload_bytes=8192)
-    rows = [[float(i), 1.0] for i in range(200)]  # about 2.4 kB of JSON
-    assert client.post("/train", json={"data": rows}).status_code == 202
-    assert_error(client.post("/train", json={"data": rows * 10}), 413)
+    rows = [[float(i), 1.0] for i in range(200)]  # about 2.4 kB of JSON, 1.8 kB as CSV
+    csv = "\n".join(f"{a},{b}" for a, b in rows).encode()
+    assert client.post("/train", files={"file": ("d.csv", csv)}).status_code == 202
+    assert_error(client.post("/train", files={"file": ("d.csv", csv * 6)}), 413)
+    # JSON rows become Python objects first: they are held to the body limit.
+    assert_error(client.post("/train", json={"data": rows}), 413)
     assert_error(client.post("/embed", json={"inputs": rows}), 413)
 
 
