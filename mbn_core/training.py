@@ -27,11 +27,12 @@ from sklearn.utils._param_validation import validate_parameter_constraints
 from mbn_core.bundle import check_target, save_bundle, validate_model_id, validate_name
 from mbn_core.compress import (
     CompressiveMBN,
-    _eval_clusters,
     _kmeans,
+    _report_clusters,
     _seed,
     _split,
     measure_fidelity,
+    teacher_fit_rows,
 )
 from mbn_core.datafile import peek_data_file
 from mbn_core.embedding_map import MAP_FILE, MAP_POINTS, EmbeddingMap, build_map
@@ -329,7 +330,7 @@ def check_feasible(params: TrainingParams, n_rows: int) -> None:
         raise ValueError(f"training needs at least {minimum} rows, got {n_rows}")
     method = params.spec
     if method.check_rows is not None:
-        method.check_rows(params.estimator(), n_rows)
+        method.check_rows(params.estimator(), fit_shape(params, (n_rows, 1))[0])
     n_clusters = params["n_clusters"]
     if n_clusters is not None and n_clusters > n_rows:
         raise ValueError(f"n_clusters={n_clusters} is more than the {n_rows} rows")
@@ -446,7 +447,8 @@ def fit_model(
     method = params.spec
     estimator = params.estimator() if estimator is None else estimator
     if tracker is not None and method.track is not None:
-        method.track(estimator, X.shape, lambda f, message: tracker.report("fit", f, message))
+        shape = fit_shape(params, X.shape)
+        method.track(estimator, shape, lambda f, message: tracker.report("fit", f, message))
     if method.export is None:
         compressor = CompressiveMBN(
             estimator,
@@ -457,7 +459,7 @@ def fit_model(
         _detach(estimator)
         model = TrainedModel.from_compressor(compressor)
         model.training_embedding = compressor.embedding_
-        model.training_rows = np.arange(X.shape[0])
+        model.training_rows = np.setdiff1d(np.arange(X.shape[0]), compressor.holdout_)
         model.hyperparameters[method.name] = estimator_hyperparameters(compressor.teacher_)
         return model
     return _fit_exported(method, params, estimator, X, y)
@@ -486,7 +488,7 @@ def _fit_exported(method: Method, params: TrainingParams, estimator, X, y) -> Tr
         exact,
         fast,
         None if y is None else y[holdout],
-        n_clusters=n_clusters if n_clusters is not None else _eval_clusters(estimator),
+        n_clusters=_report_clusters(n_clusters, None if y is None else y[holdout], estimator),
         centers=centers,
         seed=_seed(rng),
     )
@@ -551,6 +553,12 @@ def training_map(model: TrainedModel, labels, params: TrainingParams) -> Embeddi
     return dataclasses.replace(embedding_map, row=np.asarray(rows)[embedding_map.row])
 
 
+def fit_shape(params: TrainingParams, shape: tuple[int, int]) -> tuple[int, int]:
+    """The shape of the data ``params``' method is fitted on: all rows but the held-out ones
+    (kept for the fidelity report), for distilled and exported methods alike."""
+    return teacher_fit_rows(shape[0], params["holdout_fraction"]), shape[1]
+
+
 def _detach(estimator: Any) -> None:
     """Drop a progress callback from a fitted estimator: it is not a hyperparameter."""
     if "callback" in estimator.get_params(deep=False):
@@ -563,7 +571,9 @@ class _Tracker:
     def __init__(self, params: TrainingParams, estimator, shape, progress, events) -> None:
         method = params.spec
         n, d = shape
-        fit_cost = method.cost(estimator, shape) if method.cost is not None else None
+        fit_cost = None
+        if method.cost is not None:
+            fit_cost = method.cost(estimator, fit_shape(params, shape))
         mlp = 0.0
         if method.export is None:
             values = params.values
