@@ -1,5 +1,6 @@
 """GET /models/{id}/map and POST /models/{id}/map/locate, on the real app."""
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,9 +22,16 @@ def digits_map(tiny_model: CompressiveMBN, digits):
         np.linalg.norm(tiny_model.embedding_[:, None] - tiny_model.cluster_centers_[None], axis=2),
         axis=1,
     )
-    return build_map(
-        tiny_model.embedding_, clusters=clusters, labels=y, max_points=MAP_POINTS, random_state=0
+    # The teacher's embedding covers the rows outside the held-out ones.
+    rows = np.setdiff1d(np.arange(len(y)), tiny_model.holdout_)
+    built = build_map(
+        tiny_model.embedding_,
+        clusters=clusters,
+        labels=y[rows],
+        max_points=MAP_POINTS,
+        random_state=0,
     )
+    return dataclasses.replace(built, row=rows[built.row])
 
 
 @pytest.fixture
