@@ -13,6 +13,7 @@ from fastapi import Depends, Request
 from service.auth import ApiKeys
 from service.config import Settings
 from service.errors import Unavailable
+from service.handlers import EmbedHandler
 from service.jobs import JobFiles, JobStore
 from service.limits import ExactGate, RowBudget
 from service.metrics import Metrics
@@ -57,6 +58,12 @@ async def get_gate(request: Request) -> ExactGate:
     return gate
 
 
+async def get_embed_handler(request: Request) -> EmbedHandler:
+    handler = _started(request, "embed_handler")
+    assert isinstance(handler, EmbedHandler)
+    return handler
+
+
 async def get_row_budget(request: Request) -> RowBudget:
     budget: RowBudget = request.app.state.row_budget
     return budget
@@ -95,6 +102,7 @@ FilesDep = Annotated[JobFiles, Depends(get_files)]
 RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
 GateDep = Annotated[ExactGate, Depends(get_gate)]
 BudgetDep = Annotated[RowBudget, Depends(get_row_budget)]
+EmbedHandlerDep = Annotated[EmbedHandler, Depends(get_embed_handler)]
 SubmitterDep = Annotated[Submitter, Depends(get_submitter)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 WorkerDep = Annotated[Worker | None, Depends(get_worker)]

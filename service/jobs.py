@@ -37,7 +37,6 @@ import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
@@ -46,8 +45,11 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from service.errors import Conflict, InsufficientStorage, NotFound, Overloaded, Unavailable
-from service.schemas import JOB_ID_PATTERN, TERMINAL_STATUSES, JobOut
+from service.domain import Conflict, InsufficientStorage, NotFound, Overloaded, Unavailable
+
+JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
+JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 
 log = logging.getLogger(__name__)
 
@@ -111,38 +113,11 @@ class Job:
     def finished(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
-    def to_out(self) -> JobOut:
-        return JobOut(
-            id=self.id,
-            name=self.name,
-            status=self.status,  # type: ignore[arg-type]
-            progress=min(1.0, max(0.0, self.progress)),
-            phase=self.phase,
-            model_id=self.model_id,
-            error=self.error,
-            attempts=self.attempts,
-            n_rows=self.n_rows,
-            n_features=self.n_features,
-            params=self.params,
-            created_at=_to_datetime(self.created_at),
-            started_at=_maybe_datetime(self.started_at),
-            finished_at=_maybe_datetime(self.finished_at),
-            heartbeat_at=_maybe_datetime(self.heartbeat_at),
-        )
-
     @classmethod
     def from_row(cls, row: sa.RowMapping) -> Job:
         values = dict(row)
         values["params"] = json.loads(values["params"])
         return cls(**values)
-
-
-def _to_datetime(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, tz=UTC)
-
-
-def _maybe_datetime(ts: float | None) -> datetime | None:
-    return None if ts is None else _to_datetime(ts)
 
 
 def new_job_id() -> str:

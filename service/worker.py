@@ -40,7 +40,7 @@ from typing import Any
 
 from service import leftovers, trainproc
 from service.config import Settings
-from service.errors import Unavailable
+from service.domain import Unavailable
 from service.jobs import Job, JobFiles, JobStore
 from service.trainproc import TrainSpec
 

@@ -14,6 +14,7 @@ import pytest
 from mbn_core.training import load_training_data
 from service.errors import Conflict, NotFound, Overloaded, Unavailable
 from service.jobs import Job, JobFiles, JobStore, new_job_id
+from service.schemas import JobOut
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -52,7 +53,7 @@ def test_submit_get_list(store: JobStore) -> None:
     assert store.list_jobs(status="running") == []
     assert [j.id for j in store.list_jobs(limit=1)] == [second.id]
     assert store.count_by_status() == {"queued": 2}
-    out = first.to_out()
+    out = JobOut.from_job(first)
     assert out.created_at.tzinfo is not None and out.started_at is None
 
 
