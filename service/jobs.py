@@ -30,7 +30,7 @@ import os
 import re
 import shutil
 import tempfile
-import time
+import threading
 import urllib.parse
 import uuid
 import zlib
@@ -44,6 +44,8 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
 
 from service.domain import Conflict, InsufficientStorage, NotFound, Overloaded, Unavailable
 
@@ -76,13 +78,48 @@ jobs_table = sa.Table(
     sa.Column("started_at", sa.Double),
     sa.Column("finished_at", sa.Double),
     sa.Column("heartbeat_at", sa.Double),
+    sa.Column("method", sa.String(32), nullable=False, server_default="mbn"),
     sa.Index("ix_mbn_jobs_status_created", "status", "created_at"),
 )
+# The table is made and changed by the Alembic migrations in service/migrations (the
+# definition above must match their head; tests/service/test_migrations.py checks it).
+MIGRATIONS = Path(__file__).parent / "migrations"
+# The revision that is the table deployments made before migrations existed.
+BASELINE_REVISION = "0001"
+VERSION_TABLE = "mbn_alembic_version"
+# PostgreSQL channel on which a job entering the queue is announced (LISTEN/NOTIFY), so idle
+# stand-alone workers wake at once instead of at their next poll.
+NOTIFY_CHANNEL = "mbn_jobs_queued"
+
+
+class db_now(FunctionElement[float]):
+    """The database's clock, in seconds since the epoch: every time the store records or
+    compares (heartbeats, staleness, claims, submissions) is the database's, so workers on
+    hosts whose clocks disagree still agree on which job is stale."""
+
+    type = sa.Double()
+    inherit_cache = True
+
+
+@compiles(db_now, "postgresql")
+def _now_postgresql(element: db_now, compiler: Any, **kw: Any) -> str:
+    # clock_timestamp(), not now(): now() is the start of the transaction.
+    return "EXTRACT(EPOCH FROM clock_timestamp())"
+
+
+@compiles(db_now, "sqlite")
+def _now_sqlite(element: db_now, compiler: Any, **kw: Any) -> str:
+    return "((julianday('now') - 2440587.5) * 86400.0)"
+
 
 # Arbitrary constant naming the PostgreSQL advisory lock that serialises schema creation and
 # the queue-length check of submit.
 _PG_LOCK_KEY = zlib.crc32(b"mbn_jobs")
 _ERROR_MAX_CHARS = 4000
+# Seconds a listener waits for a notification before looking at its stop flag, and waits
+# before reconnecting after losing its connection.
+_LISTEN_TIMEOUT = 1.0
+_LISTEN_RETRY = 5.0
 
 T = TypeVar("T")
 
@@ -108,6 +145,7 @@ class Job:
     started_at: float | None
     finished_at: float | None
     heartbeat_at: float | None
+    method: str = "mbn"
 
     @property
     def finished(self) -> bool:
@@ -153,7 +191,9 @@ class JobStore:
 
     # --- lifecycle ---------------------------------------------------------------------------
     def create_schema(self) -> None:
-        """Create the table if missing; safe when several processes start at once."""
+        """Create or upgrade the table (Alembic migrations); safe when several processes
+        start at once. A table made before migrations existed is taken as the baseline
+        revision and upgraded: its jobs are kept."""
         if self.sqlite_path is not None:
             _create_sqlite_file(self.sqlite_path)
         with self._translate(), self.engine.connect() as conn:
@@ -161,7 +201,7 @@ class JobStore:
             with conn.begin():
                 if self.is_postgres:
                     conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_LOCK_KEY)))
-                metadata.create_all(conn, checkfirst=True)
+                _migrate(conn)
         if self.sqlite_path is not None:
             self._identity = _file_identity(self.sqlite_path)
             self._file_lost = False
@@ -208,7 +248,6 @@ class JobStore:
     ) -> Job:
         """Queue a job whose data is already on disk. Raises ``Overloaded`` when the queue is
         full and ``Conflict`` when the id exists."""
-        now = time.time()
         with self._write() as conn:
             if self.is_postgres:
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_LOCK_KEY)))
@@ -233,9 +272,11 @@ class JobStore:
                     n_rows=n_rows,
                     n_features=n_features,
                     attempts=0,
-                    created_at=now,
+                    created_at=db_now(),
+                    method=str(params.get("method", "mbn")),
                 )
             )
+            self._announce(conn, job_id)
         # Committed, but into the file that is still the store? (Deleted meanwhile, the
         # commit went into an unlinked file: the job would never run. Answer 503, not 202.)
         self._check_file()
@@ -285,7 +326,7 @@ class JobStore:
                     jobs_table.c.id == job_id,
                     jobs_table.c.status.in_(("queued", "running")),
                 )
-                .values(status="cancelled", finished_at=time.time())
+                .values(status="cancelled", finished_at=db_now())
             ).rowcount
         job = self.require(job_id)
         if not done:
@@ -297,7 +338,6 @@ class JobStore:
     # --- worker side -------------------------------------------------------------------------
     def claim(self, worker_id: str) -> Job | None:
         """Take the oldest queued job for this worker, or None when there is none."""
-        now = time.time()
         with self._write() as conn:
             row = conn.execute(
                 sa.select(jobs_table.c.id)
@@ -314,8 +354,8 @@ class JobStore:
                 .values(
                     status="running",
                     worker_id=worker_id,
-                    started_at=now,
-                    heartbeat_at=now,
+                    started_at=db_now(),
+                    heartbeat_at=db_now(),
                     progress=0.0,
                     phase=None,
                     attempts=jobs_table.c.attempts + 1,
@@ -332,7 +372,7 @@ class JobStore:
             return bool(
                 conn.execute(
                     self._owned(job_id, worker_id).values(
-                        heartbeat_at=time.time(),
+                        heartbeat_at=db_now(),
                         progress=min(1.0, max(0.0, progress)),
                         phase=phase,
                     )
@@ -350,7 +390,7 @@ class JobStore:
     ) -> bool:
         """Record the outcome; False when the worker lost the job meanwhile."""
         assert status in TERMINAL_STATUSES
-        values: dict[str, Any] = {"status": status, "finished_at": time.time(), "phase": None}
+        values: dict[str, Any] = {"status": status, "finished_at": db_now(), "phase": None}
         if status == "succeeded":
             values.update(progress=1.0, model_id=model_id)
         if error is not None:
@@ -361,7 +401,7 @@ class JobStore:
     def release(self, job_id: str, worker_id: str) -> bool:
         """Give a running job back to the queue (clean shutdown); the start does not count."""
         with self._write() as conn:
-            return bool(
+            released = bool(
                 conn.execute(
                     self._owned(job_id, worker_id).values(
                         status="queued",
@@ -374,11 +414,37 @@ class JobStore:
                     )
                 ).rowcount
             )
+            if released:
+                self._announce(conn, job_id)
+            return released
+
+    def listen(self, wake: Callable[[], object], stop: threading.Event) -> None:
+        """Call ``wake()`` whenever a job enters the queue, until ``stop`` is set (blocking:
+        run it on a thread). PostgreSQL only (LISTEN/NOTIFY); elsewhere it returns at once
+        and workers poll. A lost connection is retried; polling covers the gap."""
+        if not self.is_postgres:
+            return
+        import psycopg
+
+        conninfo = self.engine.url.set(drivername="postgresql").render_as_string(
+            hide_password=False
+        )
+        while not stop.is_set():
+            try:
+                with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
+                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    wake()  # anything queued while we were not listening
+                    while not stop.is_set():
+                        for _ in conn.notifies(timeout=_LISTEN_TIMEOUT):
+                            wake()
+            except psycopg.Error as exc:
+                log.warning("job notifications lost (%s); polling until they are back", exc)
+                stop.wait(_LISTEN_RETRY)
 
     def recover_stale(self, *, stale_after: float, max_attempts: int) -> list[tuple[str, str]]:
         """Requeue or fail running jobs whose heartbeat is older than ``stale_after`` seconds.
         Returns ``(job_id, new_status)`` for each job recovered by this call."""
-        cutoff = time.time() - stale_after
+        cutoff = db_now() - stale_after
         with self._read() as conn:
             stale = conn.execute(
                 sa.select(jobs_table.c.id, jobs_table.c.attempts, jobs_table.c.heartbeat_at).where(
@@ -399,7 +465,7 @@ class JobStore:
             else:
                 values = {
                     "status": "failed",
-                    "finished_at": time.time(),
+                    "finished_at": db_now(),
                     "error": f"its worker stopped responding {attempts} times; not retried",
                 }
             with self._write() as conn:
@@ -413,12 +479,20 @@ class JobStore:
                     )
                     .values(**values)
                 ).rowcount
+                if won and values["status"] == "queued":
+                    self._announce(conn, job_id)
             if won:
                 log.warning("job %s: worker lost, job %s", job_id, values["status"])
                 recovered.append((job_id, values["status"]))
         return recovered
 
     # --- helpers -----------------------------------------------------------------------------
+    def _announce(self, conn: Connection, job_id: str) -> None:
+        """Tell listening workers that ``job_id`` is queued (sent when the transaction
+        commits, never for one that rolls back)."""
+        if self.is_postgres:
+            conn.execute(sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, job_id)))
+
     def _owned(self, job_id: str, worker_id: str) -> sa.Update:
         return jobs_table.update().where(
             jobs_table.c.id == job_id,
@@ -498,6 +572,20 @@ class JobStore:
             raise Unavailable(
                 "the job store is unavailable; retry later", retry_after=self.retry_after
             ) from exc
+
+
+def _migrate(conn: Connection) -> None:
+    """Bring the schema to the newest migration, on ``conn`` and inside its transaction."""
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = conn
+    inspector = sa.inspect(conn)
+    if inspector.has_table(jobs_table.name) and not inspector.has_table(VERSION_TABLE):
+        command.stamp(config, BASELINE_REVISION)  # made before migrations: the baseline
+    command.upgrade(config, "head")
 
 
 def _sqlite_path(url: str) -> Path | None:

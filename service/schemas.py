@@ -136,6 +136,7 @@ class TrainRequest(TrainOptions):
 class JobOut(BaseModel):
     id: str
     name: str
+    method: str = Field(default="mbn", description="The embedding method trained.")
     status: JobStatus
     progress: float = Field(ge=0.0, le=1.0, description="Fraction done, 0..1.")
     phase: str | None = Field(default=None, description="Training phase now running.")
@@ -156,6 +157,7 @@ class JobOut(BaseModel):
         return cls(
             id=job.id,
             name=job.name,
+            method=job.method,
             status=job.status,  # type: ignore[arg-type]
             progress=min(1.0, max(0.0, job.progress)),
             phase=job.phase,
