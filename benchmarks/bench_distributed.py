@@ -31,7 +31,7 @@ import numpy as np
 from bench_data import load_mnist
 
 from mbn_core import MBN
-from mbn_core.layers import Postings, smallest_uint
+from mbn_core.layers import Postings
 
 
 def layer_timer():
@@ -174,43 +174,53 @@ def cmd_overhead(args) -> None:
 
 
 def cmd_model(args) -> None:
+    """Extrapolate the measured per-clustering times and transfer sizes to larger fits.
+
+    Per layer, with n rows and W single-threaded workers (k capped by k_max, so the layer sizes
+    and the work per row stay as measured; everything below scales linearly with n):
+    - compute: ceil(V / W) clusterings one after the other on each worker, each taking the
+      measured per-clustering time x n / n0; plus, for upper layers, the posting lists every
+      worker builds once (measured, one thread);
+    - network: the layer's input (measured scattered bytes x n / n0) reaches every worker by
+      Dask's replication (log2 W + 1 rounds of copies at the NIC's bandwidth); the codes
+      (measured gathered bytes x n / n0) come back through the driver's NIC;
+    - scheduler: the layer's tasks (min(V, 4 W)) at the measured per-task overhead, serially,
+      plus the measured fixed cost of a layer.
+    The top PCA on the driver is not modelled (seconds at these sizes: n x 10 components).
+    """
     m = json.loads(Path(args.measured).read_text())
     n0, d, V, ks = m["n"], m["d"], m["V"], m["ks"]
-    # Work per clustering, from the local fit on 2 threads: layer seconds x 2 threads / V.
-    work0 = [s * 2 / V for s in m["local_layers_s"]]
-    # The clusterings of a layer scale with n (k is capped by k_max, so the layer sizes and the
-    # per-row work do not change); the posting lists (built once per worker and upper layer,
-    # one thread) scale with n too.
-    print(f"Measured at n={n0:,}: bottom clustering {work0[0]:.3f} s, upper clusterings "
-          f"{sum(work0[1:]):.3f} s summed over {len(ks) - 1} layers; posting lists "
-          f"{m['postings_s']:.2f} s ({mb(m['postings_bytes'])}) per layer")  # fmt: skip
-    overhead_layer = args.layer_overhead
-    print(
-        "\n| rows | workers | wall time | per worker: memory | network per layer: to each "
-        "worker / driver in+out |"
-    )
-    print("|---|---|---|---|---|")
+    per_clustering = [s * 2 / V for s in m["local_layers_s"]]  # 2 threads in the local fit
+    print(f"Measured at n={n0:,}, layers {'-'.join(map(str, ks))}: one clustering takes "
+          f"{per_clustering[0]:.3f} s (bottom), {sum(per_clustering[1:]):.3f} s (all upper "
+          f"layers together); posting lists {m['postings_s']:.2f} s and "
+          f"{mb(m['postings_bytes'])} per upper layer and worker; per task "
+          f"{args.task_overhead * 1e3:.0f} ms, per layer "
+          f"{args.layer_overhead * 1e3:.0f} ms")  # fmt: skip
+    print("\n| rows | workers | wall time | compute / network / scheduler | memory per worker | "
+          "network per layer (each worker in; driver in + out) | driver memory |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for n in (1_000_000, 10_000_000):
         scale = n / n0
-        code_bytes = [n * V * np.dtype(smallest_uint(k - 1)).itemsize for k in ks]
+        scattered = [b * scale for b in m["scattered_bytes"]]
+        gathered = [b * scale for b in m["gathered_bytes"]]
         for workers in (8, 32, 128):
-            wall = 0.0
-            for i, w in enumerate(work0):
-                waves = math.ceil(V / workers)  # whole clusterings per worker
-                build = m["postings_s"] * scale * (1 if i else 0)
-                # Bytes each worker receives this layer (the input) over a 10 Gbit/s NIC, and
-                # the driver's gather + one outgoing copy (the broadcast replicates peer to peer).
-                receive = (n * d if i == 0 else code_bytes[i - 1]) / args.bandwidth
-                driver = (code_bytes[i] + (code_bytes[i - 1] if i else n * d)) / args.bandwidth
-                wall += waves * w * scale + build + receive + driver + overhead_layer
-            x_bytes = n * d  # uint8 input, as MNIST ships
-            bottom_mem = x_bytes + n * (d + 1) * 4 + n * 8
-            upper_mem = max(code_bytes[:-1]) + m["postings_bytes"] * scale
-            memory = max(bottom_mem, upper_mem)
-            per_layer = max(code_bytes[:-1])
-            print(f"| {n:,} | {workers} | {wall / 60:,.1f} min | {mb(memory)} (bottom "
-                  f"{mb(bottom_mem)}, upper {mb(upper_mem)}) | {mb(x_bytes)} (layer 1), then "
-                  f"{mb(per_layer)} / {mb(2 * per_layer)} |")  # fmt: skip
+            compute = network = scheduler = 0.0
+            for i, t in enumerate(per_clustering):
+                compute += math.ceil(V / workers) * t * scale
+                compute += m["postings_s"] * scale if i else 0.0
+                rounds = math.log2(workers) + 1
+                network += (scattered[i] * rounds + gathered[i]) / args.bandwidth
+                scheduler += min(V, 4 * workers) * args.task_overhead + args.layer_overhead
+            wall = compute + network + scheduler
+            bottom_mem = scattered[0] + n * (d + 1) * 4  # input + its float32 working copy
+            upper_mem = max(scattered[1:]) + m["postings_bytes"] * scale
+            driver_mem = n * d + 2 * max(gathered)
+            worker_mem = max(bottom_mem, upper_mem)
+            print(f"| {n:,} | {workers} | {wall / 60:,.1f} min | {compute / 60:,.1f} / "
+                  f"{network / 60:,.1f} / {scheduler / 60:,.1f} min | {mb(worker_mem)} "
+                  f"| {mb(scattered[0])} (bottom), {mb(max(scattered[1:]))} (upper); "
+                  f"{mb(max(gathered) + max(scattered[1:]))} | {mb(driver_mem)} |")  # fmt: skip
 
 
 def cmd_embed(args) -> None:
@@ -270,12 +280,13 @@ def main() -> None:
     model = commands.add_parser("model")
     model.add_argument("--measured", required=True)
     model.add_argument("--bandwidth", type=float, default=1.25e9, help="bytes/s per NIC")
-    model.add_argument("--layer-overhead", type=float, default=0.1, help="s per layer")
+    model.add_argument("--layer-overhead", type=float, default=0.3, help="s per layer")
+    model.add_argument("--task-overhead", type=float, default=0.01, help="s per task")
     embed = commands.add_parser("embed")
     embed.add_argument("--rows", type=int, default=10_000_000)
     embed.add_argument("--dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "mbn-bulk"))
     embed.add_argument("--threads", type=int, default=2)
-    embed.add_argument("--chunk-rows", type=int, default=65_536)
+    embed.add_argument("--chunk-rows", type=int, default=32_768)
     args = parser.parse_args()
     {"fit": cmd_fit, "overhead": cmd_overhead, "model": cmd_model, "embed": cmd_embed}[
         args.command

@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from distributed import Client
 
 INSTALL_HINT = "pip install 'mbn[distributed]'"
-# Rows per chunk: 64k MNIST rows are 50 MB as uint8 and 200 MB as float32 inside the model,
+# Rows per chunk: 32k MNIST rows are 25 MB as uint8 and 100 MB as float32 inside the model,
 # large enough that per-chunk overhead is negligible, small enough for a few in flight.
-DEFAULT_CHUNK_ROWS = 65_536
+DEFAULT_CHUNK_ROWS = 32_768
 INPUT_SUFFIXES = (".npy", ".zarr")
 OUTPUT_SUFFIXES = (".npy", ".zarr")
 
@@ -96,9 +96,10 @@ def embed_file(
     chunk_rows : int, default=DEFAULT_CHUNK_ROWS
         Rows per chunk.
     client : distributed.Client, default=None
-        Run the chunks on this cluster; None runs them on ``threads`` local threads.
+        Run the chunks on this cluster (one chunk per worker thread at a time); None runs
+        them on ``threads`` local threads.
     threads : int, default=1
-        Local threads (without a client); on a cluster, the threads of each worker's model.
+        Local threads, each embedding one chunk at a time with a single-threaded model.
 
     Returns
     -------
@@ -116,7 +117,7 @@ def embed_file(
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be a positive integer, got {threads!r}")
     bundle_dir = str(Path(bundle).resolve())
-    loaded = _bundle(bundle_dir, threads)
+    loaded = _bundle(bundle_dir)
     if clusters_out is not None and loaded.n_clusters is None:
         raise ValueError(f"bundle {loaded.id!r} has no clustering head: no cluster ids to write")
     X = open_rows(source, chunk_rows)
@@ -130,7 +131,6 @@ def embed_file(
         _embed_block,
         bundle_dir,
         mode,
-        threads,
         clusters_out is not None,
         str(source),
         dtype=np.float32,
@@ -313,18 +313,18 @@ def _check_output(path: Path) -> None:
 
 # ---------------------------------------------------------------------- per chunk (workers)
 
-# Bundles loaded in this process, by (directory, threads): a worker loads each bundle once
-# (verifying its hashes), not once per chunk.
-_bundles: dict[tuple[str, int], Bundle] = {}
+# Bundles loaded in this process, by directory: a worker loads each bundle once (verifying its
+# hashes), not once per chunk. Single-threaded models: the parallelism is one chunk per thread.
+_bundles: dict[str, Bundle] = {}
 _bundles_lock = threading.Lock()
 
 
-def _bundle(directory: str, threads: int) -> Bundle:
+def _bundle(directory: str) -> Bundle:
     with _bundles_lock:
-        bundle = _bundles.get((directory, threads))
+        bundle = _bundles.get(directory)
         if bundle is None:
-            bundle = load_bundle(directory, threads=threads)
-            _bundles[(directory, threads)] = bundle
+            bundle = load_bundle(directory, threads=1)
+            _bundles[directory] = bundle
         return bundle
 
 
@@ -332,7 +332,6 @@ def _embed_block(
     block: np.ndarray,
     bundle_dir: str,
     mode: str,
-    threads: int,
     with_clusters: bool,
     source: str,
     block_info: dict | None = None,
@@ -340,11 +339,12 @@ def _embed_block(
     """One chunk: embeddings (and the cluster id as a last float32 column)."""
     first = block_info[0]["array-location"][0][0] if block_info else 0
     values = np.asarray(block, dtype=np.float32)
-    bad = ~np.isfinite(values).all(axis=1)
-    if bad.any():
-        row = first + int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{source}: row {row} contains NaN or infinity")
-    bundle = _bundle(bundle_dir, threads)
+    if block.dtype.kind == "f":  # integers are always finite (and convert to finite floats)
+        bad = ~np.isfinite(values).all(axis=1)
+        if bad.any():
+            row = first + int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{source}: row {row} contains NaN or infinity")
+    bundle = _bundle(bundle_dir)
     embedding, clusters = bundle.embed_with_clusters(values, mode)
     if not with_clusters:
         return embedding

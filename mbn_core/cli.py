@@ -187,7 +187,12 @@ def build_parser(
     )
     embed.add_argument("--exact", action="store_true", help="use the exact model (slow)")
     embed.add_argument("--clusters", metavar="CLUSTERS.npy", help="also write cluster ids")
-    embed.add_argument("--threads", type=int, default=1, help="threads (default: 1)")
+    embed.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="threads (default: 1); for a .npy or .zarr DATA, chunks embedded at once",
+    )
     embed.add_argument(
         "--chunk-rows",
         type=int,

@@ -101,19 +101,28 @@ def connect(scheduler: str, timeout: float = CONNECT_TIMEOUT) -> Client:
     Raises
     ------
     SchedulerUnreachable
-        When no scheduler answers at that address within ``timeout`` seconds, or the address
-        is malformed.
+        When no scheduler answers at that address within ``timeout`` seconds, the address is
+        malformed, or no worker joins the scheduler within that time.
     ImportError
         When Dask is not installed (naming the extra to install).
     """
     distributed = import_distributed()
     try:
-        return distributed.Client(scheduler, timeout=timeout, set_as_default=False)
+        client = distributed.Client(scheduler, timeout=timeout, set_as_default=False)
     except (OSError, TimeoutError, ValueError, TypeError) as error:
         raise SchedulerUnreachable(
             f"cannot reach the Dask scheduler at {scheduler!r} within {timeout:g} s: "
             f"{error or type(error).__name__}"
         ) from None
+    try:
+        # A cluster still starting (workers not yet connected) gets the same grace period.
+        client.wait_for_workers(1, timeout=timeout)
+    except (OSError, TimeoutError) as error:
+        client.close()
+        raise SchedulerUnreachable(
+            f"the Dask scheduler at {scheduler!r} has no workers (waited {timeout:g} s)"
+        ) from error
+    return client
 
 
 @contextlib.contextmanager

@@ -85,6 +85,8 @@ class MultilevelEmbedding(TransformerMixin, BaseEstimator):
         Points per level, finest first.
     level_vertices_ : list of ndarray
         Training-row indices of each level, finest first.
+    n_components_ : int
+        Dimension of the embedding.
     sigma_ : float
         Heat-kernel width of level 1 (inf for simple weights), used for new points.
     X_fit_ : ndarray of shape (n_samples, n_features)
@@ -198,6 +200,7 @@ class MultilevelEmbedding(TransformerMixin, BaseEstimator):
         self.level_vertices_ = [level.vertices for level in levels]
         self.sigma_ = sigma
         self.X_fit_ = X
+        self.n_components_ = self.n_components
         return levels
 
     def _embed_bottom(self, level: _multilevel.Level, X, rng) -> np.ndarray:
@@ -451,4 +454,5 @@ def embedding_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> Multil
     model.sigma_ = sigma
     model.level_sizes_ = level_sizes
     model.n_features_in_ = X_fit.shape[1]
+    model.n_components_ = model.n_components
     return model

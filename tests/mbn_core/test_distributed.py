@@ -40,10 +40,13 @@ def assert_same_model(a: MBN, b: MBN) -> None:
         np.testing.assert_array_equal(arrays_a[name], arrays_b[name], err_msg=name)
 
 
-@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse-cosine"])
-def test_fit_on_cluster_is_bit_identical_to_local_fit(client, digits, sparse):
-    X = sp.csr_matrix(digits) if sparse else digits
-    params = {**PARAMS, "metric": "cosine" if sparse else "euclidean"}
+@pytest.mark.parametrize("kind", ["whole-numbers", "floats", "sparse-cosine"])
+def test_fit_on_cluster_is_bit_identical_to_local_fit(client, digits, kind):
+    # Whole numbers travel as uint8, floats as float32, sparse input as float32 CSR.
+    X = {"whole-numbers": digits, "floats": digits / 7.3, "sparse-cosine": sp.csr_matrix(digits)}[
+        kind
+    ]
+    params = {**PARAMS, "metric": "cosine" if kind == "sparse-cosine" else "euclidean"}
     local = MBN(**params, n_jobs=2)
     expected = local.fit_transform(X)
     remote = MBN(**params)
@@ -176,3 +179,11 @@ def test_mbn_train_with_an_unreachable_scheduler_fails_before_work(tmp_path, mon
         f"mbn train: error: cannot reach the Dask scheduler at 'tcp://127.0.0.1:{port}' within 1 s"
     )
     assert not (tmp_path / "m").exists()
+
+
+def test_a_scheduler_without_workers_is_refused_before_any_work():
+    with (
+        distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as empty,
+        pytest.raises(SchedulerUnreachable, match="has no workers"),
+    ):
+        mbn_distributed.connect(empty.scheduler_address, timeout=0.5)

@@ -35,7 +35,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         srv.stop()
 
 
-@pytest.mark.parametrize("method", ["toy-exported", "toy-distilled"])
+@pytest.mark.parametrize("method", ["toy-exported", "toy-distilled", "multilevel"])
 def test_a_plugged_in_method_trains_and_embeds(server, digits, method):
     x, y = digits
     train, new = x[:1200], x[1200:1210]
@@ -47,9 +47,9 @@ def test_a_plugged_in_method_trains_and_embeds(server, digits, method):
                 "method": method,
                 "data": train.tolist(),
                 "labels": y[:1200].tolist(),
-                "params": {"n_components": 3, "max_epochs": 3}
-                if method == "toy-distilled"
-                else {"n_components": 3, "n_clusters": 4},
+                "params": {"n_components": 3, "n_clusters": 4}
+                if method == "toy-exported"
+                else {"n_components": 3, "max_epochs": 3},
             },
         )
         assert response.status_code == 202, response.text

@@ -1,0 +1,88 @@
+"""Multilevel manifold learning as the registered method "multilevel": trained, bundled and
+served through the method-agnostic pipeline (fast path distilled, exact path the k-NN step)."""
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+from mbn_core import cli
+from mbn_core.bundle import load_bundle
+from mbn_core.methods import get_method
+from mbn_core.multilevel_method import MultilevelMethod
+from mbn_core.training import TrainingParams, train_bundle
+
+
+@pytest.fixture(scope="module")
+def digits():
+    X, y = load_digits(return_X_y=True)
+    return X[:1200].astype(np.float32), y[:1200], X[1200:].astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def bundle(digits, tmp_path_factory):
+    X, y, _ = digits
+    params = {
+        "method": "multilevel",
+        "coarse_method": "isomap",
+        "n_components": 5,
+        "n_neighbors": 8,
+        "n_clusters": 10,
+        "hidden_layer_sizes": [64],
+        "max_epochs": 20,
+    }
+    path = train_bundle(X, tmp_path_factory.mktemp("ml") / "ml", name="ml", y=y, params=params)
+    return load_bundle(path)
+
+
+def test_registered_with_its_options_and_a_distilled_fast_path():
+    method = get_method("multilevel")
+    assert method.fast_path == "distilled"
+    names = [param.name for param in method.params()]
+    assert names[:3] == ["coarse_method", "n_neighbors", "n_components"]
+    with pytest.raises(ValueError, match="coarse_method"):
+        TrainingParams.from_dict({"method": "multilevel", "coarse_method": "tsne"})
+
+
+def test_bundle_exact_mode_is_the_knn_refinement(bundle, digits):
+    X, _, new = digits
+    manifest = bundle.manifest
+    assert (manifest["method"], manifest["fast_path"]) == ("multilevel", "distilled")
+    assert manifest["hyperparameters"]["multilevel"]["coarse_method"] == "isomap"
+    assert manifest["training"]["level_sizes"][0] == manifest["training"]["n_samples"]
+    model = bundle.exact_model()
+    assert isinstance(model, MultilevelMethod)
+    exact = bundle.embed(new, mode="exact")
+    np.testing.assert_allclose(exact, model.transform(new), rtol=1e-6, atol=1e-6)
+    # A training row gets its stored embedding back.
+    row = int(np.flatnonzero(np.all(model.X_fit_ == X[0].astype(np.float64), axis=1))[0])
+    np.testing.assert_allclose(
+        bundle.embed(X[:1], mode="exact")[0], model.embedding_[row], rtol=1e-6, atol=1e-6
+    )
+
+
+def test_fast_path_reports_fidelity_on_unseen_rows(bundle, digits):
+    _, _, new = digits
+    fidelity = bundle.manifest["fidelity"]
+    assert fidelity["n_holdout"] > 0
+    assert fidelity["r2"] > 0.5
+    fast, exact = bundle.embed(new), bundle.embed(new, mode="exact")
+    assert fast.shape == exact.shape == (len(new), 5)
+    residual = np.sum((fast - exact) ** 2) / np.sum((exact - exact.mean(axis=0)) ** 2)
+    assert residual < 0.5
+
+
+def test_cli_trains_a_multilevel_model(digits, tmp_path, monkeypatch, capsys):
+    X, y, new = digits
+    monkeypatch.chdir(tmp_path)
+    np.savez("train.npz", x=X[:600], y=y[:600])
+    np.save("new.npy", new[:20])
+    assert cli.main(["train", "train.npz", "--out", "m", "--method", "multilevel",
+                     "--coarse-method", "lle", "--n-neighbors", "8", "--max-epochs", "3",
+                     "--quiet"]) == 0  # fmt: skip
+    assert "method:      multilevel (fast path: distilled)" in capsys.readouterr().out
+    assert (
+        load_bundle(tmp_path / "m").manifest["hyperparameters"]["multilevel"]["coarse_method"]
+        == "lle"
+    )
+    assert cli.main(["embed", "m", "new.npy", "--out", "e.npy", "--exact"]) == 0
+    assert np.load("e.npy").shape == (20, 2)
