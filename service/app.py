@@ -231,6 +231,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             '{"error": {"type": ..., "message": ...}}.'
         ),
         lifespan=lifespan,
+        # /train/ is not /train: a 404, not a 307 that clients would follow without their
+        # body (or their key, across hosts).
+        redirect_slashes=False,
     )
     app.state.settings = settings
     app.state.metrics = metrics
@@ -240,6 +243,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_requests=settings.max_inflight_requests,
         retry_after=settings.retry_after_seconds,
         on_reject=lambda reason: metrics.rejected.labels(f"embed_{reason}").inc(),
+        threads=settings.fast_threads,
     )
     install_error_handlers(app)
     app.add_middleware(

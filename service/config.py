@@ -129,11 +129,18 @@ class Settings(BaseSettings):
         "MBN_MAX_ROWS_PER_REQUEST.",
     )
     max_inflight_requests: int = Field(
-        default=64,
+        default=8,
         ge=1,
         le=100_000,
         description="/embed requests one process reads, parses and computes at once; one "
         "more is refused with 429 and Retry-After before its body is read.",
+    )
+    fast_threads: int = Field(
+        default=2,
+        ge=1,
+        le=256,
+        description="Threads computing admitted fast-mode work beside the event loop "
+        "(large-body parsing, the model, answers); about one per core.",
     )
     max_concurrent_exact: int = Field(
         default=2,

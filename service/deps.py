@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.auth import ApiKeys
 from service.config import Settings
@@ -85,15 +86,29 @@ async def get_worker(request: Request) -> Worker | None:
     return worker
 
 
-async def require_api_key(request: Request) -> None:
+# Publishes the bearer scheme in OpenAPI (so /docs can send a key); the check itself is
+# ApiKeys', which also words the errors (auto_error=False: HTTPBearer never answers).
+_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="ApiKey",
+    description="An API key of MBN_API_KEYS: 'Authorization: Bearer <key>'. Only needed "
+    "when the server has keys configured.",
+)
+
+
+async def require_api_key(
+    request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]
+) -> None:
     keys: ApiKeys = request.app.state.api_keys
     keys.check(request.headers.get("authorization"))
 
 
-async def require_api_key_for_metrics(request: Request) -> None:
+async def require_api_key_for_metrics(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]
+) -> None:
     settings: Settings = request.app.state.settings
     if settings.metrics_require_key:
-        await require_api_key(request)
+        await require_api_key(request, credentials)
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

@@ -86,8 +86,8 @@ class EmbedHandler:
             with self.budget.rows(x.shape[0]):
                 if x.shape[0] <= self.inline_fast_rows:
                     embeddings, labels = bundle.embed_with_clusters(x, mode="fast")
-                else:
-                    embeddings, labels = await anyio.to_thread.run_sync(
+                else:  # onnxruntime releases the GIL: beside the event loop
+                    embeddings, labels = await self.budget.run(
                         bundle.embed_with_clusters, x, "fast"
                     )
         compute_ms = (time.perf_counter() - started) * 1000.0

@@ -120,6 +120,9 @@ _ERROR_MAX_CHARS = 4000
 # before reconnecting after losing its connection.
 _LISTEN_TIMEOUT = 1.0
 _LISTEN_RETRY = 5.0
+# A SQLite store's disk with less free space than this counts as full (SQLite's own errors
+# on a full disk are often "disk I/O error").
+_FULL_BELOW_BYTES = 1 << 20
 
 T = TypeVar("T")
 
@@ -219,7 +222,7 @@ class JobStore:
                     read_only = conn.execute(sa.text("SHOW transaction_read_only")).scalar()
                     if read_only == "on":
                         return ["job store is read-only (transaction_read_only)"]
-        except Unavailable as exc:
+        except (Unavailable, InsufficientStorage) as exc:
             return [exc.message]
         except sa.exc.SQLAlchemyError as exc:
             return [f"job store unreachable ({type(exc).__name__})"]
@@ -525,6 +528,15 @@ class JobStore:
             with conn.begin():
                 yield conn
 
+    def _disk_full(self) -> bool:
+        if self.sqlite_path is None:
+            return False
+        try:
+            stats = os.statvfs(self.sqlite_path.parent)
+        except OSError:
+            return False
+        return stats.f_bavail * stats.f_frsize < _FULL_BELOW_BYTES
+
     def _check_file(self) -> None:
         """Unavailable when the SQLite file is not the one the store was opened on.
 
@@ -562,7 +574,9 @@ class JobStore:
             yield
         except sa.exc.OperationalError as exc:
             reason = str(exc.orig or exc)
-            if "full" in reason.lower():  # SQLITE_FULL / PostgreSQL's "No space left"
+            # SQLITE_FULL, PostgreSQL's "No space left", or SQLite failing to make its
+            # journal files on a full disk ("disk I/O error", "unable to open").
+            if "full" in reason.lower() or self._disk_full():
                 log.error("job store: disk full: %s", reason)
                 raise InsufficientStorage(
                     "the job store's disk is full; free space and retry"
@@ -628,7 +642,14 @@ def _make_engine(url: str) -> Engine:
             path.parent.mkdir(parents=True, exist_ok=True)
             # mode=rw: connecting never creates the file (see _create_sqlite_file).
             url = f"sqlite:///file:{urllib.parse.quote(str(path))}?mode=rw&uri=true"
-        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        # No pool: a connection per operation, so no file descriptor outlives it. A store
+        # file deleted or replaced is never written through a stale descriptor, and the
+        # file system can be remounted read-only by an operator.
+        engine = sa.create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            poolclass=sa.pool.NullPool,
+        )
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:

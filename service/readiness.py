@@ -40,6 +40,7 @@ class ReadinessMonitor:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mbn-readiness")
         self._latest: Result | None = None
         self._at = 0.0
+        self._was_ready = False
 
     def current(self) -> Result:
         """The latest result (never blocks)."""
@@ -68,10 +69,15 @@ class ReadinessMonitor:
         problems = result[1]
         if problems == before:
             return
-        if problems and problems != ["demo model still training"]:
+        if problems and self._was_ready:
             log.error("NOT READY: %s", "; ".join(problems))
-        elif not problems and before:
-            log.warning("ready again (was: %s)", "; ".join(before))
+        elif problems:
+            log.info("not ready yet: %s", "; ".join(problems))
+        elif self._was_ready:
+            log.warning("ready again (was: %s)", "; ".join(before or []))
+        else:
+            log.info("ready")
+        self._was_ready = self._was_ready or not problems
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 from fastapi import APIRouter, Depends, Request, Response
-from starlette.concurrency import run_in_threadpool
 
 from mbn_core.bundle import Bundle
 from service.arrays import (
@@ -19,6 +18,7 @@ from service.config import Settings
 from service.deps import BudgetDep, EmbedHandlerDep, SettingsDep, require_api_key
 from service.handlers import EmbedHandler
 from service.json_rows import parse_number_rows
+from service.limits import RowBudget
 from service.metrics import MODE_SCOPE_KEY
 from service.routes._body import (
     check_structure,
@@ -31,8 +31,9 @@ from service.schemas import INPUTS_PARSED, EmbedRequest, EmbedResponse, error_re
 
 router = APIRouter(tags=["embed"], dependencies=[Depends(require_api_key)])
 
-# Bodies larger than this are parsed on a thread rather than on the event loop.
-OFF_LOOP_PARSE_BYTES = 1 << 20
+# Bodies larger than this (about 300 rows of 64 numbers) are parsed on the budget's threads
+# rather than on the event loop.
+OFF_LOOP_PARSE_BYTES = 64 << 10
 
 
 @router.post(
@@ -53,15 +54,17 @@ async def embed(
     request: Request, handler: EmbedHandlerDep, budget: BudgetDep, settings: SettingsDep
 ) -> Response:
     with budget.request():  # 429 before the body is read when too many are in flight
-        return await _embed(request, handler, settings)
+        return await _embed(request, handler, budget, settings)
 
 
-async def _embed(request: Request, handler: EmbedHandler, settings: Settings) -> Response:
+async def _embed(
+    request: Request, handler: EmbedHandler, budget: RowBudget, settings: Settings
+) -> Response:
     body = await read_json_body(request)
     if len(body) > OFF_LOOP_PARSE_BYTES:
         # Large bodies are parsed beside the event loop (the number parser releases the
         # GIL), so health probes and small requests are not held up behind them.
-        req, parsed = await run_in_threadpool(_parse, body)
+        req, parsed = await budget.run(_parse, body)
     else:
         # Small ones on the loop: the thread hop would cost more than the parse.
         req, parsed = _parse(body)
@@ -71,6 +74,24 @@ async def _embed(request: Request, handler: EmbedHandler, settings: Settings) ->
     result = await handler.embed(bundle, x, req.mode, req.return_clusters)
     embeddings, clusters, compute_ms = result.embeddings, result.clusters, result.compute_ms
 
+    if x.shape[0] <= settings.inline_fast_rows:
+        content = _encode(req, bundle, embeddings, clusters)
+    else:  # several milliseconds for large batches: beside the event loop
+        content = await budget.run(_encode, req, bundle, embeddings, clusters)
+    return Response(
+        content=content,
+        media_type="application/json",
+        headers={
+            "X-Model-Id": bundle.id,
+            "X-Compute-Time-Ms": f"{compute_ms:.3f}",
+            "Server-Timing": f"compute;dur={compute_ms:.3f}",
+        },
+    )
+
+
+def _encode(
+    req: EmbedRequest, bundle: Bundle, embeddings: np.ndarray, clusters: np.ndarray | None
+) -> bytes:
     payload: dict[str, object] = {
         "model": bundle.id,
         "name": bundle.name,
@@ -84,15 +105,7 @@ async def _embed(request: Request, handler: EmbedHandler, settings: Settings) ->
         payload["embeddings"] = embeddings.tolist()
     if clusters is not None:
         payload["clusters"] = clusters.tolist()
-    return Response(
-        content=msgspec.json.encode(payload),
-        media_type="application/json",
-        headers={
-            "X-Model-Id": bundle.id,
-            "X-Compute-Time-Ms": f"{compute_ms:.3f}",
-            "Server-Timing": f"compute;dur={compute_ms:.3f}",
-        },
-    )
+    return msgspec.json.encode(payload)
 
 
 def _parse(body: bytes) -> tuple[EmbedRequest, np.ndarray | bytes | None]:

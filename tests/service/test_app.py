@@ -6,8 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
-from servicetest import make_settings, running_app, wait_for_progress
+from servicetest import assert_error, make_settings, running_app, wait_for_progress
 
 from service.jobs import JobStore
 
@@ -41,6 +42,24 @@ def test_openapi_documents_the_contract(api: Callable[..., TestClient]) -> None:
         "EmbedRequest"
     )
     assert "ErrorResponse" in document["components"]["schemas"]
+    # A bearer scheme, so /docs can send a key; health stays open.
+    assert document["components"]["securitySchemes"]["ApiKey"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": document["components"]["securitySchemes"]["ApiKey"]["description"],
+    }
+    assert embed["security"] == [{"ApiKey": []}]
+    assert "security" not in document["paths"]["/health/ready"]["get"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path"), [("POST", "/train/"), ("GET", "/models/"), ("GET", "/jobs/")]
+)
+def test_trailing_slashes_are_404_not_307(
+    api: Callable[..., TestClient], method: str, path: str
+) -> None:
+    response = api().request(method, path, follow_redirects=False)
+    assert_error(response, 404, "not_found")
 
 
 def test_shutdown_gives_the_running_job_back(
