@@ -44,7 +44,11 @@ ENVIRONMENT_VARIABLE = "MBN_METHODS"
 DEFAULT_METHOD = "mbn"
 # Modules that register a built-in method when imported. A new method in mbn_core adds its
 # module here: that line is its whole registration.
-BUILTIN_MODULES: tuple[str, ...] = ("mbn_core.mbn_method", "mbn_core.multilevel_method")
+BUILTIN_MODULES: tuple[str, ...] = (
+    "mbn_core.mbn_method",
+    "mbn_core.multilevel_method",
+    "mbn_core.modular_method",
+)
 # Parameters of the pipeline around every method (held-out fidelity rows, the clustering
 # head, the seed, threads). They are defined once, by CompressiveMBN, which implements them.
 PIPELINE_PARAMS = ("holdout_fraction", "n_clusters", "random_state", "n_jobs")
