@@ -22,12 +22,14 @@ def test_exact_gate_refuses_at_once_when_full() -> None:
 
     async def scenario() -> None:
         running = [asyncio.create_task(gate.run(release.wait)) for _ in range(2)]
-        await asyncio.sleep(0.05)
-        assert gate.in_flight == 2
-        with pytest.raises(Overloaded) as info:
-            await gate.run(lambda: None)
-        assert info.value.retry_after == 3
-        release.set()
+        try:
+            await asyncio.sleep(0.05)
+            assert gate.in_flight == 2
+            with pytest.raises(Overloaded) as info:
+                await gate.run(lambda: None)
+            assert info.value.retry_after == 3
+        finally:  # a failed assertion must fail the test, not leave the pool blocked
+            release.set()
         await asyncio.gather(*running)
         assert gate.in_flight == 0
         assert await gate.run(lambda: 42) == 42
