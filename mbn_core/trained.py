@@ -67,6 +67,7 @@ class TrainedModel:
             pipeline["random_state"] = None  # a generator's state is not a hyperparameter
         facts = {
             "n_samples": int(model.n_samples_),
+            "n_fit_samples": int(model.n_samples_ - len(model.holdout_)),
             "input_sparse": bool(model.input_sparse_),
             "n_epochs": int(model.n_epochs_),
             "seconds": {key: round(float(value), 3) for key, value in model.timings_.items()},

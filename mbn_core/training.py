@@ -25,11 +25,12 @@ from sklearn.utils import check_random_state
 from mbn_core.bundle import check_target, save_bundle, validate_model_id, validate_name
 from mbn_core.compress import (
     CompressiveMBN,
-    _eval_clusters,
     _kmeans,
+    _report_clusters,
     _seed,
     _split,
     measure_fidelity,
+    teacher_fit_rows,
 )
 from mbn_core.datafile import peek_data_file
 from mbn_core.methods import (
@@ -321,7 +322,7 @@ def check_feasible(params: TrainingParams, n_rows: int) -> None:
         raise ValueError(f"training needs at least {minimum} rows, got {n_rows}")
     method = params.spec
     if method.check_rows is not None:
-        method.check_rows(params.estimator(), n_rows)
+        method.check_rows(params.estimator(), fit_shape(params, (n_rows, 1))[0])
     n_clusters = params["n_clusters"]
     if n_clusters is not None and n_clusters > n_rows:
         raise ValueError(f"n_clusters={n_clusters} is more than the {n_rows} rows")
@@ -425,7 +426,8 @@ def fit_model(
     method = params.spec
     estimator = params.estimator() if estimator is None else estimator
     if tracker is not None and method.track is not None:
-        method.track(estimator, X.shape, lambda f, message: tracker.report("fit", f, message))
+        shape = fit_shape(params, X.shape)
+        method.track(estimator, shape, lambda f, message: tracker.report("fit", f, message))
     if method.export is None:
         compressor = CompressiveMBN(
             estimator,
@@ -463,7 +465,7 @@ def _fit_exported(method: Method, params: TrainingParams, estimator, X, y) -> Tr
         exact,
         fast,
         None if y is None else y[holdout],
-        n_clusters=n_clusters if n_clusters is not None else _eval_clusters(estimator),
+        n_clusters=_report_clusters(n_clusters, None if y is None else y[holdout], estimator),
         centers=centers,
         seed=_seed(rng),
     )
@@ -503,6 +505,12 @@ def _fit_exported(method: Method, params: TrainingParams, estimator, X, y) -> Tr
     )
 
 
+def fit_shape(params: TrainingParams, shape: tuple[int, int]) -> tuple[int, int]:
+    """The shape of the data ``params``' method is fitted on: all rows but the held-out ones
+    (kept for the fidelity report), for distilled and exported methods alike."""
+    return teacher_fit_rows(shape[0], params["holdout_fraction"]), shape[1]
+
+
 def _detach(estimator: Any) -> None:
     """Drop a progress callback from a fitted estimator: it is not a hyperparameter."""
     if "callback" in estimator.get_params(deep=False):
@@ -515,7 +523,9 @@ class _Tracker:
     def __init__(self, params: TrainingParams, estimator, shape, progress, events) -> None:
         method = params.spec
         n, d = shape
-        fit_cost = method.cost(estimator, shape) if method.cost is not None else None
+        fit_cost = None
+        if method.cost is not None:
+            fit_cost = method.cost(estimator, fit_shape(params, shape))
         mlp = 0.0
         if method.export is None:
             values = params.values
