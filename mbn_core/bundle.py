@@ -34,6 +34,7 @@ import threading
 import uuid
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -343,18 +344,47 @@ def write_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any]) 
 # ---------------------------------------------------------------------- reading
 
 
+@dataclass(frozen=True)
+class ExactModel:
+    """A bundle's exact model in memory: the method's fitted estimator and the clustering
+    head. An immutable value; whoever keeps one decides how long (the service's registry keeps
+    a few in an LRU cache; dropping one is dropping a reference, nothing is read again).
+
+    Make one with ``Bundle.load_exact``.
+    """
+
+    bundle_id: str
+    estimator: Any
+    centers: np.ndarray | None
+
+    def embed_with_clusters(self, X) -> tuple[np.ndarray, np.ndarray | None]:
+        """Embedding (float32) and cluster ids (int64; None without a head) of checked X."""
+        embedding = np.asarray(self.estimator.transform(X), dtype=np.float32)
+        if self.centers is None:
+            return embedding, None
+        scores = embedding @ (-2.0 * self.centers.T) + np.sum(self.centers**2, axis=1)
+        return embedding, np.argmin(scores, axis=1).astype(np.int64)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the estimator's arrays, when it says (``nbytes``), else 0."""
+        return int(getattr(self.estimator, "nbytes", 0) or 0)
+
+
 class Bundle:
-    """A verified, loaded bundle: the fast ONNX path at once, the exact model on demand.
+    """A verified, loaded bundle: an immutable value holding the manifest and the fast path.
 
     Use ``load_bundle`` to make one. Thread safe: ``embed`` and ``predict_clusters`` may be
-    called from several threads.
+    called from several threads. The exact model is not kept here: ``load_exact`` reads it
+    (verifying its hash) and returns it; pass it back as ``exact=`` to reuse it. Without it,
+    exact mode reads the model for that one call (fine for a script, not for a server).
 
     Attributes
     ----------
     path : Path
     manifest : dict
         The parsed ``manifest.json`` (upgraded to the current format version).
-    id, name, created : str
+    id, name, created, method : str
     input_dim, output_dim : int
     n_clusters : int or None
         Clusters of the clustering head; None without one.
@@ -366,21 +396,19 @@ class Bundle:
         self.id: str = manifest["id"]
         self.name: str = manifest["name"]
         self.created: str = manifest["created"]
+        self.method: str = manifest["method"]
         self.input_dim: int = manifest["input_dim"]
         self.output_dim: int = manifest["output_dim"]
         self.n_clusters: int | None = manifest["n_clusters"]
         self.threads = threads
         self._embedder = embedder
-        self.method: str = manifest["method"]
-        self._exact: Any = None
-        self._centers: np.ndarray | None = None
         self._map: EmbeddingMap | None = None
-        self._lock = threading.Lock()
+        self._map_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Bundle(id={self.id!r}, name={self.name!r}, path={str(self.path)!r})"
 
-    def embed(self, X, mode: str = "fast") -> np.ndarray:
+    def embed(self, X, mode: str = "fast", *, exact: ExactModel | None = None) -> np.ndarray:
         """Embedding of X, float32 of shape (n_samples, output_dim).
 
         Parameters
@@ -388,25 +416,28 @@ class Bundle:
         X : array-like or sparse matrix of shape (n_samples, input_dim)
             Finite real values.
         mode : {"fast", "exact"}, default="fast"
-            The ONNX fast path, or the exact model (loaded from its arrays on first use).
+            The ONNX fast path, or the exact model.
+        exact : ExactModel, default=None
+            This bundle's exact model from ``load_exact``; None reads it for this call.
         """
-        X = self._check_input(X, mode)
-        if mode == "fast":
-            return self._embedder.embed(X)
-        return self.exact_model().transform(X).astype(np.float32)
+        return self.embed_with_clusters(X, mode, exact=exact)[0]
 
-    def predict_clusters(self, X, mode: str = "fast") -> np.ndarray:
+    def predict_clusters(
+        self, X, mode: str = "fast", *, exact: ExactModel | None = None
+    ) -> np.ndarray:
         """Cluster id (int64) of each row: nearest k-means centroid of its embedding.
 
         Raises ValueError when the bundle has no clustering head.
         """
         if self.n_clusters is None:
             raise ValueError(f"model {self.id!r} has no clustering head")
-        clusters = self.embed_with_clusters(X, mode)[1]
+        clusters = self.embed_with_clusters(X, mode, exact=exact)[1]
         assert clusters is not None
         return clusters
 
-    def embed_with_clusters(self, X, mode: str = "fast") -> tuple[np.ndarray, np.ndarray | None]:
+    def embed_with_clusters(
+        self, X, mode: str = "fast", *, exact: ExactModel | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """Embedding (float32) and cluster ids (int64; None without a head) in one pass.
 
         Cheaper than ``embed`` then ``predict_clusters``, which would run the model twice.
@@ -414,24 +445,20 @@ class Bundle:
         X = self._check_input(X, mode)
         if mode == "fast":
             return self._embedder.run(X)
-        embedding = self.exact_model().transform(X).astype(np.float32)
-        if self.n_clusters is None:
-            return embedding, None
-        assert self._centers is not None
-        scores = embedding @ (-2.0 * self._centers.T) + np.sum(self._centers**2, axis=1)
-        return embedding, np.argmin(scores, axis=1).astype(np.int64)
+        if exact is None:
+            exact = self.load_exact()
+        elif exact.bundle_id != self.id:
+            raise ValueError(f"the exact model of {exact.bundle_id!r} is not {self.id!r}'s")
+        return exact.embed_with_clusters(X)
 
-    def exact_model(self) -> Any:
-        """The exact estimator, read from its arrays (hash checked again) on the first call."""
-        with self._lock:
-            if self._exact is None:
-                self._exact, self._centers = _load_exact(self.path, self.manifest, self.threads)
-            return self._exact
+    def load_exact(self) -> ExactModel:
+        """Read the exact model from the bundle's arrays, verifying their SHA-256 again.
 
-    @property
-    def exact_loaded(self) -> bool:
-        """Whether the exact model is in memory."""
-        return self._exact is not None
+        Every call reads the file: keep the result to reuse it. Raises ``BundleError`` when
+        the file changed since the bundle was loaded.
+        """
+        estimator, centers = _load_exact(self.path, self.manifest, self.threads)
+        return ExactModel(bundle_id=self.id, estimator=estimator, centers=centers)
 
     @property
     def has_map(self) -> bool:
@@ -444,7 +471,7 @@ class Bundle:
         Raises BundleError when the bundle has none (trained before maps, or without one)
         or its file is damaged.
         """
-        with self._lock:
+        with self._map_lock:
             if self._map is None:
                 file = self.path / MAP_FILE
                 if not self.has_map:

@@ -23,6 +23,7 @@ from service import json_rows, routes
 from service.auth import ApiKeys
 from service.config import Settings
 from service.errors import Unavailable, install_error_handlers
+from service.handlers import EmbedHandler
 from service.jobs import JobFiles, JobStore
 from service.limits import BodyLimitMiddleware, ExactGate, RowBudget
 from service.metrics import Metrics, MetricsMiddleware
@@ -200,6 +201,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         monitor = ReadinessMonitor(
             runtime.readiness, interval=READINESS_INTERVAL, stale_after=READINESS_STALE
+        )
+        state.embed_handler = EmbedHandler(
+            runtime.registry, runtime.gate, app.state.row_budget, settings.inline_fast_rows
         )
         readiness: Callable[[], tuple[dict[str, bool], list[str]]] = monitor.current
         state.readiness = readiness

@@ -1,13 +1,12 @@
 """CompressiveMBN: fitting, fidelity report, cluster head, determinism, bad input."""
 
-import warnings
-
 import numpy as np
 import pytest
 import scipy.sparse as sp
 from sklearn.datasets import load_digits
 from sklearn.exceptions import NotFittedError
 from sklearn.metrics import r2_score
+from sklearn.neural_network import MLPRegressor
 from sklearn.utils.estimator_checks import parametrize_with_checks
 from sklearn.utils.validation import check_is_fitted
 
@@ -230,14 +229,27 @@ def test_callback_sees_every_epoch_and_can_stop(digits):
         check_is_fitted(model)
 
 
-def test_ctrl_c_inside_an_epoch_is_not_swallowed():
-    # sklearn's MLP catches KeyboardInterrupt mid-epoch and only warns; training must stop.
-    class InterruptedMLP:
-        def partial_fit(self, X, Y):
-            warnings.warn("Training interrupted by user.", stacklevel=1)
+class CtrlCMLP(MLPRegressor):
+    """A real MLPRegressor whose Ctrl-C arrives in the middle of an epoch's minibatches."""
 
+    def _backprop(self, *args, **kwargs):
+        self.batches_seen = getattr(self, "batches_seen", 0) + 1
+        if self.batches_seen == 3:
+            raise KeyboardInterrupt  # what the SIGINT handler raises between two bytecodes
+        return super()._backprop(*args, **kwargs)
+
+
+def test_ctrl_c_inside_an_epoch_is_not_swallowed():
+    # sklearn's MLP catches KeyboardInterrupt mid-epoch and only warns, in its own words;
+    # training must stop instead.
+    rng = np.random.default_rng(0)
+    X, Y = rng.normal(size=(200, 4)), rng.normal(size=(200, 2))
+    mlp = CtrlCMLP(hidden_layer_sizes=(8,), batch_size=20, random_state=0)
     with pytest.raises(KeyboardInterrupt):
-        _partial_fit(InterruptedMLP(), np.ones((2, 2)), np.ones((2, 2)))
+        _partial_fit(mlp, X, Y)
+    assert mlp.batches_seen == 3
+    # Without a Ctrl-C the same call trains an epoch and returns.
+    _partial_fit(MLPRegressor(hidden_layer_sizes=(8,), batch_size=20, random_state=0), X, Y)
 
 
 def test_early_stopping_keeps_best_epoch(digits):
