@@ -64,6 +64,31 @@ def timed_fit(X, params, client=None):
     return model, total, layers, transfers
 
 
+def bottom_codes(X, params) -> np.ndarray:
+    """The bottom layer's codes of the training data, from a fit that stops right after it."""
+    from mbn_core.network import _LayerRunner, layer_runner_factory
+
+    class Recording(_LayerRunner):
+        def bottom_codes(self, layer, X, code_dtype):
+            self.codes = super().bottom_codes(layer, X, code_dtype)
+            raise StopIteration  # the codes are all this needs
+
+    runners: list[Recording] = []
+
+    def factory(pool, callback):
+        runners.append(Recording(pool, callback))
+        return runners[-1]
+
+    token = layer_runner_factory.set(factory)
+    try:
+        MBN(**params, n_jobs=2).fit(X)
+    except StopIteration:
+        pass
+    finally:
+        layer_runner_factory.reset(token)
+    return runners[0].codes
+
+
 def cmd_fit(args) -> None:
     from distributed import Client, LocalCluster
 
@@ -83,13 +108,13 @@ def cmd_fit(args) -> None:
         runs: dict[str, list] = {"local": [], "dask": []}
         for _ in range(args.repeats):
             for name in ("local", "dask"):
-                model, total, layers, transfers = timed_fit(
+                _, total, layers, transfers = timed_fit(
                     X, {**params, "n_jobs": 2} if name == "local" else params,
                     client if name == "dask" else None,
                 )  # fmt: skip
                 runs[name].append((total, layers, transfers))
                 print(f"{name}: {total:.1f} s", flush=True)
-        codes = model.encode(X, layer=0)
+    codes = bottom_codes(X[: args.n], params)
     # The per-layer shared cost on a worker: the posting lists of layer 1 (single thread).
     started = time.perf_counter()
     postings = Postings.build(codes, codes, ks[0], centers_are_points=True)
@@ -184,16 +209,18 @@ def cmd_model(args) -> None:
     - network: the layer's input (measured scattered bytes x n / n0) reaches every worker by
       Dask's replication (log2 W + 1 rounds of copies at the NIC's bandwidth); the codes
       (measured gathered bytes x n / n0) come back through the driver's NIC;
-    - scheduler: the layer's tasks (min(V, 4 W)) at the measured per-task overhead, serially,
+    - scheduler: the layer's tasks (min(V, 16 W)) at the measured per-task overhead, serially,
       plus the measured fixed cost of a layer.
     The top PCA on the driver is not modelled (seconds at these sizes: n x 10 components).
     """
     m = json.loads(Path(args.measured).read_text())
     n0, d, V, ks = m["n"], m["d"], m["V"], m["ks"]
-    per_clustering = [s * 2 / V for s in m["local_layers_s"]]  # 2 threads in the local fit
+    # 2 threads in the local fit; --compute-scale converts to another machine's (quieter) cores.
+    per_clustering = [s * 2 / V * args.compute_scale for s in m["local_layers_s"]]
+    postings_s = m["postings_s"] * args.compute_scale
     print(f"Measured at n={n0:,}, layers {'-'.join(map(str, ks))}: one clustering takes "
           f"{per_clustering[0]:.3f} s (bottom), {sum(per_clustering[1:]):.3f} s (all upper "
-          f"layers together); posting lists {m['postings_s']:.2f} s and "
+          f"layers together); posting lists {postings_s:.2f} s and "
           f"{mb(m['postings_bytes'])} per upper layer and worker; per task "
           f"{args.task_overhead * 1e3:.0f} ms, per layer "
           f"{args.layer_overhead * 1e3:.0f} ms")  # fmt: skip
@@ -208,10 +235,10 @@ def cmd_model(args) -> None:
             compute = network = scheduler = 0.0
             for i, t in enumerate(per_clustering):
                 compute += math.ceil(V / workers) * t * scale
-                compute += m["postings_s"] * scale if i else 0.0
+                compute += postings_s * scale if i else 0.0
                 rounds = math.log2(workers) + 1
                 network += (scattered[i] * rounds + gathered[i]) / args.bandwidth
-                scheduler += min(V, 4 * workers) * args.task_overhead + args.layer_overhead
+                scheduler += min(V, 16 * workers) * args.task_overhead + args.layer_overhead
             wall = compute + network + scheduler
             bottom_mem = scattered[0] + n * (d + 1) * 4  # input + its float32 working copy
             upper_mem = max(scattered[1:]) + m["postings_bytes"] * scale
@@ -282,6 +309,9 @@ def main() -> None:
     model.add_argument("--bandwidth", type=float, default=1.25e9, help="bytes/s per NIC")
     model.add_argument("--layer-overhead", type=float, default=0.3, help="s per layer")
     model.add_argument("--task-overhead", type=float, default=0.01, help="s per task")
+    model.add_argument(
+        "--compute-scale", type=float, default=1.0, help="multiply the measured compute times"
+    )
     embed = commands.add_parser("embed")
     embed.add_argument("--rows", type=int, default=10_000_000)
     embed.add_argument("--dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "mbn-bulk"))

@@ -216,6 +216,8 @@ def savings(args) -> None:
     print("| data | method | plain s | kNN s | r=2 s (saved) | r=3 s (saved) | r=4 s (saved) |")
     print("|---|---|---|---|---|---|---|")
     for name, (X, k) in sets.items():
+        if args.only and args.only not in name:
+            continue
         knn = np.median([_timed(lambda X=X, k=k: knn_graph(X, k))[0] for _ in range(args.repeats)])
         for method in ("isomap", "lle", "eigenmaps"):
             plain = np.median(
@@ -339,6 +341,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--d", type=int, default=10)
     parser.add_argument("--max-coarse-size", type=int, default=3000)
+    parser.add_argument("--only", default="", help="savings: only the data sets naming this")
     args = parser.parse_args()
     {
         "manifolds": manifolds,

@@ -155,11 +155,14 @@ ROW_PAD = 4
 
 
 @njit(inline="always")
-def _count_and_select(points, n, count, best_count, out, j):
+def _count_and_select(points, n, count, best_count, out, j, excluded):
     """Count how often each point occurs in ``points[:n]`` (its codes shared with center j),
-    and make j the point's center where that beats its best so far (ties keep the lower j)."""
+    and make j the point's center where that beats its best so far (ties keep the lower j).
+    Point ``excluded`` (-1: none) may not take center j: it is the center's own point."""
     for e in range(n):
         count[points[e]] += 1
+    if excluded >= 0:
+        count[excluded] = 0
     for e in range(n):
         i = points[e]
         c = count[i]
@@ -171,8 +174,9 @@ def _count_and_select(points, n, count, best_count, out, j):
 
 @njit(nogil=True, cache=True)
 def upper_codes(
-    rows, start, length, center_codes, centers, n_values, seed, threshold, keep_all, n_points, out
-):
+    rows, start, length, center_codes, centers, n_values, seed, threshold, keep_all, n_points,
+    exclude_self, out,
+):  # fmt: skip
     """One upper-layer clustering: each point's center with the most shared chosen codes.
 
     The similarity of point x and center w is w^T x over the chosen one-hot dimensions,
@@ -181,6 +185,9 @@ def upper_codes(
     pairs that share a code, so the cost is k * V + (number of shared codes), never the
     dense n x k similarity matrix. Ties go to the lowest center index; a point sharing
     nothing with any center gets center 0 (all similarities are 0).
+
+    ``exclude_self`` says that center row r is also the batch's point r (a training row
+    encoded as if it were no center: leave-self-out), which then never takes that center.
     """
     n_clusterings = center_codes.shape[1]
     best_count = np.zeros(n_points, np.int32)
@@ -206,6 +213,8 @@ def upper_codes(
                 s = range_start[q]
                 for p in range(s, s + range_length[q]):
                     count[rows[p]] += 1
+            if exclude_self:
+                count[r] = 0
             for i in range(n_points):
                 c = count[i]
                 if c > best_count[i]:
@@ -223,7 +232,7 @@ def upper_codes(
                 for p in range(ROW_PAD, range_length[q]):
                     points[t + p] = rows[s + p]
                 t += range_length[q]
-            _count_and_select(points, total, count, best_count, out, j)
+            _count_and_select(points, total, count, best_count, out, j, r if exclude_self else -1)
 
 
 @njit(nogil=True, cache=True)
@@ -278,6 +287,7 @@ def upper_codes_inline(
     keep_all,
     skip_self,
     n_points,
+    exclude_self,
     out,
 ):
     """``upper_codes`` over inline posting lists (``inline_postings``); same result."""
@@ -315,7 +325,7 @@ def upper_codes_inline(
             # The center's own point shares every kept code with it.
             best_count[r] = n_lists
             out[r] = j
-        _count_and_select(points, t, count, best_count, out, j)
+        _count_and_select(points, t, count, best_count, out, j, r if exclude_self else -1)
 
 
 @njit(nogil=True, cache=True)
@@ -463,3 +473,173 @@ def project_codes(codes, table, offset, out):
             entry = table[v, codes[i, v]]
             for c in range(n_components):
                 out[i, c] += entry[c]
+
+
+@njit(nogil=True, cache=True)
+def fill_codes_from_index(indptr, rows, n_values, out):
+    """Invert a ``build_postings`` index back to its code matrix: out[rows[p], v] = c for
+    every p in the list of key ``v * n_values + c``."""
+    n_keys = indptr.shape[0] - 1
+    for key in range(n_keys):
+        v = key // n_values
+        c = key - v * n_values
+        for p in range(indptr[key], indptr[key + 1]):
+            out[rows[p], v] = c
+
+
+@njit(inline="always")
+def _point_keep(seed, point_codes, key_base, threshold, keep_all, keep):
+    """keep[v] = 1 where the point's one-hot dimension (v, point_codes[v]) is chosen."""
+    for v in range(point_codes.shape[0]):
+        chosen = _splitmix64(seed, key_base[v] + np.uint64(point_codes[v])) < threshold
+        keep[v] = np.int32(chosen) | np.int32(keep_all)
+
+
+@njit(nogil=True, cache=True)
+def upper_codes_indexed(
+    codes, indptr, index_rows, centers, seeds, n_values, threshold, keep_all, n_center_rows, out
+):  # fmt: skip
+    """A whole upper layer for a few points, over an index of the center rows by code.
+
+    ``index_rows[indptr[key]:indptr[key + 1]]`` are the center rows whose code in
+    clustering v is c (``key = v * n_values + c``). For each clustering of the layer, each
+    point counts only the center rows that share one of its chosen codes: about
+    k + (its shared codes) per clustering, with nothing rebuilt per request. Same result as
+    ``upper_codes`` (ties to the lowest center, 0 when nothing is shared).
+    """
+    n_points, n_clusterings = codes.shape
+    V, k = centers.shape
+    local = np.full(n_center_rows, -1, np.int32)
+    count = np.zeros(k, np.int32)
+    keep = np.empty(n_clusterings, np.int32)
+    key_base = np.arange(n_clusterings).astype(np.uint64) * np.uint64(n_values)
+    for w in range(V):
+        for j in range(k):
+            local[centers[w, j]] = j
+        for i in range(n_points):
+            _point_keep(seeds[w], codes[i], key_base, threshold, keep_all, keep)
+            for v in range(n_clusterings):
+                if keep[v]:
+                    key = v * n_values + np.int64(codes[i, v])
+                    for p in range(indptr[key], indptr[key + 1]):
+                        j = local[index_rows[p]]
+                        if j >= 0:
+                            count[j] += 1
+            best_count = np.int32(0)
+            best = 0
+            for j in range(k):
+                c = count[j]
+                if c > best_count:
+                    best_count = c
+                    best = j
+                count[j] = 0
+            out[i, w] = best
+        for j in range(k):
+            local[centers[w, j]] = -1
+
+
+@njit(nogil=True, cache=True)
+def upper_codes_dense(codes, center_codes, centers, seeds, n_values, threshold, keep_all, out):
+    """A whole upper layer for a few points, comparing each center's codes directly.
+
+    Costs k * V per clustering and point, sequential and branch-free: cheaper than posting
+    lists in the deep layers, whose few centers share long lists. Same result as
+    ``upper_codes``.
+    """
+    n_points, n_clusterings = codes.shape
+    V, k = centers.shape
+    keep = np.empty(n_clusterings, np.int32)
+    key_base = np.arange(n_clusterings).astype(np.uint64) * np.uint64(n_values)
+    point = np.empty(n_clusterings, center_codes.dtype)
+    for w in range(V):
+        for i in range(n_points):
+            _point_keep(seeds[w], codes[i], key_base, threshold, keep_all, keep)
+            for v in range(n_clusterings):
+                point[v] = codes[i, v]
+            best_count = np.int32(0)
+            best = 0
+            for j in range(k):
+                row = center_codes[centers[w, j]]
+                c = np.int32(0)
+                for v in range(n_clusterings):
+                    c += keep[v] & np.int32(row[v] == point[v])
+                if c > best_count:
+                    best_count = c
+                    best = j
+            out[i, w] = best
+
+
+@njit(nogil=True, cache=True)
+def bottom_center_norms(center_data, centers, masks, out):
+    """out[v, j]: float64 squared norm of clustering v's center j on its chosen dimensions,
+    summed as ``bottom_scores_direct`` sums it."""
+    V, k = centers.shape
+    d = center_data.shape[1]
+    for v in range(V):
+        for j in range(k):
+            r = centers[v, j]
+            sq = 0.0
+            for f in range(d):
+                value = np.float32(center_data[r, f])
+                sq += np.float64(value * masks[v, f]) * np.float64(value)
+            out[v, j] = sq
+
+
+@njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+def bottom_codes_few(
+    X, center_data, centers, masks, sq_norms, cosine, tolerance_scale, row_norms, codes, near_tie
+):  # fmt: skip
+    """Nearest center of a few rows in every bottom clustering, straight from the stored rows.
+
+    ``X`` is the dense input (n, d); ``masks[v]`` is 1 on clustering v's chosen dimensions
+    and 0 elsewhere; ``sq_norms`` comes from ``bottom_center_norms``. Scores are
+    ``bottom_scores_direct``'s (float32, any summation order: the error bound holds for
+    all); ``near_tie[i, v]`` flags a runner-up within the rounding-error bound times
+    ``tolerance_scale``, which the caller re-ranks exactly. Without random reconstruction.
+    """
+    n_points, d = X.shape
+    V, k = centers.shape
+    unit = np.float64(np.finfo(np.float32).eps) / 2
+    x = np.empty((n_points, d), np.float32)
+    scores = np.empty((n_points, k), np.float32)
+    for v in range(V):
+        n_chosen = np.int64(0)
+        for f in range(d):
+            n_chosen += np.int64(masks[v, f])
+        for i in range(n_points):
+            for f in range(d):
+                x[i, f] = X[i, f] * masks[v, f]
+        w_max = 0.0
+        for j in range(k):
+            r = centers[v, j]
+            sq = sq_norms[v, j]
+            w_max = max(w_max, sq)
+            safe = np.sqrt(sq) if sq > 0 else 1.0
+            bias = np.float32(0.0) if cosine else np.float32(-0.5 * sq)
+            for i in range(n_points):
+                acc = np.float32(0.0)
+                for f in range(d):
+                    acc += x[i, f] * np.float32(center_data[r, f])
+                scores[i, j] = np.float32(acc / safe) if cosine else acc + bias
+        w_max = np.sqrt(w_max)
+        gamma = (n_chosen + 1) * unit / (1 - (n_chosen + 1) * unit)
+        if cosine:
+            per_norm = gamma + 2 * unit
+            const = 0.0
+        else:
+            per_norm = (gamma + unit) * w_max
+            const = (gamma + unit) * 0.5 * w_max * w_max
+        for i in range(n_points):
+            tolerance = np.float32(tolerance_scale * (per_norm * row_norms[i] + const))
+            top = scores[i, 0]
+            first = 0
+            for j in range(1, k):
+                if scores[i, j] > top:
+                    top = scores[i, j]
+                    first = j
+            floor = top - tolerance
+            close = np.int64(0)
+            for j in range(k):
+                close += np.int64(scores[i, j] >= floor)
+            codes[i, v] = first
+            near_tie[i, v] = close > 1

@@ -129,9 +129,10 @@ def modular_gradient(factors: np.ndarray, q: np.ndarray, diversity: float) -> np
     """
     n_modules = factors.shape[0]
     stacked = factors.reshape(-1, factors.shape[-1])
-    # F_m A_m = (F_m F_m^T) F_m and F_m Ā = (1/M) (F_m G^T) G, with G the stacked factors.
-    own = np.einsum("mhj,mkj,mkr->mhr", factors, factors, factors)
-    mean = np.einsum("mhj,kj,kr->mhr", factors, stacked, stacked) / n_modules
+    # F_m A_m = (F_m F_m^T) F_m and F_m Ā = (1/M) (F_m G^T) G, with G the stacked factors:
+    # batched matrix products, never a ρ x ρ matrix.
+    own = (factors @ factors.transpose(0, 2, 1)) @ factors
+    mean = (factors @ stacked.T) @ stacked / n_modules
     fq = factors * q
     return (4.0 / n_modules) * ((1.0 - diversity) * (own - fq) + diversity * (mean - fq))
 

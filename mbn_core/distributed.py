@@ -69,9 +69,10 @@ if TYPE_CHECKING:
 INSTALL_HINT = "pip install 'mbn[distributed]'"
 # Seconds to wait for the scheduler before saying it cannot be reached.
 CONNECT_TIMEOUT = 10.0
-# Tasks per worker thread and layer: enough to balance uneven workers and to lose little work
-# with a dead worker, few enough that Dask's per-task overhead stays negligible.
-TASKS_PER_THREAD = 4
+# Tasks per worker thread and layer: enough that a worker slower than the others (a busier
+# machine) leaves little idle time at the end of a layer, and that a dead worker loses little
+# work; few enough that Dask's per-task overhead (milliseconds) stays negligible.
+TASKS_PER_THREAD = 16
 # ... and at most this many clusterings per task, so progress reports stay frequent with a
 # large V on a small cluster.
 MAX_CLUSTERINGS_PER_TASK = 50

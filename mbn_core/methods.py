@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from mbn_core.embedding_map import MAP_POINTS
 from mbn_core.params import Param, estimator_params
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,11 @@ ENVIRONMENT_VARIABLE = "MBN_METHODS"
 DEFAULT_METHOD = "mbn"
 # Modules that register a built-in method when imported. A new method in mbn_core adds its
 # module here: that line is its whole registration.
-BUILTIN_MODULES: tuple[str, ...] = ("mbn_core.mbn_method", "mbn_core.multilevel_method")
+BUILTIN_MODULES: tuple[str, ...] = (
+    "mbn_core.mbn_method",
+    "mbn_core.multilevel_method",
+    "mbn_core.modular_method",
+)
 # Parameters of the pipeline around every method (held-out fidelity rows, the clustering
 # head, the seed, threads). They are defined once, by CompressiveMBN, which implements them.
 PIPELINE_PARAMS = ("holdout_fraction", "n_clusters", "random_state", "n_jobs")
@@ -159,6 +164,7 @@ class Method:
         """Every training option, by group: the method's, the compressor's, the pipeline's."""
         groups = {self.name: self.params(), "compressor": self.fast_path_params()}
         groups["pipeline"] = pipeline_params()
+        groups["map"] = [MAP_POINTS]
         return {group: params for group, params in groups.items() if params}
 
     def options(self) -> list[Param]:

@@ -101,8 +101,8 @@ class ModularKPCA(LandmarkMapTransformer):
         Nyström rank R (landmarks drawn uniformly from the training rows); capped at
         n_samples.
     gamma : float > 0 or "auto", default="auto"
-        Gaussian kernel exp(-gamma |x - y|^2). "auto" is the Kwok-Tsang heuristic
-        1 / (mean squared distance between training rows).
+        Width of the Gaussian kernel exp(-gamma d^2), d the Euclidean distance. "auto" is
+        the Kwok-Tsang heuristic 1 / (mean squared distance between training rows).
     epsilon : float > 0, default=1e-6
         Proximal weight of each block step (keeps the descent strict; smaller is faster).
     max_epochs : int, default=200

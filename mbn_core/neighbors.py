@@ -20,6 +20,8 @@ _EXTRA_CANDIDATES = 8
 # float32 GEMM estimates of a squared distance are trusted to within this fraction of
 # |x|^2 + |y|^2 (far above float32 rounding of a dot product of a few thousand terms).
 _RELATIVE_MARGIN = 1e-4
+# The same for a float64 GEMM (its rounding stays below 1e-12 of the norms for d up to ~10^4).
+_RELATIVE_MARGIN_FLOAT64 = 1e-9
 
 
 def exact_kneighbors(
@@ -67,11 +69,24 @@ def exact_kneighbors(
         # A row is settled when its worst kept estimate is clearly beyond the threshold;
         # otherwise some reference row outside the candidates might be closer.
         settled = (n_cand == n_ref) | (part_est.max(axis=1) > threshold)
+        # Rows whose float32 estimates cannot separate the candidates (near neighbours much
+        # closer than the rows' norms, e.g. images a degree of rotation apart) are estimated
+        # again by a float64 GEMM, whose rounding is five orders of magnitude smaller.
+        unsettled = np.flatnonzero(~settled)
+        slot = np.full(stop - start, -1)
+        slot[unsettled] = np.arange(len(unsettled))
+        precise = threshold64 = np.empty(0)
+        if len(unsettled):
+            precise = ref_sq[None, :] - 2.0 * (q[unsettled] @ reference.T)
+            if exclude_self:
+                precise[np.arange(len(unsettled)), start + unsettled] = np.inf
+            kth64 = np.partition(precise, n_neighbors - 1, axis=1)[:, n_neighbors - 1]
+            threshold64 = kth64 + _RELATIVE_MARGIN_FLOAT64 * (q_sq[unsettled] + max_ref_sq)
         for row in range(stop - start):
             if settled[row]:
                 cand = part[row][part_est[row] <= threshold[row]]
             else:
-                cand = np.flatnonzero(estimate[row] <= threshold[row])
+                cand = np.flatnonzero(precise[slot[row]] <= threshold64[slot[row]])
             dist = _exact_distances(reference[cand], q[row])
             order = np.lexsort((cand, dist))[:n_neighbors]
             distances[start + row] = dist[order]

@@ -26,6 +26,7 @@ from mbn_core.layers import (
     PointPostings,
     Postings,
     UpperLayer,
+    bottom_codes_leave_self_out,
     compact_values,
     input_row_norms,
     smallest_uint,
@@ -37,6 +38,10 @@ from mbn_core.params import CheckedParams, check_int_items
 ProgressCallback = Callable[[int, int, int], object]
 
 METRICS = ("euclidean", "cosine")
+# Requests of up to this many dense rows are encoded row by row over the stored centers
+# (``BottomLayer.codes_few``, ``UpperLayer.codes_few``); larger batches share GEMMs and
+# posting lists between their rows.
+FEW_ROWS = 16
 # Above this many one-hot entries the top PCA runs sparse (ARPACK) instead of dense.
 _DENSE_PCA_MAX_ENTRIES = 5_000_000
 
@@ -229,19 +234,39 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
 
     def fit_transform(self, X, y=None):
         """Fit the network and return the embedding of X (equal to ``fit(X).transform(X)``)."""
-        return self._fit(X)
+        return self._fit(X)[0]
 
-    def _fit(self, X) -> np.ndarray:
+    def fit_transform_leave_self_out(self, X) -> tuple[np.ndarray, np.ndarray]:
+        """Fit the network; return the embedding of X and its leave-self-out embedding.
+
+        A training row that is also a center matches itself at distance 0 (bottom layer) or
+        shares all its codes with itself (upper layers), which no new row does. The
+        leave-self-out embedding codes each training row with every center that is that row
+        left out, layer after layer: a training row seen as new data, the target a student
+        network (``CompressiveMBN``) should learn. It costs one more pass over the upper
+        layers; the bottom layer's scores are shared.
+
+        Returns
+        -------
+        embedding : ndarray of shape (n_samples, n_components_), float64
+            Equal to ``fit_transform(X)``.
+        left_out : ndarray of shape (n_samples, n_components_), float64
+        """
+        embedding, left_out = self._fit(X, leave_self_out=True)
+        assert left_out is not None
+        return embedding, left_out
+
+    def _fit(self, X, leave_self_out: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
         # A stopped or failed fit leaves the estimator exactly as it was.
         previous_state = dict(self.__dict__)
         try:
-            return self._fit_network(X)
+            return self._fit_network(X, leave_self_out)
         except BaseException:
             self.__dict__.clear()
             self.__dict__.update(previous_state)
             raise
 
-    def _fit_network(self, X) -> np.ndarray:
+    def _fit_network(self, X, leave_self_out: bool) -> tuple[np.ndarray, np.ndarray | None]:
         self._validate_params()
         X = validate_data(
             self,
@@ -267,7 +292,9 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
 
         with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_threads) as pool:
             runner = factory(pool, self.callback)
-            bottom, codes = self._fit_bottom(X, ks[0], n_chosen, rng, runner)
+            bottom, codes, left_codes = self._fit_bottom(
+                X, ks[0], n_chosen, rng, runner, leave_self_out
+            )
             delta = None
             if self.delta == "auto" and self.ks is None:
                 min_k = 1.5 * self.n_classes
@@ -281,10 +308,13 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                     delta = 0.5
             upper: list[UpperLayer] = []
             for index, k in enumerate(ks[1:], start=1):
-                layer, codes = self._fit_upper(codes, ks[index - 1], k, rng, runner, index)
+                layer, codes, left_codes = self._fit_upper(
+                    codes, left_codes, ks[index - 1], k, rng, runner, index
+                )
                 upper.append(layer)
             top = _fit_top(codes, ks[-1], n_components, rng)
             embedding = _project(codes, top)
+            left_out = None if left_codes is None else _project(left_codes, top)
 
         self.ks_ = list(ks)
         if delta is None and self.ks is None:
@@ -295,7 +325,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         self.upper_layers_ = upper
         self.top_ = top
         self.explained_variance_ratio_ = top.explained_variance_ratio
-        return embedding
+        return embedding, left_out
 
     def layer_sizes(self, n_samples: int, delta: float | None = None) -> list[int]:
         """Centers per layer that ``fit`` uses for ``n_samples`` training points.
@@ -346,7 +376,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
     def _upper_fraction(self) -> float:
         return 0.5 if self.feature_fraction == "auto" else float(self.feature_fraction)
 
-    def _fit_bottom(self, X, k, n_chosen, rng, runner):
+    def _fit_bottom(self, X, k, n_chosen, rng, runner, leave_self_out):
         n_samples, n_features = X.shape
         V = self.n_clusterings
         features = np.zeros((V, n_features), dtype=bool)
@@ -372,25 +402,36 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             center_data=center_data,
             metric=self.metric,
         )
-        return layer, runner.bottom_codes(layer, X, smallest_uint(k - 1))
+        if not leave_self_out:
+            return layer, runner.bottom_codes(layer, X, smallest_uint(k - 1)), None
+        codes, left_codes = runner.bottom_codes_leave_self_out(
+            layer, X, centers, smallest_uint(k - 1)
+        )
+        return layer, codes, left_codes
 
-    def _fit_upper(self, codes, n_values, k, rng, runner, index):
+    def _fit_upper(self, codes, left_codes, n_values, k, rng, runner, index):
         n_samples = codes.shape[0]
         V = self.n_clusterings
         fraction = self._upper_fraction()
         centers = np.stack([rng.choice(n_samples, k, replace=False) for _ in range(V)])
         seeds = rng.randint(0, 2**63, size=V, dtype=np.int64).astype(np.uint64)
         clusterings = UpperClusterings(centers.astype(np.int32), seeds, n_values, fraction)
-        new_codes = runner.upper_codes(index, codes, clusterings, smallest_uint(k - 1))
+        new_left = None
+        if left_codes is None:
+            new_codes = runner.upper_codes(index, codes, clusterings, smallest_uint(k - 1))
+        else:
+            new_codes, new_left = runner.upper_codes_leave_self_out(
+                index, codes, left_codes, clusterings, smallest_uint(k - 1)
+            )
         rows, local = np.unique(centers, return_inverse=True)
-        layer = UpperLayer(
+        layer = UpperLayer.create(
             centers=local.reshape(V, k).astype(smallest_uint(len(rows) - 1)),
             center_codes=codes[rows].astype(smallest_uint(n_values - 1)),
             seeds=seeds,
             n_values=n_values,
             feature_fraction=fraction,
         )
-        return layer, new_codes
+        return layer, new_codes, new_left
 
     # ------------------------------------------------------------------ inference
 
@@ -437,6 +478,13 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         check_is_fitted(self)
         X = validate_data(self, X, accept_sparse="csr", dtype=[np.float64, np.float32], reset=False)
         n_samples = X.shape[0]
+        bottom = self.bottom_layer_
+        if n_samples <= FEW_ROWS and not sp.issparse(X) and bottom.few_rows_supported:
+            # A request of a few rows: one pass over each layer's centers, on this thread.
+            codes = bottom.codes_few(np.asarray(X, dtype=np.float32), input_row_norms(X))
+            for layer in self.upper_layers_[: depth - 1]:
+                codes = layer.codes_few(codes)
+            return codes
         n_threads = _effective_threads(self.n_jobs)
         X_work = _float32_input(X)
         with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_threads) as pool:
@@ -519,6 +567,25 @@ class UpperClusterings:
 
         return encode
 
+    def left_out_encoder(
+        self, codes: np.ndarray, left_codes: np.ndarray, pool: ThreadPoolExecutor | None = None
+    ) -> Callable[[int], np.ndarray]:
+        """``encode(v)``: the leave-self-out codes of every training point for clustering v.
+
+        ``left_codes`` are the points' previous-layer leave-self-out codes; the centers keep
+        their own (in-sample) ``codes``, as the fitted layer stores them, and no point may
+        take a center that is itself.
+        """
+        postings = Postings.build(left_codes, codes, self.n_values, pool=pool)
+
+        def encode(v: int) -> np.ndarray:
+            return upper_clustering_codes(
+                postings, codes, self.centers[v], self.n_values, self.seeds[v],
+                self.feature_fraction, exclude_self=True,
+            )  # fmt: skip
+
+        return encode
+
 
 def bottom_encoder(
     layer: BottomLayer, X, norms: np.ndarray | None = None
@@ -563,6 +630,47 @@ class _LayerRunner:
         encode = clusterings.encoder(codes, self.pool)
         n_clusterings = len(clusterings.centers)
         return self.run_layer(index, n_clusterings, encode, codes.shape[0], code_dtype)
+
+    def bottom_codes_leave_self_out(
+        self, layer: BottomLayer, X, centers: np.ndarray, code_dtype: type[np.unsignedinteger]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``bottom_codes`` and the leave-self-out codes: in clustering v, training row
+        ``centers[v, j]`` may not take center j (one GEMM per clustering gives both)."""
+        X_work = _float32_input(X)
+        norms = input_row_norms(X)
+        n_rows, (n_clusterings, k) = X.shape[0], centers.shape
+        left = np.empty((n_rows, n_clusterings), dtype=code_dtype)
+
+        def encode(v: int) -> np.ndarray:
+            exclude = np.full(n_rows, -1, dtype=np.int64)
+            exclude[centers[v]] = np.arange(k)
+            codes, left[:, v] = bottom_codes_leave_self_out(
+                X_work, layer.features(v), layer.center_values(v), layer.metric, norms, exclude
+            )
+            return codes
+
+        return self.run_layer(0, n_clusterings, encode, n_rows, code_dtype), left
+
+    def upper_codes_leave_self_out(
+        self,
+        index: int,
+        codes: np.ndarray,
+        left_codes: np.ndarray,
+        clusterings: UpperClusterings,
+        code_dtype: type[np.unsignedinteger],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``upper_codes`` and, from the previous layer's leave-self-out ``left_codes``,
+        this layer's (both clusterings run in one task, so progress counts them once)."""
+        encode = clusterings.encoder(codes, self.pool)
+        encode_left = clusterings.left_out_encoder(codes, left_codes, self.pool)
+        n_rows, n_clusterings = codes.shape[0], len(clusterings.centers)
+        left = np.empty((n_rows, n_clusterings), dtype=code_dtype)
+
+        def both(v: int) -> np.ndarray:
+            left[:, v] = encode_left(v)
+            return encode(v)
+
+        return self.run_layer(index, n_clusterings, both, n_rows, code_dtype), left
 
     def stop_message(self, layer: int, done: int, n_clusterings: int) -> str:
         return (
@@ -758,21 +866,24 @@ def model_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MBN:
     _expect_index("layer0.centers", bottom.centers, center_data.shape[0])
     upper: list[UpperLayer] = []
     for index in range(1, len(ks)):
-        layer = UpperLayer(
-            centers=get(f"layer{index}.centers"),
-            center_codes=get(f"layer{index}.center_codes"),
-            seeds=get(f"layer{index}.seeds").astype(np.uint64),
+        centers = get(f"layer{index}.centers")
+        center_codes = get(f"layer{index}.center_codes")
+        seeds = get(f"layer{index}.seeds").astype(np.uint64)
+        _expect_shape(f"layer{index}.centers", centers, (V, ks[index]))
+        _expect_shape(f"layer{index}.seeds", seeds, (V,))
+        if center_codes.ndim != 2 or center_codes.shape[1] != V:
+            raise ValueError(
+                f"model array 'layer{index}.center_codes' has shape {center_codes.shape}"
+            )
+        _expect_index(f"layer{index}.centers", centers, center_codes.shape[0])
+        _expect_index(f"layer{index}.center_codes", center_codes, ks[index - 1])
+        layer = UpperLayer.create(
+            centers=centers,
+            center_codes=center_codes,
+            seeds=seeds,
             n_values=ks[index - 1],
             feature_fraction=float(get(f"layer{index}.feature_fraction")),
         )
-        _expect_shape(f"layer{index}.centers", layer.centers, (V, ks[index]))
-        _expect_shape(f"layer{index}.seeds", layer.seeds, (V,))
-        if layer.center_codes.ndim != 2 or layer.center_codes.shape[1] != V:
-            raise ValueError(
-                f"model array 'layer{index}.center_codes' has shape {layer.center_codes.shape}"
-            )
-        _expect_index(f"layer{index}.centers", layer.centers, layer.center_codes.shape[0])
-        _expect_index(f"layer{index}.center_codes", layer.center_codes, ks[index - 1])
         upper.append(layer)
     top = _Top(
         table=np.ascontiguousarray(get("top.table"), dtype=np.float64),

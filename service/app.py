@@ -23,6 +23,7 @@ from service import json_rows, routes
 from service.auth import ApiKeys
 from service.config import Settings
 from service.errors import Unavailable, install_error_handlers
+from service.handlers import EmbedHandler
 from service.jobs import JobFiles, JobStore
 from service.limits import BodyLimitMiddleware, ExactGate, RowBudget
 from service.metrics import Metrics, MetricsMiddleware
@@ -201,6 +202,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         monitor = ReadinessMonitor(
             runtime.readiness, interval=READINESS_INTERVAL, stale_after=READINESS_STALE
         )
+        state.embed_handler = EmbedHandler(
+            runtime.registry, runtime.gate, app.state.row_budget, settings.inline_fast_rows
+        )
         readiness: Callable[[], tuple[dict[str, bool], list[str]]] = monitor.current
         state.readiness = readiness
         rescans = asyncio.create_task(_rescan_forever(runtime), name="mbn-rescan")
@@ -227,6 +231,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             '{"error": {"type": ..., "message": ...}}.'
         ),
         lifespan=lifespan,
+        # /docs and /redoc come from routes.console, with their assets served from the package.
+        docs_url=None,
+        redoc_url=None,
         # /train/ is not /train: a 404, not a 307 that clients would follow without their
         # body (or their key, across hosts).
         redirect_slashes=False,
@@ -248,8 +255,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_upload_bytes=settings.max_upload_bytes,
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: times everything
-    for module in (routes.embed, routes.jobs, routes.models, routes.health):
+    for module in (routes.embed, routes.jobs, routes.models, routes.maps, routes.health):
         app.include_router(module.router)
+    routes.console.install_console(app)
     return app
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 import pybase64
 
-from service.errors import InvalidInput, PayloadTooLarge
+from service.domain import InvalidInput, PayloadTooLarge
 
 
 def rows_to_matrix(

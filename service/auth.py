@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from pydantic import SecretStr
 
-from service.errors import Unauthorized
+from service.domain import Unauthorized
 
 
 class ApiKeys:

@@ -14,6 +14,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from service.auth import ApiKeys
 from service.config import Settings
 from service.errors import Unavailable
+from service.handlers import EmbedHandler
 from service.jobs import JobFiles, JobStore
 from service.limits import ExactGate, RowBudget
 from service.metrics import Metrics
@@ -56,6 +57,12 @@ async def get_gate(request: Request) -> ExactGate:
     gate = _started(request, "exact_gate")
     assert isinstance(gate, ExactGate)
     return gate
+
+
+async def get_embed_handler(request: Request) -> EmbedHandler:
+    handler = _started(request, "embed_handler")
+    assert isinstance(handler, EmbedHandler)
+    return handler
 
 
 async def get_row_budget(request: Request) -> RowBudget:
@@ -110,6 +117,7 @@ FilesDep = Annotated[JobFiles, Depends(get_files)]
 RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
 GateDep = Annotated[ExactGate, Depends(get_gate)]
 BudgetDep = Annotated[RowBudget, Depends(get_row_budget)]
+EmbedHandlerDep = Annotated[EmbedHandler, Depends(get_embed_handler)]
 SubmitterDep = Annotated[Submitter, Depends(get_submitter)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 WorkerDep = Annotated[Worker | None, Depends(get_worker)]

@@ -1,7 +1,8 @@
-"""One error hierarchy, mapped to HTTP in one place.
+"""One error hierarchy, mapped to HTTP in one place: here.
 
-Code anywhere in the service raises a ``ServiceError`` subclass; ``install_error_handlers``
-turns it (and FastAPI's, Starlette's and pydantic's own errors) into the one JSON shape
+Code anywhere in the service raises a domain error (``service.domain``, re-exported here);
+``STATUS`` gives each its HTTP status and error type, and ``install_error_handlers`` turns it
+(and FastAPI's, Starlette's and pydantic's own errors) into the one JSON shape
 ``{"error": {"type": ..., "message": ...}}``. Anything else is a bug: logged with its
 traceback and answered with a 500 that reveals nothing.
 """
@@ -9,8 +10,8 @@ traceback and answered with a 500 that reveals nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,91 +20,57 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from service.domain import (
+    Conflict,
+    InsufficientStorage,
+    InvalidInput,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    ServiceError,
+    Unauthorized,
+    Unavailable,
+    UnsupportedMediaType,
+)
+
+__all__ = [
+    "Conflict",
+    "InsufficientStorage",
+    "InvalidInput",
+    "NotFound",
+    "Overloaded",
+    "PayloadTooLarge",
+    "ServiceError",
+    "Unauthorized",
+    "Unavailable",
+    "UnsupportedMediaType",
+    "install_error_handlers",
+    "status_of",
+]
+
 log = logging.getLogger(__name__)
 
 
-class ServiceError(Exception):
-    """Base of every error the service answers deliberately."""
-
-    status_code: ClassVar[int] = 500
-    error_type: ClassVar[str] = "internal_error"
-
-    def __init__(self, message: str, *, headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.headers = dict(headers or {})
-
-
-class InvalidInput(ServiceError):
-    """The request is well-formed HTTP but its content is not acceptable (422)."""
-
-    status_code = 422
-    error_type = "invalid_input"
+# The one table of statuses: domain error -> (HTTP status, error type).
+STATUS: dict[type[ServiceError], tuple[int, str]] = {
+    InvalidInput: (422, "invalid_input"),
+    Unauthorized: (401, "unauthorized"),
+    NotFound: (404, "not_found"),
+    Conflict: (409, "conflict"),
+    PayloadTooLarge: (413, "payload_too_large"),
+    UnsupportedMediaType: (415, "unsupported_media_type"),
+    Overloaded: (429, "overloaded"),
+    InsufficientStorage: (507, "insufficient_storage"),
+    Unavailable: (503, "unavailable"),
+}
 
 
-class Unauthorized(ServiceError):
-    """Missing or wrong API key (401)."""
-
-    status_code = 401
-    error_type = "unauthorized"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
-
-
-class NotFound(ServiceError):
-    """Unknown model, job or path (404)."""
-
-    status_code = 404
-    error_type = "not_found"
-
-
-class Conflict(ServiceError):
-    """The resource is in the wrong state for this request (409)."""
-
-    status_code = 409
-    error_type = "conflict"
-
-
-class PayloadTooLarge(ServiceError):
-    """Body, upload or batch over the configured limits (413)."""
-
-    status_code = 413
-    error_type = "payload_too_large"
-
-
-class UnsupportedMediaType(ServiceError):
-    """A content type the endpoint does not read (415)."""
-
-    status_code = 415
-    error_type = "unsupported_media_type"
-
-
-class Overloaded(ServiceError):
-    """Too much work in flight; retry later (429)."""
-
-    status_code = 429
-    error_type = "overloaded"
-
-    def __init__(self, message: str, *, retry_after: int) -> None:
-        super().__init__(message, headers={"Retry-After": str(retry_after)})
-
-
-class InsufficientStorage(ServiceError):
-    """The disk is full: the request cannot be stored (507)."""
-
-    status_code = 507
-    error_type = "insufficient_storage"
-
-
-class Unavailable(ServiceError):
-    """The service cannot answer yet: no model, store down (503)."""
-
-    status_code = 503
-    error_type = "unavailable"
-
-    def __init__(self, message: str, *, retry_after: int) -> None:
-        super().__init__(message, headers={"Retry-After": str(retry_after)})
+def status_of(error: ServiceError) -> tuple[int, str]:
+    """HTTP status and error type of a domain error (its nearest mapped class)."""
+    for kind in type(error).__mro__:
+        if kind in STATUS:
+            return STATUS[kind]
+    return 500, "internal_error"
 
 
 # Starlette raises HTTPException for routing and protocol errors (unknown path, wrong method...).
@@ -130,11 +97,11 @@ def error_body(error_type: str, message: str) -> dict[str, Any]:
 
 
 def error_response(error: ServiceError) -> JSONResponse:
-    return JSONResponse(
-        error_body(error.error_type, error.message),
-        status_code=error.status_code,
-        headers=error.headers,
-    )
+    status, error_type = status_of(error)
+    headers = dict(error.headers)
+    if error.retry_after is not None:
+        headers["Retry-After"] = str(error.retry_after)
+    return JSONResponse(error_body(error_type, error.message), status_code=status, headers=headers)
 
 
 def describe_validation(errors: Sequence[Any], *, limit: int = 5) -> str:
@@ -168,7 +135,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_service_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ServiceError)
-        if exc.status_code >= 500:  # e.g. not ready: debug, health probes ask every few seconds
+        if status_of(exc)[0] >= 500:  # e.g. not ready: debug, health probes ask every few seconds
             log.debug("%s %s: %s", request.method, request.url.path, exc.message)
         return error_response(exc)
 

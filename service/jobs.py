@@ -30,14 +30,13 @@ import os
 import re
 import shutil
 import tempfile
-import time
+import threading
 import urllib.parse
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
@@ -45,9 +44,14 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
 
-from service.errors import Conflict, InsufficientStorage, NotFound, Overloaded, Unavailable
-from service.schemas import JOB_ID_PATTERN, TERMINAL_STATUSES, JobOut
+from service.domain import Conflict, InsufficientStorage, NotFound, Overloaded, Unavailable
+
+JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
+JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +78,48 @@ jobs_table = sa.Table(
     sa.Column("started_at", sa.Double),
     sa.Column("finished_at", sa.Double),
     sa.Column("heartbeat_at", sa.Double),
+    sa.Column("method", sa.String(32), nullable=False, server_default="mbn"),
     sa.Index("ix_mbn_jobs_status_created", "status", "created_at"),
 )
+# The table is made and changed by the Alembic migrations in service/migrations (the
+# definition above must match their head; tests/service/test_migrations.py checks it).
+MIGRATIONS = Path(__file__).parent / "migrations"
+# The revision that is the table deployments made before migrations existed.
+BASELINE_REVISION = "0001"
+VERSION_TABLE = "mbn_alembic_version"
+# PostgreSQL channel on which a job entering the queue is announced (LISTEN/NOTIFY), so idle
+# stand-alone workers wake at once instead of at their next poll.
+NOTIFY_CHANNEL = "mbn_jobs_queued"
+
+
+class db_now(FunctionElement[float]):
+    """The database's clock, in seconds since the epoch: every time the store records or
+    compares (heartbeats, staleness, claims, submissions) is the database's, so workers on
+    hosts whose clocks disagree still agree on which job is stale."""
+
+    type = sa.Double()
+    inherit_cache = True
+
+
+@compiles(db_now, "postgresql")
+def _now_postgresql(element: db_now, compiler: Any, **kw: Any) -> str:
+    # clock_timestamp(), not now(): now() is the start of the transaction.
+    return "EXTRACT(EPOCH FROM clock_timestamp())"
+
+
+@compiles(db_now, "sqlite")
+def _now_sqlite(element: db_now, compiler: Any, **kw: Any) -> str:
+    return "((julianday('now') - 2440587.5) * 86400.0)"
+
 
 # Arbitrary constant naming the PostgreSQL advisory lock that serialises schema creation and
 # the queue-length check of submit.
 _PG_LOCK_KEY = zlib.crc32(b"mbn_jobs")
 _ERROR_MAX_CHARS = 4000
+# Seconds a listener waits for a notification before looking at its stop flag, and waits
+# before reconnecting after losing its connection.
+_LISTEN_TIMEOUT = 1.0
+_LISTEN_RETRY = 5.0
 # A SQLite store's disk with less free space than this counts as full (SQLite's own errors
 # on a full disk are often "disk I/O error").
 _FULL_BELOW_BYTES = 1 << 20
@@ -109,43 +148,17 @@ class Job:
     started_at: float | None
     finished_at: float | None
     heartbeat_at: float | None
+    method: str = "mbn"
 
     @property
     def finished(self) -> bool:
         return self.status in TERMINAL_STATUSES
-
-    def to_out(self) -> JobOut:
-        return JobOut(
-            id=self.id,
-            name=self.name,
-            status=self.status,  # type: ignore[arg-type]
-            progress=min(1.0, max(0.0, self.progress)),
-            phase=self.phase,
-            model_id=self.model_id,
-            error=self.error,
-            attempts=self.attempts,
-            n_rows=self.n_rows,
-            n_features=self.n_features,
-            params=self.params,
-            created_at=_to_datetime(self.created_at),
-            started_at=_maybe_datetime(self.started_at),
-            finished_at=_maybe_datetime(self.finished_at),
-            heartbeat_at=_maybe_datetime(self.heartbeat_at),
-        )
 
     @classmethod
     def from_row(cls, row: sa.RowMapping) -> Job:
         values = dict(row)
         values["params"] = json.loads(values["params"])
         return cls(**values)
-
-
-def _to_datetime(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, tz=UTC)
-
-
-def _maybe_datetime(ts: float | None) -> datetime | None:
-    return None if ts is None else _to_datetime(ts)
 
 
 def new_job_id() -> str:
@@ -181,7 +194,9 @@ class JobStore:
 
     # --- lifecycle ---------------------------------------------------------------------------
     def create_schema(self) -> None:
-        """Create the table if missing; safe when several processes start at once."""
+        """Create or upgrade the table (Alembic migrations); safe when several processes
+        start at once. A table made before migrations existed is taken as the baseline
+        revision and upgraded: its jobs are kept."""
         if self.sqlite_path is not None:
             _create_sqlite_file(self.sqlite_path)
         with self._translate(), self.engine.connect() as conn:
@@ -189,7 +204,7 @@ class JobStore:
             with conn.begin():
                 if self.is_postgres:
                     conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_LOCK_KEY)))
-                metadata.create_all(conn, checkfirst=True)
+                _migrate(conn)
         if self.sqlite_path is not None:
             self._identity = _file_identity(self.sqlite_path)
             self._file_lost = False
@@ -236,7 +251,6 @@ class JobStore:
     ) -> Job:
         """Queue a job whose data is already on disk. Raises ``Overloaded`` when the queue is
         full and ``Conflict`` when the id exists."""
-        now = time.time()
         with self._write() as conn:
             if self.is_postgres:
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_LOCK_KEY)))
@@ -261,9 +275,11 @@ class JobStore:
                     n_rows=n_rows,
                     n_features=n_features,
                     attempts=0,
-                    created_at=now,
+                    created_at=db_now(),
+                    method=str(params.get("method", "mbn")),
                 )
             )
+            self._announce(conn, job_id)
         # Committed, but into the file that is still the store? (Deleted meanwhile, the
         # commit went into an unlinked file: the job would never run. Answer 503, not 202.)
         self._check_file()
@@ -313,7 +329,7 @@ class JobStore:
                     jobs_table.c.id == job_id,
                     jobs_table.c.status.in_(("queued", "running")),
                 )
-                .values(status="cancelled", finished_at=time.time())
+                .values(status="cancelled", finished_at=db_now())
             ).rowcount
         job = self.require(job_id)
         if not done:
@@ -325,7 +341,6 @@ class JobStore:
     # --- worker side -------------------------------------------------------------------------
     def claim(self, worker_id: str) -> Job | None:
         """Take the oldest queued job for this worker, or None when there is none."""
-        now = time.time()
         with self._write() as conn:
             row = conn.execute(
                 sa.select(jobs_table.c.id)
@@ -342,8 +357,8 @@ class JobStore:
                 .values(
                     status="running",
                     worker_id=worker_id,
-                    started_at=now,
-                    heartbeat_at=now,
+                    started_at=db_now(),
+                    heartbeat_at=db_now(),
                     progress=0.0,
                     phase=None,
                     attempts=jobs_table.c.attempts + 1,
@@ -360,7 +375,7 @@ class JobStore:
             return bool(
                 conn.execute(
                     self._owned(job_id, worker_id).values(
-                        heartbeat_at=time.time(),
+                        heartbeat_at=db_now(),
                         progress=min(1.0, max(0.0, progress)),
                         phase=phase,
                     )
@@ -378,7 +393,7 @@ class JobStore:
     ) -> bool:
         """Record the outcome; False when the worker lost the job meanwhile."""
         assert status in TERMINAL_STATUSES
-        values: dict[str, Any] = {"status": status, "finished_at": time.time(), "phase": None}
+        values: dict[str, Any] = {"status": status, "finished_at": db_now(), "phase": None}
         if status == "succeeded":
             values.update(progress=1.0, model_id=model_id)
         if error is not None:
@@ -389,7 +404,7 @@ class JobStore:
     def release(self, job_id: str, worker_id: str) -> bool:
         """Give a running job back to the queue (clean shutdown); the start does not count."""
         with self._write() as conn:
-            return bool(
+            released = bool(
                 conn.execute(
                     self._owned(job_id, worker_id).values(
                         status="queued",
@@ -402,11 +417,37 @@ class JobStore:
                     )
                 ).rowcount
             )
+            if released:
+                self._announce(conn, job_id)
+            return released
+
+    def listen(self, wake: Callable[[], object], stop: threading.Event) -> None:
+        """Call ``wake()`` whenever a job enters the queue, until ``stop`` is set (blocking:
+        run it on a thread). PostgreSQL only (LISTEN/NOTIFY); elsewhere it returns at once
+        and workers poll. A lost connection is retried; polling covers the gap."""
+        if not self.is_postgres:
+            return
+        import psycopg
+
+        conninfo = self.engine.url.set(drivername="postgresql").render_as_string(
+            hide_password=False
+        )
+        while not stop.is_set():
+            try:
+                with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
+                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    wake()  # anything queued while we were not listening
+                    while not stop.is_set():
+                        for _ in conn.notifies(timeout=_LISTEN_TIMEOUT):
+                            wake()
+            except psycopg.Error as exc:
+                log.warning("job notifications lost (%s); polling until they are back", exc)
+                stop.wait(_LISTEN_RETRY)
 
     def recover_stale(self, *, stale_after: float, max_attempts: int) -> list[tuple[str, str]]:
         """Requeue or fail running jobs whose heartbeat is older than ``stale_after`` seconds.
         Returns ``(job_id, new_status)`` for each job recovered by this call."""
-        cutoff = time.time() - stale_after
+        cutoff = db_now() - stale_after
         with self._read() as conn:
             stale = conn.execute(
                 sa.select(jobs_table.c.id, jobs_table.c.attempts, jobs_table.c.heartbeat_at).where(
@@ -427,7 +468,7 @@ class JobStore:
             else:
                 values = {
                     "status": "failed",
-                    "finished_at": time.time(),
+                    "finished_at": db_now(),
                     "error": f"its worker stopped responding {attempts} times; not retried",
                 }
             with self._write() as conn:
@@ -441,12 +482,20 @@ class JobStore:
                     )
                     .values(**values)
                 ).rowcount
+                if won and values["status"] == "queued":
+                    self._announce(conn, job_id)
             if won:
                 log.warning("job %s: worker lost, job %s", job_id, values["status"])
                 recovered.append((job_id, values["status"]))
         return recovered
 
     # --- helpers -----------------------------------------------------------------------------
+    def _announce(self, conn: Connection, job_id: str) -> None:
+        """Tell listening workers that ``job_id`` is queued (sent when the transaction
+        commits, never for one that rolls back)."""
+        if self.is_postgres:
+            conn.execute(sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, job_id)))
+
     def _owned(self, job_id: str, worker_id: str) -> sa.Update:
         return jobs_table.update().where(
             jobs_table.c.id == job_id,
@@ -537,6 +586,20 @@ class JobStore:
             raise Unavailable(
                 "the job store is unavailable; retry later", retry_after=self.retry_after
             ) from exc
+
+
+def _migrate(conn: Connection) -> None:
+    """Bring the schema to the newest migration, on ``conn`` and inside its transaction."""
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = conn
+    inspector = sa.inspect(conn)
+    if inspector.has_table(jobs_table.name) and not inspector.has_table(VERSION_TABLE):
+        command.stamp(config, BASELINE_REVISION)  # made before migrations: the baseline
+    command.upgrade(config, "head")
 
 
 def _sqlite_path(url: str) -> Path | None:

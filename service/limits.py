@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import Overloaded, PayloadTooLarge, Unavailable, error_body
+from service.errors import Overloaded, PayloadTooLarge, Unavailable, error_body, status_of
 
 T = TypeVar("T")
 
@@ -72,13 +72,14 @@ def _content_length(scope: Scope) -> int | None:
 
 
 async def _send_413(send: Send, limit: int) -> None:
-    body = json.dumps(
-        error_body("payload_too_large", f"request body over the limit of {limit} bytes")
-    ).encode()
+    # Below the app (no exception handler runs here): the status still comes from errors.py.
+    error = PayloadTooLarge(f"request body over the limit of {limit} bytes")
+    status, error_type = status_of(error)
+    body = json.dumps(error_body(error_type, error.message)).encode()
     await send(
         {
             "type": "http.response.start",
-            "status": 413,
+            "status": status,
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),

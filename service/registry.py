@@ -31,22 +31,25 @@ import shutil
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cachetools import LRUCache
+
 from mbn_core.bundle import (
     DATA_FILES,
     MANIFEST,
+    OPTIONAL_FILES,
     Bundle,
     BundleError,
+    ExactModel,
     load_bundle,
     read_manifest,
     validate_model_id,
 )
 from service.aliases import Aliases, AliasFile
-from service.errors import Conflict, InvalidInput, NotFound, Unavailable
+from service.domain import Conflict, InvalidInput, NotFound, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +75,7 @@ def signature(path: Path) -> Signature | None:
     """The stat facts of a bundle's files (None when the directory is gone): any change,
     in place or by replacement, changes it."""
     facts = []
-    for name in (MANIFEST, *DATA_FILES):
+    for name in (MANIFEST, *DATA_FILES, *OPTIONAL_FILES):
         try:
             st = (path / name).stat()
         except FileNotFoundError:
@@ -215,8 +218,15 @@ class ModelRegistry:
         # scan), a loaded one when they changed under it (tampered, or replaced in place).
         self._signatures: dict[str, Signature | None] = {}
         self._damaged: dict[str, Damaged] = {}
+        # Exact models by bundle id, least recently used dropped beyond the size. Each entry
+        # remembers the Bundle it was read from: a bundle replaced under the same id misses.
         self._exact_lock = threading.Lock()
-        self._exact_lru: OrderedDict[str, None] = OrderedDict()
+        self._exact: LRUCache[str, tuple[Bundle, ExactModel]] = LRUCache(
+            maxsize=max(1, exact_cache_size)
+        )
+        # One lock per model while its exact model is read, so concurrent first requests
+        # read it once; the cache lock is never held while reading.
+        self._exact_loading: dict[str, threading.Lock] = {}
 
     # --- reading -----------------------------------------------------------------------------
     @property
@@ -292,21 +302,40 @@ class ModelRegistry:
         """Like ``get`` without rescanning (never blocks): for the event loop's fast path."""
         return self._snapshot.resolve(ref)
 
-    def note_exact_use(self, bundle: Bundle) -> None:
-        """Record that ``bundle``'s exact model is (about to be) loaded; beyond
-        ``exact_cache_size`` loaded exact models, the least recently used one is dropped."""
+    def exact(self, bundle: Bundle) -> ExactModel:
+        """``bundle``'s exact model, from the cache or read now (blocking: call from a thread).
+
+        Beyond ``exact_cache_size`` models the least recently used is dropped: a reference
+        let go, nothing read or hashed again. Raises ``BundleError`` when the file changed
+        since the bundle was verified (the caller takes the model out of service).
+        """
+        cached = self._cached_exact(bundle)
+        if cached is not None:
+            return cached
         with self._exact_lock:
-            self._exact_lru[bundle.id] = None
-            self._exact_lru.move_to_end(bundle.id)
-            evicted = []
-            while len(self._exact_lru) > self.exact_cache_size:
-                evicted.append(self._exact_lru.popitem(last=False)[0])
-        for model_id in evicted:
-            self._release_exact(model_id)
+            loading = self._exact_loading.setdefault(bundle.id, threading.Lock())
+        with loading:
+            cached = self._cached_exact(bundle)  # read by the request we waited for
+            if cached is not None:
+                return cached
+            exact = bundle.load_exact()
+            with self._exact_lock:
+                self._exact[bundle.id] = (bundle, exact)
+            log.info("model %s: exact model read (cache of %d)", bundle.id, self.exact_cache_size)
+            return exact
+
+    def _cached_exact(self, bundle: Bundle) -> ExactModel | None:
+        with self._exact_lock:
+            entry = self._exact.get(bundle.id)  # a hit counts as a use (LRU order)
+        if entry is None or entry[0] is not bundle:
+            return None
+        return entry[1]
 
     @property
     def exact_loaded(self) -> int:
-        return sum(1 for b in self._snapshot.by_id.values() if b.exact_loaded)
+        """Exact models held in memory."""
+        with self._exact_lock:
+            return len(self._exact)
 
     # --- writing -----------------------------------------------------------------------------
     def rescan(self, *, force: bool = True) -> None:
@@ -502,26 +531,4 @@ class ModelRegistry:
     def _forget_exact(self, model_ids: Iterable[str]) -> None:
         with self._exact_lock:
             for model_id in model_ids:
-                self._exact_lru.pop(model_id, None)
-
-    def _release_exact(self, model_id: str) -> None:
-        """Drop a model's exact MBN from memory: Bundle caches it for its lifetime, so the
-        bundle is replaced by a freshly loaded one (swap, don't mutate; requests holding the
-        old object finish with it)."""
-        with self._write_lock:
-            old = self._snapshot.by_id.get(model_id)
-            if old is None or not old.exact_loaded:
-                return
-            try:
-                fresh = load_bundle(old.path, threads=self.onnx_threads)
-            except (BundleError, OSError, ValueError) as exc:
-                log.warning("model %s: could not reload to free its exact model: %s", model_id, exc)
-                return
-            bundles = dict(self._snapshot.by_id)
-            bundles[model_id] = fresh
-            self._swap(bundles.values())
-            log.info(
-                "model %s: exact model dropped from memory (cache of %d)",
-                model_id,
-                self.exact_cache_size,
-            )
+                self._exact.pop(model_id, None)

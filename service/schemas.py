@@ -6,10 +6,12 @@ flat on purpose: the routes that read raw bodies publish these schemas inline in
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+
+from service.jobs import Job
 
 # A model id (mbn_core.bundle's rule) or a name given through the API: one path component,
 # never "." or "..", no separators.
@@ -17,13 +19,11 @@ MODEL_REF_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # Names of bundles made elsewhere (the CLI) may be any printable text up to 200 characters;
 # lookups only compare them with the loaded models, never build a path from them.
 MODEL_LOOKUP_MAX = 200
-JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
 # Validation context key: the name of the input member ("inputs" or "inputs_b64") that the
 # caller parsed itself, validating the other members with the model.
 INPUTS_PARSED = "inputs_parsed"
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 Mode = Literal["fast", "exact"]
 
 
@@ -136,6 +136,7 @@ class TrainRequest(TrainOptions):
 class JobOut(BaseModel):
     id: str
     name: str
+    method: str = Field(default="mbn", description="The embedding method trained.")
     status: JobStatus
     progress: float = Field(ge=0.0, le=1.0, description="Fraction done, 0..1.")
     phase: str | None = Field(default=None, description="Training phase now running.")
@@ -149,6 +150,28 @@ class JobOut(BaseModel):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     heartbeat_at: datetime | None = None
+
+    @classmethod
+    def from_job(cls, job: Job) -> JobOut:
+        """The answer for a job of the store."""
+        return cls(
+            id=job.id,
+            name=job.name,
+            method=job.method,
+            status=job.status,  # type: ignore[arg-type]
+            progress=min(1.0, max(0.0, job.progress)),
+            phase=job.phase,
+            model_id=job.model_id,
+            error=job.error,
+            attempts=job.attempts,
+            n_rows=job.n_rows,
+            n_features=job.n_features,
+            params=job.params,
+            created_at=_datetime(job.created_at),
+            started_at=None if job.started_at is None else _datetime(job.started_at),
+            finished_at=None if job.finished_at is None else _datetime(job.finished_at),
+            heartbeat_at=None if job.heartbeat_at is None else _datetime(job.heartbeat_at),
+        )
 
 
 class JobList(BaseModel):
@@ -204,3 +227,7 @@ class ErrorResponse(BaseModel):
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` entries documenting the error shape for these status codes."""
     return {code: {"model": ErrorResponse} for code in codes}
+
+
+def _datetime(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=UTC)

@@ -21,7 +21,7 @@ import numpy as np
 from mbn_core.datafile import DataShape, peek_data_file
 from mbn_core.training import TrainingParams, check_feasible
 from service.config import Settings
-from service.errors import Conflict, InvalidInput, Overloaded, PayloadTooLarge
+from service.domain import Conflict, InvalidInput, Overloaded, PayloadTooLarge
 from service.jobs import Job, JobFiles, JobStore, new_job_id
 
 log = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ from typing import Any
 
 from service import leftovers, trainproc
 from service.config import Settings
-from service.errors import Unavailable
+from service.domain import Unavailable
 from service.jobs import Job, JobFiles, JobStore
 from service.trainproc import TrainSpec
 
@@ -90,6 +90,7 @@ class Worker:
         self.on_model = on_model
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._stopping = threading.Event()
+        self._waiting = threading.Event()  # set while waiting for work (idle or full)
         self._wake = threading.Event()
         self._active: dict[str, threading.Thread] = {}
         self._thread: threading.Thread | None = None
@@ -115,6 +116,11 @@ class Worker:
         self._wake.set()
 
     @property
+    def waiting(self) -> bool:
+        """Whether the worker is waiting for a wake-up or its next poll."""
+        return self._waiting.is_set()
+
+    @property
     def running_jobs(self) -> list[str]:
         return list(self._active)
 
@@ -128,6 +134,15 @@ class Worker:
         log.info(
             "worker %s started (concurrency %d)", self.worker_id, self.settings.worker_concurrency
         )
+        # On PostgreSQL a job entering the queue wakes this worker at once (LISTEN/NOTIFY);
+        # the poll below stays as the fallback (and is all there is on SQLite).
+        listener = threading.Thread(
+            target=self.store.listen,
+            args=(self.wake, self._stopping),
+            name="mbn-worker-listen",
+            daemon=True,
+        )
+        listener.start()
         try:
             trainproc.warm_up(self._ctx)
             log.info("worker %s ready", self.worker_id)
@@ -137,11 +152,14 @@ class Worker:
                 self._recover_if_due()
                 if len(self._active) < self.settings.worker_concurrency and self._claim_one():
                     continue
+                self._waiting.set()
                 self._wake.wait(self.settings.poll_interval_seconds)
+                self._waiting.clear()
         finally:
             for thread in list(self._active.values()):
                 thread.join()
             self._reap()
+            listener.join()
             log.info("worker %s stopped", self.worker_id)
 
     def _claim_one(self) -> bool:

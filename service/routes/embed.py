@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import msgspec
 import numpy as np
 from fastapi import APIRouter, Depends, Request, Response
-from starlette.concurrency import run_in_threadpool
 
-from mbn_core.bundle import Bundle, BundleError
+from mbn_core.bundle import Bundle
 from service.arrays import (
     b64_string_to_bytes,
     bytes_to_matrix,
@@ -17,11 +14,12 @@ from service.arrays import (
     matrix_to_b64,
     rows_to_matrix,
 )
-from service.deps import BudgetDep, GateDep, RegistryDep, SettingsDep, require_api_key
-from service.errors import NotFound
+from service.config import Settings
+from service.deps import BudgetDep, EmbedHandlerDep, SettingsDep, require_api_key
+from service.handlers import EmbedHandler
 from service.json_rows import parse_number_rows
+from service.limits import RowBudget
 from service.metrics import MODE_SCOPE_KEY
-from service.registry import ModelRegistry
 from service.routes._body import (
     check_structure,
     json_body,
@@ -33,8 +31,9 @@ from service.schemas import INPUTS_PARSED, EmbedRequest, EmbedResponse, error_re
 
 router = APIRouter(tags=["embed"], dependencies=[Depends(require_api_key)])
 
-# Bodies larger than this are parsed on a thread rather than on the event loop.
-OFF_LOOP_PARSE_BYTES = 1 << 20
+# Bodies larger than this (about 300 rows of 64 numbers) are parsed on the budget's threads
+# rather than on the event loop.
+OFF_LOOP_PARSE_BYTES = 64 << 10
 
 
 @router.post(
@@ -52,22 +51,14 @@ OFF_LOOP_PARSE_BYTES = 1 << 20
     openapi_extra=json_body(EmbedRequest),
 )
 async def embed(
-    request: Request,
-    registry: RegistryDep,
-    gate: GateDep,
-    budget: BudgetDep,
-    settings: SettingsDep,
+    request: Request, handler: EmbedHandlerDep, budget: BudgetDep, settings: SettingsDep
 ) -> Response:
     with budget.request():  # 429 before the body is read when too many are in flight
-        return await _embed(request, registry, gate, budget, settings)
+        return await _embed(request, handler, budget, settings)
 
 
 async def _embed(
-    request: Request,
-    registry: RegistryDep,
-    gate: GateDep,
-    budget: BudgetDep,
-    settings: SettingsDep,
+    request: Request, handler: EmbedHandler, budget: RowBudget, settings: Settings
 ) -> Response:
     body = await read_json_body(request)
     if len(body) > OFF_LOOP_PARSE_BYTES:
@@ -78,24 +69,10 @@ async def _embed(
         # Small ones on the loop: the thread hop would cost more than the parse.
         req, parsed = _parse(body)
     request.scope[MODE_SCOPE_KEY] = req.mode
-    bundle = registry.lookup(req.model)
-    if bundle is None:  # maybe written by another replica: rescan, off the event loop
-        bundle = await run_in_threadpool(registry.get, req.model)
+    bundle = await handler.resolve(req.model)
     x = _matrix(req, parsed, bundle, settings.max_rows_per_request)
-    want_clusters = req.return_clusters and bundle.n_clusters is not None
-
-    started = time.perf_counter()
-    if req.mode == "exact":
-        embeddings, clusters = await gate.run(lambda: _exact(registry, bundle, x, want_clusters))
-    else:
-        with budget.rows(x.shape[0]):
-            if x.shape[0] <= settings.inline_fast_rows:
-                # Cheaper than a thread hop.
-                embeddings, clusters = _fast(bundle, x, want_clusters)
-            else:
-                # onnxruntime releases the GIL: large batches run beside the event loop.
-                embeddings, clusters = await budget.run(_fast, bundle, x, want_clusters)
-    compute_ms = (time.perf_counter() - started) * 1000.0
+    result = await handler.embed(bundle, x, req.mode, req.return_clusters)
+    embeddings, clusters, compute_ms = result.embeddings, result.clusters, result.compute_ms
 
     if x.shape[0] <= settings.inline_fast_rows:
         content = _encode(req, bundle, embeddings, clusters)
@@ -168,25 +145,3 @@ def _matrix(
         max_rows=max_rows,
         what="inputs_b64",
     )
-
-
-def _fast(bundle: Bundle, x: np.ndarray, clusters: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    embeddings, labels = bundle.embed_with_clusters(x, mode="fast")
-    return embeddings, labels if clusters else None
-
-
-def _exact(
-    registry: ModelRegistry, bundle: Bundle, x: np.ndarray, clusters: bool
-) -> tuple[np.ndarray, np.ndarray | None]:
-    registry.note_exact_use(bundle)
-    try:
-        if clusters:
-            embeddings, labels = bundle.embed_with_clusters(x, mode="exact")
-        else:
-            embeddings, labels = bundle.embed(x, mode="exact"), None
-    except BundleError as exc:
-        # Changed after it was loaded (tampered, truncated, deleted): out of service, 409.
-        raise registry.mark_damaged(bundle, exc) from None
-    except FileNotFoundError:
-        raise NotFound(f"model {bundle.id!r} was deleted") from None
-    return embeddings, labels

@@ -84,7 +84,7 @@ async def train(
     if worker is not None:
         worker.wake()
     response.headers["Location"] = f"/jobs/{job.id}"
-    return job.to_out()
+    return JobOut.from_job(job)
 
 
 def _labels(labels: list[int]) -> Any:
@@ -144,7 +144,8 @@ def list_jobs(
     status: Annotated[JobStatus | None, Query(description="Only jobs in this state.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="At most this many.")] = 100,
 ) -> JobList:
-    return JobList(jobs=[job.to_out() for job in store.list_jobs(status=status, limit=limit)])
+    jobs = store.list_jobs(status=status, limit=limit)
+    return JobList(jobs=[JobOut.from_job(job) for job in jobs])
 
 
 @router.get(
@@ -154,7 +155,7 @@ def list_jobs(
     responses=error_responses(401, 404, 503),
 )
 def get_job(job_id: str, store: StoreDep) -> JobOut:
-    return store.require(job_id).to_out()
+    return JobOut.from_job(store.require(job_id))
 
 
 @router.post(
@@ -168,4 +169,4 @@ def cancel_job(job_id: str, store: StoreDep, files: FilesDep) -> JobOut:
     job = store.cancel(job_id)
     if before.status == "queued":
         files.remove(job_id)  # no worker will read it; a running job's worker cleans up
-    return job.to_out()
+    return JobOut.from_job(job)

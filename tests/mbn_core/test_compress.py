@@ -1,17 +1,17 @@
 """CompressiveMBN: fitting, fidelity report, cluster head, determinism, bad input."""
 
-import warnings
-
 import numpy as np
 import pytest
 import scipy.sparse as sp
 from sklearn.datasets import load_digits
 from sklearn.exceptions import NotFittedError
+from sklearn.metrics import r2_score
+from sklearn.neural_network import MLPRegressor
 from sklearn.utils.estimator_checks import parametrize_with_checks
 from sklearn.utils.validation import check_is_fitted
 
-from mbn_core import MBN, CompressiveMBN, TrainingStopped
-from mbn_core.compress import _partial_fit
+from mbn_core import MBN, CompressiveMBN, TrainingStopped, model_to_arrays
+from mbn_core.compress import _partial_fit, knn_overlap
 
 
 def small_mbn(**params):
@@ -62,8 +62,10 @@ def test_transform_shapes_and_dtypes(fitted, digits):
 
 def test_fidelity_report_is_complete_and_faithful(fitted):
     report = fitted.fidelity_
-    assert report["n_holdout"] == round(0.1 * 1797)
-    for key in ("r2", "cosine", "nmi_fast_exact", "nmi_labels_exact", "nmi_labels_fast"):
+    assert report["n_holdout"] == round(0.1 * 1797) == len(fitted.holdout_)
+    assert report["holdout"] == "outside the teacher's fit"
+    keys = ("r2", "cosine", "cosine_median", "knn_overlap", "nmi_fast_exact")
+    for key in (*keys, "nmi_labels_exact", "nmi_labels_fast"):
         assert 0.0 <= report[key] <= 1.0, key
     # Even this tiny MBN and MLP track the exact embedding on unseen points.
     assert report["r2"] > 0.5
@@ -80,6 +82,61 @@ def test_quality_report_on_the_held_out_points(fitted):
         for key in ("trustworthiness", "continuity"):
             assert 0.5 < report[name][key] <= 1.0, (name, key)
     assert report["pca"]["n_components"] == fitted.n_components_
+
+
+def test_no_row_of_the_report_is_in_the_mbn_fit(fitted, digits):
+    # The MBN must be exactly the one fitted on the other rows: refitting the same MBN on
+    # them reproduces every array, so no held-out row took part in the fit.
+    X, _ = digits
+    holdout = fitted.holdout_
+    assert len(np.unique(holdout)) == len(holdout)
+    rest = np.setdiff1d(np.arange(len(X)), holdout)
+    refit = small_mbn().fit(X[rest].astype(np.float32))
+    for name, array in model_to_arrays(refit).items():
+        np.testing.assert_array_equal(model_to_arrays(fitted.teacher_)[name], array, err_msg=name)
+    # And no held-out row is a bottom-layer center (the rows a fit keeps of its data).
+    centers = {
+        row.tobytes() for row in fitted.teacher_.bottom_layer_.center_data.astype(np.float32)
+    }
+    in_fit = {row.tobytes() for row in X[rest].astype(np.float32)}
+    held_out = [X[i].astype(np.float32).tobytes() for i in holdout]
+    assert not [row for row in held_out if row in centers and row not in in_fit]
+
+
+def test_report_agrees_with_a_test_set(digits):
+    # The report's rows are new to the MBN: its fast-exact agreement is that of new data,
+    # here rows outside the training set altogether.
+    X, y = digits
+    model = small_model(max_epochs=8).fit(X[:1200], y[:1200])
+    fast, exact = model.transform(X[1200:]), model.exact_transform(X[1200:])
+    test_r2 = r2_score(exact, fast, multioutput="variance_weighted")
+    assert abs(model.fidelity_["r2"] - test_r2) < 0.1
+    assert model.fidelity_["knn_overlap"] == pytest.approx(
+        knn_overlap(model.exact_transform(X[model.holdout_]), model.transform(X[model.holdout_]))
+    )
+
+
+def test_knn_overlap():
+    rng = np.random.default_rng(0)
+    Z = rng.normal(size=(60, 3))
+    assert knn_overlap(Z, Z) == 1.0
+    assert knn_overlap(Z, 2 * Z + 1) == 1.0  # neighbours survive scaling and shifts
+    assert knn_overlap(Z, rng.normal(size=(60, 3))) < 0.4
+    assert knn_overlap(Z[:10], Z[:10]) is None  # no 10 neighbours among 10 rows
+
+
+def test_leave_self_out_targets(digits):
+    X, y = digits
+    default = small_model(max_epochs=2).fit(X[:600], y[:600])
+    left_out = small_model(max_epochs=2, targets="leave-self-out").fit(X[:600], y[:600])
+    # The same teacher, another target for the same training rows.
+    np.testing.assert_array_equal(
+        default.exact_transform(X[600:650]), left_out.exact_transform(X[600:650])
+    )
+    assert not np.array_equal(default.transform(X[600:650]), left_out.transform(X[600:650]))
+    assert left_out.fidelity_["holdout"] == "outside the teacher's fit"
+    with pytest.raises(ValueError, match="targets"):
+        small_model(targets="self").fit(X[:100])
 
 
 def test_labels_are_optional(digits):
@@ -143,7 +200,7 @@ def test_sparse_input(digits):
     model = small_model(max_epochs=2).fit(sp.csr_matrix(X))
     assert model.input_sparse_
     dense = model.transform(X[:5])
-    np.testing.assert_allclose(model.transform(sp.csr_matrix(X[:5])), dense, rtol=1e-5)
+    np.testing.assert_allclose(model.transform(sp.csr_matrix(X[:5])), dense, rtol=1e-5, atol=1e-5)
 
 
 def test_rare_features_are_not_blown_up(digits):
@@ -172,14 +229,27 @@ def test_callback_sees_every_epoch_and_can_stop(digits):
         check_is_fitted(model)
 
 
-def test_ctrl_c_inside_an_epoch_is_not_swallowed():
-    # sklearn's MLP catches KeyboardInterrupt mid-epoch and only warns; training must stop.
-    class InterruptedMLP:
-        def partial_fit(self, X, Y):
-            warnings.warn("Training interrupted by user.", stacklevel=1)
+class CtrlCMLP(MLPRegressor):
+    """A real MLPRegressor whose Ctrl-C arrives in the middle of an epoch's minibatches."""
 
+    def _backprop(self, *args, **kwargs):
+        self.batches_seen = getattr(self, "batches_seen", 0) + 1
+        if self.batches_seen == 3:
+            raise KeyboardInterrupt  # what the SIGINT handler raises between two bytecodes
+        return super()._backprop(*args, **kwargs)
+
+
+def test_ctrl_c_inside_an_epoch_is_not_swallowed():
+    # sklearn's MLP catches KeyboardInterrupt mid-epoch and only warns, in its own words;
+    # training must stop instead.
+    rng = np.random.default_rng(0)
+    X, Y = rng.normal(size=(200, 4)), rng.normal(size=(200, 2))
+    mlp = CtrlCMLP(hidden_layer_sizes=(8,), batch_size=20, random_state=0)
     with pytest.raises(KeyboardInterrupt):
-        _partial_fit(InterruptedMLP(), np.ones((2, 2)), np.ones((2, 2)))
+        _partial_fit(mlp, X, Y)
+    assert mlp.batches_seen == 3
+    # Without a Ctrl-C the same call trains an epoch and returns.
+    _partial_fit(MLPRegressor(hidden_layer_sizes=(8,), batch_size=20, random_state=0), X, Y)
 
 
 def test_early_stopping_keeps_best_epoch(digits):

@@ -9,10 +9,13 @@ import scipy.sparse as sp
 from mbn_core import MBN, _kernels
 from mbn_core.layers import (
     DIRECT_MAX_ROWS,
+    CodeIndex,
     PointPostings,
     Postings,
+    UpperLayer,
     bottom_clustering_codes,
     bottom_codes_direct,
+    bottom_codes_leave_self_out,
     compact_values,
     input_row_norms,
     keep_threshold,
@@ -264,3 +267,123 @@ def test_compact_values_keeps_whole_numbers_small():
     assert compact_values(np.array([[0.0, 256.0]])).dtype == np.uint16
     assert compact_values(np.array([[0.5, 1.0]])).dtype == np.float32
     assert compact_values(np.array([[-1.0, 1.0]])).dtype == np.float32
+
+
+def test_code_index_lists_every_center_row_by_code():
+    rng = np.random.default_rng(11)
+    n_values = 9
+    codes = rng.integers(0, n_values, size=(70, 30)).astype(np.uint8)
+    index = CodeIndex.build(codes, n_values)
+    assert index.rows.dtype == np.uint8  # 70 rows
+    for v in range(30):
+        for c in range(n_values):
+            key = v * n_values + c
+            listed = index.rows[index.indptr[key] : index.indptr[key + 1]]
+            np.testing.assert_array_equal(listed, np.flatnonzero(codes[:, v] == c))
+    rebuilt = index.codes()
+    assert rebuilt.dtype == codes.dtype
+    np.testing.assert_array_equal(rebuilt, codes)
+
+
+@pytest.mark.parametrize("storage", ["index", "matrix"])
+@pytest.mark.parametrize("fraction", [0.5, 0.2, 1.0])
+def test_upper_codes_few_match_brute_force(storage, fraction):
+    rng = np.random.default_rng(12)
+    n_values, n_prev, V, k = 6, 40, 5, 12
+    center_codes = rng.integers(0, n_values, size=(50, n_prev)).astype(np.uint8)
+    centers = np.stack([rng.choice(50, k, replace=False) for _ in range(V)]).astype(np.uint8)
+    seeds = rng.integers(0, 2**63, size=V, dtype=np.int64).astype(np.uint64)
+    layer = UpperLayer(
+        centers, seeds, n_values, fraction,
+        index=CodeIndex.build(center_codes, n_values) if storage == "index" else None,
+        stored_codes=center_codes if storage == "matrix" else None,
+    )  # fmt: skip
+    points = rng.integers(0, n_values, size=(7, n_prev)).astype(np.uint8)
+    points[3] = center_codes[centers[0, 4]]  # a point equal to a center
+    points[5] = n_values - 1  # shares little: ties go to the lowest center
+    got = layer.codes_few(points)
+    for w in range(V):
+        want = reference_upper(points, center_codes[centers[w]], n_values, seeds[w], fraction)
+        np.testing.assert_array_equal(got[:, w], want)
+        # The layouts that large batches use give the same codes.
+        postings = Postings.build(points, center_codes, n_values)
+        batch = upper_clustering_codes(
+            postings, center_codes, centers[w].astype(np.int32), n_values, seeds[w], fraction
+        )
+        np.testing.assert_array_equal(got[:, w], batch)
+    np.testing.assert_array_equal(layer.center_codes, center_codes)
+
+
+def test_upper_layer_keeps_an_index_for_wide_layers_and_the_matrix_for_deep_ones():
+    rng = np.random.default_rng(13)
+    V = 400
+    seeds = np.zeros(V, np.uint64)
+    # MNIST-60k shapes: layer 2 (2000 centers, codes < 4000) and the top (15 of < 31).
+    wide_codes = rng.integers(0, 4000, size=(3000, V)).astype(np.uint16)
+    wide = UpperLayer.create(np.zeros((V, 2000), np.uint16), wide_codes, seeds, 4000, 0.5)
+    deep_codes = rng.integers(0, 31, size=(3000, V)).astype(np.uint8)
+    deep = UpperLayer.create(np.zeros((V, 15), np.uint16), deep_codes, seeds, 31, 0.5)
+    assert wide.index is not None and wide.stored_codes is None
+    assert deep.stored_codes is not None and deep.index is None
+    # The index replaces the matrix: as many row numbers as codes, in as narrow a dtype.
+    assert wide.index.rows.nbytes == wide_codes.nbytes
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+@pytest.mark.parametrize("integer_data", [True, False])
+def test_bottom_codes_few_equal_the_gemm_path(metric, integer_data):
+    rng = np.random.default_rng(14)
+    X = rng.integers(0, 4, size=(200, 12)).astype(np.float64)  # many exact ties
+    if not integer_data:
+        X = X + rng.normal(scale=0.3, size=X.shape)
+    model = MBN(n_clusterings=15, ks=[40, 10], metric=metric, random_state=0).fit(X)
+    layer = model.bottom_layer_
+    assert layer.few_rows_supported
+    Xw = with_ones_column(X)
+    norms = input_row_norms(X)
+    want = np.stack([layer.clustering_codes(Xw, v, norms) for v in range(15)], axis=1)
+    for start in range(0, 200, 7):
+        rows = slice(start, start + 7)
+        got = layer.codes_few(X[rows].astype(np.float32), norms[rows])
+        np.testing.assert_array_equal(got, want[rows])
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_bottom_leave_self_out_skips_only_the_excluded_center(metric):
+    rng = np.random.default_rng(15)
+    X = rng.normal(size=(150, 10)).astype(np.float32)
+    features = np.array([0, 2, 3, 6, 9])
+    chosen = rng.choice(150, 30, replace=False)
+    centers = X[chosen][:, features]
+    exclude = np.full(150, -1)
+    exclude[chosen] = np.arange(30)
+    codes, left_out = bottom_codes_leave_self_out(
+        with_ones_column(X), features, centers, metric, input_row_norms(X), exclude
+    )
+    np.testing.assert_array_equal(codes, reference_bottom(X, features, centers, metric))
+    np.testing.assert_array_equal(codes[chosen], np.arange(30))  # each center is its own
+    for i in range(150):
+        others = np.delete(np.arange(30), exclude[i]) if exclude[i] >= 0 else np.arange(30)
+        best = reference_bottom(X[i : i + 1], features, centers[others], metric)[0]
+        assert left_out[i] == others[best]
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_upper_leave_self_out_skips_the_points_own_center(inline):
+    rng = np.random.default_rng(16)
+    n_values, n_clusterings = 5, 30
+    codes = rng.integers(0, n_values, size=(90, n_clusterings)).astype(np.int32)
+    left = codes.copy()
+    left[::3, ::4] = rng.integers(0, n_values, size=left[::3, ::4].shape)
+    centers = rng.choice(90, 14, replace=False).astype(np.int32)
+    postings = Postings.build(left, codes, n_values, inline=inline)
+    got = upper_clustering_codes(postings, codes, centers, n_values, np.uint64(5), 0.5, True)
+    keys = (codes[centers] + np.arange(n_clusterings) * n_values).astype(np.uint64)
+    kept = _kernels.dimension_kept(np.uint64(5), keys.ravel(), keep_threshold(0.5))
+    shared = (left[:, None, :] == codes[centers][None]) & kept.reshape(keys.shape)[None]
+    counts = shared.sum(axis=2)
+    counts[centers, np.arange(14)] = 0  # a point never counts as its own center's match
+    np.testing.assert_array_equal(got, counts.argmax(axis=1))
+    with pytest.raises(ValueError, match="centers_are_points"):
+        own = Postings.build(codes, codes, n_values, inline=True, centers_are_points=True)
+        upper_clustering_codes(own, codes, centers, n_values, np.uint64(5), 0.5, True)

@@ -38,7 +38,7 @@ def test_registered_methods_are_listed():
 def test_options_come_from_the_estimators():
     exported = [p.name for p in get_method("toy-exported").options()]
     assert exported == ["n_components", "whiten", "holdout_fraction", "n_clusters",
-                        "random_state", "n_jobs"]  # fmt: skip
+                        "random_state", "n_jobs", "map_points"]  # fmt: skip
     distilled = {p.name: p for p in get_method("toy-distilled").options()}
     assert "hidden_layer_sizes" in distilled and "n_clusterings" not in distilled
     assert distilled["n_components"].default == 3  # the method's declared training default
@@ -122,7 +122,8 @@ def test_distilled_method_gets_a_compressor(digits, tmp_path):
     assert bundle.manifest["hyperparameters"]["compressor"]["hidden_layer_sizes"] == [32]
     assert bundle.output_dim == 3
     exact = bundle.embed(new, mode="exact")
-    expected = (new - bundle.exact_model().mean_) @ bundle.exact_model().components_.T
+    projection = bundle.load_exact().estimator
+    expected = (new - projection.mean_) @ projection.components_.T
     np.testing.assert_allclose(exact, expected, rtol=1e-5, atol=1e-4)
     # The MLP follows the map on new rows (answering the mean would leave a residual of 1).
     fast = bundle.embed(new)

@@ -66,3 +66,17 @@ def test_duplicate_rows_keep_their_edges():
     graph = knn_graph(X, 1)
     assert graph[0, 1] > 0 and graph[1, 0] > 0
     assert connected_components(graph, directed=False)[0] == 1
+
+
+def test_near_duplicates_beyond_float32_resolution_are_ranked_exactly():
+    rng = np.random.RandomState(4)
+    base = rng.uniform(100, 200, size=2000)
+    # Rows a hair apart relative to their norms: float32 sees them all as ties.
+    reference = base + 1e-3 * rng.normal(size=(300, 2000))
+    queries = base + 1e-3 * rng.normal(size=(5, 2000))
+    distances, indices = exact_kneighbors(reference, queries, 4)
+    expected_d, expected_i = _brute(reference, queries, 4)
+    assert np.array_equal(indices, expected_i)
+    np.testing.assert_allclose(distances, expected_d, rtol=1e-9)
+    d1, i1 = exact_kneighbors(reference, queries[2:3], 4)
+    assert np.array_equal(i1[0], indices[2]) and np.array_equal(d1[0], distances[2])

@@ -10,6 +10,7 @@ from sklearn.metrics import normalized_mutual_info_score
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from mbn_core import MBN, TrainingStopped, model_from_arrays, model_to_arrays
+from mbn_core.network import FEW_ROWS
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +59,46 @@ def test_transform_is_batch_independent(digits, fitted):
     np.testing.assert_array_equal(model.transform(X[shuffled]), embedding[shuffled])
 
 
+def test_few_row_requests_give_the_batch_codes_at_every_layer(digits, fitted):
+    # Requests of up to FEW_ROWS rows take the row-by-row path (index of center rows,
+    # one pass over the bottom centers); the whole batch takes the GEMM and posting-list
+    # path: every layer's codes must agree bit for bit, whatever the grouping.
+    X, _ = digits
+    model, embedding = fitted
+    assert FEW_ROWS < 600
+    assert any(layer.index is not None for layer in model.upper_layers_)
+    assert any(layer.stored_codes is not None for layer in model.upper_layers_)
+    for layer in range(len(model.ks_)):
+        batch = model.encode(X, layer=layer)
+        groups = [model.encode(X[i : i + FEW_ROWS], layer=layer) for i in range(0, 600, 50)]
+        np.testing.assert_array_equal(
+            np.vstack(groups), np.vstack([batch[i : i + FEW_ROWS] for i in range(0, 600, 50)])
+        )
+    again = model.transform(X[5:8])
+    np.testing.assert_array_equal(again, model.transform(X[5:8]))  # deterministic
+    np.testing.assert_array_equal(again, embedding[5:8])
+
+
+def test_leave_self_out_embedding(digits, fitted):
+    X, _ = digits
+    model, embedding = fitted
+    fresh = MBN(n_clusterings=30, random_state=0)
+    in_sample, left_out = fresh.fit_transform_leave_self_out(X)
+    np.testing.assert_array_equal(in_sample, embedding)  # the same fit, the same model
+    for name, array in model_to_arrays(model).items():
+        np.testing.assert_array_equal(model_to_arrays(fresh)[name], array, err_msg=name)
+    # Training rows are centers in most bottom clusterings (k1 = n / 2): their own codes
+    # move, and the left-out embedding differs from the in-sample one...
+    assert np.mean(np.any(left_out != in_sample, axis=1)) > 0.9
+    # ... except for rows that are nobody's center: a model of two clusterings.
+    small = MBN(n_clusterings=2, ks=[20, 15], n_components=2, random_state=0)
+    in_sample, left_out = small.fit_transform_leave_self_out(X)
+    center_rows = {tuple(row) for row in small.bottom_layer_.center_data.astype(float)}
+    never = [i for i in range(600) if tuple(X[i]) not in center_rows]
+    same = np.all(left_out == in_sample, axis=1)
+    assert len(never) > 400 and np.mean(same[never]) > 0.8
+
+
 def test_same_seed_same_model_any_thread_count(digits, fitted):
     X, _ = digits
     model, embedding = fitted
@@ -98,7 +139,11 @@ def test_model_keeps_compact_arrays(digits, fitted):
     assert model.layers_[1].center_codes.dtype == np.uint16  # codes < 300
     assert model.layers_[-1].center_codes.dtype == np.uint8
     stored = sum(a.nbytes for a in model_to_arrays(model).values())
-    assert 0.95 * stored < model.nbytes <= stored
+    # Wide upper layers keep their codes as an index instead: as many entries (row numbers,
+    # perhaps wider than the codes) plus its pointers.
+    indexed = [layer for layer in model.upper_layers_ if layer.index is not None]
+    extra = sum(layer.index.nbytes - layer.center_codes.nbytes for layer in indexed)
+    assert 0.95 * stored < model.nbytes - extra <= stored
 
 
 def test_arrays_round_trip(digits, fitted):

@@ -25,6 +25,7 @@ SMALL = {
     "hidden_layer_sizes": [32],
     "max_epochs": 4,
     "n_clusters": 5,
+    "map_points": 200,
 }
 
 
@@ -210,7 +211,9 @@ def test_train_bundle_reports_progress_in_order(digits, tmp_path):
     assert phases.count("fit") == 20 * n_layers
     assert phases.count("compressor") == bundle.manifest["training"]["n_epochs"]
     assert all(isinstance(e, TrainingEvent) for e in events) and len(events) == len(calls)
-    assert events[0].message == f"layer 1/{n_layers} (k=180): clustering 1/20"
+    # The MBN is fitted on the 1617 rows outside the report's 180: k1 = 0.1 n = 162.
+    assert bundle.manifest["training"]["n_fit_samples"] == 1617
+    assert events[0].message == f"layer 1/{n_layers} (k=162): clustering 1/20"
     assert events[-1].phase_fraction == 1.0
 
 

@@ -14,6 +14,7 @@ import pytest
 from mbn_core.training import load_training_data
 from service.errors import Conflict, NotFound, Overloaded, Unavailable
 from service.jobs import Job, JobFiles, JobStore, new_job_id
+from service.schemas import JobOut
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -52,7 +53,7 @@ def test_submit_get_list(store: JobStore) -> None:
     assert store.list_jobs(status="running") == []
     assert [j.id for j in store.list_jobs(limit=1)] == [second.id]
     assert store.count_by_status() == {"queued": 2}
-    out = first.to_out()
+    out = JobOut.from_job(first)
     assert out.created_at.tzinfo is not None and out.started_at is None
 
 
@@ -70,7 +71,7 @@ def test_queue_limit_refuses_with_retry_after(store: JobStore) -> None:
     submit(store, max_queued=2)
     with pytest.raises(Overloaded) as info:
         submit(store, max_queued=2)
-    assert info.value.headers["Retry-After"] == "7"
+    assert info.value.retry_after == 7  # the Retry-After header (service/errors.py)
     assert store.queued_count() == 2
 
 
@@ -190,7 +191,7 @@ def test_unreachable_database_is_unavailable() -> None:
         assert not store.ping()
         with pytest.raises(Unavailable) as info:
             store.get(new_job_id())
-        assert info.value.headers["Retry-After"] == "3"
+        assert info.value.retry_after == 3  # errors.py makes it the Retry-After header
         assert "pw" not in info.value.message
     finally:
         store.dispose()

@@ -85,3 +85,45 @@ def test_params_of_another_method_are_refused(server, digits):
         assert "n_clusterings" in error["message"] and "toy-exported" in error["message"]
         response = client.post("/train", json={"method": "nope", "data": x[:50].tolist()})
         assert "unknown method 'nope'" in assert_error(response, 422)["message"]
+
+
+def test_modular_kpca_trains_and_serves_both_paths(server, digits):
+    # A built-in method beside MBN: the same routes, no special case.
+    x, y = digits
+    train, new = x[:800], x[1200:1210]
+    params = {"n_modules": 3, "module_dim": 4, "n_landmarks": 80, "max_epochs": 10}
+    with server.client() as client:
+        response = client.post(
+            "/train",
+            json={
+                "name": "mkpca",
+                "method": "modular_kpca",
+                "data": train.tolist(),
+                "labels": y[:800].tolist(),
+                "params": params,
+            },
+        )
+        assert response.status_code == 202, response.text
+        job = wait_for_job(client, response.json()["id"], {"succeeded", "failed"}, 120)
+        assert job["status"] == "succeeded", job
+        manifest = client.get(f"/models/{job['model_id']}").json()
+        assert manifest["method"] == "modular_kpca"
+        assert manifest["fast_path"] == "exported"
+        assert manifest["hyperparameters"]["modular_kpca"]["n_modules"] == 3
+        assert manifest["fidelity"]["r2"] > 0.9999
+        assert manifest["quality"]
+        fast = client.post("/embed", json={"model": "mkpca", "inputs": new.tolist()})
+        exact = client.post(
+            "/embed", json={"model": "mkpca", "inputs": new.tolist(), "mode": "exact"}
+        )
+        assert fast.status_code == exact.status_code == 200, (fast.text, exact.text)
+        fast_rows = np.asarray(fast.json()["embeddings"])
+        exact_rows = np.asarray(exact.json()["embeddings"])
+        assert fast_rows.shape == exact_rows.shape == (10, 12)
+        np.testing.assert_allclose(fast_rows, exact_rows, atol=1e-4 * np.abs(exact_rows).max())
+        bad = client.post(
+            "/train",
+            json={"method": "modular_kpca", "data": train[:50].tolist(),
+                  "params": {"diversity": 2.0}},
+        )  # fmt: skip
+        assert "diversity" in assert_error(bad, 422)["message"]

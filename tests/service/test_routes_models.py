@@ -118,6 +118,8 @@ def test_a_tampered_exact_model_is_a_clear_409_and_shows_in_models(
     # Out of service in every mode until repaired, and listed with the reason.
     assert_error(client.post("/embed", json=row), 503, "unavailable")
     assert_error(client.post("/embed", json={**row, "model": "digits"}), 409, "conflict")
+    # Readiness is re-checked beside the traffic every half second: wait for it to see the damage.
+    wait_for(lambda: client.get("/health/ready").status_code == 503, 30, "not ready")
     assert_error(client.get("/health/ready"), 503)
     [model] = client.get("/models").json()["models"]
     assert (model["id"], model["state"]) == ("m-digits", "damaged")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,10 +58,10 @@ def test_cancel_stops_a_job_on_the_cluster_and_its_tasks(cluster_setup, digits, 
     worker = cluster_setup.worker()
     cluster_setup.wait_running(job)
     pid = training_pid(worker, job)
-    cancelled_at = time.monotonic()
     cluster_setup.store.cancel(job.id)
+    # The training process polls its callback while tasks run: it ends without waiting for
+    # the layer (minutes here), well within this wait.
     wait_for(lambda: not alive(pid), 20, "the training process to end", interval=0.05)
-    stopped_after = time.monotonic() - cancelled_at
     assert cluster_setup.wait_status(job, {"cancelled"}).status == "cancelled"
     assert list(cluster_setup.settings.models_path.iterdir()) == []
 
@@ -70,8 +69,6 @@ def test_cancel_stops_a_job_on_the_cluster_and_its_tasks(cluster_setup, digits, 
         return len(dask_scheduler.tasks)
 
     wait_for(lambda: dask_client.run_on_scheduler(tasks_left) == 0, 20, "tasks to be released")
-    # Not a speed assertion: a stop that waited for the whole layer would take minutes here.
-    assert stopped_after < 20
 
 
 def test_an_unreachable_scheduler_fails_the_job_without_the_address(tmp_path: Path, digits):

@@ -1,0 +1,169 @@
+"""Exact MBN on one row and in batches (issue 12). Prints a markdown table.
+
+    python benchmarks/bench_exact.py --fit benchmarks/out/mnist60k_k4000   # once: fit, save
+    python benchmarks/bench_exact.py --model benchmarks/out/mnist60k_k4000 [--calls 50]
+
+``--fit PREFIX`` fits the MBN of the issue's MNIST-60k model (V = 400, k1 = 4000, the first
+60,000 images of ``bench_data.load_mnist()``, seed 0; ``--n-train`` and ``--k1`` change
+that) and saves its arrays and parameters as ``PREFIX.npz`` / ``PREFIX.json`` (uncompressed
+``np.savez``, as a bundle's ``mbn.npz``).
+
+``--model PREFIX`` loads them and measures, on one thread, with test rows (the last 10,000
+images) the model never saw:
+
+- one row through the whole exact MBN (``transform``), p50 and p90 over ``--calls`` rows;
+- the same rows through the bottom layer alone (``encode(row, layer=0)``): the arithmetic a
+  single row cannot avoid; the ratio of the two p50s is the target (<= 1.5);
+- batch throughput: ``transform`` of ``--batch`` rows at once;
+- that every single-row embedding equals its row of the batch, bit for bit;
+- resident memory of the loaded model (measured in a child process, after the kernels are
+  loaded) against ``PREFIX.npz``.
+
+Run it with ``PYTHONPATH`` pointing at another checkout to measure that code ("before").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from bench_data import load_mnist
+from threadpoolctl import threadpool_limits
+
+from mbn_core import MBN, model_from_arrays, model_to_arrays
+
+_RSS_PROBE = """
+import json, sys
+import numpy as np
+from mbn_core import MBN, model_from_arrays
+from mbn_core.network import model_to_arrays
+# Load the compiled kernels (and numba's runtime) first: they are the process's, not the model's.
+rng = np.random.default_rng(0)
+tiny = MBN(n_clusterings=40, ks=[300, 150, 20], n_components=2, random_state=0)
+tiny.fit(rng.integers(0, 255, size=(400, 784)).astype(np.uint8))
+tiny = model_from_arrays(model_to_arrays(tiny), tiny.get_params())
+tiny.transform(np.zeros((1, 784), np.float32))
+tiny.transform(np.zeros((40, 784), np.float32))
+def rss():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+before = rss()
+with np.load(sys.argv[1] + ".npz", allow_pickle=False) as npz:
+    arrays = {key: npz[key] for key in npz.files}
+params = json.load(open(sys.argv[1] + ".json"))
+model = model_from_arrays(arrays, params)
+del arrays
+loaded = rss()
+model.transform(np.asarray(json.loads(sys.argv[2]), dtype=np.float32)[None, :])
+after = rss()
+print(json.dumps({"loaded": loaded - before, "after_request": after - before}))
+"""
+
+
+def fit(prefix: Path, args: argparse.Namespace) -> None:
+    X, _ = load_mnist(args.data)
+    started = time.perf_counter()
+    model = MBN(n_clusterings=400, k1=args.k1, n_components=10, random_state=0)
+    model.fit(X[: args.n_train])
+    print(f"fitted in {time.perf_counter() - started:.0f} s, layers {model.ks_}")
+    np.savez(f"{prefix}.npz", **model_to_arrays(model))
+    params = {k: v for k, v in model.get_params().items() if k != "callback"}
+    Path(f"{prefix}.json").write_text(json.dumps(params))
+
+
+def load(prefix: Path) -> MBN:
+    with np.load(f"{prefix}.npz", allow_pickle=False) as npz:
+        arrays = {key: npz[key] for key in npz.files}
+    params = json.loads(Path(f"{prefix}.json").read_text())
+    params["n_jobs"] = 1
+    return model_from_arrays(arrays, params)
+
+
+def percentiles(seconds: list[float]) -> tuple[float, float]:
+    p50, p90 = np.percentile(np.asarray(seconds) * 1e3, [50, 90])
+    return float(p50), float(p90)
+
+
+def measure(args: argparse.Namespace) -> list[tuple[str, str]]:
+    X, _ = load_mnist(args.data)
+    X_test = X[-10_000:].astype(np.float32)
+    model = load(args.model)
+    rows = [X_test[i : i + 1] for i in range(args.calls)]
+    with threadpool_limits(limits=1):
+        model.transform(rows[0])  # compile and build what the first request builds
+        model.encode(rows[0], layer=0)
+        whole, bottom, singles = [], [], []
+        # Interleaved, so that both see the same load of a shared machine.
+        for row in rows:
+            started = time.perf_counter()
+            singles.append(model.transform(row))
+            whole.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            model.encode(row, layer=0)
+            bottom.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        batch = model.transform(X_test[: args.batch])
+        batch_seconds = time.perf_counter() - started
+    same = np.array_equal(np.vstack(singles), batch[: args.calls])
+    memory = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", _RSS_PROBE, str(args.model), json.dumps(X_test[0].tolist())],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=os.environ,
+        ).stdout
+    )
+    npz_bytes = Path(f"{args.model}.npz").stat().st_size
+    whole_p50, whole_p90 = percentiles(whole)
+    bottom_p50, bottom_p90 = percentiles(bottom)
+    mib = 2**20
+    return [
+        ("model", f"{args.model.name}: layers {model.ks_}, V = {model.n_clusterings}"),
+        ("one row, whole exact MBN: p50 / p90", f"{whole_p50:.1f} ms / {whole_p90:.1f} ms"),
+        ("one row, bottom layer alone: p50 / p90", f"{bottom_p50:.1f} ms / {bottom_p90:.1f} ms"),
+        ("whole / bottom (p50, same run)", f"{whole_p50 / bottom_p50:.2f}"),
+        (f"batch of {args.batch}",
+         f"{batch_seconds:.1f} s, {args.batch / batch_seconds:.0f} rows/s"),
+        ("single rows equal their batch rows bit for bit", str(same)),
+        ("mbn.npz on disk", f"{npz_bytes / mib:.0f} MiB"),
+        ("resident memory: loaded / after a request",
+         f"{memory['loaded'] / mib:.0f} MiB / {memory['after_request'] / mib:.0f} MiB "
+         f"({memory['after_request'] / npz_bytes:.2f}x mbn.npz)"),
+    ]  # fmt: skip
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--fit", type=Path, help="fit the MNIST-60k model and save it here")
+    parser.add_argument("--model", type=Path, help="the saved model (PREFIX of .npz/.json)")
+    parser.add_argument("--n-train", type=int, default=60000, help="rows --fit trains on")
+    parser.add_argument("--k1", type=int, default=4000, help="bottom centers of --fit")
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--batch", type=int, default=2000)
+    parser.add_argument("--data", help="MNIST .npz (default: bench_data.load_mnist's search)")
+    args = parser.parse_args(argv)
+    if args.fit:
+        fit(args.fit, args)
+        return
+    if not args.model:
+        parser.error("--fit or --model is needed")
+    rows = measure(args)
+    command = "python benchmarks/bench_exact.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(f"Exact MBN, one thread (`{command.strip()}`)\n")
+    print("| measure | value |")
+    print("|---|---|")
+    for name, value in rows:
+        print(f"| {name} | {value} |")
+
+
+if __name__ == "__main__":
+    main()

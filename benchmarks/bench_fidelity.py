@@ -1,0 +1,164 @@
+"""Fidelity of the fast path on new data (issue 12). Prints a markdown table.
+
+    python benchmarks/bench_fidelity.py --sets digits,wine,breast_cancer
+    python benchmarks/bench_fidelity.py --sets mnist-5k,mnist-10k
+    python benchmarks/bench_fidelity.py --sets mnist-60k
+    python benchmarks/bench_fidelity.py --sets mnist-5k --targets leave-self-out
+
+Each set is trained with ``train_bundle`` and ``mbn train``'s defaults (``TrainingParams()``,
+random_state ``--seed``) plus the labels (used only for the report), then embedded on a test
+set the training never saw:
+
+- ``mnist-N``: the first N images of ``bench_data.load_mnist()``, tested on the last 10,000;
+- ``digits``: scikit-learn's digits, a seeded permutation split 1,200 / 597;
+- ``breast_cancer`` (569 x 30, 2 classes), ``wine`` (178 x 13, 3 classes): scikit-learn's
+  bundled copies, a stratified seeded split 2/3 / 1/3, standardised on the training part.
+
+On the test set: k-means (as many clusters as classes, lowest inertia of 20 restarts) NMI
+against the labels on the exact and on the fast embedding, their gap (fast - exact), R^2
+(variance weighted) of fast against exact, the 10-NN overlap between them, and beside them
+the gap, R^2 and overlap that the bundle's own fidelity report (manifest) states. Also the
+MBN and compressor training times and, for MNIST, the batch speed-up of fast over exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from bench_data import load_mnist
+from sklearn.cluster import KMeans
+from sklearn.datasets import load_breast_cancer, load_digits, load_wine
+from sklearn.metrics import normalized_mutual_info_score, r2_score
+from sklearn.model_selection import train_test_split
+from sklearn.preprocessing import StandardScaler
+from threadpoolctl import threadpool_limits
+
+from mbn_core.bundle import load_bundle
+from mbn_core.compress import knn_overlap
+from mbn_core.training import TrainingParams, train_bundle
+
+N_TEST_MNIST = 10_000
+
+
+def load_set(name: str, seed: int, data: str | None):
+    """(X_train, y_train, X_test, y_test) of a named set."""
+    if name.startswith("mnist-"):
+        n_train = int(name.removeprefix("mnist-").replace("k", "000"))
+        X, y = load_mnist(data)
+        return X[:n_train], y[:n_train], X[-N_TEST_MNIST:], y[-N_TEST_MNIST:]
+    if name == "digits":
+        X, y = load_digits(return_X_y=True)
+        order = np.random.RandomState(seed).permutation(len(X))
+        train, test = order[:1200], order[1200:]
+        return X[train], y[train], X[test], y[test]
+    loaders = {"breast_cancer": load_breast_cancer, "wine": load_wine}
+    if name not in loaders:
+        raise SystemExit(f"unknown set {name!r}: mnist-N, digits, breast_cancer or wine")
+    X, y = loaders[name](return_X_y=True)
+    X_train, X_test, y_train, y_test = train_test_split(
+        X, y, test_size=1 / 3, stratify=y, random_state=seed
+    )
+    # Their features come in units thousands of times apart (wine's proline against its
+    # hue); MBN's Euclidean centers need comparable scales, as any distance-based method.
+    scaler = StandardScaler().fit(X_train)
+    return scaler.transform(X_train), y_train, scaler.transform(X_test), y_test
+
+
+def kmeans_nmi(Z: np.ndarray, y: np.ndarray, seed: int) -> float:
+    with threadpool_limits(limits=1):
+        labels = KMeans(len(np.unique(y)), n_init=20, random_state=seed).fit_predict(Z)
+    return float(normalized_mutual_info_score(y, labels))
+
+
+def measure(name: str, args: argparse.Namespace) -> dict:
+    X_train, y_train, X_test, y_test = load_set(name, args.seed, args.data)
+    values: dict = {"random_state": args.seed, "targets": args.targets}
+    if args.hidden:
+        values["hidden_layer_sizes"] = [int(h) for h in args.hidden.split(",")]
+    params = TrainingParams.from_dict(values)
+    with tempfile.TemporaryDirectory() as scratch:
+        started = time.perf_counter()
+        path = train_bundle(X_train, Path(scratch) / "model", name=name, params=params, y=y_train)
+        train_seconds = time.perf_counter() - started
+        bundle = load_bundle(path)
+        manifest = bundle.manifest
+        fast_seconds = min(_timed(lambda: bundle.embed(X_test))[0] for _ in range(3))
+        fast = np.asarray(bundle.embed(X_test), dtype=np.float64)
+        bundle.exact_model()  # loading the arrays is not prediction
+        exact_seconds, exact = _timed(lambda: bundle.embed(X_test, mode="exact"))
+    exact = np.asarray(exact, dtype=np.float64)
+    nmi_exact = kmeans_nmi(exact, y_test, args.seed)
+    nmi_fast = kmeans_nmi(fast, y_test, args.seed)
+    report = manifest["fidelity"]
+    seconds = manifest["training"]["seconds"]
+    return {
+        "set": name,
+        "n_train": len(X_train),
+        "n_test": len(X_test),
+        "ks": manifest["training"]["ks"],
+        "nmi_exact": nmi_exact,
+        "nmi_fast": nmi_fast,
+        "gap": nmi_fast - nmi_exact,
+        "r2": float(r2_score(exact, fast, multioutput="variance_weighted")),
+        "knn_overlap": knn_overlap(exact, fast),
+        "report_gap": report["nmi_labels_fast"] - report["nmi_labels_exact"],
+        "report_r2": report["r2"],
+        "report_knn_overlap": report["knn_overlap"],
+        "report_n": report["n_holdout"],
+        "mbn_seconds": seconds["teacher"],
+        "compressor_seconds": seconds["compressor"],
+        "evaluation_seconds": seconds["evaluation"],
+        "train_seconds": train_seconds,
+        "exact_seconds": exact_seconds,
+        "fast_seconds": fast_seconds,
+    }
+
+
+def _timed(function):
+    started = time.perf_counter()
+    result = function()
+    return time.perf_counter() - started, result
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sets", default="digits,wine,breast_cancer")
+    parser.add_argument("--targets", default="in-sample", help="the compressor's targets")
+    parser.add_argument("--hidden", help="compressor hidden layers (default: TrainingParams')")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data", help="MNIST .npz (default: bench_data.load_mnist's search)")
+    parser.add_argument("--json", help="also append each row as a JSON line to this file")
+    args = parser.parse_args(argv)
+    command = "python benchmarks/bench_fidelity.py " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
+    print(f"Fidelity on new data (`{command.strip()}`)\n")
+    print(
+        "| set | train / test | exact NMI | fast NMI | gap | R^2 | 10-NN overlap "
+        "| report: gap / R^2 / overlap (rows) | MBN / compressor s | exact / fast |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name in args.sets.split(","):
+        row = measure(name, args)
+        if args.json:
+            with open(args.json, "a") as handle:
+                handle.write(json.dumps(row) + "\n")
+        print(
+            f"| {row['set']} | {row['n_train']} / {row['n_test']} | {row['nmi_exact']:.4f} "
+            f"| {row['nmi_fast']:.4f} | {row['gap']:+.4f} | {row['r2']:.4f} "
+            f"| {row['knn_overlap']:.3f} | {row['report_gap']:+.4f} / {row['report_r2']:.4f} / "
+            f"{row['report_knn_overlap']:.3f} ({row['report_n']}) "
+            f"| {row['mbn_seconds']:.1f} / {row['compressor_seconds']:.1f} "
+            f"| {row['exact_seconds'] / row['fast_seconds']:.0f}x |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""The service's domain errors: what went wrong, in its own terms, with no HTTP in sight.
+
+The job store, the registry, the submitter and the handlers raise these; only
+``service/errors.py`` decides which HTTP status and error type each one becomes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class ServiceError(Exception):
+    """Base of every error the service answers deliberately.
+
+    Attributes
+    ----------
+    message : str
+        Said to the client as it is: never a server path or a secret.
+    headers : dict
+        Protocol hints that belong to the error (an authentication scheme).
+    retry_after : int or None
+        Seconds after which trying again may succeed (overload, not ready).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = dict(headers or {})
+        self.retry_after = retry_after
+
+
+class InvalidInput(ServiceError):
+    """What was sent is well-formed but not acceptable."""
+
+
+class Unauthorized(ServiceError):
+    """Missing or wrong API key."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
+
+
+class NotFound(ServiceError):
+    """Unknown model, job or path."""
+
+
+class Conflict(ServiceError):
+    """The resource is in the wrong state for this request."""
+
+
+class PayloadTooLarge(ServiceError):
+    """Body, upload or batch over the configured limits."""
+
+
+class UnsupportedMediaType(ServiceError):
+    """A content type the endpoint does not read."""
+
+
+class Overloaded(ServiceError):
+    """Too much work in flight; retry later."""
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message, retry_after=retry_after)
+
+
+class InsufficientStorage(ServiceError):
+    """The disk is full: what was sent cannot be stored."""
+
+
+class Unavailable(ServiceError):
+    """The service cannot answer yet: no model, store down, shutting down."""
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message, retry_after=retry_after)

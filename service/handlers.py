@@ -1,0 +1,104 @@
+"""The layer beneath the routes, in the manner of MLServer's data plane.
+
+Routes parse requests and shape answers; a handler does the work in between: it resolves the
+model a request names, admits the computation (the exact-mode gate, the in-flight row budget),
+runs it where it belongs (on the event loop, on a thread, in the exact pool) and returns plain
+values. It knows nothing of HTTP: it raises domain errors (``service.domain``) and
+``service/errors.py`` says what each one becomes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import anyio.to_thread
+import numpy as np
+
+from mbn_core.bundle import Bundle, BundleError
+from service.domain import NotFound
+from service.limits import ExactGate, RowBudget
+from service.registry import ModelRegistry
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """What an embed request computed.
+
+    Attributes
+    ----------
+    bundle : Bundle
+        The model that answered (its id and name go back to the client).
+    mode : {"fast", "exact"}
+    embeddings : ndarray of shape (n, dim), float32
+    clusters : ndarray of shape (n,), int64, or None
+        Cluster ids, when asked for and the model has a clustering head.
+    compute_ms : float
+        Time in the model (the X-Compute-Time-Ms header).
+    """
+
+    bundle: Bundle
+    mode: str
+    embeddings: np.ndarray
+    clusters: np.ndarray | None
+    compute_ms: float
+
+
+class EmbedHandler:
+    """Resolves models and computes embeddings for ``POST /embed``.
+
+    Parameters
+    ----------
+    registry : ModelRegistry
+        Resolves references to bundles and keeps the exact models in memory.
+    gate : ExactGate
+        Bounds exact computations (429 beyond them).
+    budget : RowBudget
+        Bounds the rows of fast computations in flight.
+    inline_fast_rows : int
+        Fast batches up to this many rows run on the event loop (cheaper than a thread hop);
+        larger ones on a thread (onnxruntime releases the GIL).
+    """
+
+    def __init__(
+        self, registry: ModelRegistry, gate: ExactGate, budget: RowBudget, inline_fast_rows: int
+    ) -> None:
+        self.registry = registry
+        self.gate = gate
+        self.budget = budget
+        self.inline_fast_rows = inline_fast_rows
+
+    async def resolve(self, ref: str | None) -> Bundle:
+        """The bundle ``ref`` (id, name, or None for the default) names, or a domain error."""
+        bundle = self.registry.lookup(ref)
+        if bundle is None:  # maybe written by another replica: rescan, off the event loop
+            bundle = await anyio.to_thread.run_sync(self.registry.get, ref)
+        return bundle
+
+    async def embed(self, bundle: Bundle, x: np.ndarray, mode: str, clusters: bool) -> Embedding:
+        """Embed the checked matrix ``x`` with ``bundle``; ``clusters`` asks for cluster ids
+        (ignored when the model has no clustering head)."""
+        want_clusters = clusters and bundle.n_clusters is not None
+        started = time.perf_counter()
+        if mode == "exact":
+            embeddings, labels = await self.gate.run(lambda: self._exact(bundle, x))
+        else:
+            with self.budget.rows(x.shape[0]):
+                if x.shape[0] <= self.inline_fast_rows:
+                    embeddings, labels = bundle.embed_with_clusters(x, mode="fast")
+                else:  # onnxruntime releases the GIL: beside the event loop
+                    embeddings, labels = await self.budget.run(
+                        bundle.embed_with_clusters, x, "fast"
+                    )
+        compute_ms = (time.perf_counter() - started) * 1000.0
+        return Embedding(bundle, mode, embeddings, labels if want_clusters else None, compute_ms)
+
+    def _exact(self, bundle: Bundle, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        try:
+            exact = self.registry.exact(bundle)
+            return bundle.embed_with_clusters(x, mode="exact", exact=exact)
+        except BundleError as exc:
+            # Changed after it was loaded (tampered, truncated, deleted): out of service.
+            raise self.registry.mark_damaged(bundle, exc) from None
+        except FileNotFoundError:
+            raise NotFound(f"model {bundle.id!r} was deleted") from None

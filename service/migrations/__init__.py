@@ -1,0 +1,1 @@
+"""Alembic migrations of the job store (``service.jobs.JobStore.create_schema`` runs them)."""
