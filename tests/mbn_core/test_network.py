@@ -82,7 +82,7 @@ def test_few_row_requests_give_the_batch_codes_at_every_layer(digits, fitted):
 def test_leave_self_out_embedding(digits, fitted):
     X, _ = digits
     model, embedding = fitted
-    fresh = MBN(n_clusterings=30, random_state=0)
+    fresh = MBN(n_clusterings=30, delta=0.5, random_state=0)
     in_sample, left_out = fresh.fit_transform_leave_self_out(X)
     np.testing.assert_array_equal(in_sample, embedding)  # the same fit, the same model
     for name, array in model_to_arrays(model).items():
