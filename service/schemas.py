@@ -42,7 +42,8 @@ class EmbedRequest(_Request):
         default=None,
         min_length=1,
         max_length=MODEL_LOOKUP_MAX,
-        description="Model id, or name (its newest version). Default: the default model.",
+        description="Model id, or name (the version promoted for it, else its first). "
+        "Default: the default model.",
     )
     inputs: list[Annotated[list[float], Field(min_length=1)]] | None = Field(
         default=None,

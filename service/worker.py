@@ -19,7 +19,9 @@ Policy (see ``service.jobs`` for the store side):
 - the database is unreachable for half of ``stale_after_seconds``: stop the child (another
   worker will soon take the job over; two must never run it at once);
 - the child dies without an answer, raises, or runs past ``job_timeout_seconds``: failed,
-  with the reason, never retried (a deterministic crash would loop).
+  with the reason, never retried (a deterministic crash would loop);
+- succeeded, and the job asked to ``promote``: its model becomes the default and its name's
+  version (``service.aliases``); a job that did not ask moves neither.
 """
 
 from __future__ import annotations
