@@ -346,10 +346,13 @@ def main() -> None:
             models = client.get("/models").json()
             model_id = args.model or models["default"]
             info = client.get(f"/models/{model_id}").json()
+            # An exported fast path (e.g. modular_kpca) has no compressor to describe.
+            compressor = info["hyperparameters"].get("compressor", {})
             print(
-                f"model {info['id']} ({info['name']}): {info['input_dim']} -> "
-                f"{info['output_dim']}, trained on {info['training']['n_samples']} points, "
-                f"hidden layers {info['hyperparameters']['compressor']['hidden_layer_sizes']}"
+                f"model {info['id']} ({info['name']}, {info.get('method', 'mbn')}): "
+                f"{info['input_dim']} -> {info['output_dim']}, trained on "
+                f"{info['training']['n_samples']} points, "
+                f"hidden layers {compressor.get('hidden_layer_sizes', 'none (exported)')}"
             )
 
             def with_model(bodies: list[bytes]) -> list[bytes]:

@@ -40,6 +40,7 @@ from cachetools import LRUCache
 from mbn_core.bundle import (
     DATA_FILES,
     MANIFEST,
+    OPTIONAL_FILES,
     Bundle,
     BundleError,
     ExactModel,
@@ -74,7 +75,7 @@ def signature(path: Path) -> Signature | None:
     """The stat facts of a bundle's files (None when the directory is gone): any change,
     in place or by replacement, changes it."""
     facts = []
-    for name in (MANIFEST, *DATA_FILES):
+    for name in (MANIFEST, *DATA_FILES, *OPTIONAL_FILES):
         try:
             st = (path / name).stat()
         except FileNotFoundError:
