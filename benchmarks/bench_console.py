@@ -1,7 +1,7 @@
 """How fast the web console draws a model's map of 20,000 points, in headless Chromium.
 
 Trains a small model on 20,000 MNIST digits with the default map (t-SNE of all 20,000 rows,
-coloured by label), starts ``mbn serve`` on it, and opens the map view in Debian's chromium
+coloured by label), starts ``python -m service serve`` on it, and opens the map view in Debian's chromium
 through Playwright several times. Reports per load, median over loads:
 
 - ``render``: from the console's ``Plotly.newPlot`` call until the browser has painted the
@@ -84,9 +84,8 @@ def main() -> None:
         "MBN_DEMO_MODEL": "false",
         "MBN_EMBEDDED_WORKER": "false",
     }
-    mbn = str(Path(sys.executable).with_name("mbn"))
     server = subprocess.Popen(
-        [mbn, "serve", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "service", "serve", "--host", "127.0.0.1", "--port", str(port)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
