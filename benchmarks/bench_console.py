@@ -1,8 +1,8 @@
 """How fast the web console draws a model's map of 20,000 points, in headless Chromium.
 
 Trains a small model on 20,000 MNIST digits with the default map (t-SNE of all 20,000 rows,
-coloured by label), starts ``python -m service serve`` on it, and opens the map view in Debian's chromium
-through Playwright several times. Reports per load, median over loads:
+coloured by label), starts ``python -m service serve`` on it, and opens the map view in
+Debian's chromium through Playwright several times. Reports per load, median over loads:
 
 - ``render``: from the console's ``Plotly.newPlot`` call until the browser has painted the
   frame (two animation frames later): the cost of drawing the 20,000 points;
