@@ -11,7 +11,9 @@ A bundle is a directory (named after the model id) holding
   method's ``save`` gives them (``np.load(..., allow_pickle=False)``), plus the clustering
   head's centroids;
 - ``compressor.onnx``: the fast path, self-contained: a distilled MLP or the method's own
-  exported map.
+  exported map;
+- optionally ``map.npz``: a 2-D map of a sample of the training embedding
+  (``mbn_core.embedding_map``), described by the manifest's ``map`` section.
 
 Nothing is pickled. ``save_bundle`` writes into a hidden temporary directory beside the
 target and renames it into place, so readers (and a Ctrl-C) never see half a bundle.
@@ -28,6 +30,7 @@ import os
 import platform
 import re
 import shutil
+import threading
 import uuid
 import zipfile
 from collections.abc import Callable
@@ -42,6 +45,7 @@ import scipy.sparse as sp
 from sklearn.utils.validation import check_is_fitted
 
 from mbn_core.compress import MODES, CompressiveMBN
+from mbn_core.embedding_map import MAP_FILE, EmbeddingMap
 from mbn_core.methods import PIPELINE_PARAMS, Method, get_method
 from mbn_core.onnx import OnnxEmbedder
 from mbn_core.trained import TrainedModel
@@ -60,6 +64,8 @@ EXACT_FILE = "exact.npz"
 LEGACY_EXACT_FILE = "mbn.npz"
 ONNX_FILE = "compressor.onnx"
 DATA_FILES = (EXACT_FILE, ONNX_FILE)
+# Files a bundle may hold besides its data files (hashed like them when present): the 2-D map.
+OPTIONAL_FILES = (MAP_FILE,)
 MODEL_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # A manifest is a few kilobytes; refuse to parse anything absurdly larger.
 _MAX_MANIFEST_BYTES = 1 << 20
@@ -138,6 +144,8 @@ def save_bundle(
     model_id: str | None = None,
     overwrite: bool = False,
     extra: dict[str, Any] | None = None,
+    extra_files: dict[str, bytes] | None = None,
+    manifest_sections: dict[str, Any] | None = None,
 ) -> Path:
     """Write a fitted model as a bundle directory, atomically.
 
@@ -159,6 +167,11 @@ def save_bundle(
     extra : dict, default=None
         JSON-able facts merged into the manifest's ``training`` section (e.g. the training
         parameters as the caller gave them).
+    extra_files : dict, default=None
+        Optional files by name (each one of ``OPTIONAL_FILES``), written and hashed like
+        the data files, e.g. ``{MAP_FILE: embedding_map.to_bytes()}``.
+    manifest_sections : dict, default=None
+        JSON-able top-level manifest entries that describe them, e.g. ``{"map": {...}}``.
 
     Returns
     -------
@@ -172,25 +185,28 @@ def save_bundle(
     model_id = validate_model_id(directory.name if model_id is None else model_id)
     name = validate_name(name)
     check_target(directory, overwrite=overwrite)
+    extra_files = dict(extra_files or {})
+    unknown = sorted(set(extra_files) - set(OPTIONAL_FILES))
+    if unknown:
+        raise ValueError(f"extra_files may hold {list(OPTIONAL_FILES)}, got {unknown}")
+    sections = dict(manifest_sections or {})
     parent = directory.parent
 
     exact_bytes = _npz_bytes(model)
     onnx_bytes = model.fast_path.SerializeToString()
     manifest = _manifest(model, model_id, name, extra or {})
-    manifest["files"] = {
-        EXACT_FILE: _file_entry(exact_bytes),
-        ONNX_FILE: _file_entry(onnx_bytes),
-    }
+    clashes = sorted(set(sections) & {*manifest, "files"})
+    if clashes:
+        raise ValueError(f"manifest_sections may not replace manifest fields {clashes}")
+    manifest.update(_jsonable(sections))
+    files = {EXACT_FILE: exact_bytes, ONNX_FILE: onnx_bytes, **extra_files}
+    manifest["files"] = {file_name: _file_entry(data) for file_name, data in files.items()}
     manifest_bytes = manifest_to_bytes(manifest)
 
     temporary = parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:12]}"
     temporary.mkdir()
     try:
-        for file_name, data in (
-            (EXACT_FILE, exact_bytes),
-            (ONNX_FILE, onnx_bytes),
-            (MANIFEST, manifest_bytes),
-        ):
+        for file_name, data in (*files.items(), (MANIFEST, manifest_bytes)):
             _write_synced(temporary / file_name, data)
         _fsync_directory(temporary)
         _move_into_place(temporary, directory, overwrite)
@@ -386,6 +402,8 @@ class Bundle:
         self.n_clusters: int | None = manifest["n_clusters"]
         self.threads = threads
         self._embedder = embedder
+        self._map: EmbeddingMap | None = None
+        self._map_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Bundle(id={self.id!r}, name={self.name!r}, path={str(self.path)!r})"
@@ -442,6 +460,32 @@ class Bundle:
         estimator, centers = _load_exact(self.path, self.manifest, self.threads)
         return ExactModel(bundle_id=self.id, estimator=estimator, centers=centers)
 
+    @property
+    def has_map(self) -> bool:
+        """Whether the bundle holds a 2-D map of its training embedding."""
+        return MAP_FILE in self.manifest["files"]
+
+    def embedding_map(self) -> EmbeddingMap:
+        """The stored 2-D map (read, hash checked, on the first call).
+
+        Raises BundleError when the bundle has none (trained before maps, or without one)
+        or its file is damaged.
+        """
+        with self._map_lock:
+            if self._map is None:
+                file = self.path / MAP_FILE
+                if not self.has_map:
+                    raise BundleError(f"{file}: model {self.id!r} has no stored map")
+                data = _verified_bytes(self.path, self.manifest, MAP_FILE)
+                try:
+                    loaded = EmbeddingMap.from_bytes(data, str(file))
+                except ValueError as error:
+                    raise BundleError(str(error)) from None
+                if loaded.embedding.shape[1] != self.output_dim:
+                    raise BundleError(f"{file}: map embedding dimension disagrees")
+                self._map = loaded
+            return self._map
+
     def _check_input(self, X, mode: str):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -491,7 +535,7 @@ def load_bundle(directory: str | os.PathLike[str], *, threads: int = 1) -> Bundl
     if not path.is_dir():
         raise BundleError(f"{path}: no such bundle directory")
     manifest = read_manifest(path)
-    for file_name in (exact_file(manifest), ONNX_FILE):
+    for file_name in manifest["files"]:
         _verified_bytes(path, manifest, file_name, keep=False)
     onnx_bytes = _verified_bytes(path, manifest, ONNX_FILE)
     try:
@@ -599,8 +643,11 @@ def _check_manifest_fields(file: Path, manifest: dict[str, Any]) -> None:
         raise BundleError(f"{file}: dimensions must be positive")
     files = manifest["files"]
     expected = sorted((exact_file(manifest), ONNX_FILE))
-    if sorted(files) != expected:
-        raise BundleError(f"{file}: lists files {sorted(files)}, expected exactly {expected}")
+    if not set(expected) <= set(files) <= {*expected, *OPTIONAL_FILES}:
+        raise BundleError(
+            f"{file}: lists files {sorted(files)}, expected {expected} "
+            f"and optionally {sorted(OPTIONAL_FILES)}"
+        )
     for file_name, entry in files.items():
         if (
             not isinstance(entry, dict)

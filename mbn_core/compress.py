@@ -149,6 +149,9 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         Embedding = MLP output * target_scale_ + target_mean_.
     cluster_centers_ : ndarray of shape (n_clusters, n_components_), float32, or None
         k-means centroids of the clustering head.
+    embedding_ : ndarray of shape (n_samples_ - len(holdout_), n_components_), float32
+        The teacher's embedding of the rows it was fitted on (all but ``holdout_``, in row
+        order); kept for the bundle's 2-D map, which would otherwise cost another transform.
     fidelity_ : dict
         Agreement between fast and exact embeddings on the held-out rows (new to the teacher
         and the MLP): see ``measure_fidelity``; plus ``holdout``, "outside the teacher's
@@ -316,6 +319,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         self.input_sparse_ = sparse
         self.n_epochs_ = n_epochs
         self.holdout_ = holdout
+        self.embedding_ = np.asarray(embedding, dtype=np.float32)
 
         started = time.perf_counter()
         exact = _as_embedding(teacher.transform(X[holdout]))

@@ -40,6 +40,10 @@ class TrainedModel:
     facts : dict
         JSON-able training facts: rows, sparse input, seconds per phase, the method's facts.
     n_features_in, n_components : int
+    training_embedding : ndarray of shape (n_rows, n_components) or None
+        The exact embedding of the training rows ``training_rows`` (for the bundle's map).
+    training_rows : ndarray of shape (n_rows,) or None
+        Their row numbers in the training data.
     """
 
     method: Method
@@ -52,6 +56,8 @@ class TrainedModel:
     facts: dict[str, Any] = field(default_factory=dict)
     n_features_in: int = 0
     n_components: int = 0
+    training_embedding: np.ndarray | None = None
+    training_rows: np.ndarray | None = None
 
     @classmethod
     def from_compressor(cls, model: CompressiveMBN) -> TrainedModel:

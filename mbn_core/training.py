@@ -8,6 +8,7 @@ method: the registry (``mbn_core.methods``) says what each one needs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import validate_parameter_constraints
 
 from mbn_core.bundle import check_target, save_bundle, validate_model_id, validate_name
 from mbn_core.compress import (
@@ -33,6 +35,7 @@ from mbn_core.compress import (
     teacher_fit_rows,
 )
 from mbn_core.datafile import peek_data_file
+from mbn_core.embedding_map import MAP_FILE, MAP_POINTS, EmbeddingMap, build_map
 from mbn_core.methods import (
     DEFAULT_METHOD,
     PIPELINE_PARAMS,
@@ -119,6 +122,11 @@ class TrainingParams:
         try:
             self.estimator()._validate_params()
             CompressiveMBN(**self.compressor_kwargs())._validate_params()
+            validate_parameter_constraints(
+                {MAP_POINTS.name: MAP_POINTS.constraints},
+                {MAP_POINTS.name: self.values[MAP_POINTS.name]},
+                caller_name="training",
+            )
         except InvalidParameterError as error:
             raise ValueError(str(error)) from None
 
@@ -394,7 +402,18 @@ def train_bundle(
     started = time.perf_counter()
     log.info("training %r with %s on %d x %d points", name, method.name, *X.shape)
     model = fit_model(params, X, labels, estimator=estimator, tracker=tracker)
-    if tracker.report("export", 0.0, "writing the bundle"):
+    extra_files, sections = {}, {}
+    if params[MAP_POINTS.name] and model.training_embedding is not None:
+        if tracker.report("export", 0.0, "2-D map of the training embedding (t-SNE)"):
+            raise TrainingStopped("training stopped by the progress callback before the map")
+        map_started = time.perf_counter()
+        embedding_map = training_map(model, labels, params)
+        extra_files[MAP_FILE] = embedding_map.to_bytes()
+        sections["map"] = {
+            **embedding_map.summary(),
+            "seconds": round(time.perf_counter() - map_started, 3),
+        }
+    if tracker.report("export", 0.5, "writing the bundle"):
         raise TrainingStopped("training stopped by the progress callback before export")
     seconds = time.perf_counter() - started
     path = save_bundle(
@@ -404,6 +423,8 @@ def train_bundle(
         model_id=model_id,
         overwrite=overwrite,
         extra={"total_seconds": round(seconds, 3), "params": params.to_dict()},
+        extra_files=extra_files,
+        manifest_sections=sections,
     )
     tracker.report("export", 1.0, "bundle written")
     return path
@@ -437,6 +458,8 @@ def fit_model(
         compressor.fit(X, y)
         _detach(estimator)
         model = TrainedModel.from_compressor(compressor)
+        model.training_embedding = compressor.embedding_
+        model.training_rows = np.setdiff1d(np.arange(X.shape[0]), compressor.holdout_)
         model.hyperparameters[method.name] = estimator_hyperparameters(compressor.teacher_)
         return model
     return _fit_exported(method, params, estimator, X, y)
@@ -502,7 +525,32 @@ def _fit_exported(method: Method, params: TrainingParams, estimator, X, y) -> Tr
         facts=facts,
         n_features_in=int(X.shape[1]),
         n_components=int(embedding.shape[1]),
+        training_embedding=embedding.astype(np.float32),
+        training_rows=train,
     )
+
+
+def training_map(model: TrainedModel, labels, params: TrainingParams) -> EmbeddingMap:
+    """The bundle's 2-D map of ``model``'s training embedding: coloured by the labels when
+    given, else by the clustering head's clusters."""
+    embedding, rows = model.training_embedding, model.training_rows
+    assert embedding is not None and rows is not None
+    clusters = None
+    if model.cluster_centers is not None:
+        centers = model.cluster_centers
+        scores = embedding @ (-2.0 * centers.T) + np.sum(centers**2, axis=1)
+        clusters = np.argmin(scores, axis=1)
+    pipeline = params.pipeline()
+    embedding_map = build_map(
+        embedding,
+        clusters=clusters,
+        labels=None if labels is None else np.asarray(labels)[rows],
+        max_points=max(2, params[MAP_POINTS.name]),
+        random_state=pipeline["random_state"],
+        n_jobs=pipeline["n_jobs"],
+    )
+    # Row numbers of the training data, not of the rows the method was fitted on.
+    return dataclasses.replace(embedding_map, row=np.asarray(rows)[embedding_map.row])
 
 
 def fit_shape(params: TrainingParams, shape: tuple[int, int]) -> tuple[int, int]:

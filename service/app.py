@@ -231,6 +231,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             '{"error": {"type": ..., "message": ...}}.'
         ),
         lifespan=lifespan,
+        # /docs and /redoc come from routes.console, with their assets served from the package.
+        docs_url=None,
+        redoc_url=None,
         # /train/ is not /train: a 404, not a 307 that clients would follow without their
         # body (or their key, across hosts).
         redirect_slashes=False,
@@ -252,8 +255,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_upload_bytes=settings.max_upload_bytes,
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: times everything
-    for module in (routes.embed, routes.jobs, routes.models, routes.health):
+    for module in (routes.embed, routes.jobs, routes.models, routes.maps, routes.health):
         app.include_router(module.router)
+    routes.console.install_console(app)
     return app
 
 

@@ -40,6 +40,7 @@ from cachetools import LRUCache
 from mbn_core.bundle import (
     DATA_FILES,
     MANIFEST,
+    OPTIONAL_FILES,
     Bundle,
     BundleError,
     ExactModel,
@@ -74,7 +75,7 @@ def signature(path: Path) -> Signature | None:
     """The stat facts of a bundle's files (None when the directory is gone): any change,
     in place or by replacement, changes it."""
     facts = []
-    for name in (MANIFEST, *DATA_FILES):
+    for name in (MANIFEST, *DATA_FILES, *OPTIONAL_FILES):
         try:
             st = (path / name).stat()
         except FileNotFoundError:
@@ -285,14 +286,7 @@ class ModelRegistry:
             bundle = self.get(model_id)
             if bundle.id != model_id:
                 raise NotFound(f"no model with id {model_id!r} (promote takes an id)")
-
-            def choose(aliases: Aliases) -> Aliases:
-                names = {**aliases.names, bundle.name: bundle.id}
-                if default:
-                    return Aliases(bundle.id, "promoted", names)
-                return dataclasses.replace(aliases, names=names)
-
-            self._alias_file.update(choose)
+            self._alias_file.promote(bundle.id, bundle.name, default=default)
             self._swap(self._snapshot.by_id.values())
         log.info("model %s promoted (%s)", model_id, "default and name" if default else "name")
         return bundle

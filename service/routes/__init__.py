@@ -1,5 +1,5 @@
 """HTTP routes: parse and answer; the work is done by the registry, the store and the worker."""
 
-from service.routes import embed, health, jobs, models
+from service.routes import console, embed, health, jobs, maps, models
 
-__all__ = ["embed", "health", "jobs", "models"]
+__all__ = ["console", "embed", "health", "jobs", "maps", "models"]

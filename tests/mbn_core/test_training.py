@@ -24,6 +24,7 @@ SMALL = {
     "hidden_layer_sizes": [32],
     "max_epochs": 4,
     "n_clusters": 5,
+    "map_points": 200,
 }
 
 

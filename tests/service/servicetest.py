@@ -39,6 +39,7 @@ TINY_PARAMS: dict[str, Any] = {
     "hidden_layer_sizes": [32],
     "max_epochs": 5,
     "n_clusters": 10,
+    "map_points": 300,
 }
 # Fast-reacting job machinery, so recovery tests take seconds.
 FAST_JOBS_ENV = {
