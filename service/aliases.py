@@ -73,6 +73,14 @@ class Aliases:
             raise ValueError("names must map names to model ids")
         return cls(default, source if default is not None else None, dict(names))
 
+    def promoting(self, model_id: str, name: str, *, default: bool = True) -> Aliases:
+        """These choices with ``model_id`` as the version ``name`` means and (``default``)
+        as the promoted default model."""
+        names = {**self.names, name: model_id}
+        if default:
+            return Aliases(model_id, "promoted", names)
+        return Aliases(self.default, self.default_source, names)
+
     def without(self, model_id: str) -> Aliases:
         """These choices, forgetting every one that names ``model_id``."""
         keep_default = self.default != model_id
@@ -109,6 +117,12 @@ class AliasFile:
             if new != current:
                 self._write(new)
             return new
+
+    def promote(self, model_id: str, name: str, *, default: bool = True) -> Aliases:
+        """Record ``model_id`` as the version ``name`` means and (``default``) as the
+        default model: what ``POST /models/{id}/promote`` and a training job that asked to
+        promote its model both do. Every replica sees it at its next rescan."""
+        return self.update(lambda aliases: aliases.promoting(model_id, name, default=default))
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

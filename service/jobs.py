@@ -79,6 +79,8 @@ jobs_table = sa.Table(
     sa.Column("finished_at", sa.Double),
     sa.Column("heartbeat_at", sa.Double),
     sa.Column("method", sa.String(32), nullable=False, server_default="mbn"),
+    # Whether the job asked for its model to become the default and its name's version.
+    sa.Column("promote", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Index("ix_mbn_jobs_status_created", "status", "created_at"),
 )
 # The table is made and changed by the Alembic migrations in service/migrations (the
@@ -149,6 +151,7 @@ class Job:
     finished_at: float | None
     heartbeat_at: float | None
     method: str = "mbn"
+    promote: bool = False
 
     @property
     def finished(self) -> bool:
@@ -248,9 +251,11 @@ class JobStore:
         n_rows: int,
         n_features: int,
         max_queued: int | None,
+        promote: bool = False,
     ) -> Job:
-        """Queue a job whose data is already on disk. Raises ``Overloaded`` when the queue is
-        full and ``Conflict`` when the id exists."""
+        """Queue a job whose data is already on disk (``promote``: make its model the
+        default and its name's version once it succeeds). Raises ``Overloaded`` when the
+        queue is full and ``Conflict`` when the id exists."""
         with self._write() as conn:
             if self.is_postgres:
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_LOCK_KEY)))
@@ -277,6 +282,7 @@ class JobStore:
                     attempts=0,
                     created_at=db_now(),
                     method=str(params.get("method", "mbn")),
+                    promote=promote,
                 )
             )
             self._announce(conn, job_id)

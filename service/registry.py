@@ -286,14 +286,7 @@ class ModelRegistry:
             bundle = self.get(model_id)
             if bundle.id != model_id:
                 raise NotFound(f"no model with id {model_id!r} (promote takes an id)")
-
-            def choose(aliases: Aliases) -> Aliases:
-                names = {**aliases.names, bundle.name: bundle.id}
-                if default:
-                    return Aliases(bundle.id, "promoted", names)
-                return dataclasses.replace(aliases, names=names)
-
-            self._alias_file.update(choose)
+            self._alias_file.promote(bundle.id, bundle.name, default=default)
             self._swap(self._snapshot.by_id.values())
         log.info("model %s promoted (%s)", model_id, "default and name" if default else "name")
         return bundle

@@ -42,7 +42,8 @@ class EmbedRequest(_Request):
         default=None,
         min_length=1,
         max_length=MODEL_LOOKUP_MAX,
-        description="Model id, or name (its newest version). Default: the default model.",
+        description="Model id, or name (the version promoted for it, else its first). "
+        "Default: the default model.",
     )
     inputs: list[Annotated[list[float], Field(min_length=1)]] | None = Field(
         default=None,
@@ -109,7 +110,8 @@ class TrainOptions(_Request):
     name: str = Field(
         default="model",
         pattern=MODEL_REF_PATTERN,
-        description="Model name; the newest model of a name answers requests naming it.",
+        description="Model name. Requests naming it get the version an operator promoted, "
+        "else its first.",
     )
     method: str | None = Field(
         default=None,
@@ -119,6 +121,11 @@ class TrainOptions(_Request):
         default_factory=dict,
         description="Training parameters of the method (those of `mbn train --method M`; "
         "n_jobs is the server's).",
+    )
+    promote: bool = Field(
+        default=False,
+        description="Once the job succeeds, make its model the default model and the version "
+        "its name means (as POST /models/{id}/promote). Otherwise training moves neither.",
     )
 
 
@@ -137,6 +144,9 @@ class JobOut(BaseModel):
     id: str
     name: str
     method: str = Field(default="mbn", description="The embedding method trained.")
+    promote: bool = Field(
+        default=False, description="Whether its model is promoted once the job succeeds."
+    )
     status: JobStatus
     progress: float = Field(ge=0.0, le=1.0, description="Fraction done, 0..1.")
     phase: str | None = Field(default=None, description="Training phase now running.")
@@ -158,6 +168,7 @@ class JobOut(BaseModel):
             id=job.id,
             name=job.name,
             method=job.method,
+            promote=job.promote,
             status=job.status,  # type: ignore[arg-type]
             progress=min(1.0, max(0.0, job.progress)),
             phase=job.phase,

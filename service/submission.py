@@ -95,6 +95,7 @@ class Submitter:
         y: np.ndarray | None,
         *,
         job_id: str | None = None,
+        promote: bool = False,
     ) -> Job:
         if x.shape[0] > self.settings.max_train_rows:
             raise PayloadTooLarge(
@@ -105,9 +106,17 @@ class Submitter:
         check_data(x.shape[0], params)
         job_id = job_id or new_job_id()
         data_file = self.files.write_arrays(job_id, x, y)
-        return self._queue(job_id, name, params, data_file, x.shape)
+        return self._queue(job_id, name, params, data_file, x.shape, promote)
 
-    def submit_file(self, name: str, params: dict[str, Any], suffix: str, source: BinaryIO) -> Job:
+    def submit_file(
+        self,
+        name: str,
+        params: dict[str, Any],
+        suffix: str,
+        source: BinaryIO,
+        *,
+        promote: bool = False,
+    ) -> Job:
         if suffix not in JobFiles.ALLOWED_SUFFIXES:
             raise InvalidInput(
                 f"the file name must end in one of {', '.join(JobFiles.ALLOWED_SUFFIXES)}"
@@ -129,7 +138,8 @@ class Submitter:
         except BaseException:
             self.files.remove(job_id)
             raise
-        return self._queue(job_id, name, params, data_file, (shape.n_rows, shape.n_features))
+        shape_2d = (shape.n_rows, shape.n_features)
+        return self._queue(job_id, name, params, data_file, shape_2d, promote)
 
     def _check_file(self, path: Path) -> DataShape:
         """The shape of an uploaded file from its headers, within the limits."""
@@ -172,7 +182,13 @@ class Submitter:
         return job
 
     def _queue(
-        self, job_id: str, name: str, params: dict[str, Any], data_file: str, shape: Any
+        self,
+        job_id: str,
+        name: str,
+        params: dict[str, Any],
+        data_file: str,
+        shape: Any,
+        promote: bool = False,
     ) -> Job:
         try:
             return self.store.submit(
@@ -183,6 +199,7 @@ class Submitter:
                 n_rows=int(shape[0]),
                 n_features=int(shape[1]),
                 max_queued=self.settings.max_queued_jobs,
+                promote=promote,
             )
         except Conflict:
             if job_id != DEMO_JOB_ID:

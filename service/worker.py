@@ -19,7 +19,9 @@ Policy (see ``service.jobs`` for the store side):
 - the database is unreachable for half of ``stale_after_seconds``: stop the child (another
   worker will soon take the job over; two must never run it at once);
 - the child dies without an answer, raises, or runs past ``job_timeout_seconds``: failed,
-  with the reason, never retried (a deterministic crash would loop).
+  with the reason, never retried (a deterministic crash would loop);
+- succeeded, and the job asked to ``promote``: its model becomes the default and its name's
+  version (``service.aliases``); a job that did not ask moves neither.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from service import leftovers, trainproc
+from service.aliases import AliasFile
 from service.config import Settings
 from service.domain import Unavailable
 from service.jobs import Job, JobFiles, JobStore
@@ -341,7 +344,7 @@ class Worker:
         from mbn_core.bundle import BundleError, load_bundle
 
         try:
-            load_bundle(built)  # verify before anyone can see it
+            bundle = load_bundle(built)  # verify before anyone can see it
         except (BundleError, OSError, ValueError) as exc:
             self._fail(job, f"the trained bundle does not verify: {self._hide_paths(exc)}")
             return
@@ -361,11 +364,27 @@ class Worker:
             return
         self.files.remove(job.id)
         log.info("job %s: succeeded, model %s", job.id, model_id)
+        if job.promote:
+            self._promote(job, model_id, bundle.name)
         if self.on_model is not None:
             try:
                 self.on_model(target)
             except Exception:
                 log.exception("job %s: loading model %s into the registry failed", job.id, model_id)
+
+    def _promote(self, job: Job, model_id: str, name: str) -> None:
+        """The job asked for it: its model becomes the default and the version its name
+        means. Through the alias file (as ``POST /models/{id}/promote``), not a registry:
+        a stand-alone worker has none, and every replica reads the file at its next rescan.
+        Only after the job is recorded as succeeded, so a model that is discarded (the job
+        cancelled at the last instant) is never chosen."""
+        try:
+            AliasFile(self.settings.models_path).promote(model_id, name)
+        except OSError:
+            # The model stands and the job succeeded; an operator can still promote it.
+            log.exception("job %s: promoting model %s failed", job.id, model_id)
+            return
+        log.info("job %s: model %s promoted (default and name %r)", job.id, model_id, name)
 
     def _hide_paths(self, exc: Exception) -> str:
         """The message without the server's directories (clients read job errors)."""

@@ -26,7 +26,7 @@ from service.submission import Submitter, check_params
 
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require_api_key)])
 
-_FORM_FIELDS = ("file", "params", "name", "method")
+_FORM_FIELDS = ("file", "params", "name", "method", "promote")
 _MULTIPART_SCHEMA = {
     "type": "object",
     "required": ["file"],
@@ -40,6 +40,12 @@ _MULTIPART_SCHEMA = {
         "params": {"type": "string", "description": "Training parameters, a JSON object."},
         "name": TrainOptions.model_json_schema()["properties"]["name"],
         "method": TrainOptions.model_json_schema()["properties"]["method"],
+        "promote": {
+            "type": "string",
+            "enum": ["true", "false"],
+            "default": "false",
+            "description": TrainOptions.model_json_schema()["properties"]["promote"]["description"],
+        },
     },
 }
 
@@ -78,7 +84,9 @@ async def train(
             what="data",
         )
         y = None if req.labels is None else _labels(req.labels)
-        job = await run_in_threadpool(submitter.submit_arrays, req.name, params, x, y)
+        job = await run_in_threadpool(
+            lambda: submitter.submit_arrays(req.name, params, x, y, promote=req.promote)
+        )
     else:
         raise UnsupportedMediaType("send application/json or multipart/form-data")
     if worker is not None:
@@ -108,7 +116,7 @@ async def _train_multipart(request: Request, submitter: Submitter) -> Job:
         if not isinstance(upload, UploadFile):
             raise InvalidInput("the form needs a 'file' part holding the training data")
         fields: dict[str, Any] = {}
-        for key in ("params", "name", "method"):
+        for key in ("params", "name", "method", "promote"):
             value = form.get(key)
             if value is None:
                 continue
@@ -120,6 +128,11 @@ async def _train_multipart(request: Request, submitter: Submitter) -> Job:
                 fields["params"] = json.loads(fields["params"])
             except json.JSONDecodeError as exc:
                 raise InvalidInput(f"params is not valid JSON: {exc}") from None
+        if "promote" in fields:
+            # A form field is text: only the JSON words, so a typo is never read as "no".
+            if fields["promote"] not in ("true", "false"):
+                raise InvalidInput("promote must be true or false")
+            fields["promote"] = fields["promote"] == "true"
         try:
             options = TrainOptions.model_validate(fields)
         except ValidationError as exc:
@@ -127,7 +140,9 @@ async def _train_multipart(request: Request, submitter: Submitter) -> Job:
         params = check_params(options.params, options.method)
         suffix = PurePath(upload.filename or "").suffix.lower()
         return await run_in_threadpool(
-            submitter.submit_file, options.name, params, suffix, upload.file
+            lambda: submitter.submit_file(
+                options.name, params, suffix, upload.file, promote=options.promote
+            )
         )
     finally:
         await form.close()

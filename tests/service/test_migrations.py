@@ -37,6 +37,10 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(request.getfixturevalue("postgres_url"))
 
 
+# The column that the revision after each one adds.
+ADDED_AFTER = {"0001": "method", "0002": "promote"}
+
+
 def at_revision(url: str, revision: str, *, drop_version_table: bool = False) -> None:
     """The schema of ``revision``, with two jobs in it, as a deployment of that time had."""
     path = _sqlite_path(url)
@@ -50,13 +54,16 @@ def at_revision(url: str, revision: str, *, drop_version_table: bool = False) ->
             config.attributes["connection"] = conn
             command.upgrade(config, revision)
             old = sa.Table("mbn_jobs", sa.MetaData(), autoload_with=conn)
-            assert "method" not in old.c  # really the old schema
+            # Really the old schema: each revision added one column.
+            assert ADDED_AFTER[revision] not in old.c
+            # A store made at 0002 holds jobs of other methods than MBN.
+            method = {} if "method" not in old.c else {"method": "pca"}
             for status in ("succeeded", "queued"):
                 conn.execute(
                     old.insert().values(
                         id=new_job_id(), name=f"old-{status}", status=status, progress=0.5,
                         params=json.dumps({"n_clusterings": 20}), data_file="data.npy",
-                        n_rows=10, n_features=3, attempts=1, created_at=time.time(),
+                        n_rows=10, n_features=3, attempts=1, created_at=time.time(), **method,
                     )
                 )  # fmt: skip
             if drop_version_table:  # a table made by create_all, before migrations existed
@@ -73,24 +80,30 @@ def head() -> str:
     return revision
 
 
-@pytest.mark.parametrize("before_migrations", [False, True])
-def test_an_upgraded_store_keeps_its_jobs(url: str, before_migrations: bool) -> None:
-    at_revision(url, "0001", drop_version_table=before_migrations)
+@pytest.mark.parametrize(
+    ("revision", "before_migrations"),
+    [("0001", False), ("0001", True), ("0002", False)],
+    ids=["0001", "before-migrations", "0002"],
+)
+def test_an_upgraded_store_keeps_its_jobs(url: str, revision: str, before_migrations: bool) -> None:
+    at_revision(url, revision, drop_version_table=before_migrations)
     store = JobStore(url)
     try:
         store.create_schema()
         jobs = store.list_jobs()
         assert sorted(job.name for job in jobs) == ["old-queued", "old-succeeded"]
-        assert {job.method for job in jobs} == {"mbn"}  # what every job was before
+        # Jobs of 0001 were all MBN; those of 0002 keep their method.
+        assert {job.method for job in jobs} == {"mbn" if revision == "0001" else "pca"}
+        assert {job.promote for job in jobs} == {False}  # no job before 0003 asked to promote
         assert all(job.params == {"n_clusterings": 20} for job in jobs)
         # ... and the upgraded store works: the old queued job is claimed, new jobs go in.
         claimed = store.claim("w1")
         assert claimed is not None and claimed.name == "old-queued"
         new = store.submit(
             job_id=new_job_id(), name="new", params={"method": "mbn"}, data_file="d.npy",
-            n_rows=4, n_features=2, max_queued=None,
+            n_rows=4, n_features=2, max_queued=None, promote=True,
         )  # fmt: skip
-        assert new.status == "queued"
+        assert new.status == "queued" and new.promote is True
         with store.engine.connect() as conn:
             assert MigrationContext.configure(
                 conn, opts={"version_table": VERSION_TABLE}

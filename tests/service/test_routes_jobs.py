@@ -1,7 +1,7 @@
 """POST /train, GET /jobs, GET /jobs/{id}, POST /jobs/{id}/cancel through the real app.
 
-The app here has no worker, so jobs stay queued; running them is test_worker's and the end
-to end tests' business.
+The app here has no worker, so jobs stay queued (running them is test_worker's and the end
+to end tests' business), except in the promote test, which needs the jobs' models.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import io
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from fastapi.testclient import TestClient
 from servicetest import TINY_PARAMS, assert_error, make_settings, running_app, wait_for
 
 from mbn_core.training import load_training_data
+from service.aliases import AliasFile
 from service.jobs import JobFiles
 
 Digits = tuple[np.ndarray, np.ndarray]
@@ -63,6 +65,7 @@ def test_train_json_queues_a_job_with_its_data(client: TestClient, digits: Digit
         "queued", "small", 150, 64,
     )  # fmt: skip
     assert job["progress"] == 0 and job["model_id"] is None and job["attempts"] == 0
+    assert job["promote"] is False  # training promotes nothing unless asked
     assert job["params"]["n_clusterings"] == 20  # the full parameter set is recorded
     stored_x, stored_y = stored_data(client, job)
     np.testing.assert_array_equal(stored_x, x)
@@ -115,6 +118,7 @@ BAD_TRAIN_JSON: list[tuple[str, object, int, str]] = [
     ("more centers than rows", {"data": ROWS, "params": {"ks": [100]}}, 422, "40 rows"),
     ("too many rows", {"data": [[1.0]] * 1001}, 413, "at most 1000"),
     ("not json", "{", 422, "JSON"),
+    ("promote not bool", {"data": ROWS, "promote": "yes"}, 422, "promote"),
 ]  # fmt: skip
 
 
@@ -158,6 +162,7 @@ BAD_UPLOADS: list[tuple[str, dict, dict, int, str]] = [
      "nope"),
     ("unknown field", {"file": ("x.csv", b"1,2\n3,4\n")}, {"other": "1"}, 422, "unknown form"),
     ("bad name", {"file": ("x.csv", b"1,2\n3,4\n")}, {"name": "a b/c"}, 422, "name"),
+    ("promote not bool", {"file": ("x.csv", b"1,2\n3,4\n")}, {"promote": "1"}, 422, "promote"),
     ("garbage npy", {"file": ("x.npy", b"not numpy at all")}, {}, 422, "file"),
     ("pickled npy", {"file": ("x.npy", npy(np.array([{"a": 1}], dtype=object)))}, {}, 422,
      "file"),
@@ -262,3 +267,63 @@ def test_unknown_jobs_are_404(client: TestClient, job_id: str) -> None:
 @pytest.mark.parametrize("query", [{"status": "done"}, {"limit": 0}, {"limit": "x"}])
 def test_bad_job_queries_are_422(client: TestClient, query: dict) -> None:
     assert_error(client.get("/jobs", params=query), 422, "invalid_input")
+
+
+def test_only_a_job_that_asks_promotes_its_model(
+    api: Callable[..., TestClient], digits: Digits
+) -> None:
+    """Training moves neither the default nor a name by itself; a job with promote=true
+    (here a multipart upload) moves both to its model once it succeeds."""
+    client = api(embedded_worker=True)
+    x = digits[0][:300]
+
+    def finished(response: Any) -> dict:
+        assert response.status_code == 202, response.text
+        job_id = response.json()["id"]
+        done = wait_for(
+            lambda: (
+                (j := client.get(f"/jobs/{job_id}").json())["status"] in ("succeeded", "failed")
+                and j
+            ),
+            120,
+            f"job {job_id}",
+        )
+        assert done["status"] == "succeeded", done["error"]
+        return done
+
+    def answering(model: str | None) -> str:
+        body = {"inputs": x[:2].tolist(), **({} if model is None else {"model": model})}
+        response = client.post("/embed", json=body)
+        assert response.status_code == 200, response.text
+        return str(response.json()["model"])
+
+    def entry(listing: dict, model_id: str) -> dict:
+        return next(m for m in listing["models"] if m["id"] == model_id)
+
+    quiet = finished(
+        client.post("/train", json={"name": "digits", "data": x.tolist(), "params": TINY_PARAMS})
+    )
+    assert quiet["promote"] is False
+    listing = client.get("/models").json()
+    assert (listing["default"], listing["default_source"]) == ("m-digits", "auto")
+    assert entry(listing, quiet["model_id"])["current"] is False
+    assert answering(None) == answering("digits") == "m-digits"
+
+    loud = finished(
+        client.post(
+            "/train",
+            files={"file": ("x.npy", npy(x), "application/octet-stream")},
+            data={"name": "digits", "params": json.dumps(TINY_PARAMS), "promote": "true"},
+        )
+    )
+    assert loud["promote"] is True and client.get(f"/jobs/{loud['id']}").json()["promote"]
+    listing = client.get("/models").json()
+    assert (listing["default"], listing["default_source"]) == (loud["model_id"], "promoted")
+    model = entry(listing, loud["model_id"])
+    assert model["default"] is True and model["current"] is True
+    assert entry(listing, "m-digits")["default"] is False
+    assert answering(None) == answering("digits") == loud["model_id"]
+    # Recorded in the alias file, where every replica reads it at its next rescan.
+    models_path = client.app.state.settings.models_path  # type: ignore[attr-defined]
+    recorded = AliasFile(models_path).read()
+    assert recorded.default == loud["model_id"] and recorded.names["digits"] == loud["model_id"]

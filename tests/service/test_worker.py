@@ -13,6 +13,7 @@ import pytest
 from servicetest import TINY_PARAMS, make_settings, wait_for
 
 from mbn_core.bundle import load_bundle
+from service.aliases import Aliases, AliasFile
 from service.config import Settings
 from service.jobs import Job, JobFiles, JobStore
 from service.submission import Submitter, check_params
@@ -40,8 +41,10 @@ class Setup:
         self.workers.append(worker)
         return worker
 
-    def submit(self, x: np.ndarray, params: dict, y: np.ndarray | None = None) -> Job:
-        return self.submitter.submit_arrays("test", check_params(params), x, y)
+    def submit(
+        self, x: np.ndarray, params: dict, y: np.ndarray | None = None, *, promote: bool = False
+    ) -> Job:
+        return self.submitter.submit_arrays("test", check_params(params), x, y, promote=promote)
 
     def wait_status(self, job: Job, statuses: set[str], timeout: float = 60) -> Job:
         return wait_for(
@@ -81,6 +84,21 @@ def training_pid(worker: Worker, job: Job) -> int:
     pid = worker.training_pids.get(job.id)
     assert pid is not None and alive(pid)
     return pid
+
+
+def test_a_stand_alone_worker_promotes_through_the_alias_file(setup: Setup, digits: Digits) -> None:
+    """A worker without the API's registry records a promote=true job's model as the default
+    and its name's version in the alias file (where every replica reads it); a job without
+    promote records no choice."""
+    aliases = AliasFile(setup.settings.models_path)
+    setup.worker()
+    quiet = setup.wait_status(setup.submit(digits[0][:300], TINY_PARAMS), {"succeeded", "failed"})
+    assert quiet.status == "succeeded", quiet.error
+    assert aliases.read() == Aliases()  # nothing chosen (no registry here records "auto")
+    job = setup.submit(digits[0][:300], TINY_PARAMS, promote=True)
+    done = setup.wait_status(job, {"succeeded", "failed"})
+    assert done.status == "succeeded" and done.promote, done.error
+    assert aliases.read() == Aliases(done.model_id, "promoted", {"test": str(done.model_id)})
 
 
 def test_cancel_stops_training_promptly(setup: Setup, digits: Digits) -> None:
