@@ -81,7 +81,7 @@ def _stored_map(bundle: Bundle) -> EmbeddingMap:
 @router.get(
     "/models/{model_id}/map",
     response_model=ModelMap,
-    summary="A model's 2-D map of its training embedding (by id, or name: its newest version)",
+    summary="A model's 2-D map of its training embedding (by id or by name)",
     description=(
         "A t-SNE projection of up to 20,000 training rows, stored by training. Coloured by "
         "training labels when the data had them, else by the clustering head's clusters. "

@@ -30,6 +30,8 @@ def test_openapi_documents_the_contract(api: Callable[..., TestClient]) -> None:
         ("GET", "/models/{model_id}"),
         ("DELETE", "/models/{model_id}"),
         ("POST", "/models/{model_id}/promote"),
+        ("GET", "/models/{model_id}/map"),
+        ("POST", "/models/{model_id}/map/locate"),
         ("GET", "/health/live"),
         ("GET", "/health/ready"),
         ("GET", "/metrics"),
