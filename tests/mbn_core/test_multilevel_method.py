@@ -50,7 +50,7 @@ def test_bundle_exact_mode_is_the_knn_refinement(bundle, digits):
     assert manifest["hyperparameters"]["multilevel"]["coarse_method"] == "isomap"
     # The teacher is fitted without the fidelity report's held-out rows.
     assert manifest["training"]["level_sizes"][0] == manifest["training"]["n_fit_samples"]
-    model = bundle.exact_model()
+    model = bundle.load_exact().estimator
     assert isinstance(model, MultilevelMethod)
     exact = bundle.embed(new, mode="exact")
     np.testing.assert_allclose(exact, model.transform(new), rtol=1e-6, atol=1e-6)
