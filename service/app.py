@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
@@ -258,7 +259,30 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (routes.embed, routes.jobs, routes.models, routes.maps, routes.health):
         app.include_router(module.router)
     routes.console.install_console(app)
+    _document_auth(app, settings)
     return app
+
+
+def _document_auth(app: FastAPI, settings: Settings) -> None:
+    """Make the OpenAPI document say what this server asks for: the bearer key is required
+    only where a key is checked (keys configured; /metrics only with MBN_METRICS_REQUIRE_KEY),
+    elsewhere optional (``{}`` in the security list), so clients and schema checkers are told
+    the truth."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        document = generate()  # cached by FastAPI: edited once, in place
+        for path, item in document["paths"].items():
+            if settings.api_keys and (path != "/metrics" or settings.metrics_require_key):
+                continue
+            for operation in item.values():
+                if "security" in operation:
+                    operation["security"] = [{}, *operation["security"]]
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _version() -> str:

@@ -11,13 +11,16 @@ import logging
 from typing import Annotated
 
 import numpy as np
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from mbn_core.bundle import Bundle, BundleError
 from mbn_core.embedding_map import LOCATE_NEIGHBOURS, METHOD, EmbeddingMap
 from service.deps import RegistryDep, SettingsDep, require_api_key
 from service.errors import InvalidInput, NotFound, PayloadTooLarge
+from service.registry import ModelRegistry
+from service.routes._body import json_body, parse_json
 from service.schemas import error_responses
 
 log = logging.getLogger(__name__)
@@ -118,14 +121,22 @@ def get_map(model_id: str, registry: RegistryDep) -> ModelMap:
         f"{LOCATE_NEIGHBOURS} nearest training points (t-SNE has no transform of its own). "
         "Embed rows with POST /embed first, then locate the embeddings."
     ),
-    responses=error_responses(401, 404, 413, 422, 503),
+    responses=error_responses(401, 404, 413, 415, 422, 503),
+    openapi_extra=json_body(LocateRequest),
 )
-def locate(
-    model_id: str, body: LocateRequest, registry: RegistryDep, settings: SettingsDep
+async def locate(
+    model_id: str, request: Request, registry: RegistryDep, settings: SettingsDep
+) -> LocateResponse:
+    # The service's own JSON reading: duplicate keys, deep nesting and bad UTF-8 are a 422.
+    body = await parse_json(request, LocateRequest)
+    return await run_in_threadpool(_locate, model_id, body, registry, settings.max_rows_per_request)
+
+
+def _locate(
+    model_id: str, body: LocateRequest, registry: ModelRegistry, limit: int
 ) -> LocateResponse:
     bundle = registry.get(model_id)
     stored = _stored_map(bundle)
-    limit = settings.max_rows_per_request
     if len(body.embeddings) > limit:
         raise PayloadTooLarge(f"{len(body.embeddings)} embeddings; at most {limit} per request")
     if any(len(row) != bundle.output_dim for row in body.embeddings):

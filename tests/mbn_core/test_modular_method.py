@@ -52,7 +52,7 @@ def test_bundle_stores_plain_arrays_and_serves_both_paths(digits, tmp_path):
     for npz in path.glob("*.npz"):
         with np.load(npz, allow_pickle=False) as arrays:
             assert all(arrays[name].dtype != object for name in arrays.files)
-    assert isinstance(bundle.exact_model(), ModularKPCA)
+    assert isinstance(bundle.load_exact().estimator, ModularKPCA)
 
 
 def test_a_tampered_array_is_refused(digits, tmp_path):

@@ -50,8 +50,24 @@ def test_openapi_documents_the_contract(api: Callable[..., TestClient]) -> None:
         "scheme": "bearer",
         "description": document["components"]["securitySchemes"]["ApiKey"]["description"],
     }
-    assert embed["security"] == [{"ApiKey": []}]
+    # Without keys configured the key is optional ({}), as the server does not check it.
+    assert embed["security"] == [{}, {"ApiKey": []}]
     assert "security" not in document["paths"]["/health/ready"]["get"]
+
+
+def test_openapi_requires_the_key_where_the_server_checks_it(
+    api: Callable[..., TestClient],
+) -> None:
+    document = api(api_keys="first-key-0123456789").get("/openapi.json").json()
+    assert document["paths"]["/embed"]["post"]["security"] == [{"ApiKey": []}]
+    assert document["paths"]["/models/{model_id}/map"]["get"]["security"] == [{"ApiKey": []}]
+    assert document["paths"]["/metrics"]["get"]["security"] == [{"ApiKey": []}]
+    # Unless MBN_METRICS_REQUIRE_KEY is off: then /metrics is open and says so.
+    document = (
+        api(api_keys="first-key-0123456789", metrics_require_key=False).get("/openapi.json").json()
+    )
+    assert document["paths"]["/metrics"]["get"]["security"] == [{}, {"ApiKey": []}]
+    assert document["paths"]["/embed"]["post"]["security"] == [{"ApiKey": []}]
 
 
 @pytest.mark.parametrize(
