@@ -93,10 +93,13 @@ def test_two_apis_two_workers(
         )
         assert a.get(f"/jobs/{long_id}").json()["status"] == "cancelled"
 
-        # Deleted through A: gone from B too (at its next rescan).
-        assert a.delete(f"/models/{done[0]['model_id']}").status_code == 204
+        # Deleted through A: gone from B too (at its next rescan). Not the default model (the
+        # first one a replica saw, which only a forced delete removes).
+        default = a.get("/models").json()["default"]
+        victim = next(j["model_id"] for j in done if j["model_id"] != default)
+        assert a.delete(f"/models/{victim}").status_code == 204
         wait_for(
-            lambda: b.get(f"/models/{done[0]['model_id']}").status_code == 404,
+            lambda: b.get(f"/models/{victim}").status_code == 404,
             10,
             "B to notice the deletion",
         )
