@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_data import load_mnist
+from bench_server import free_port
 
 from mbn_core.training import train_bundle
 
@@ -44,12 +44,6 @@ PARAMS = {
     "map_points": 20_000,
 }
 KEY = "bench-console-key-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def main() -> None:

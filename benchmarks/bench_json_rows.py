@@ -28,11 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import msgspec
 import numpy as np
 from bench_data import load_mnist
-from bench_service import bodies_for, free_port, timed_requests
+from bench_server import free_port, wait_until_ready
+from bench_service import bodies_for, timed_requests
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH = 256
@@ -83,18 +83,8 @@ def start(parser: str, model_dir: Path, work: Path) -> tuple[subprocess.Popen[by
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"{parser} server exited: see {data_dir / 'server.log'}")
-        try:
-            if httpx.get(f"{url}/health/ready", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    sys.exit(f"{parser} server did not become ready")
+    wait_until_ready(proc, url, data_dir / "server.log", f"{parser} server")
+    return proc, url
 
 
 def in_process(bodies: list[bytes]) -> dict[str, float]:

@@ -24,23 +24,16 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
+from bench_server import free_port, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def train_model(model_dir: Path) -> None:
@@ -67,18 +60,8 @@ def start_server(data_dir: Path, env_extra: dict[str, str]) -> tuple[subprocess.
     log = (data_dir / "server.log").open("wb")
     proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit("server exited:\n" + (data_dir / "server.log").read_text()[-3000:])
-        try:
-            if httpx.get(f"{url}/health/ready", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    sys.exit("server did not become ready")
+    wait_until_ready(proc, url, data_dir / "server.log", "server")
+    return proc, url
 
 
 async def request(port: int, raw: bytes, timeout: float) -> tuple[int, float]:

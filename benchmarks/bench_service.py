@@ -44,6 +44,7 @@ from typing import Any
 import httpx
 import numpy as np
 from bench_data import load_mnist
+from bench_server import free_port, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,12 +72,6 @@ def train_model(
     return path.name
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_server(
     model_dir: Path, data_dir: Path, onnx_threads: int, processes: int
 ) -> tuple[Any, str]:
@@ -95,18 +90,8 @@ def start_server(
     log = (data_dir / "server.log").open("wb")
     proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"server exited: see {data_dir / 'server.log'}")
-        try:
-            if httpx.get(f"{url}/health/ready", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    sys.exit("server did not become ready")
+    wait_until_ready(proc, url, data_dir / "server.log", "server")
+    return proc, url
 
 
 # ---------------------------------------------------------------------------- measuring
