@@ -60,6 +60,7 @@ from mbn_core.network import (
     UpperClusterings,
     _LayerRunner,
     bottom_encoder,
+    float32_csr,
     layer_runner_factory,
 )
 
@@ -330,11 +331,7 @@ def _compact_input(X):
 
     ``with_ones_column`` of the result equals that of X bit for bit (both are X in float32).
     """
-    if sp.issparse(X):
-        X = sp.csr_matrix(X, dtype=np.float32)
-        X.sort_indices()
-        return X
-    return compact_values(X)
+    return float32_csr(X) if sp.issparse(X) else compact_values(X)
 
 
 def _shipped_bytes(shipped: _BottomInput | _UpperInput) -> int:

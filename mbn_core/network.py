@@ -767,11 +767,14 @@ def _project(codes: np.ndarray, top: _Top) -> np.ndarray:
 
 def _float32_input(X):
     """The bottom layer's working copy: float32 CSR, or dense float32 with a ones column."""
-    if sp.issparse(X):
-        X = sp.csr_matrix(X, dtype=np.float32)
-        X.sort_indices()
-        return X
-    return with_ones_column(X)
+    return float32_csr(X) if sp.issparse(X) else with_ones_column(X)
+
+
+def float32_csr(X) -> sp.csr_matrix:
+    """Sparse X as the bottom layer reads it: float32 CSR with sorted indices."""
+    X = sp.csr_matrix(X, dtype=np.float32)
+    X.sort_indices()
+    return X
 
 
 def _effective_threads(n_jobs: int | None) -> int:
