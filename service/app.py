@@ -86,6 +86,7 @@ class Runtime:
         gate = ExactGate(
             settings.max_concurrent_exact,
             retry_after=settings.retry_after_seconds,
+            niceness=settings.exact_niceness,
             on_reject=metrics.rejected.labels("exact_busy").inc,
         )
         worker = None

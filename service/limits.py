@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -18,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.errors import Overloaded, PayloadTooLarge, Unavailable, error_body, status_of
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class BodyLimitMiddleware:
@@ -159,14 +163,32 @@ class RowBudget:
 
 class ExactGate:
     """At most ``limit`` exact computations at once, each on its own pool thread; one more
-    is refused with 429 immediately (never queued)."""
+    is refused with 429 immediately (never queued).
 
-    def __init__(self, limit: int, *, retry_after: int, on_reject: Callable[[], None]) -> None:
+    The pool's threads run ``niceness`` steps below the rest of the process (Linux keeps a
+    nice value per thread): an exact computation is pure CPU for tens of milliseconds to
+    seconds, and at equal priority it takes its share of the cores from the fast path's
+    threads and the event loop; below them it gets what they leave.
+    """
+
+    def __init__(
+        self,
+        limit: int,
+        *,
+        retry_after: int,
+        on_reject: Callable[[], None],
+        niceness: int = 0,
+    ) -> None:
         self.limit = limit
         self.retry_after = retry_after
         self.in_flight = 0
         self._on_reject = on_reject
-        self._pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="mbn-exact")
+        self._pool = ThreadPoolExecutor(
+            max_workers=limit,
+            thread_name_prefix="mbn-exact",
+            initializer=_lower_priority,
+            initargs=(niceness,),
+        )
 
     @contextmanager
     def _slot(self) -> Iterator[None]:
@@ -201,3 +223,16 @@ class ExactGate:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _lower_priority(steps: int) -> None:
+    """Raise the calling thread's nice value by ``steps`` (at most to 19), where the system
+    allows it; elsewhere the thread keeps the process's priority."""
+    if steps <= 0:
+        return
+    try:
+        thread = threading.get_native_id()
+        current = os.getpriority(os.PRIO_PROCESS, thread)
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, current + steps))
+    except (AttributeError, OSError) as error:  # not Linux, or not permitted
+        log.warning("exact-mode threads keep the process's priority: %s", error)
