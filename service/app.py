@@ -2,7 +2,7 @@
 
 Nothing lives in module globals: the lifespan builds the job store, the model registry, the
 exact-mode gate and (by default) an embedded worker, and puts them on ``app.state``; routes
-reach them through the ``service.deps`` aliases.
+reach the handlers built on them (``service.handlers``) through the ``service.deps`` aliases.
 """
 
 from __future__ import annotations
@@ -19,12 +19,19 @@ from typing import Any
 
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import State
 
 from service import json_rows, routes
 from service.auth import ApiKeys
 from service.config import Settings
 from service.errors import Unavailable, install_error_handlers
-from service.handlers import EmbedHandler
+from service.handlers import (
+    EmbedHandler,
+    JobsHandler,
+    MapsHandler,
+    ModelsHandler,
+    TrainingHandler,
+)
 from service.jobs import JobFiles, JobStore
 from service.limits import BodyLimitMiddleware, ExactGate, RowBudget
 from service.metrics import Metrics, MetricsMiddleware
@@ -170,6 +177,20 @@ class Runtime:
         self.store.dispose()
 
 
+def _install_handlers(state: State, runtime: Runtime) -> None:
+    """Build the handlers the routes use (``service.deps``) on the started runtime."""
+    settings, registry, worker = runtime.settings, runtime.registry, runtime.worker
+    state.embed_handler = EmbedHandler(
+        registry, runtime.gate, state.row_budget, settings.inline_fast_rows
+    )
+    state.training_handler = TrainingHandler(
+        runtime.submitter, wake=None if worker is None else worker.wake
+    )
+    state.jobs_handler = JobsHandler(runtime.store, runtime.files)
+    state.models_handler = ModelsHandler(registry)
+    state.maps_handler = MapsHandler(registry, max_rows=settings.max_rows_per_request)
+
+
 async def _rescan_forever(runtime: Runtime) -> None:
     """First scan, then a rescan every ``rescan_seconds`` (bundles of other replicas)."""
     try:
@@ -203,9 +224,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         monitor = ReadinessMonitor(
             runtime.readiness, interval=READINESS_INTERVAL, stale_after=READINESS_STALE
         )
-        state.embed_handler = EmbedHandler(
-            runtime.registry, runtime.gate, app.state.row_budget, settings.inline_fast_rows
-        )
+        _install_handlers(state, runtime)
         readiness: Callable[[], tuple[dict[str, bool], list[str]]] = monitor.current
         state.readiness = readiness
         rescans = asyncio.create_task(_rescan_forever(runtime), name="mbn-rescan")

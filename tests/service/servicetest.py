@@ -41,6 +41,8 @@ TINY_PARAMS: dict[str, Any] = {
     "n_clusters": 10,
     "map_points": 300,
 }
+# Points of the ``digits_map`` fixture's map.
+MAP_POINTS = 300
 # Fast-reacting job machinery, so recovery tests take seconds.
 FAST_JOBS_ENV = {
     "MBN_HEARTBEAT_SECONDS": "0.3",
