@@ -476,15 +476,43 @@ def project_codes(codes, table, offset, out):
 
 
 @njit(nogil=True, cache=True)
-def fill_codes_from_index(indptr, rows, n_values, out):
-    """Invert a ``build_postings`` index back to its code matrix: out[rows[p], v] = c for
-    every p in the list of key ``v * n_values + c``."""
-    n_keys = indptr.shape[0] - 1
-    for key in range(n_keys):
-        v = key // n_values
-        c = key - v * n_values
-        for p in range(indptr[key], indptr[key + 1]):
-            out[rows[p], v] = c
+def build_code_index(codes, offsets, rows):
+    """Invert a code matrix into preallocated arrays of the caller's (narrow) dtypes.
+
+    Every row has exactly one code per clustering, so clustering v's lists fill
+    ``rows[v * n_rows:(v + 1) * n_rows]``; ``offsets[v, c]`` (shape (V, n_values + 1)) is
+    where value c's list starts inside that slice. Rows are listed in increasing order. No
+    temporary the size of the index is made, so loading a model leaves no freed pages behind.
+    """
+    n_rows, n_clusterings = codes.shape
+    n_values = offsets.shape[1] - 1
+    cursor = np.empty(n_values, np.int64)
+    for v in range(n_clusterings):
+        for c in range(n_values + 1):
+            offsets[v, c] = 0
+        for i in range(n_rows):
+            offsets[v, np.int64(codes[i, v]) + 1] += 1
+        for c in range(n_values):
+            offsets[v, c + 1] += offsets[v, c]
+        for c in range(n_values):
+            cursor[c] = v * n_rows + np.int64(offsets[v, c])
+        for i in range(n_rows):
+            code = np.int64(codes[i, v])
+            rows[cursor[code]] = i
+            cursor[code] += 1
+
+
+@njit(nogil=True, cache=True)
+def fill_codes_from_index(offsets, rows, out):
+    """Invert a ``build_code_index`` index back to its code matrix: out[r, v] = c for every
+    row r in the list of (v, c)."""
+    n_rows, n_clusterings = out.shape
+    n_values = offsets.shape[1] - 1
+    for v in range(n_clusterings):
+        base = v * n_rows
+        for c in range(n_values):
+            for p in range(base + np.int64(offsets[v, c]), base + np.int64(offsets[v, c + 1])):
+                out[rows[p], v] = c
 
 
 @njit(inline="always")
@@ -497,12 +525,13 @@ def _point_keep(seed, point_codes, key_base, threshold, keep_all, keep):
 
 @njit(nogil=True, cache=True)
 def upper_codes_indexed(
-    codes, indptr, index_rows, centers, seeds, n_values, threshold, keep_all, n_center_rows, out
+    codes, offsets, index_rows, centers, seeds, n_values, threshold, keep_all, n_center_rows, out
 ):  # fmt: skip
     """A whole upper layer for a few points, over an index of the center rows by code.
 
-    ``index_rows[indptr[key]:indptr[key + 1]]`` are the center rows whose code in
-    clustering v is c (``key = v * n_values + c``). For each clustering of the layer, each
+    ``index_rows[base + offsets[v, c]:base + offsets[v, c + 1]]``, ``base = v *
+    n_center_rows``, are the center rows whose code in clustering v is c (``build_code_index``).
+    For each clustering of the layer, each
     point counts only the center rows that share one of its chosen codes: about
     k + (its shared codes) per clustering, with nothing rebuilt per request. Same result as
     ``upper_codes`` (ties to the lowest center, 0 when nothing is shared).
@@ -520,8 +549,10 @@ def upper_codes_indexed(
             _point_keep(seeds[w], codes[i], key_base, threshold, keep_all, keep)
             for v in range(n_clusterings):
                 if keep[v]:
-                    key = v * n_values + np.int64(codes[i, v])
-                    for p in range(indptr[key], indptr[key + 1]):
+                    c = np.int64(codes[i, v])
+                    base = v * np.int64(n_center_rows)
+                    start = base + np.int64(offsets[v, c])
+                    for p in range(start, base + np.int64(offsets[v, c + 1])):
                         j = local[index_rows[p]]
                         if j >= 0:
                             count[j] += 1
@@ -581,7 +612,7 @@ def bottom_center_norms(center_data, centers, masks, out):
             sq = 0.0
             for f in range(d):
                 value = np.float32(center_data[r, f])
-                sq += np.float64(value * masks[v, f]) * np.float64(value)
+                sq += np.float64(value * np.float32(masks[v, f])) * np.float64(value)
             out[v, j] = sq
 
 
@@ -608,11 +639,11 @@ def bottom_codes_few(
             n_chosen += np.int64(masks[v, f])
         for i in range(n_points):
             for f in range(d):
-                x[i, f] = X[i, f] * masks[v, f]
+                x[i, f] = X[i, f] * np.float32(masks[v, f])
         w_max = 0.0
         for j in range(k):
             r = centers[v, j]
-            sq = sq_norms[v, j]
+            sq = np.float64(sq_norms[v, j])
             w_max = max(w_max, sq)
             safe = np.sqrt(sq) if sq > 0 else 1.0
             bias = np.float32(0.0) if cosine else np.float32(-0.5 * sq)

@@ -365,15 +365,17 @@ class BottomLayer:
 
     @cached_property
     def _masks(self) -> np.ndarray:
-        # (V, d) float32 0/1: the chosen dimensions, unpacked once for ``codes_few``.
-        bits = np.unpackbits(self.feature_masks, axis=1, count=self.n_features)
-        return bits.astype(np.float32)
+        # (V, d) uint8 0/1: the chosen dimensions, unpacked once for ``codes_few``.
+        return np.unpackbits(self.feature_masks, axis=1, count=self.n_features)
 
     @cached_property
     def _center_sq_norms(self) -> np.ndarray:
-        # (V, k) float64: the centers' squared norms on their chosen dimensions, computed on
-        # the first small request (one pass over the centers) and kept: V * k * 8 bytes.
-        out = np.empty(self.centers.shape, dtype=np.float64)
+        # (V, k): the centers' squared norms on their chosen dimensions, computed on the
+        # first small request (one pass over the centers) and kept. Centers stored as uint8
+        # have whole-number norms below 2**32, held exactly in uint32 (half of float64).
+        d = self.n_features
+        exact_uint32 = self.center_data.dtype == np.uint8 and d * 255**2 < 2**32
+        out = np.empty(self.centers.shape, dtype=np.uint32 if exact_uint32 else np.float64)
         _kernels.bottom_center_norms(self.center_data, self.centers, self._masks, out)
         return out
 
@@ -449,13 +451,16 @@ def keep_threshold(fraction: float) -> np.uint64:
 class CodeIndex:
     """The center rows of an upper layer by (clustering, code): the center codes inverted.
 
-    ``rows[indptr[key]:indptr[key + 1]]`` are the rows whose code in clustering v is c, for
-    ``key = v * n_values + c``, in increasing order. As many entries as the code matrix and
-    in the smallest dtype that numbers the rows, so it replaces the matrix in memory; the
-    matrix is rebuilt from it when a large batch needs it (``codes``).
+    Each row has one code per clustering, so clustering v's lists fill ``rows[v * n_rows:
+    (v + 1) * n_rows]``; the rows whose code in clustering v is c are
+    ``rows[v * n_rows + offsets[v, c]:v * n_rows + offsets[v, c + 1]]``, in increasing order
+    (``rows_with``). ``rows`` has as many entries as the code matrix and ``offsets`` V x
+    (n_values + 1), both in the smallest dtype that numbers the rows, so the index replaces
+    the matrix in memory; the matrix is rebuilt from it when a large batch needs it
+    (``codes``).
     """
 
-    indptr: np.ndarray
+    offsets: np.ndarray
     rows: np.ndarray
     n_rows: int
     n_values: int
@@ -464,26 +469,33 @@ class CodeIndex:
     @classmethod
     def build(cls, center_codes: np.ndarray, n_values: int) -> CodeIndex:
         """Invert a (n_rows, V) code matrix with values in [0, n_values)."""
-        indptr, rows = _kernels.build_postings(center_codes, n_values)
-        n_rows = center_codes.shape[0]
+        n_rows, n_clusterings = center_codes.shape
+        offsets = np.empty((n_clusterings, n_values + 1), dtype=smallest_uint(n_rows))
+        rows = np.empty(n_rows * n_clusterings, dtype=smallest_uint(max(n_rows - 1, 0)))
+        _kernels.build_code_index(center_codes, offsets, rows)
         return cls(
-            indptr=indptr.astype(np.int32) if rows.size < 2**31 else indptr,
-            rows=rows.astype(smallest_uint(max(n_rows - 1, 0))),
+            offsets=offsets,
+            rows=rows,
             n_rows=n_rows,
             n_values=n_values,
             code_dtype=center_codes.dtype,
         )
 
+    def rows_with(self, clustering: int, code: int) -> np.ndarray:
+        """The rows whose code in ``clustering`` is ``code``, in increasing order."""
+        base = clustering * self.n_rows
+        start, stop = self.offsets[clustering, code : code + 2].astype(np.int64)
+        return self.rows[base + start : base + stop]
+
     def codes(self) -> np.ndarray:
         """The (n_rows, V) code matrix the index was built from."""
-        n_clusterings = (self.indptr.shape[0] - 1) // self.n_values
-        out = np.empty((self.n_rows, n_clusterings), dtype=self.code_dtype)
-        _kernels.fill_codes_from_index(self.indptr, self.rows, self.n_values, out)
+        out = np.empty((self.n_rows, self.offsets.shape[0]), dtype=self.code_dtype)
+        _kernels.fill_codes_from_index(self.offsets, self.rows, out)
         return out
 
     @property
     def nbytes(self) -> int:
-        return self.indptr.nbytes + self.rows.nbytes
+        return self.offsets.nbytes + self.rows.nbytes
 
 
 # A dense comparison of a point's codes with a center's reads a center row of V codes in a
@@ -573,7 +585,7 @@ class UpperLayer:
         keep_all = self.feature_fraction >= 1.0
         if self.index is not None:
             _kernels.upper_codes_indexed(
-                codes, self.index.indptr, self.index.rows, centers, self.seeds, self.n_values,
+                codes, self.index.offsets, self.index.rows, centers, self.seeds, self.n_values,
                 threshold, keep_all, self.index.n_rows, out,
             )  # fmt: skip
         else:

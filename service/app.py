@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import time
@@ -120,6 +121,13 @@ class Runtime:
         json_rows.warm_up()  # compiled before ready, not in the first request
         self.registry.rescan()
         log.info("%d model(s) loaded", len(self.registry))
+        # The libraries and models loaded so far are about 200,000 long-lived objects that
+        # every full collection would walk again, stopping all threads for 100-200 ms at a
+        # time under load (the requests' short-lived lists trigger collections often). They
+        # live as long as the process: leave them out of the collector's work (garbage first,
+        # so none of it is kept).
+        gc.collect()
+        gc.freeze()
         if len(self.registry) == 0 and self.settings.demo_model:
             try:
                 if self.submitter.submit_demo() is not None and self.worker is not None:

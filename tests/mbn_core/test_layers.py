@@ -275,10 +275,10 @@ def test_code_index_lists_every_center_row_by_code():
     codes = rng.integers(0, n_values, size=(70, 30)).astype(np.uint8)
     index = CodeIndex.build(codes, n_values)
     assert index.rows.dtype == np.uint8  # 70 rows
+    assert index.offsets.dtype == np.uint8 and index.offsets.shape == (30, n_values + 1)
     for v in range(30):
         for c in range(n_values):
-            key = v * n_values + c
-            listed = index.rows[index.indptr[key] : index.indptr[key + 1]]
+            listed = index.rows_with(v, c)
             np.testing.assert_array_equal(listed, np.flatnonzero(codes[:, v] == c))
     rebuilt = index.codes()
     assert rebuilt.dtype == codes.dtype
