@@ -2,13 +2,14 @@
 
 Nothing lives in module globals: the lifespan builds the job store, the model registry, the
 exact-mode gate and (by default) an embedded worker, and puts them on ``app.state``; routes
-reach them through the ``service.deps`` aliases.
+reach the handlers built on them (``service.handlers``) through the ``service.deps`` aliases.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import time
@@ -19,14 +20,21 @@ from typing import Any
 
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import State
 
 from service import json_rows, routes
 from service.auth import ApiKeys
 from service.config import Settings
 from service.errors import Unavailable, install_error_handlers
-from service.handlers import EmbedHandler
+from service.handlers import (
+    EmbedHandler,
+    JobsHandler,
+    MapsHandler,
+    ModelsHandler,
+    TrainingHandler,
+)
 from service.jobs import JobFiles, JobStore
-from service.limits import BodyLimitMiddleware, ExactGate, RowBudget
+from service.limits import AdmissionMiddleware, BodyLimitMiddleware, ExactGate, RowBudget
 from service.metrics import Metrics, MetricsMiddleware
 from service.readiness import ReadinessMonitor
 from service.registry import ModelRegistry
@@ -86,7 +94,6 @@ class Runtime:
         gate = ExactGate(
             settings.max_concurrent_exact,
             retry_after=settings.retry_after_seconds,
-            niceness=settings.exact_niceness,
             on_reject=metrics.rejected.labels("exact_busy").inc,
         )
         worker = None
@@ -114,6 +121,13 @@ class Runtime:
         json_rows.warm_up()  # compiled before ready, not in the first request
         self.registry.rescan()
         log.info("%d model(s) loaded", len(self.registry))
+        # The libraries and models loaded so far are about 200,000 long-lived objects that
+        # every full collection would walk again, stopping all threads for 100-200 ms at a
+        # time under load (the requests' short-lived lists trigger collections often). They
+        # live as long as the process: leave them out of the collector's work (garbage first,
+        # so none of it is kept).
+        gc.collect()
+        gc.freeze()
         if len(self.registry) == 0 and self.settings.demo_model:
             try:
                 if self.submitter.submit_demo() is not None and self.worker is not None:
@@ -171,6 +185,20 @@ class Runtime:
         self.store.dispose()
 
 
+def _install_handlers(state: State, runtime: Runtime) -> None:
+    """Build the handlers the routes use (``service.deps``) on the started runtime."""
+    settings, registry, worker = runtime.settings, runtime.registry, runtime.worker
+    state.embed_handler = EmbedHandler(
+        registry, runtime.gate, state.row_budget, settings.inline_fast_rows
+    )
+    state.training_handler = TrainingHandler(
+        runtime.submitter, wake=None if worker is None else worker.wake
+    )
+    state.jobs_handler = JobsHandler(runtime.store, runtime.files)
+    state.models_handler = ModelsHandler(registry)
+    state.maps_handler = MapsHandler(registry, max_rows=settings.max_rows_per_request)
+
+
 async def _rescan_forever(runtime: Runtime) -> None:
     """First scan, then a rescan every ``rescan_seconds`` (bundles of other replicas)."""
     try:
@@ -204,9 +232,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         monitor = ReadinessMonitor(
             runtime.readiness, interval=READINESS_INTERVAL, stale_after=READINESS_STALE
         )
-        state.embed_handler = EmbedHandler(
-            runtime.registry, runtime.gate, app.state.row_budget, settings.inline_fast_rows
-        )
+        _install_handlers(state, runtime)
         readiness: Callable[[], tuple[dict[str, bool], list[str]]] = monitor.current
         state.readiness = readiness
         rescans = asyncio.create_task(_rescan_forever(runtime), name="mbn-rescan")
@@ -251,6 +277,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         threads=settings.fast_threads,
     )
     install_error_handlers(app)
+    app.add_middleware(AdmissionMiddleware, budget=app.state.row_budget)
     app.add_middleware(
         BodyLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,

@@ -149,13 +149,6 @@ class Settings(BaseSettings):
         description="Exact-mode /embed requests computed at once; one more is refused with "
         "429 and Retry-After.",
     )
-    exact_niceness: int = Field(
-        default=10,
-        ge=0,
-        le=19,
-        description="Nice steps of the exact-mode threads below the rest of the process, so "
-        "that exact requests take only the CPU the fast path leaves (Linux; 0 turns it off).",
-    )
     exact_cache_size: int = Field(
         default=2,
         ge=1,

@@ -1,5 +1,8 @@
 """FastAPI dependencies: the objects the lifespan put on ``app.state``, as typed aliases.
 
+Routes get handlers (``service.handlers``), never the job store, the registry or the
+submitter beneath them.
+
 Dependencies are ``async def``: FastAPI would run plain functions on a thread, a hop that
 costs more than the single-vector /embed itself.
 """
@@ -14,13 +17,15 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from service.auth import ApiKeys
 from service.config import Settings
 from service.errors import Unavailable
-from service.handlers import EmbedHandler
-from service.jobs import JobFiles, JobStore
-from service.limits import ExactGate, RowBudget
+from service.handlers import (
+    EmbedHandler,
+    JobsHandler,
+    MapsHandler,
+    ModelsHandler,
+    TrainingHandler,
+)
+from service.limits import RowBudget
 from service.metrics import Metrics
-from service.registry import ModelRegistry
-from service.submission import Submitter
-from service.worker import Worker
 
 
 def _started(request: Request, name: str) -> object:
@@ -35,33 +40,33 @@ async def get_settings(request: Request) -> Settings:
     return settings
 
 
-async def get_store(request: Request) -> JobStore:
-    store = _started(request, "store")
-    assert isinstance(store, JobStore)
-    return store
-
-
-async def get_files(request: Request) -> JobFiles:
-    files = _started(request, "files")
-    assert isinstance(files, JobFiles)
-    return files
-
-
-async def get_registry(request: Request) -> ModelRegistry:
-    registry = _started(request, "registry")
-    assert isinstance(registry, ModelRegistry)
-    return registry
-
-
-async def get_gate(request: Request) -> ExactGate:
-    gate = _started(request, "exact_gate")
-    assert isinstance(gate, ExactGate)
-    return gate
-
-
 async def get_embed_handler(request: Request) -> EmbedHandler:
     handler = _started(request, "embed_handler")
     assert isinstance(handler, EmbedHandler)
+    return handler
+
+
+async def get_training_handler(request: Request) -> TrainingHandler:
+    handler = _started(request, "training_handler")
+    assert isinstance(handler, TrainingHandler)
+    return handler
+
+
+async def get_jobs_handler(request: Request) -> JobsHandler:
+    handler = _started(request, "jobs_handler")
+    assert isinstance(handler, JobsHandler)
+    return handler
+
+
+async def get_models_handler(request: Request) -> ModelsHandler:
+    handler = _started(request, "models_handler")
+    assert isinstance(handler, ModelsHandler)
+    return handler
+
+
+async def get_maps_handler(request: Request) -> MapsHandler:
+    handler = _started(request, "maps_handler")
+    assert isinstance(handler, MapsHandler)
     return handler
 
 
@@ -70,20 +75,9 @@ async def get_row_budget(request: Request) -> RowBudget:
     return budget
 
 
-async def get_submitter(request: Request) -> Submitter:
-    submitter = _started(request, "submitter")
-    assert isinstance(submitter, Submitter)
-    return submitter
-
-
 async def get_metrics(request: Request) -> Metrics:
     metrics: Metrics = request.app.state.metrics
     return metrics
-
-
-async def get_worker(request: Request) -> Worker | None:
-    worker: Worker | None = getattr(request.app.state, "worker", None)
-    return worker
 
 
 # Publishes the bearer scheme in OpenAPI (so /docs can send a key); the check itself is
@@ -112,12 +106,10 @@ async def require_api_key_for_metrics(
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-StoreDep = Annotated[JobStore, Depends(get_store)]
-FilesDep = Annotated[JobFiles, Depends(get_files)]
-RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
-GateDep = Annotated[ExactGate, Depends(get_gate)]
 BudgetDep = Annotated[RowBudget, Depends(get_row_budget)]
 EmbedHandlerDep = Annotated[EmbedHandler, Depends(get_embed_handler)]
-SubmitterDep = Annotated[Submitter, Depends(get_submitter)]
+TrainingHandlerDep = Annotated[TrainingHandler, Depends(get_training_handler)]
+JobsHandlerDep = Annotated[JobsHandler, Depends(get_jobs_handler)]
+ModelsHandlerDep = Annotated[ModelsHandler, Depends(get_models_handler)]
+MapsHandlerDep = Annotated[MapsHandler, Depends(get_maps_handler)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
-WorkerDep = Annotated[Worker | None, Depends(get_worker)]

@@ -180,7 +180,8 @@ class JobStore:
     url : str
         ``sqlite:///path`` or ``postgresql+psycopg://...``.
     retry_after : int
-        Retry-After seconds of the 429 and 503 errors it raises.
+        Seconds after which to retry, given with the ``Overloaded`` and ``Unavailable``
+        errors it raises.
     """
 
     def __init__(self, url: str, *, retry_after: int = 1) -> None:
@@ -287,7 +288,7 @@ class JobStore:
             )
             self._announce(conn, job_id)
         # Committed, but into the file that is still the store? (Deleted meanwhile, the
-        # commit went into an unlinked file: the job would never run. Answer 503, not 202.)
+        # commit went into an unlinked file: the job would never run. Unavailable, not queued.)
         self._check_file()
         job = self.get(job_id)
         assert job is not None
@@ -747,7 +748,8 @@ class JobFiles:
 
 
 def _storage_error(exc: OSError) -> Exception:
-    """A clear 507 / 503 for what the disk refused (the server log gets the details)."""
+    """A clear ``InsufficientStorage`` or ``Unavailable`` for what the disk refused (the
+    server log gets the details)."""
     log.error("cannot store training data: %s", exc)
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return InsufficientStorage(

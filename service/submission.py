@@ -1,12 +1,12 @@
 """Checking and queueing training jobs: what POST /train and the demo model do.
 
 Parameters and the data's shape are checked before a job is queued, so a request the
-training would refuse by its size is a 422/413 at once, not a failed job later. Uploaded
-files are streamed to disk and only their headers are read here (``mbn_core.datafile``): the
-API process never loads training data, the training process does (and a file whose numbers
-turn out unreadable, e.g. NaN, fails its job with the reason). Data is written under the
-job's id (never a client-chosen path) and flushed to disk before the job row exists: a queued
-job always has its data.
+training would refuse by its size is refused at once (``InvalidInput``, ``PayloadTooLarge``),
+not a failed job later. Uploaded files are streamed to disk and only their headers are read
+here (``mbn_core.datafile``): the API process never loads training data, the training process
+does (and a file whose numbers turn out unreadable, e.g. NaN, fails its job with the reason).
+Data is written under the job's id (never a client-chosen path) and flushed to disk before the
+job row exists: a queued job always has its data.
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ class Submitter:
         self.files = files
 
     def refuse_if_full(self) -> None:
-        """Cheap early 429, before a large body is read (submit checks again, exactly)."""
+        """Cheap early ``Overloaded``, before a large body is read (submit checks again,
+        exactly)."""
         limit = self.settings.max_queued_jobs
         if self.store.queued_count() >= limit:
             raise Overloaded(

@@ -1,4 +1,4 @@
-"""HTTP routes: parse and answer; the work is done by the registry, the store and the worker."""
+"""HTTP routes: parse and answer; the work is done by the handlers (``service.handlers``)."""
 
 from service.routes import console, embed, health, jobs, maps, models
 

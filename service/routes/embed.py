@@ -53,8 +53,8 @@ OFF_LOOP_PARSE_BYTES = 64 << 10
 async def embed(
     request: Request, handler: EmbedHandlerDep, budget: BudgetDep, settings: SettingsDep
 ) -> Response:
-    with budget.request():  # 429 before the body is read when too many are in flight
-        return await _embed(request, handler, budget, settings)
+    # Past MBN_MAX_INFLIGHT_REQUESTS, limits.AdmissionMiddleware refused it before routing.
+    return await _embed(request, handler, budget, settings)
 
 
 async def _embed(

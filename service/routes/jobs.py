@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import PurePath
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -11,18 +10,16 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from service.arrays import rows_to_matrix
-from service.deps import FilesDep, StoreDep, SubmitterDep, WorkerDep, require_api_key
+from service.deps import JobsHandlerDep, SettingsDep, TrainingHandlerDep, require_api_key
 from service.errors import (
     InvalidInput,
     ServiceError,
     UnsupportedMediaType,
     invalid_from_validation,
 )
-from service.jobs import Job
+from service.handlers import Job, TrainingHandler
 from service.routes._body import is_json, json_body, parse_json
 from service.schemas import JobList, JobOut, JobStatus, TrainOptions, TrainRequest, error_responses
-from service.submission import Submitter, check_params
 
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require_api_key)])
 
@@ -67,41 +64,32 @@ _MULTIPART_SCHEMA = {
     ),
 )
 async def train(
-    request: Request, response: Response, submitter: SubmitterDep, worker: WorkerDep
+    request: Request, response: Response, handler: TrainingHandlerDep, settings: SettingsDep
 ) -> JobOut:
-    await run_in_threadpool(submitter.refuse_if_full)
+    await run_in_threadpool(handler.admit)  # 429 before a large body is read
     content_type = request.headers.get("content-type", "")
     if content_type.lower().startswith("multipart/form-data"):
-        job = await _train_multipart(request, submitter)
+        job = await _train_multipart(request, handler)
     elif is_json(content_type):
         # JSON rows become Python objects first: bounded by the (smaller) body limit.
-        req = await parse_json(request, TrainRequest, limit=submitter.settings.max_body_bytes)
-        params = check_params(req.params, req.method)
-        x = rows_to_matrix(
-            req.data,
-            expected_dim=None,
-            max_rows=submitter.settings.max_train_rows,
-            what="data",
-        )
-        y = None if req.labels is None else _labels(req.labels)
+        req = await parse_json(request, TrainRequest, limit=settings.max_body_bytes)
         job = await run_in_threadpool(
-            lambda: submitter.submit_arrays(req.name, params, x, y, promote=req.promote)
+            lambda: handler.submit_rows(
+                name=req.name,
+                method=req.method,
+                params=req.params,
+                data=req.data,
+                labels=req.labels,
+                promote=req.promote,
+            )
         )
     else:
         raise UnsupportedMediaType("send application/json or multipart/form-data")
-    if worker is not None:
-        worker.wake()
     response.headers["Location"] = f"/jobs/{job.id}"
     return JobOut.from_job(job)
 
 
-def _labels(labels: list[int]) -> Any:
-    import numpy as np
-
-    return np.asarray(labels, dtype=np.int64)
-
-
-async def _train_multipart(request: Request, submitter: Submitter) -> Job:
+async def _train_multipart(request: Request, handler: TrainingHandler) -> Job:
     try:
         form = await request.form(max_files=1, max_fields=len(_FORM_FIELDS))
     except ServiceError:
@@ -137,11 +125,14 @@ async def _train_multipart(request: Request, submitter: Submitter) -> Job:
             options = TrainOptions.model_validate(fields)
         except ValidationError as exc:
             raise invalid_from_validation(exc) from None
-        params = check_params(options.params, options.method)
-        suffix = PurePath(upload.filename or "").suffix.lower()
         return await run_in_threadpool(
-            lambda: submitter.submit_file(
-                options.name, params, suffix, upload.file, promote=options.promote
+            lambda: handler.submit_upload(
+                name=options.name,
+                method=options.method,
+                params=options.params,
+                filename=upload.filename,
+                source=upload.file,
+                promote=options.promote,
             )
         )
     finally:
@@ -155,11 +146,11 @@ async def _train_multipart(request: Request, submitter: Submitter) -> Job:
     responses=error_responses(401, 422, 503),
 )
 def list_jobs(
-    store: StoreDep,
+    handler: JobsHandlerDep,
     status: Annotated[JobStatus | None, Query(description="Only jobs in this state.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="At most this many.")] = 100,
 ) -> JobList:
-    jobs = store.list_jobs(status=status, limit=limit)
+    jobs = handler.list_jobs(status=status, limit=limit)
     return JobList(jobs=[JobOut.from_job(job) for job in jobs])
 
 
@@ -169,8 +160,8 @@ def list_jobs(
     summary="One training job",
     responses=error_responses(401, 404, 503),
 )
-def get_job(job_id: str, store: StoreDep) -> JobOut:
-    return JobOut.from_job(store.require(job_id))
+def get_job(job_id: str, handler: JobsHandlerDep) -> JobOut:
+    return JobOut.from_job(handler.get(job_id))
 
 
 @router.post(
@@ -179,9 +170,5 @@ def get_job(job_id: str, store: StoreDep) -> JobOut:
     summary="Cancel a queued or running job (409 when it already finished)",
     responses=error_responses(401, 404, 409, 503),
 )
-def cancel_job(job_id: str, store: StoreDep, files: FilesDep) -> JobOut:
-    before = store.require(job_id)
-    job = store.cancel(job_id)
-    if before.status == "queued":
-        files.remove(job_id)  # no worker will read it; a running job's worker cleans up
-    return JobOut.from_job(job)
+def cancel_job(job_id: str, handler: JobsHandlerDep) -> JobOut:
+    return JobOut.from_job(handler.cancel(job_id))

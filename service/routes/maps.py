@@ -7,7 +7,6 @@ returned on it, so a client (the web console among them) can show where new rows
 
 from __future__ import annotations
 
-import logging
 from typing import Annotated
 
 import numpy as np
@@ -15,15 +14,11 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from mbn_core.bundle import Bundle, BundleError
-from mbn_core.embedding_map import LOCATE_NEIGHBOURS, METHOD, EmbeddingMap
-from service.deps import RegistryDep, SettingsDep, require_api_key
-from service.errors import InvalidInput, NotFound, PayloadTooLarge
-from service.registry import ModelRegistry
+from mbn_core.embedding_map import LOCATE_NEIGHBOURS, METHOD
+from service.deps import MapsHandlerDep, require_api_key
+from service.handlers import Located
 from service.routes._body import json_body, parse_json
 from service.schemas import error_responses
-
-log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["models"], dependencies=[Depends(require_api_key)])
 # Map coordinates are sent with this many decimals: t-SNE's scale is tens of units, so a
@@ -67,20 +62,6 @@ class LocateResponse(BaseModel):
     y: list[float] = Field(description="Vertical map coordinate of each embedding.")
 
 
-def _stored_map(bundle: Bundle) -> EmbeddingMap:
-    if not bundle.has_map:
-        raise NotFound(
-            f"model {bundle.id!r} has no stored map (trained before maps were stored, or "
-            "with map_points 0)"
-        )
-    try:
-        return bundle.embedding_map()
-    except (BundleError, FileNotFoundError) as error:
-        # The message names server paths: the log gets it, the client does not.
-        log.error("map of model %s unreadable: %s", bundle.id, error)
-        raise NotFound(f"the map of model {bundle.id!r} is no longer readable") from None
-
-
 @router.get(
     "/models/{model_id}/map",
     response_model=ModelMap,
@@ -92,17 +73,16 @@ def _stored_map(bundle: Bundle) -> EmbeddingMap:
     ),
     responses=error_responses(401, 404, 503),
 )
-def get_map(model_id: str, registry: RegistryDep) -> ModelMap:
-    bundle = registry.get(model_id)
-    stored = _stored_map(bundle)
-    xy = np.round(stored.xy.astype(np.float64), _DECIMALS)
-    n_samples = bundle.manifest.get("training", {}).get("n_samples")
+def get_map(model_id: str, handler: MapsHandlerDep) -> ModelMap:
+    view = handler.stored_map(model_id)
+    stored = view.map
+    xy = _rounded(stored.xy)
     return ModelMap(
-        model=bundle.id,
-        name=bundle.name,
+        model=view.model_id,
+        name=view.name,
         method=METHOD,
         n_points=stored.n_points,
-        n_samples=n_samples if isinstance(n_samples, int) else None,
+        n_samples=view.n_samples,
         color_by=stored.color_by,
         x=xy[:, 0].tolist(),
         y=xy[:, 1].tolist(),
@@ -124,27 +104,16 @@ def get_map(model_id: str, registry: RegistryDep) -> ModelMap:
     responses=error_responses(401, 404, 413, 415, 422, 503),
     openapi_extra=json_body(LocateRequest),
 )
-async def locate(
-    model_id: str, request: Request, registry: RegistryDep, settings: SettingsDep
-) -> LocateResponse:
+async def locate(model_id: str, request: Request, handler: MapsHandlerDep) -> LocateResponse:
     # The service's own JSON reading: duplicate keys, deep nesting and bad UTF-8 are a 422.
     body = await parse_json(request, LocateRequest)
-    return await run_in_threadpool(_locate, model_id, body, registry, settings.max_rows_per_request)
+    return await run_in_threadpool(lambda: _located(handler.locate(model_id, body.embeddings)))
 
 
-def _locate(
-    model_id: str, body: LocateRequest, registry: ModelRegistry, limit: int
-) -> LocateResponse:
-    bundle = registry.get(model_id)
-    stored = _stored_map(bundle)
-    if len(body.embeddings) > limit:
-        raise PayloadTooLarge(f"{len(body.embeddings)} embeddings; at most {limit} per request")
-    if any(len(row) != bundle.output_dim for row in body.embeddings):
-        raise InvalidInput(
-            f"every embedding must have {bundle.output_dim} numbers (model {bundle.id!r})"
-        )
-    embeddings = np.asarray(body.embeddings, dtype=np.float64)
-    if not np.isfinite(embeddings).all():
-        raise InvalidInput("embeddings contain NaN or infinity")
-    xy = np.round(stored.locate(embeddings).astype(np.float64), _DECIMALS)
-    return LocateResponse(model=bundle.id, x=xy[:, 0].tolist(), y=xy[:, 1].tolist())
+def _located(located: Located) -> LocateResponse:
+    xy = _rounded(located.xy)
+    return LocateResponse(model=located.model_id, x=xy[:, 0].tolist(), y=xy[:, 1].tolist())
+
+
+def _rounded(xy: np.ndarray) -> np.ndarray:
+    return np.round(xy.astype(np.float64), _DECIMALS)

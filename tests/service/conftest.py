@@ -8,6 +8,7 @@ one ``scripts/postgres.sh start`` provides; the tests fail, never skip, without 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -21,12 +22,13 @@ from typing import Any
 import numpy as np
 import pytest
 import sqlalchemy as sa
-from servicetest import REPO, Process, make_settings, running_app
+from servicetest import MAP_POINTS, REPO, Process, make_settings, running_app
 from sklearn.datasets import load_digits
 
 from mbn_core import MBN
 from mbn_core.bundle import save_bundle, write_manifest
 from mbn_core.compress import CompressiveMBN
+from mbn_core.embedding_map import EmbeddingMap, build_map
 from service.config import Settings
 
 with warnings.catch_warnings():
@@ -49,6 +51,26 @@ def tiny_model(digits: tuple[np.ndarray, np.ndarray]) -> CompressiveMBN:
     return CompressiveMBN(
         mbn, hidden_layer_sizes=(16,), max_epochs=3, n_clusters=10, random_state=0, n_jobs=1
     ).fit(x, y)
+
+
+@pytest.fixture(scope="session")
+def digits_map(tiny_model: CompressiveMBN, digits: tuple[np.ndarray, np.ndarray]) -> EmbeddingMap:
+    """A 2-D map of ``MAP_POINTS`` of ``tiny_model``'s training rows, coloured by label."""
+    _, y = digits
+    clusters = np.argmin(
+        np.linalg.norm(tiny_model.embedding_[:, None] - tiny_model.cluster_centers_[None], axis=2),
+        axis=1,
+    )
+    # The teacher's embedding covers the rows outside the held-out ones.
+    rows = np.setdiff1d(np.arange(len(y)), tiny_model.holdout_)
+    built = build_map(
+        tiny_model.embedding_,
+        clusters=clusters,
+        labels=y[rows],
+        max_points=MAP_POINTS,
+        random_state=0,
+    )
+    return dataclasses.replace(built, row=rows[built.row])
 
 
 @pytest.fixture(scope="session")

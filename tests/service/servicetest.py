@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import socket
@@ -41,6 +42,8 @@ TINY_PARAMS: dict[str, Any] = {
     "n_clusters": 10,
     "map_points": 300,
 }
+# Points of the ``digits_map`` fixture's map.
+MAP_POINTS = 300
 # Fast-reacting job machinery, so recovery tests take seconds.
 FAST_JOBS_ENV = {
     "MBN_HEARTBEAT_SECONDS": "0.3",
@@ -186,9 +189,14 @@ def running_app(
     None."""
     if write_bundle is not None:
         write_bundle(settings.models_path, "m-digits", "digits")
-    with TestClient(create_app(settings)) as client:
-        wait_for(lambda: _initialized(client), 30, "the app's first model scan", 0.05)
-        yield client
+    try:
+        with TestClient(create_app(settings)) as client:
+            wait_for(lambda: _initialized(client), 30, "the app's first model scan", 0.05)
+            yield client
+    finally:
+        # The app froze the collector's view of this (shared) test process at start-up;
+        # thaw it so what the app held can be collected once it is gone.
+        gc.unfreeze()
 
 
 def _initialized(client: TestClient) -> bool:

@@ -115,6 +115,7 @@ BAD_TRAIN_JSON: list[tuple[str, object, int, str]] = [
     ("nan", '{"data": [[NaN, 1], [1, 2]]}', 422, "NaN"),
     ("strings", {"data": [["a", 1.0], [1.0, 2.0]]}, 422, "number"),
     ("labels length", {"data": ROWS, "labels": [1, 2]}, 422, "labels"),
+    ("labels beyond int64", {"data": ROWS, "labels": [2**70] * 40}, 422, "64 bits"),
     ("more centers than rows", {"data": ROWS, "params": {"ks": [100]}}, 422, "40 rows"),
     ("too many rows", {"data": [[1.0]] * 1001}, 413, "at most 1000"),
     ("not json", "{", 422, "JSON"),

@@ -1,37 +1,14 @@
 """GET /models/{id}/map and POST /models/{id}/map/locate, on the real app."""
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from servicetest import assert_error
+from servicetest import MAP_POINTS, assert_error
 
 from mbn_core.bundle import save_bundle
-from mbn_core.compress import CompressiveMBN
-from mbn_core.embedding_map import MAP_FILE, build_map
-
-MAP_POINTS = 300
-
-
-@pytest.fixture(scope="module")
-def digits_map(tiny_model: CompressiveMBN, digits):
-    _, y = digits
-    clusters = np.argmin(
-        np.linalg.norm(tiny_model.embedding_[:, None] - tiny_model.cluster_centers_[None], axis=2),
-        axis=1,
-    )
-    # The teacher's embedding covers the rows outside the held-out ones.
-    rows = np.setdiff1d(np.arange(len(y)), tiny_model.holdout_)
-    built = build_map(
-        tiny_model.embedding_,
-        clusters=clusters,
-        labels=y[rows],
-        max_points=MAP_POINTS,
-        random_state=0,
-    )
-    return dataclasses.replace(built, row=rows[built.row])
+from mbn_core.embedding_map import MAP_FILE
 
 
 @pytest.fixture

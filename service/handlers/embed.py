@@ -1,10 +1,7 @@
-"""The layer beneath the routes, in the manner of MLServer's data plane.
+"""The /embed handler: resolves the model, admits the computation and runs it.
 
-Routes parse requests and shape answers; a handler does the work in between: it resolves the
-model a request names, admits the computation (the exact-mode gate, the in-flight row budget),
-runs it where it belongs (on the event loop, on a thread, in the exact pool) and returns plain
-values. It knows nothing of HTTP: it raises domain errors (``service.domain``) and
-``service/errors.py`` says what each one becomes.
+Admission is the exact-mode gate and the in-flight row budget; the computation runs where it
+belongs (on the event loop, on a thread, in the exact pool) and comes back as plain values.
 """
 
 from __future__ import annotations

@@ -1,0 +1,87 @@
+"""The /train handler: checks a training request and queues its job."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import PurePath
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from service.arrays import rows_to_matrix
+from service.domain import InvalidInput
+from service.jobs import Job
+from service.submission import Submitter, check_params
+
+
+class TrainingHandler:
+    """Checks training requests and queues their jobs (``POST /train``).
+
+    Checks run in the order a client reads them: the queue's room first, then the method
+    and its parameters, then the data (its size against the limits and against what the
+    parameters need). Data is stored under the job's id before the job is queued.
+
+    Parameters
+    ----------
+    submitter : Submitter
+        Checks the data, stores it and queues the job.
+    wake : callable or None
+        Called once a job is queued: the embedded worker, so it starts at once instead of at
+        its next poll (None: no embedded worker).
+    """
+
+    def __init__(self, submitter: Submitter, wake: Callable[[], object] | None = None) -> None:
+        self.submitter = submitter
+        self.wake = wake
+
+    def admit(self) -> None:
+        """``Overloaded`` when the queue is full: cheap, before a large body is read (the
+        submission checks again, exactly)."""
+        self.submitter.refuse_if_full()
+
+    def submit_rows(
+        self,
+        *,
+        name: str,
+        method: str | None,
+        params: dict[str, Any],
+        data: Sequence[Sequence[float]],
+        labels: Sequence[int] | None,
+        promote: bool,
+    ) -> Job:
+        """Queue a job whose rows (and optional labels) came inline."""
+        full_params = check_params(params, method)
+        x = rows_to_matrix(
+            data, expected_dim=None, max_rows=self.submitter.settings.max_train_rows, what="data"
+        )
+        y = None if labels is None else _labels(labels)
+        return self._queued(self.submitter.submit_arrays(name, full_params, x, y, promote=promote))
+
+    def submit_upload(
+        self,
+        *,
+        name: str,
+        method: str | None,
+        params: dict[str, Any],
+        filename: str | None,
+        source: BinaryIO,
+        promote: bool,
+    ) -> Job:
+        """Queue a job whose data is an uploaded file (its type by ``filename``'s suffix),
+        copying ``source`` to disk."""
+        full_params = check_params(params, method)
+        suffix = PurePath(filename or "").suffix.lower()
+        job = self.submitter.submit_file(name, full_params, suffix, source, promote=promote)
+        return self._queued(job)
+
+    def _queued(self, job: Job) -> Job:
+        if self.wake is not None:
+            self.wake()
+        return job
+
+
+def _labels(labels: Sequence[int]) -> np.ndarray:
+    try:
+        return np.asarray(labels, dtype=np.int64)
+    except OverflowError:
+        raise InvalidInput("labels must be integers within 64 bits") from None

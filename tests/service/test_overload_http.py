@@ -1,0 +1,117 @@
+"""Backpressure over real HTTP (uvicorn): what a refused client receives, and the CPU
+priority of the threads that do the work."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from servicetest import Process, Server, wait_for
+
+from service.limits import FAST_THREAD_NICENESS, RowBudget
+
+KEY = "a-key-of-twenty-characters"
+BIG = b"[" + b"0," * (4 << 20) + b"0]"  # 8 MiB: more than the socket buffers hold
+
+
+@pytest.fixture
+def one_request_server(tmp_path: Path, processes: list[Process]) -> Iterator[Server]:
+    env = {
+        "MBN_DATA_DIR": str(tmp_path),
+        "MBN_DEMO_MODEL": "false",
+        "MBN_EMBEDDED_WORKER": "false",
+        "MBN_MAX_INFLIGHT_REQUESTS": "1",
+        "MBN_API_KEYS": KEY,
+    }
+    server = Server(env, tmp_path / "server.log")
+    processes.append(server)
+    yield server.start()
+
+
+def _post_head(length: int, key: str | None = KEY) -> bytes:
+    auth = b"Authorization: Bearer %s\r\n" % key.encode() if key else b""
+    return (
+        b"POST /embed HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\n%sContent-Length: %d\r\n\r\n" % (auth, length)
+    )
+
+
+def _answer(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _status(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1])
+
+
+def test_a_refused_client_still_sending_its_body_reads_the_429(
+    one_request_server: Server,
+) -> None:
+    """The refusal comes before the body is read. Closing the connection while the client
+    is still sending would make the kernel reset it, and the client would see a broken
+    connection instead of the 429: the server reads the rest of the body first."""
+    address = ("127.0.0.1", one_request_server.port)
+    body = b'{"inputs": [[0]]}'
+    with socket.create_connection(address, timeout=30) as holder:
+        # Admitted, then waiting for a body that comes later: the only slot is taken.
+        holder.sendall(_post_head(len(body)))
+
+        def refused_small() -> bool:
+            with socket.create_connection(address, timeout=30) as probe:
+                probe.sendall(_post_head(len(body)) + body)
+                return _status(_answer(probe)) == 429
+
+        wait_for(refused_small, 30, "the held request to take the only slot")
+
+        with socket.create_connection(address, timeout=30) as sender:
+            sender.sendall(_post_head(len(BIG)) + BIG)
+            answer = _answer(sender)
+        assert _status(answer) == 429
+        assert b"retry-after: " in answer.lower()
+
+        holder.sendall(body)
+        assert _status(_answer(holder)) != 429  # the held request itself was admitted
+
+
+def test_any_answer_given_before_the_body_is_read_reaches_the_client(
+    one_request_server: Server,
+) -> None:
+    """The same for a refusal from further in (the key is checked before the body is read)."""
+    address = ("127.0.0.1", one_request_server.port)
+    with socket.create_connection(address, timeout=30) as sender:
+        sender.sendall(_post_head(len(BIG), key=None) + BIG)
+        assert _status(_answer(sender)) == 401
+
+
+def test_work_threads_run_at_a_lower_priority_than_the_event_loop() -> None:
+    budget = RowBudget(max_rows=10, max_requests=1, retry_after=1, on_reject=lambda _: None)
+    loop_niceness = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    async def pool_niceness() -> int:
+        return await budget.run(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    try:
+        niceness = asyncio.run(pool_niceness())
+    finally:
+        budget.shutdown()
+    assert niceness == min(19, loop_niceness + FAST_THREAD_NICENESS)
+
+
+def test_start_up_takes_the_long_lived_objects_out_of_the_collectors_work(
+    api: Callable[..., TestClient],
+) -> None:
+    """Full collections walked about 200,000 library objects and stopped every thread for
+    100-200 ms at a time under load; frozen after the first scan, they are skipped."""
+    gc.unfreeze()
+    api()
+    assert gc.get_freeze_count() > 50_000
