@@ -10,8 +10,9 @@
 Reported: offered and served rates, answers by status (200, 429, other, client timeouts),
 latency p50 / p99 / max of the accepted (200) and of the refused (429) requests, health
 probe latency p50 / p99 / max (the prober runs in a process of its own, as a kubelet would,
-so the load generator's busy event loop is not counted as the server's latency). Targets (issue 11): 0 timeouts, health p99 < 100 ms, excess
-refused with 429 at once, accepted p99 bounded.
+so the load generator's busy event loop is not counted as the server's latency).
+Targets (issue 11): 0 timeouts, health p99 < 100 ms, excess refused with 429 at once,
+accepted p99 bounded.
 
 Example::
 
@@ -31,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 
 import numpy as np
@@ -134,7 +137,7 @@ def probe_once(port: int, timeout: float) -> float:
     return time.perf_counter() - started if ok else float("inf")
 
 
-def prober(port: int, timeout: float, stop: "multiprocessing.synchronize.Event", out) -> None:
+def prober(port: int, timeout: float, stop: EventType, out: Connection) -> None:
     """A probe every 50 ms, in a process of its own (as a kubelet or load balancer probes):
     the load generator's busy event loop must not be part of the health latency."""
     latencies = []

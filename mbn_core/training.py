@@ -31,6 +31,7 @@ from mbn_core.compress import (
     _report_clusters,
     _seed,
     _split,
+    fold_fit_rows,
     measure_fidelity,
     teacher_fit_rows,
 )
@@ -331,6 +332,10 @@ def check_feasible(params: TrainingParams, n_rows: int) -> None:
     method = params.spec
     if method.check_rows is not None:
         method.check_rows(params.estimator(), fit_shape(params, (n_rows, 1))[0])
+        if method.export is None:
+            # A cross-fitted report fits the method on fewer rows, once per fold.
+            smallest = fold_fit_rows(n_rows, params["holdout_fraction"], params["report_folds"])
+            method.check_rows(params.estimator(), smallest)
     n_clusters = params["n_clusters"]
     if n_clusters is not None and n_clusters > n_rows:
         raise ValueError(f"n_clusters={n_clusters} is more than the {n_rows} rows")
@@ -555,8 +560,10 @@ def training_map(model: TrainedModel, labels, params: TrainingParams) -> Embeddi
 
 def fit_shape(params: TrainingParams, shape: tuple[int, int]) -> tuple[int, int]:
     """The shape of the data ``params``' method is fitted on: all rows but the held-out ones
-    (kept for the fidelity report), for distilled and exported methods alike."""
-    return teacher_fit_rows(shape[0], params["holdout_fraction"]), shape[1]
+    (kept for the fidelity report), or all rows when a distilled method's report is
+    cross-fitted (``report_folds``)."""
+    folds = params["report_folds"] if params.spec.export is None else None
+    return teacher_fit_rows(shape[0], params["holdout_fraction"], folds), shape[1]
 
 
 def _detach(estimator: Any) -> None:
@@ -570,7 +577,7 @@ class _Tracker:
 
     def __init__(self, params: TrainingParams, estimator, shape, progress, events) -> None:
         method = params.spec
-        n, d = shape
+        d = shape[1]
         fit_cost = None
         if method.cost is not None:
             fit_cost = method.cost(estimator, fit_shape(params, shape))
@@ -580,7 +587,7 @@ class _Tracker:
             hidden = tuple(values["hidden_layer_sizes"])
             n_out = getattr(estimator, "n_components", None) or getattr(estimator, "n_classes", 10)
             mlp_macs = sum(a * b for a, b in zip((d, *hidden), (*hidden, n_out), strict=True))
-            n_train = n * (1 - values["holdout_fraction"]) * (1 - values["validation_fraction"])
+            n_train = fit_shape(params, shape)[0] * (1 - values["validation_fraction"])
             mlp = _MLP_COST * mlp_macs * n_train * values["max_epochs"]
         if fit_cost is None:
             fit_share = 0.5 if mlp else 1.0

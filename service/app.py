@@ -34,7 +34,7 @@ from service.handlers import (
     TrainingHandler,
 )
 from service.jobs import JobFiles, JobStore
-from service.limits import BodyLimitMiddleware, ExactGate, RowBudget
+from service.limits import AdmissionMiddleware, BodyLimitMiddleware, ExactGate, RowBudget
 from service.metrics import Metrics, MetricsMiddleware
 from service.readiness import ReadinessMonitor
 from service.registry import ModelRegistry
@@ -277,6 +277,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         threads=settings.fast_threads,
     )
     install_error_handlers(app)
+    app.add_middleware(AdmissionMiddleware, budget=app.state.row_budget)
     app.add_middleware(
         BodyLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,

@@ -7,6 +7,7 @@ without bound (text-embeddings-inference's semaphore, answered with 429 when ful
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -18,7 +19,14 @@ from typing import TypeVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import Overloaded, PayloadTooLarge, Unavailable, error_body, status_of
+from service.errors import (
+    Overloaded,
+    PayloadTooLarge,
+    ServiceError,
+    Unavailable,
+    error_body,
+    status_of,
+)
 
 T = TypeVar("T")
 
@@ -47,7 +55,12 @@ def lower_thread_priority(increment: int) -> None:
 
 class BodyLimitMiddleware:
     """413 for bodies over the limit: at once from Content-Length, or as soon as a streamed
-    body passes it. ``upload_paths`` get the (larger) upload limit."""
+    body passes it. ``upload_paths`` get the (larger) upload limit.
+
+    An answer given before the body was read (401, 429, 415...) waits until the rest of the
+    body is read and dropped: closing a connection whose client is still sending makes the
+    kernel answer with a reset, which can destroy the answer before the client reads it
+    (RFC 9112, section 9.6). That drain stops at the limit and after ``LINGER_SECONDS``."""
 
     def __init__(
         self,
@@ -73,17 +86,38 @@ class BodyLimitMiddleware:
             await _send_413(send, limit)
             return
         received = 0
+        body_done = length == 0 or (length is None and not _has_header(scope, b"transfer-encoding"))
 
         async def limited_receive() -> Message:
-            nonlocal received
+            nonlocal received, body_done
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
                 if received > limit:
+                    body_done = True  # no more is read: the connection is closed
                     raise PayloadTooLarge(f"request body over the limit of {limit} bytes")
+            else:  # http.disconnect
+                body_done = True
             return message
 
-        await self.app(scope, limited_receive, send)
+        async def lingering_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and not body_done:
+                with contextlib.suppress(PayloadTooLarge, TimeoutError):
+                    async with asyncio.timeout(LINGER_SECONDS):
+                        while not body_done:
+                            await limited_receive()
+            await send(message)
+
+        await self.app(scope, limited_receive, lingering_send)
+
+
+# How long an answer given before its request's body was read waits for the rest of it.
+LINGER_SECONDS = 5.0
+
+
+def _has_header(scope: Scope, wanted: bytes) -> bool:
+    return any(name == wanted for name, _ in scope.get("headers", ()))
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -97,22 +131,52 @@ def _content_length(scope: Scope) -> int | None:
 
 
 async def _send_413(send: Send, limit: int) -> None:
+    await _send_error(send, PayloadTooLarge(f"request body over the limit of {limit} bytes"))
+
+
+async def _send_error(send: Send, error: ServiceError) -> None:
     # Below the app (no exception handler runs here): the status still comes from errors.py.
-    error = PayloadTooLarge(f"request body over the limit of {limit} bytes")
     status, error_type = status_of(error)
     body = json.dumps(error_body(error_type, error.message)).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
+    if error.retry_after is not None:
+        headers.append((b"retry-after", str(error.retry_after).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+class AdmissionMiddleware:
+    """The in-flight request count of the budget's paths, checked before anything else
+    runs. Under overload most requests are refused: through routing, dependencies and the
+    exception handlers a refusal cost the event loop about 0.2 ms, the loop that must also
+    accept connections and answer health probes; here it is a counter and a prepared
+    answer. (So during overload a request without a valid key is refused with 429 before
+    its key is checked; it never reaches anything the key protects.)"""
+
+    def __init__(
+        self, app: ASGIApp, *, budget: RowBudget, paths: frozenset[str] = frozenset({"/embed"})
+    ) -> None:
+        self.app = app
+        self.budget = budget
+        self.paths = paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        try:
+            self.budget.admit_request()
+        except Overloaded as error:
+            await _send_error(send, error)  # after the body: see BodyLimitMiddleware
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.budget.release_request()
 
 
 class RowBudget:
@@ -159,15 +223,22 @@ class RowBudget:
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    @contextmanager
-    def request(self) -> Iterator[None]:
+    def admit_request(self) -> None:
+        """Count one more request in flight, or raise Overloaded (429) when full."""
         if self.requests_in_flight >= self.max_requests:
             self._reject("requests", f"{self.max_requests} /embed requests are in flight")
         self.requests_in_flight += 1
+
+    def release_request(self) -> None:
+        self.requests_in_flight -= 1
+
+    @contextmanager
+    def request(self) -> Iterator[None]:
+        self.admit_request()
         try:
             yield
         finally:
-            self.requests_in_flight -= 1
+            self.release_request()
 
     @contextmanager
     def rows(self, n: int) -> Iterator[None]:

@@ -7,7 +7,6 @@ five times slower for a batch of 256 MNIST rows; the schema is published in Open
 
 from __future__ import annotations
 
-import contextlib
 import json
 from typing import Any, TypeVar
 
@@ -15,7 +14,6 @@ import msgspec
 import numpy as np
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
-from starlette.requests import ClientDisconnect
 
 from service.errors import (
     InvalidInput,
@@ -58,17 +56,6 @@ async def read_json_body(request: Request, *, limit: int | None = None) -> bytes
     if not body:
         raise InvalidInput("the request body is empty; a JSON object is expected")
     return body
-
-
-async def discard_unread_body(request: Request) -> None:
-    """Read and drop what is left of a request's body before refusing it unread. Closing a
-    connection whose client is still sending makes the kernel answer with a reset, which
-    can destroy the refusal before the client reads it (RFC 9112, section 9.6)."""
-    with contextlib.suppress(RuntimeError, ClientDisconnect, PayloadTooLarge):
-        # RuntimeError: the body was already read; PayloadTooLarge: over the path's limit,
-        # the connection is closed anyway.
-        async for _ in request.stream():
-            pass
 
 
 def parse_body(

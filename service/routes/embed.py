@@ -16,14 +16,12 @@ from service.arrays import (
 )
 from service.config import Settings
 from service.deps import BudgetDep, EmbedHandlerDep, SettingsDep, require_api_key
-from service.errors import Overloaded
 from service.handlers import EmbedHandler
 from service.json_rows import parse_number_rows
 from service.limits import RowBudget
 from service.metrics import MODE_SCOPE_KEY
 from service.routes._body import (
     check_structure,
-    discard_unread_body,
     json_body,
     parse_body,
     read_json_body,
@@ -55,12 +53,8 @@ OFF_LOOP_PARSE_BYTES = 64 << 10
 async def embed(
     request: Request, handler: EmbedHandlerDep, budget: BudgetDep, settings: SettingsDep
 ) -> Response:
-    try:
-        with budget.request():  # 429 before the body is read when too many are in flight
-            return await _embed(request, handler, budget, settings)
-    except Overloaded:
-        await discard_unread_body(request)
-        raise
+    # Past MBN_MAX_INFLIGHT_REQUESTS, limits.AdmissionMiddleware refused it before routing.
+    return await _embed(request, handler, budget, settings)
 
 
 async def _embed(

@@ -11,7 +11,15 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from sklearn.utils.validation import check_is_fitted
 
 from mbn_core import MBN, CompressiveMBN, TrainingStopped, model_to_arrays
-from mbn_core.compress import _partial_fit, knn_overlap
+from mbn_core.compress import (
+    AUTO_FOLDS,
+    CROSS_FIT_BELOW,
+    _partial_fit,
+    fidelity_report,
+    fold_fit_rows,
+    knn_overlap,
+    teacher_fit_rows,
+)
 
 
 def small_mbn(**params):
@@ -19,7 +27,13 @@ def small_mbn(**params):
 
 
 def small_model(**params):
-    defaults = {"hidden_layer_sizes": (64, 64), "max_epochs": 15, "random_state": 0}
+    # One held-out set unless a test asks for cross-fitting (K more fits, slower).
+    defaults = {
+        "hidden_layer_sizes": (64, 64),
+        "max_epochs": 15,
+        "random_state": 0,
+        "report_folds": None,
+    }
     return CompressiveMBN(**{"teacher": small_mbn(), **defaults, **params})
 
 
@@ -114,6 +128,62 @@ def test_report_agrees_with_a_test_set(digits):
     assert model.fidelity_["knn_overlap"] == pytest.approx(
         knn_overlap(model.exact_transform(X[model.holdout_]), model.transform(X[model.holdout_]))
     )
+
+
+class RecordingMBN(MBN):
+    """An MBN that notes the rows of every fit (the report's folds must not be in theirs)."""
+
+    fits: list[set[bytes]] = []
+
+    def fit_transform(self, X, y=None):
+        RecordingMBN.fits.append({row.tobytes() for row in np.asarray(X, dtype=np.float32)})
+        return super().fit_transform(X, y)
+
+
+def test_cross_fitted_report_measures_every_row_with_a_fit_that_never_saw_it(digits):
+    X, y = digits
+    X, y = X[:600].astype(np.float32), y[:600]
+    distinct = np.sort(np.unique(X, axis=0, return_index=True)[1])  # told apart by bytes
+    X, y = X[distinct], y[distinct]
+    rows = [row.tobytes() for row in X]
+    RecordingMBN.fits = []
+    teacher = RecordingMBN(n_clusterings=30, k1=0.1, random_state=0)
+    model = small_model(teacher=teacher, max_epochs=8, report_folds=3).fit(X, y)
+    report = model.fidelity_
+    assert report["holdout"] == "cross-fitted" and report["folds"] == 3
+    assert report["n_holdout"] == len(X) and len(model.holdout_) == 0
+    # The model's own fit has every row; then one fit per fold, each without its fold.
+    model_fit, *fold_fits = RecordingMBN.fits
+    assert model_fit == set(rows) and len(fold_fits) == 3
+    left_out = [set(rows) - fit for fit in fold_fits]
+    assert sum(len(fold) for fold in left_out) == len(X)
+    assert set().union(*left_out) == set(rows)  # every row left out once, by its own fold
+    assert all(len(fold) >= len(X) // 3 for fold in left_out)
+    for key in ("r2", "cosine", "knn_overlap", "nmi_fast_exact", "nmi_labels_fast"):
+        assert 0.0 < report[key] <= 1.0, key
+    assert model.quality_["n_rows"] == len(left_out[0])
+    # The report is of new data: its R^2 is that of rows outside the training set.
+    test = slice(600, None)
+    fast, exact = model.transform(digits[0][test]), model.exact_transform(digits[0][test])
+    assert abs(report["r2"] - r2_score(exact, fast, multioutput="variance_weighted")) < 0.1
+    assert "3-fold cross-fitting" in fidelity_report(report)
+
+
+def test_report_folds_auto_cross_fits_small_data_only():
+    # A held-out tenth below CROSS_FIT_BELOW rows is cross-fitted, with AUTO_FOLDS folds.
+    assert teacher_fit_rows(1797, 0.1, "auto") == 1797
+    assert fold_fit_rows(1797, 0.1, "auto") == 1797 - 360
+    assert teacher_fit_rows(5000, 0.1, "auto") == 4500 == fold_fit_rows(5000, 0.1, "auto")
+    assert teacher_fit_rows(1797, 0.1, None) == 1617
+    assert teacher_fit_rows(1797, 0.1, 4) == 1797 and fold_fit_rows(1797, 0.1, 4) == 1347
+    assert CROSS_FIT_BELOW == 500 and AUTO_FOLDS == 5
+
+
+def test_prefit_teacher_keeps_the_held_out_report(digits):
+    X, _ = digits
+    mbn = small_mbn().fit(X[:500])
+    model = CompressiveMBN(mbn, prefit=True, hidden_layer_sizes=(16,), max_epochs=2).fit(X)
+    assert model.fidelity_["holdout"] == "prefit teacher"  # report_folds="auto" ignored
 
 
 def test_knn_overlap():

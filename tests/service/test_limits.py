@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable
 
@@ -12,7 +13,7 @@ from servicetest import assert_error
 
 from service.config import Settings
 from service.errors import Overloaded
-from service.limits import ExactGate, RowBudget
+from service.limits import EXACT_THREAD_NICENESS, ExactGate, RowBudget
 
 
 def test_exact_gate_refuses_at_once_when_full() -> None:
@@ -39,6 +40,20 @@ def test_exact_gate_refuses_at_once_when_full() -> None:
     finally:
         gate.shutdown()
     assert rejected == [1]
+
+
+def test_exact_gate_threads_run_below_the_process_priority() -> None:
+    gate = ExactGate(1, retry_after=1, on_reject=lambda: None)
+
+    def own_niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    try:
+        mine = own_niceness()
+        assert asyncio.run(gate.run(own_niceness)) == min(19, mine + EXACT_THREAD_NICENESS)
+        assert own_niceness() == mine  # the caller's thread is untouched
+    finally:
+        gate.shutdown()
 
 
 def test_row_budget_admits_until_full_then_refuses_at_once() -> None:

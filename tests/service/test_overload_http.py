@@ -17,6 +17,9 @@ from servicetest import Process, Server, wait_for
 
 from service.limits import FAST_THREAD_NICENESS, RowBudget
 
+KEY = "a-key-of-twenty-characters"
+BIG = b"[" + b"0," * (4 << 20) + b"0]"  # 8 MiB: more than the socket buffers hold
+
 
 @pytest.fixture
 def one_request_server(tmp_path: Path, processes: list[Process]) -> Iterator[Server]:
@@ -25,16 +28,18 @@ def one_request_server(tmp_path: Path, processes: list[Process]) -> Iterator[Ser
         "MBN_DEMO_MODEL": "false",
         "MBN_EMBEDDED_WORKER": "false",
         "MBN_MAX_INFLIGHT_REQUESTS": "1",
+        "MBN_API_KEYS": KEY,
     }
     server = Server(env, tmp_path / "server.log")
     processes.append(server)
     yield server.start()
 
 
-def _post_head(length: int) -> bytes:
+def _post_head(length: int, key: str | None = KEY) -> bytes:
+    auth = b"Authorization: Bearer %s\r\n" % key.encode() if key else b""
     return (
         b"POST /embed HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-        b"Connection: close\r\nContent-Length: %d\r\n\r\n" % length
+        b"Connection: close\r\n%sContent-Length: %d\r\n\r\n" % (auth, length)
     )
 
 
@@ -68,15 +73,24 @@ def test_a_refused_client_still_sending_its_body_reads_the_429(
 
         wait_for(refused_small, 30, "the held request to take the only slot")
 
-        big = b"[" + b"0," * (4 << 20) + b"0]"  # 8 MiB: more than the socket buffers hold
         with socket.create_connection(address, timeout=30) as sender:
-            sender.sendall(_post_head(len(big)) + big)
+            sender.sendall(_post_head(len(BIG)) + BIG)
             answer = _answer(sender)
         assert _status(answer) == 429
         assert b"retry-after: " in answer.lower()
 
         holder.sendall(body)
         assert _status(_answer(holder)) != 429  # the held request itself was admitted
+
+
+def test_any_answer_given_before_the_body_is_read_reaches_the_client(
+    one_request_server: Server,
+) -> None:
+    """The same for a refusal from further in (the key is checked before the body is read)."""
+    address = ("127.0.0.1", one_request_server.port)
+    with socket.create_connection(address, timeout=30) as sender:
+        sender.sendall(_post_head(len(BIG), key=None) + BIG)
+        assert _status(_answer(sender)) == 401
 
 
 def test_work_threads_run_at_a_lower_priority_than_the_event_loop() -> None:
