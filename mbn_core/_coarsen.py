@@ -8,8 +8,6 @@ Prior validation is assumed: the graph is symmetric, has no self loops and sorte
 
 from __future__ import annotations
 
-import heapq
-
 import numba
 import numpy as np
 
@@ -20,24 +18,44 @@ FINE = 2
 
 @numba.njit(cache=True)
 def independent_set_fixed(indptr, indices):
-    """Algorithm 1 in fixed order: start at vertex 0, always expand the smallest queued index.
+    """Algorithm 1 in fixed order: start at vertex 0 and expand S first in, first out.
 
-    Returns the state of every vertex (COARSE or FINE). A graph with several components is
-    restarted at the smallest vertex still free, so every vertex ends COARSE or FINE.
+    S is a queue: vertices are expanded in the order they were found, so the coarse set grows
+    as a breadth-first wavefront from vertex 0, each new coarse vertex two hops from an
+    earlier one. (Expanding the smallest queued index instead visits the frontier in the
+    data's arbitrary order; docs/MULTILEVEL.md gives the measurements that chose the queue.)
+    A graph with several components is restarted at the smallest vertex still free, so every
+    vertex ends COARSE or FINE.
     """
     n = len(indptr) - 1
     state = np.zeros(n, dtype=np.int8)
     queued = np.zeros(n, dtype=np.bool_)
+    # Each vertex enters the queue at most once, so n slots hold every queue there will be.
+    queue = np.empty(n, dtype=np.int64)
+    head = tail = 0
     for start in range(n):
         if state[start] != FREE:
             continue
-        heap = [start]
+        queue[tail] = start
+        tail += 1
         queued[start] = True
-        while len(heap) > 0:
-            i = heapq.heappop(heap)
+        while head < tail:
+            i = queue[head]
+            head += 1
             if state[i] != FREE:
                 continue
-            _make_coarse(i, indptr, indices, state, queued, heap, True)
+            state[i] = COARSE
+            for a in range(indptr[i], indptr[i + 1]):
+                j = indices[a]
+                if state[j] == FINE:
+                    continue
+                state[j] = FINE
+                for b in range(indptr[j], indptr[j + 1]):
+                    k = indices[b]
+                    if state[k] == FREE and not queued[k]:
+                        queued[k] = True
+                        queue[tail] = k
+                        tail += 1
     return state
 
 
@@ -66,12 +84,12 @@ def independent_set_random(indptr, indices, uniforms):
             queue.pop()
             if state[i] != FREE:
                 continue
-            _make_coarse(i, indptr, indices, state, queued, queue, False)
+            _make_coarse(i, indptr, indices, state, queued, queue)
     return state
 
 
 @numba.njit(cache=True)
-def _make_coarse(i, indptr, indices, state, queued, queue, as_heap):
+def _make_coarse(i, indptr, indices, state, queued, queue):
     state[i] = COARSE
     for a in range(indptr[i], indptr[i + 1]):
         j = indices[a]
@@ -83,10 +101,7 @@ def _make_coarse(i, indptr, indices, state, queued, queue, as_heap):
             k = indices[b]
             if state[k] == FREE and not queued[k]:
                 queued[k] = True
-                if as_heap:
-                    heapq.heappush(queue, k)
-                else:
-                    queue.append(k)
+                queue.append(k)
 
 
 @numba.njit(cache=True)

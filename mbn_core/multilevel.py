@@ -65,7 +65,8 @@ class MultilevelEmbedding(TransformerMixin, BaseEstimator):
         Stop coarsening once a level has at most this many points.
     order : {"random", "fixed"}, default="random"
         Vertex order of the independent set: random (seeded by ``random_state``), or fixed
-        (start at row 0, always expand the smallest index), as in the paper's figures.
+        (start at row 0, expand vertices in the order they were found), as in the paper's
+        figures.
     weights : {"heat", "simple"}, default="heat"
         Edge weights of refinement, eigenmaps and new points: exp(-d^2 / sigma^2) with sigma
         each level's median edge length, or 1 on every edge.

@@ -99,8 +99,14 @@ def test_fixed_order_is_deterministic_and_random_order_follows_the_seed():
     assert not np.array_equal(_states(graph, "random", 7), _states(graph, "random", 8))
 
 
-def test_fixed_order_starts_at_vertex_zero_and_expands_the_smallest_index():
-    # Path 0-1-2-3-4: 0 coarse, 1 fine, then 2 (smallest queued) coarse, 3 fine, 4 coarse.
+def test_fixed_order_starts_at_vertex_zero_and_expands_first_in_first_out():
+    # Path 0-1-2-3-4: 0 coarse, 1 fine, then 2 coarse, 3 fine, 4 coarse.
     points = np.arange(5.0)[:, None]
-    graph = _graph(points, [0, 1, 2, 3], [1, 2, 3, 4])
-    assert list(_states(graph, "fixed")) == [1, 2, 1, 2, 1]
+    path = _graph(points, [0, 1, 2, 3], [1, 2, 3, 4])
+    assert list(_states(path, "fixed")) == [1, 2, 1, 2, 1]
+    # Pendant 0 on the cycle 1-2-3-4-5-1. Expanding 0 queues 2 then 5; expanding 2 queues 4
+    # behind 5. First in, first out takes 5 (which makes 4 fine); the smallest index would
+    # have taken 4.
+    points = np.random.RandomState(0).normal(size=(6, 2))
+    cycle = _graph(points, [0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 1])
+    assert list(_states(cycle, "fixed")) == [1, 2, 1, 2, 2, 1]

@@ -1,9 +1,10 @@
 """Exact, batch-independent k-NN and the connected k-NN graph (the paper's footnote 4)."""
 
 import numpy as np
+import pytest
 from scipy.sparse.csgraph import connected_components
 
-from mbn_core.neighbors import exact_kneighbors, knn_graph
+from mbn_core.neighbors import _exact_kneighbors, _first_precision, exact_kneighbors, knn_graph
 
 
 def _brute(reference, queries, k):
@@ -13,15 +14,51 @@ def _brute(reference, queries, k):
     return np.take_along_axis(distances, order, axis=1), order
 
 
-def test_matches_brute_force_with_ties_broken_by_index():
-    rng = np.random.RandomState(0)
+@pytest.mark.parametrize("first", ["float32", "float64"])
+def test_matches_brute_force_with_ties_broken_by_index(first):
     # Integer grid points: many exactly tied distances.
+    rng = np.random.RandomState(0)
     reference = rng.randint(0, 4, size=(300, 3)).astype(float)
     queries = rng.randint(0, 4, size=(50, 3)).astype(float) + 0.5
-    distances, indices = exact_kneighbors(reference, queries, 12)
+    distances, indices = _exact_kneighbors(reference, queries, 12, False, first)
     expected_d, expected_i = _brute(reference, queries, 12)
     np.testing.assert_allclose(distances, expected_d, rtol=1e-12)
     assert np.array_equal(indices, expected_i)
+
+
+@pytest.mark.parametrize("first", ["float32", "float64"])
+def test_few_wide_rows_with_ties_match_brute_force(first):
+    # Few rows of many features (the Teapot-like shape), far beyond the width where float32
+    # rounding could be ignored. 0/1 entries make every squared distance an exact integer, so
+    # ties are exact (many rows are equally far apart) and must go to the smaller index.
+    rng = np.random.RandomState(5)
+    X = rng.randint(0, 2, size=(60, 20_000)).astype(float)
+    X[10] = X[3]  # a duplicate: distance 0
+    X[21] = X[20]
+    X[21, :2] = 1 - X[20, :2]  # two coordinates apart
+    X[40:50] = X[30]
+    X[40:50, np.arange(10) * 7] = 1 - X[30, np.arange(10) * 7]  # ten equal rows, each tied
+    distances, indices = _exact_kneighbors(X, X, 7, True, first)
+    for i in range(len(X)):
+        d = np.sqrt(((X - X[i]) ** 2).sum(axis=1))
+        d[i] = np.inf
+        order = np.lexsort((np.arange(len(X)), d))[:7]
+        assert np.array_equal(indices[i], order), i
+        assert np.array_equal(distances[i], d[order]), i
+
+
+def test_answer_does_not_depend_on_the_first_estimate_bit_for_bit():
+    rng = np.random.RandomState(6)
+    reference = rng.normal(size=(2000, 30)) * 100
+    queries = rng.normal(size=(300, 30)) * 100
+    # The batch is estimated in float32, a single row in float64: same answers, bit for bit.
+    assert _first_precision(300, 2000, False) == "float32"
+    assert _first_precision(1, 2000, False) == "float64"
+    distances, indices = exact_kneighbors(reference, queries, 9)
+    for row in (0, 123, 299):
+        d1, i1 = exact_kneighbors(reference, queries[row : row + 1], 9)
+        assert np.array_equal(d1[0], distances[row])
+        assert np.array_equal(i1[0], indices[row])
 
 
 def test_batch_independent_bit_for_bit():
