@@ -524,83 +524,6 @@ def _point_keep(seed, point_codes, key_base, threshold, keep_all, keep):
 
 
 @njit(nogil=True, cache=True)
-def upper_codes_indexed(
-    codes, offsets, index_rows, centers, seeds, n_values, threshold, keep_all, n_center_rows, out
-):  # fmt: skip
-    """A whole upper layer for a few points, over an index of the center rows by code.
-
-    ``index_rows[base + offsets[v, c]:base + offsets[v, c + 1]]``, ``base = v *
-    n_center_rows``, are the center rows whose code in clustering v is c (``build_code_index``).
-    For each clustering of the layer, each
-    point counts only the center rows that share one of its chosen codes: about
-    k + (its shared codes) per clustering, with nothing rebuilt per request. Same result as
-    ``upper_codes`` (ties to the lowest center, 0 when nothing is shared).
-    """
-    n_points, n_clusterings = codes.shape
-    V, k = centers.shape
-    local = np.full(n_center_rows, -1, np.int32)
-    count = np.zeros(k, np.int32)
-    keep = np.empty(n_clusterings, np.int32)
-    key_base = np.arange(n_clusterings).astype(np.uint64) * np.uint64(n_values)
-    for w in range(V):
-        for j in range(k):
-            local[centers[w, j]] = j
-        for i in range(n_points):
-            _point_keep(seeds[w], codes[i], key_base, threshold, keep_all, keep)
-            for v in range(n_clusterings):
-                if keep[v]:
-                    c = np.int64(codes[i, v])
-                    base = v * np.int64(n_center_rows)
-                    start = base + np.int64(offsets[v, c])
-                    for p in range(start, base + np.int64(offsets[v, c + 1])):
-                        j = local[index_rows[p]]
-                        if j >= 0:
-                            count[j] += 1
-            best_count = np.int32(0)
-            best = 0
-            for j in range(k):
-                c = count[j]
-                if c > best_count:
-                    best_count = c
-                    best = j
-                count[j] = 0
-            out[i, w] = best
-        for j in range(k):
-            local[centers[w, j]] = -1
-
-
-@njit(nogil=True, cache=True)
-def upper_codes_dense(codes, center_codes, centers, seeds, n_values, threshold, keep_all, out):
-    """A whole upper layer for a few points, comparing each center's codes directly.
-
-    Costs k * V per clustering and point, sequential and branch-free: cheaper than posting
-    lists in the deep layers, whose few centers share long lists. Same result as
-    ``upper_codes``.
-    """
-    n_points, n_clusterings = codes.shape
-    V, k = centers.shape
-    keep = np.empty(n_clusterings, np.int32)
-    key_base = np.arange(n_clusterings).astype(np.uint64) * np.uint64(n_values)
-    point = np.empty(n_clusterings, center_codes.dtype)
-    for w in range(V):
-        for i in range(n_points):
-            _point_keep(seeds[w], codes[i], key_base, threshold, keep_all, keep)
-            for v in range(n_clusterings):
-                point[v] = codes[i, v]
-            best_count = np.int32(0)
-            best = 0
-            for j in range(k):
-                row = center_codes[centers[w, j]]
-                c = np.int32(0)
-                for v in range(n_clusterings):
-                    c += keep[v] & np.int32(row[v] == point[v])
-                if c > best_count:
-                    best_count = c
-                    best = j
-            out[i, w] = best
-
-
-@njit(nogil=True, cache=True)
 def bottom_center_norms(center_data, centers, masks, out):
     """out[v, j]: float64 squared norm of clustering v's center j on its chosen dimensions,
     summed as ``bottom_scores_direct`` sums it."""
@@ -616,61 +539,198 @@ def bottom_center_norms(center_data, centers, masks, out):
             out[v, j] = sq
 
 
+@njit(nogil=True, cache=True)
+def build_row_pairs(centers, row_start, pairs):
+    """Invert a bottom layer's centers by stored row: ``pairs[row_start[r]:row_start[r + 1]]``
+    are the keys ``v * k + j`` of the (clustering v, center j) that use stored row r, in
+    increasing order. Written into the caller's arrays (no temporary as large as them)."""
+    V, k = centers.shape
+    n_rows = row_start.shape[0] - 1
+    for r in range(n_rows + 1):
+        row_start[r] = 0
+    for v in range(V):
+        for j in range(k):
+            row_start[np.int64(centers[v, j]) + 1] += 1
+    for r in range(n_rows):
+        row_start[r + 1] += row_start[r]
+    cursor = row_start[:-1].copy()
+    for v in range(V):
+        for j in range(k):
+            row = np.int64(centers[v, j])
+            pairs[cursor[row]] = v * k + j
+            cursor[row] += 1
+
+
+# Reassociation lets the dot products vectorise. The rounding-error bound holds for any
+# summation order, and near ties are re-ranked exactly, so the codes do not change.
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
 def bottom_codes_few(
-    X, center_data, centers, masks, sq_norms, cosine, tolerance_scale, row_norms, codes, near_tie
+    X, center_data, row_start, pairs, masks, sq_norms, cosine, tolerance_scale, row_norms,
+    codes, near_tie,
 ):  # fmt: skip
     """Nearest center of a few rows in every bottom clustering, straight from the stored rows.
 
     ``X`` is the dense input (n, d); ``masks[v]`` is 1 on clustering v's chosen dimensions
-    and 0 elsewhere; ``sq_norms`` comes from ``bottom_center_norms``. Scores are
-    ``bottom_scores_direct``'s (float32, any summation order: the error bound holds for
+    and 0 elsewhere; ``row_start`` / ``pairs`` list, for each stored center row, the
+    (clustering, center) pairs that use it (``build_row_pairs``); ``sq_norms`` comes from
+    ``bottom_center_norms``. Each stored row is read once, in order, and scored against
+    every clustering that uses it: the layer's V x k center rows are mostly the same few
+    thousand rows, so this reads ``center_data`` once instead of V x k random rows. Scores
+    are ``bottom_scores_direct``'s (float32, any summation order: the error bound holds for
     all); ``near_tie[i, v]`` flags a runner-up within the rounding-error bound times
     ``tolerance_scale``, which the caller re-ranks exactly. Without random reconstruction.
     """
     n_points, d = X.shape
-    V, k = centers.shape
+    V, k = sq_norms.shape
+    n_rows = row_start.shape[0] - 1
     unit = np.float64(np.finfo(np.float32).eps) / 2
-    x = np.empty((n_points, d), np.float32)
-    scores = np.empty((n_points, k), np.float32)
+    x = np.empty((V, d), np.float32)
+    values = np.empty(d, np.float32)
+    scores = np.empty((V, k), np.float32)
+    n_chosen = np.zeros(V, np.int64)
+    w_max = np.zeros(V, np.float64)
     for v in range(V):
-        n_chosen = np.int64(0)
         for f in range(d):
-            n_chosen += np.int64(masks[v, f])
-        for i in range(n_points):
-            for f in range(d):
-                x[i, f] = X[i, f] * np.float32(masks[v, f])
-        w_max = 0.0
+            n_chosen[v] += np.int64(masks[v, f])
         for j in range(k):
-            r = centers[v, j]
-            sq = np.float64(sq_norms[v, j])
-            w_max = max(w_max, sq)
-            safe = np.sqrt(sq) if sq > 0 else 1.0
-            bias = np.float32(0.0) if cosine else np.float32(-0.5 * sq)
-            for i in range(n_points):
+            w_max[v] = max(w_max[v], np.float64(sq_norms[v, j]))
+        w_max[v] = np.sqrt(w_max[v])
+    for i in range(n_points):
+        for v in range(V):
+            for f in range(d):
+                x[v, f] = X[i, f] * np.float32(masks[v, f])
+        for r in range(n_rows):
+            if row_start[r] == row_start[r + 1]:
+                continue
+            for f in range(d):
+                values[f] = np.float32(center_data[r, f])
+            for p in range(row_start[r], row_start[r + 1]):
+                key = np.int64(pairs[p])
+                v = key // k
                 acc = np.float32(0.0)
                 for f in range(d):
-                    acc += x[i, f] * np.float32(center_data[r, f])
-                scores[i, j] = np.float32(acc / safe) if cosine else acc + bias
-        w_max = np.sqrt(w_max)
-        gamma = (n_chosen + 1) * unit / (1 - (n_chosen + 1) * unit)
-        if cosine:
-            per_norm = gamma + 2 * unit
-            const = 0.0
-        else:
-            per_norm = (gamma + unit) * w_max
-            const = (gamma + unit) * 0.5 * w_max * w_max
-        for i in range(n_points):
+                    acc += x[v, f] * values[f]
+                scores[v, key - v * k] = acc
+        for v in range(V):
+            gamma = (n_chosen[v] + 1) * unit / (1 - (n_chosen[v] + 1) * unit)
+            if cosine:
+                per_norm = gamma + 2 * unit
+                const = 0.0
+            else:
+                per_norm = (gamma + unit) * w_max[v]
+                const = (gamma + unit) * 0.5 * w_max[v] * w_max[v]
+            for j in range(k):
+                sq = np.float64(sq_norms[v, j])
+                if cosine:
+                    safe = np.sqrt(sq) if sq > 0 else 1.0
+                    scores[v, j] = np.float32(scores[v, j] / safe)
+                else:
+                    scores[v, j] = scores[v, j] + np.float32(-0.5 * sq)
             tolerance = np.float32(tolerance_scale * (per_norm * row_norms[i] + const))
-            top = scores[i, 0]
+            top = scores[v, 0]
             first = 0
             for j in range(1, k):
-                if scores[i, j] > top:
-                    top = scores[i, j]
+                if scores[v, j] > top:
+                    top = scores[v, j]
                     first = j
             floor = top - tolerance
             close = np.int64(0)
             for j in range(k):
-                close += np.int64(scores[i, j] >= floor)
+                close += np.int64(scores[v, j] >= floor)
             codes[i, v] = first
             near_tie[i, v] = close > 1
+
+
+@njit(nogil=True, cache=True)
+def upper_codes_dense_by_row(
+    codes, center_codes, row_start, pairs, k, seeds, n_values, threshold, keep_all, out
+):  # fmt: skip
+    """A whole upper layer for a few points, comparing each center's codes directly, with
+    each stored center row read once for all clusterings.
+
+    Costs about (stored rows + V x k) x V_prev per point, sequential and branch-free:
+    cheaper than posting lists in the deep layers, whose few centers share long lists.
+
+    ``row_start`` / ``pairs`` list, for each row of ``center_codes``, the keys ``w * k + j``
+    of the (clustering w, center j) that use it (``build_row_pairs`` of the layer's
+    centers). Per point: which of its one-hot dimensions each clustering keeps (V x V_prev
+    flags), then one pass over the stored rows in order, comparing each row's codes with the
+    point's once and counting them under every using clustering's flags. Same counts, same
+    result (ties to the lowest center, 0 when nothing is shared).
+    """
+    n_points, n_clusterings = codes.shape
+    V = seeds.shape[0]
+    n_rows = row_start.shape[0] - 1
+    keep = np.empty((V, n_clusterings), np.uint8)
+    flags = np.empty(n_clusterings, np.int32)
+    same = np.empty(n_clusterings, np.uint8)
+    counts = np.zeros((V, k), np.int32)
+    key_base = np.arange(n_clusterings).astype(np.uint64) * np.uint64(n_values)
+    for i in range(n_points):
+        for w in range(V):
+            _point_keep(seeds[w], codes[i], key_base, threshold, keep_all, flags)
+            for v in range(n_clusterings):
+                keep[w, v] = np.uint8(flags[v])
+        for r in range(n_rows):
+            if row_start[r] == row_start[r + 1]:
+                continue
+            for v in range(n_clusterings):
+                same[v] = np.uint8(center_codes[r, v] == codes[i, v])
+            for p in range(row_start[r], row_start[r + 1]):
+                key = np.int64(pairs[p])
+                w = key // k
+                c = np.int32(0)
+                for v in range(n_clusterings):
+                    c += np.int32(keep[w, v] & same[v])
+                counts[w, key - w * k] = c
+        for w in range(V):
+            best_count = np.int32(0)
+            best = 0
+            for j in range(k):
+                if counts[w, j] > best_count:
+                    best_count = counts[w, j]
+                    best = j
+            out[i, w] = best
+
+
+@njit(nogil=True, cache=True)
+def upper_codes_indexed_by_row(
+    codes, offsets, index_rows, row_start, pairs, k, seeds, n_values, threshold, keep_all, out
+):  # fmt: skip
+    """A whole upper layer for a few points, over an index of the center rows by code.
+
+    ``index_rows[base + offsets[v, c]:base + offsets[v, c + 1]]``, ``base = v * n_rows``,
+    are the stored rows whose code in clustering v is c (``build_code_index``);
+    ``row_start`` / ``pairs`` list the (clustering w, center j) that use each stored row
+    (``build_row_pairs`` of the layer's centers, distinct within a clustering as fitted). For
+    each of the point's codes, each row sharing it adds one to every center it is, in every
+    clustering that keeps that one-hot dimension: about (rows sharing a code) x (centers per
+    row) steps per point, whatever V. Same counts as ``upper_codes`` (ties to the lowest
+    center, 0 when nothing is shared).
+    """
+    n_points, n_clusterings = codes.shape
+    V = seeds.shape[0]
+    n_rows = row_start.shape[0] - 1
+    counts = np.zeros((V, k), np.int32)
+    for i in range(n_points):
+        for v in range(n_clusterings):
+            c = np.int64(codes[i, v])
+            dimension = np.uint64(v) * np.uint64(n_values) + np.uint64(c)
+            base = v * np.int64(n_rows)
+            start = base + np.int64(offsets[v, c])
+            for p in range(start, base + np.int64(offsets[v, c + 1])):
+                r = np.int64(index_rows[p])
+                for q in range(row_start[r], row_start[r + 1]):
+                    key = np.int64(pairs[q])
+                    w = key // k
+                    if keep_all or _splitmix64(seeds[w], dimension) < threshold:
+                        counts[w, key - w * k] += 1
+        for w in range(V):
+            best_count = np.int32(0)
+            best = 0
+            for j in range(k):
+                if counts[w, j] > best_count:
+                    best_count = counts[w, j]
+                    best = j
+                counts[w, j] = 0
+            out[i, w] = best

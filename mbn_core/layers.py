@@ -379,6 +379,16 @@ class BottomLayer:
         _kernels.bottom_center_norms(self.center_data, self.centers, self._masks, out)
         return out
 
+    @cached_property
+    def _row_pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        # The centers by stored row (``_kernels.build_row_pairs``), for ``codes_few``'s one
+        # pass over ``center_data``: V * k uint32 keys plus a pointer per stored row.
+        n_rows = self.center_data.shape[0]
+        row_start = np.empty(n_rows + 1, dtype=np.int32 if self.centers.size < 2**31 else np.int64)
+        pairs = np.empty(self.centers.size, dtype=smallest_uint(max(self.centers.size - 1, 0)))
+        _kernels.build_row_pairs(self.centers, row_start, pairs)
+        return row_start, pairs
+
     def codes_few(self, X: np.ndarray, row_norms: np.ndarray) -> np.ndarray:
         """Codes of a few dense rows in all V clusterings, in one pass over the centers.
 
@@ -400,10 +410,12 @@ class BottomLayer:
         V = self.centers.shape[0]
         codes = np.empty((n_points, V), dtype=np.int32)
         near_tie = np.empty((n_points, V), dtype=np.bool_)
+        row_start, pairs = self._row_pairs
         _kernels.bottom_codes_few(
             np.ascontiguousarray(X[:, : self.n_features], dtype=np.float32),
             self.center_data,
-            self.centers,
+            row_start,
+            pairs,
             self._masks,
             self._center_sq_norms,
             self.metric == "cosine",
@@ -498,12 +510,6 @@ class CodeIndex:
         return self.offsets.nbytes + self.rows.nbytes
 
 
-# A dense comparison of a point's codes with a center's reads a center row of V codes in a
-# vectorised loop; a posting-list increment is a random access. Measured on the MNIST-60k
-# model (V = 400, k1 = 4000) the dense loop costs about this many times less per code.
-_DENSE_SPEEDUP = 8.0
-
-
 @dataclass(frozen=True)
 class UpperLayer:
     """A fitted upper layer: V k-centers clusterings of the previous layer's one-hot codes.
@@ -514,7 +520,7 @@ class UpperLayer:
     materialised, and is evaluated only where a center has a one.
 
     Build with ``UpperLayer.create``: it stores the center codes either as the matrix or as
-    its ``CodeIndex``, whichever makes a small request (``codes_few``) cheaper.
+    its ``CodeIndex`` (the faster for small requests, kept where it is no larger).
 
     Attributes
     ----------
@@ -548,12 +554,17 @@ class UpperLayer:
         n_values: int,
         feature_fraction: float,
     ) -> UpperLayer:
-        """A layer storing ``center_codes`` as the matrix or as its index (see the class)."""
-        n_rows, n_prev = center_codes.shape
-        k = centers.shape[1]
-        by_lists = 2 * k + feature_fraction * n_prev * n_rows / max(n_values, 1)
-        by_rows = k * n_prev / _DENSE_SPEEDUP
-        if by_lists < by_rows:
+        """A layer storing ``center_codes`` as the matrix or as its index (see the class).
+
+        The index answers a small request in fewer steps in every layer measured (MNIST-60k
+        default model: 2.2 to 2.8 ms a row for the wide layers, against 7.5 ms for the
+        matrix of layer 3), so it is kept wherever it takes no more memory than the matrix:
+        where the row numbers are no wider than the codes. Deep layers (codes < 256 of
+        thousands of rows) keep the matrix, half the size.
+        """
+        n_rows = center_codes.shape[0]
+        row_dtype = np.dtype(smallest_uint(max(n_rows - 1, 0)))
+        if row_dtype.itemsize <= center_codes.dtype.itemsize:
             return cls(
                 centers, seeds, n_values, feature_fraction,
                 index=CodeIndex.build(center_codes, n_values),
@@ -580,21 +591,31 @@ class UpperLayer:
         the same codes as ``upper_clustering_codes`` over any layout.
         """
         out = np.empty((codes.shape[0], self.centers.shape[0]), dtype=np.int32)
-        centers = self.centers.astype(np.int32)
         threshold = keep_threshold(self.feature_fraction)
         keep_all = self.feature_fraction >= 1.0
+        row_start, pairs = self._row_pairs
         if self.index is not None:
-            _kernels.upper_codes_indexed(
-                codes, self.index.offsets, self.index.rows, centers, self.seeds, self.n_values,
-                threshold, keep_all, self.index.n_rows, out,
+            _kernels.upper_codes_indexed_by_row(
+                codes, self.index.offsets, self.index.rows, row_start, pairs, self.n_centers,
+                self.seeds, self.n_values, threshold, keep_all, out,
             )  # fmt: skip
         else:
             assert self.stored_codes is not None
-            _kernels.upper_codes_dense(
-                codes.astype(self.stored_codes.dtype), self.stored_codes, centers, self.seeds,
-                self.n_values, threshold, keep_all, out,
+            _kernels.upper_codes_dense_by_row(
+                codes.astype(self.stored_codes.dtype), self.stored_codes, row_start, pairs,
+                self.n_centers, self.seeds, self.n_values, threshold, keep_all, out,
             )  # fmt: skip
         return out.astype(smallest_uint(self.n_centers - 1))
+
+    @cached_property
+    def _row_pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        # The centers by stored code row, for ``codes_few``: V * k keys plus a pointer per
+        # stored row, so that each stored row is visited once for every center it is.
+        n_rows = self.index.n_rows if self.index is not None else len(self.center_codes)
+        row_start = np.empty(n_rows + 1, dtype=np.int32 if self.centers.size < 2**31 else np.int64)
+        pairs = np.empty(self.centers.size, dtype=smallest_uint(max(self.centers.size - 1, 0)))
+        _kernels.build_row_pairs(self.centers, row_start, pairs)
+        return row_start, pairs
 
     @property
     def nbytes(self) -> int:
