@@ -125,8 +125,8 @@ def _exact_kneighbors(
             cols_parts.append(part[rows32, slots])
             unsettled = np.flatnonzero(~settled)
         if len(unsettled):
-            # All rows: the block itself, so that self-queries reach numpy's X @ X.T (syrk)
-            # case, half a GEMM, instead of a copy.
+            # Every row unsettled: use the block itself rather than a copy, so that a block
+            # that is the whole reference reaches numpy's X @ X.T case (syrk, half a GEMM).
             q_unsettled = q if len(unsettled) == len(q) else q[unsettled]
             precise = ref_sq[None, :] - 2.0 * (q_unsettled @ reference.T)
             if exclude_self:
