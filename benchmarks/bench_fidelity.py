@@ -92,7 +92,12 @@ def measure(name: str, args: argparse.Namespace) -> dict:
     params = TrainingParams.from_dict(values)
     with tempfile.TemporaryDirectory() as scratch:
         started = time.perf_counter()
-        path = train_bundle(X_train, Path(scratch) / "model", name=name, params=params, y=y_train)
+        if args.bundle:  # trained already (by `mbn train` on this set's training rows)
+            path = args.bundle
+        else:
+            path = train_bundle(
+                X_train, Path(scratch) / "model", name=name, params=params, y=y_train
+            )
         train_seconds = time.perf_counter() - started
         bundle = load_bundle(path)
         manifest = bundle.manifest
@@ -142,6 +147,12 @@ def main(argv=None) -> None:
     parser.add_argument("--report-folds", help="N, auto or none (default: TrainingParams')")
     parser.add_argument("--hidden", help="compressor hidden layers (default: TrainingParams')")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--bundle",
+        type=Path,
+        help="measure this bundle instead of training (one set, its "
+        "training rows; e.g. `mbn train` of mnist-60k)",
+    )
     parser.add_argument("--seeds", help="several seeds, e.g. 0,1,2,3,4: a row each, and means")
     parser.add_argument("--data", help="MNIST .npz (default: bench_data.load_mnist's search)")
     parser.add_argument("--json", help="also append each row as a JSON line to this file")
