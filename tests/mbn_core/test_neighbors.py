@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.sparse.csgraph import connected_components
 
 from mbn_core.neighbors import _exact_kneighbors, _first_precision, exact_kneighbors, knn_graph
@@ -117,3 +119,31 @@ def test_near_duplicates_beyond_float32_resolution_are_ranked_exactly():
     np.testing.assert_allclose(distances, expected_d, rtol=1e-9)
     d1, i1 = exact_kneighbors(reference, queries[2:3], 4)
     assert np.array_equal(i1[0], indices[2]) and np.array_equal(d1[0], distances[2])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(2, 30),
+    d=st.sampled_from([1, 3, 40, 2500]),
+    n_queries=st.integers(0, 5),
+    scale_exp=st.integers(-20, 20),
+    self_queries=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+    first=st.sampled_from(["float32", "float64"]),
+    data=st.data(),
+)
+def test_any_shape_matches_brute_force(n, d, n_queries, scale_exp, self_queries, seed, first, data):
+    # Small integers times a power of two: every squared distance is exact in float64, so
+    # ties are real and the brute force below is the truth whatever the summation order.
+    rng = np.random.RandomState(seed)
+    reference = rng.randint(0, 3, size=(n, d)) * 2.0**scale_exp
+    queries = reference if self_queries else rng.randint(0, 3, size=(n_queries, d)) * 2.0**scale_exp
+    k = data.draw(st.integers(1, n - 1 if self_queries else n))
+    distances, indices = _exact_kneighbors(reference, queries, k, self_queries, first)
+    for row, query in enumerate(queries):
+        dist = np.sqrt(((reference - query) ** 2).sum(axis=1))
+        if self_queries:
+            dist[row] = np.inf
+        order = np.lexsort((np.arange(n), dist))[:k]
+        assert np.array_equal(indices[row], order)
+        assert np.array_equal(distances[row], dist[order])
