@@ -96,7 +96,7 @@ def test_the_service_uses_the_shape(api: Callable[..., TestClient]) -> None:
 
 def test_every_domain_error_has_its_status() -> None:
     # The domain (store, registry, submitter, handlers) raises errors that carry no status;
-    # every one of them has its status in service/errors.py's one table (test_layers.py
+    # every one of them has its status in service/errors.py's one table (test_service_layers.py
     # checks that nothing else picks one).
     import service.domain as domain
     from service.errors import STATUS

@@ -195,6 +195,8 @@ def test_a_new_attempt_removes_what_a_lost_one_published(setup: Setup, digits: D
     assert sorted(p.name for p in setup.settings.models_path.iterdir()) == [done.model_id]
     bundle = load_bundle(setup.settings.models_path / done.model_id)
     assert (bundle.name, bundle.input_dim, bundle.n_clusters) == ("test", 64, 10)
-    assert setup.published == [setup.settings.models_path / done.model_id]  # registry told
+    # The registry is told after the job is recorded as succeeded, on the worker's thread.
+    wait_for(lambda: setup.published, 30, "the registry to be told of the model")
+    assert setup.published == [setup.settings.models_path / done.model_id]
     assert not (setup.settings.jobs_path / job.id).exists()  # data removed
     assert list((setup.settings.data_dir / "staging").iterdir()) == []
