@@ -189,7 +189,11 @@ def _install_handlers(state: State, runtime: Runtime) -> None:
     """Build the handlers the routes use (``service.deps``) on the started runtime."""
     settings, registry, worker = runtime.settings, runtime.registry, runtime.worker
     state.embed_handler = EmbedHandler(
-        registry, runtime.gate, state.row_budget, settings.inline_fast_rows
+        registry,
+        runtime.gate,
+        state.row_budget,
+        settings.inline_fast_rows,
+        settings.max_rows_per_request,
     )
     state.training_handler = TrainingHandler(
         runtime.submitter, wake=None if worker is None else worker.wake

@@ -55,15 +55,23 @@ class EmbedHandler:
     inline_fast_rows : int
         Fast batches up to this many rows run on the event loop (cheaper than a thread hop);
         larger ones on a thread (onnxruntime releases the GIL).
+    max_rows_per_request : int
+        Most rows one request may send (MBN_MAX_ROWS_PER_REQUEST).
     """
 
     def __init__(
-        self, registry: ModelRegistry, gate: ExactGate, budget: RowBudget, inline_fast_rows: int
+        self,
+        registry: ModelRegistry,
+        gate: ExactGate,
+        budget: RowBudget,
+        inline_fast_rows: int,
+        max_rows_per_request: int,
     ) -> None:
         self.registry = registry
         self.gate = gate
         self.budget = budget
         self.inline_fast_rows = inline_fast_rows
+        self.max_rows_per_request = max_rows_per_request
 
     async def resolve(self, ref: str | None) -> Bundle:
         """The bundle ``ref`` (id, name, or None for the default) names, or a domain error."""

@@ -14,11 +14,8 @@ from service.arrays import (
     matrix_to_b64,
     rows_to_matrix,
 )
-from service.config import Settings
-from service.deps import BudgetDep, EmbedHandlerDep, SettingsDep, require_api_key
-from service.handlers import EmbedHandler
+from service.deps import EmbedHandlerDep, require_api_key
 from service.json_rows import parse_number_rows
-from service.limits import RowBudget
 from service.metrics import MODE_SCOPE_KEY
 from service.routes._body import (
     check_structure,
@@ -50,16 +47,10 @@ OFF_LOOP_PARSE_BYTES = 64 << 10
     responses=error_responses(401, 404, 413, 415, 422, 429, 503),
     openapi_extra=json_body(EmbedRequest),
 )
-async def embed(
-    request: Request, handler: EmbedHandlerDep, budget: BudgetDep, settings: SettingsDep
-) -> Response:
+async def embed(request: Request, handler: EmbedHandlerDep) -> Response:
     # Past MBN_MAX_INFLIGHT_REQUESTS, limits.AdmissionMiddleware refused it before routing.
-    return await _embed(request, handler, budget, settings)
-
-
-async def _embed(
-    request: Request, handler: EmbedHandler, budget: RowBudget, settings: Settings
-) -> Response:
+    # One dependency besides the key: FastAPI resolves each for every request (~40 us).
+    budget = handler.budget
     body = await read_json_body(request)
     if len(body) > OFF_LOOP_PARSE_BYTES:
         # Large bodies are parsed beside the event loop (the number parser releases the
@@ -70,11 +61,11 @@ async def _embed(
         req, parsed = _parse(body)
     request.scope[MODE_SCOPE_KEY] = req.mode
     bundle = await handler.resolve(req.model)
-    x = _matrix(req, parsed, bundle, settings.max_rows_per_request)
+    x = _matrix(req, parsed, bundle, handler.max_rows_per_request)
     result = await handler.embed(bundle, x, req.mode, req.return_clusters)
     embeddings, clusters, compute_ms = result.embeddings, result.clusters, result.compute_ms
 
-    if x.shape[0] <= settings.inline_fast_rows:
+    if x.shape[0] <= handler.inline_fast_rows:
         content = _encode(req, bundle, embeddings, clusters)
     else:  # several milliseconds for large batches: beside the event loop
         content = await budget.run(_encode, req, bundle, embeddings, clusters)
