@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from bench_data import load_mnist
+from bench_report import print_measures
 from sklearn.cluster import KMeans
 from sklearn.metrics import normalized_mutual_info_score
 
@@ -218,12 +219,7 @@ def run(args: argparse.Namespace) -> list[tuple[str, str]]:
 def main(argv=None) -> None:
     args = parse_args(argv)
     rows = run(args)
-    command = "python benchmarks/bench_compress.py " + " ".join(sys.argv[1:])
-    print(f"Compressive MBN on MNIST (`{command.strip()}`)\n")
-    print("| measure | value |")
-    print("|---|---|")
-    for name, value in rows:
-        print(f"| {name} | {value} |")
+    print_measures("Compressive MBN on MNIST", "bench_compress.py", rows, argv)
 
 
 if __name__ == "__main__":

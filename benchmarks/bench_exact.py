@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 from bench_data import load_mnist
+from bench_report import print_measures
 from threadpoolctl import threadpool_limits
 
 from mbn_core import MBN, model_from_arrays, model_to_arrays
@@ -197,12 +198,7 @@ def main(argv=None) -> None:
     if not args.model:
         parser.error("--fit or --model is needed")
     rows = measure(args)
-    command = "python benchmarks/bench_exact.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(f"Exact MBN, one thread (`{command.strip()}`)\n")
-    print("| measure | value |")
-    print("|---|---|")
-    for name, value in rows:
-        print(f"| {name} | {value} |")
+    print_measures("Exact MBN, one thread", "bench_exact.py", rows, argv)
 
 
 if __name__ == "__main__":

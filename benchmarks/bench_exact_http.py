@@ -33,6 +33,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from bench_data import load_mnist
+from bench_report import print_measures
 from bench_service import Connection, percentile, start_server
 from threadpoolctl import threadpool_limits
 
@@ -180,14 +181,7 @@ def main(argv=None) -> None:
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-    command = "python benchmarks/bench_exact_http.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
-    print(f"Exact mode over HTTP (`{command.strip()}`)\n")
-    print("| measure | value |")
-    print("|---|---|")
-    for name, value in rows:
-        print(f"| {name} | {value} |")
+    print_measures("Exact mode over HTTP", "bench_exact_http.py", rows, argv)
 
 
 if __name__ == "__main__":

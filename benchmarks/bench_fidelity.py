@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 from bench_data import load_mnist
+from bench_report import command_line
 from sklearn.cluster import KMeans
 from sklearn.datasets import load_breast_cancer, load_digits, load_wine
 from sklearn.metrics import normalized_mutual_info_score, r2_score
@@ -157,10 +157,7 @@ def main(argv=None) -> None:
     parser.add_argument("--data", help="MNIST .npz (default: bench_data.load_mnist's search)")
     parser.add_argument("--json", help="also append each row as a JSON line to this file")
     args = parser.parse_args(argv)
-    command = "python benchmarks/bench_fidelity.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
-    print(f"Fidelity on new data (`{command.strip()}`)\n")
+    print(f"Fidelity on new data (`{command_line('bench_fidelity.py', argv)}`)\n")
     print(
         "| set | train / test | exact NMI | fast NMI | gap | R^2 | 10-NN overlap "
         "| report: gap / R^2 / overlap (rows) | report gap - test gap "

@@ -30,32 +30,18 @@ def independent_set_fixed(indptr, indices):
     n = len(indptr) - 1
     state = np.zeros(n, dtype=np.int8)
     queued = np.zeros(n, dtype=np.bool_)
-    # Each vertex enters the queue at most once, so n slots hold every queue there will be.
-    queue = np.empty(n, dtype=np.int64)
-    head = tail = 0
     for start in range(n):
         if state[start] != FREE:
             continue
-        queue[tail] = start
-        tail += 1
+        queue = [start]
         queued[start] = True
-        while head < tail:
+        head = 0  # the queue is read from the front and never shrinks: first in, first out
+        while head < len(queue):
             i = queue[head]
             head += 1
             if state[i] != FREE:
                 continue
-            state[i] = COARSE
-            for a in range(indptr[i], indptr[i + 1]):
-                j = indices[a]
-                if state[j] == FINE:
-                    continue
-                state[j] = FINE
-                for b in range(indptr[j], indptr[j + 1]):
-                    k = indices[b]
-                    if state[k] == FREE and not queued[k]:
-                        queued[k] = True
-                        queue[tail] = k
-                        tail += 1
+            _make_coarse(i, indptr, indices, state, queued, queue)
     return state
 
 

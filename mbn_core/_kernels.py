@@ -683,14 +683,7 @@ def upper_codes_dense_by_row(
                 for v in range(n_clusterings):
                     c += np.int32(keep[w, v] & same[v])
                 counts[w, key - w * k] = c
-        for w in range(V):
-            best_count = np.int32(0)
-            best = 0
-            for j in range(k):
-                if counts[w, j] > best_count:
-                    best_count = counts[w, j]
-                    best = j
-            out[i, w] = best
+        _best_centers(counts, out[i])
 
 
 @njit(nogil=True, cache=True)
@@ -725,12 +718,20 @@ def upper_codes_indexed_by_row(
                     w = key // k
                     if keep_all or _splitmix64(seeds[w], dimension) < threshold:
                         counts[w, key - w * k] += 1
-        for w in range(V):
-            best_count = np.int32(0)
-            best = 0
-            for j in range(k):
-                if counts[w, j] > best_count:
-                    best_count = counts[w, j]
-                    best = j
-                counts[w, j] = 0
-            out[i, w] = best
+        _best_centers(counts, out[i])
+
+
+@njit(nogil=True, cache=True)
+def _best_centers(counts, out_row):
+    """Each clustering's center with the most shared codes (ties to the lowest, 0 when
+    nothing is shared) into ``out_row``; ``counts`` (V, k) is zeroed for the next point."""
+    V, k = counts.shape
+    for w in range(V):
+        best_count = np.int32(0)
+        best = 0
+        for j in range(k):
+            if counts[w, j] > best_count:
+                best_count = counts[w, j]
+                best = j
+            counts[w, j] = 0
+        out_row[w] = best

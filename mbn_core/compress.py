@@ -306,14 +306,12 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         if labels is not None and len(labels) != n_samples:
             raise ValueError(f"y has {len(labels)} labels but X has {n_samples} rows")
         rng = check_random_state(self.random_state)
+        # A cross-fitted report (n_folds) holds no rows out of the model's own fit.
         n_folds = self._n_folds(n_samples)
-        if n_folds is None:
-            holdout, validation, train = _split(
-                n_samples, self.holdout_fraction, self.validation_fraction, rng
-            )
-        else:
-            holdout = np.empty(0, dtype=np.intp)
-            validation, train = _split_validation(n_samples, self.validation_fraction, rng)
+        holdout_fraction = self.holdout_fraction if n_folds is None else None
+        holdout, validation, train = _split(
+            n_samples, holdout_fraction, self.validation_fraction, rng
+        )
         # The teacher is fitted on the rows outside the holdout; its embedding of them comes
         # in the order of ``fitted``, which train and validation are turned into positions of.
         fitted = np.sort(np.concatenate([validation, train]))
@@ -442,7 +440,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         splitter = KFold(n_splits=n_folds, shuffle=True, random_state=_seed(rng))
         quality: dict[str, Any] = {}
         for number, (rest, fold) in enumerate(splitter.split(X)):
-            validation, train = _split_validation(len(rest), self.validation_fraction, rng)
+            _, validation, train = _split(len(rest), None, self.validation_fraction, rng)
             parts = self._fit_parts(X[rest], validation, train, rng, None)
             exact = _as_embedding(parts.teacher.transform(X[fold]))
             fast = parts.fast(X[fold]).astype(np.float64)
@@ -729,37 +727,26 @@ def _n_holdout(n_samples: int, holdout_fraction: float) -> int:
     return max(1, round(holdout_fraction * n_samples))
 
 
-def _split(n_samples: int, holdout_fraction: float, validation_fraction: float, rng):
-    """Random (holdout, validation, train) row indices, each sorted."""
+def _split(
+    n_samples: int, holdout_fraction: float | None, validation_fraction: float, rng
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random (holdout, validation, train) row indices, each sorted; no held-out rows when
+    ``holdout_fraction`` is None (a cross-fitted report)."""
     order = rng.permutation(n_samples)
-    n_holdout = _n_holdout(n_samples, holdout_fraction)
+    n_holdout = 0 if holdout_fraction is None else _n_holdout(n_samples, holdout_fraction)
     rest = n_samples - n_holdout
     n_validation = round(validation_fraction * rest)
     if validation_fraction > 0:
         n_validation = max(1, n_validation)
     if rest - n_validation < 2:
-        raise ValueError(
-            f"{n_samples} samples leave fewer than 2 to train the MLP after holdout_fraction="
-            f"{holdout_fraction} and validation_fraction={validation_fraction}"
-        )
+        after = f"validation_fraction={validation_fraction}"
+        if holdout_fraction is not None:
+            after = f"holdout_fraction={holdout_fraction} and {after}"
+        raise ValueError(f"{n_samples} samples leave fewer than 2 to train the MLP after {after}")
     holdout = np.sort(order[:n_holdout])
     validation = np.sort(order[n_holdout : n_holdout + n_validation])
     train = np.sort(order[n_holdout + n_validation :])
     return holdout, validation, train
-
-
-def _split_validation(n_samples: int, validation_fraction: float, rng):
-    """Random (validation, train) row indices, each sorted (no held-out rows)."""
-    order = rng.permutation(n_samples)
-    n_validation = round(validation_fraction * n_samples)
-    if validation_fraction > 0:
-        n_validation = max(1, n_validation)
-    if n_samples - n_validation < 2:
-        raise ValueError(
-            f"{n_samples} samples leave fewer than 2 to train the MLP after "
-            f"validation_fraction={validation_fraction}"
-        )
-    return np.sort(order[:n_validation]), np.sort(order[n_validation:])
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ costs more than the single-vector /embed itself.
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -24,60 +25,23 @@ from service.handlers import (
     ModelsHandler,
     TrainingHandler,
 )
-from service.limits import RowBudget
 from service.metrics import Metrics
 
-
-def _started(request: Request, name: str) -> object:
-    value = getattr(request.app.state, name, None)
-    if value is None:
-        raise Unavailable("the service is starting", retry_after=1)
-    return value
+T = TypeVar("T")
 
 
-async def get_settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
+def _state(name: str, kind: type[T]) -> Callable[[Request], Awaitable[T]]:
+    """A dependency returning ``app.state.<name>``; 503 while the lifespan has not set it."""
 
+    async def get(request: Request) -> T:
+        value = getattr(request.app.state, name, None)
+        if value is None:
+            raise Unavailable("the service is starting", retry_after=1)
+        assert isinstance(value, kind)
+        return value
 
-async def get_embed_handler(request: Request) -> EmbedHandler:
-    handler = _started(request, "embed_handler")
-    assert isinstance(handler, EmbedHandler)
-    return handler
-
-
-async def get_training_handler(request: Request) -> TrainingHandler:
-    handler = _started(request, "training_handler")
-    assert isinstance(handler, TrainingHandler)
-    return handler
-
-
-async def get_jobs_handler(request: Request) -> JobsHandler:
-    handler = _started(request, "jobs_handler")
-    assert isinstance(handler, JobsHandler)
-    return handler
-
-
-async def get_models_handler(request: Request) -> ModelsHandler:
-    handler = _started(request, "models_handler")
-    assert isinstance(handler, ModelsHandler)
-    return handler
-
-
-async def get_maps_handler(request: Request) -> MapsHandler:
-    handler = _started(request, "maps_handler")
-    assert isinstance(handler, MapsHandler)
-    return handler
-
-
-async def get_row_budget(request: Request) -> RowBudget:
-    budget: RowBudget = request.app.state.row_budget
-    return budget
-
-
-async def get_metrics(request: Request) -> Metrics:
-    metrics: Metrics = request.app.state.metrics
-    return metrics
+    get.__name__ = f"get_{name}"
+    return get
 
 
 # Publishes the bearer scheme in OpenAPI (so /docs can send a key); the check itself is
@@ -105,11 +69,12 @@ async def require_api_key_for_metrics(
         await require_api_key(request, credentials)
 
 
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-BudgetDep = Annotated[RowBudget, Depends(get_row_budget)]
-EmbedHandlerDep = Annotated[EmbedHandler, Depends(get_embed_handler)]
-TrainingHandlerDep = Annotated[TrainingHandler, Depends(get_training_handler)]
-JobsHandlerDep = Annotated[JobsHandler, Depends(get_jobs_handler)]
-ModelsHandlerDep = Annotated[ModelsHandler, Depends(get_models_handler)]
-MapsHandlerDep = Annotated[MapsHandler, Depends(get_maps_handler)]
-MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+SettingsDep = Annotated[Settings, Depends(_state("settings", Settings))]
+EmbedHandlerDep = Annotated[EmbedHandler, Depends(_state("embed_handler", EmbedHandler))]
+TrainingHandlerDep = Annotated[
+    TrainingHandler, Depends(_state("training_handler", TrainingHandler))
+]
+JobsHandlerDep = Annotated[JobsHandler, Depends(_state("jobs_handler", JobsHandler))]
+ModelsHandlerDep = Annotated[ModelsHandler, Depends(_state("models_handler", ModelsHandler))]
+MapsHandlerDep = Annotated[MapsHandler, Depends(_state("maps_handler", MapsHandler))]
+MetricsDep = Annotated[Metrics, Depends(_state("metrics", Metrics))]

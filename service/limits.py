@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import threading
@@ -24,8 +23,7 @@ from service.errors import (
     PayloadTooLarge,
     ServiceError,
     Unavailable,
-    error_body,
-    status_of,
+    error_response,
 )
 
 T = TypeVar("T")
@@ -85,7 +83,8 @@ class BodyLimitMiddleware:
         limit = self.max_upload_bytes if path in self.upload_paths else self.max_body_bytes
         length = _content_length(scope)
         if length is not None and length > limit:
-            await _send_413(send, limit)
+            error = PayloadTooLarge(f"request body over the limit of {limit} bytes")
+            await _send_error(scope, receive, send, error)
             return
         received = 0
         body_done = length == 0 or (length is None and not _has_header(scope, b"transfer-encoding"))
@@ -145,23 +144,12 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-async def _send_413(send: Send, limit: int) -> None:
-    await _send_error(send, PayloadTooLarge(f"request body over the limit of {limit} bytes"))
-
-
-async def _send_error(send: Send, error: ServiceError) -> None:
-    # Below the app (no exception handler runs here): the status still comes from errors.py.
-    status, error_type = status_of(error)
-    body = json.dumps(error_body(error_type, error.message)).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"),
-    ]
-    if error.retry_after is not None:
-        headers.append((b"retry-after", str(error.retry_after).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+async def _send_error(scope: Scope, receive: Receive, send: Send, error: ServiceError) -> None:
+    """Below the app, where no exception handler runs: the answer errors.py gives, closing
+    the connection (the request's body may be left unread)."""
+    response = error_response(error)
+    response.headers["connection"] = "close"
+    await response(scope, receive, send)
 
 
 class AdmissionMiddleware:
@@ -183,15 +171,14 @@ class AdmissionMiddleware:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.paths:
             await self.app(scope, receive, send)
             return
-        try:
-            self.budget.admit_request()
-        except Overloaded as error:
-            await _send_error(send, error)  # after the body: see BodyLimitMiddleware
-            return
-        try:
+        with contextlib.ExitStack() as admitted:
+            try:
+                admitted.enter_context(self.budget.request())
+            except Overloaded as error:
+                # Sent through BodyLimitMiddleware's send: after the rest of the body.
+                await _send_error(scope, receive, send, error)
+                return
             await self.app(scope, receive, send)
-        finally:
-            self.budget.release_request()
 
 
 class RowBudget:
@@ -238,22 +225,16 @@ class RowBudget:
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def admit_request(self) -> None:
-        """Count one more request in flight, or raise Overloaded (429) when full."""
+    @contextmanager
+    def request(self) -> Iterator[None]:
+        """One more request in flight while inside, or Overloaded (429) when full."""
         if self.requests_in_flight >= self.max_requests:
             self._reject("requests", f"{self.max_requests} /embed requests are in flight")
         self.requests_in_flight += 1
-
-    def release_request(self) -> None:
-        self.requests_in_flight -= 1
-
-    @contextmanager
-    def request(self) -> Iterator[None]:
-        self.admit_request()
         try:
             yield
         finally:
-            self.release_request()
+            self.requests_in_flight -= 1
 
     @contextmanager
     def rows(self, n: int) -> Iterator[None]:
