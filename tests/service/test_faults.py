@@ -28,6 +28,9 @@ from servicetest import (
     wait_for_progress,
 )
 
+from mbn_core import MBN
+from mbn_core.bundle import save_bundle
+from mbn_core.compress import CompressiveMBN
 from service.jobs import JobStore
 
 ROWS = [[float(i), float(i % 7)] for i in range(40)]
@@ -216,8 +219,20 @@ def test_kill_9_leftovers_are_cleaned_on_recovery(
 def test_sigterm_with_an_exact_request_running(
     tmp_path: Path, serve: Callable[..., Server], digits: tuple[np.ndarray, np.ndarray]
 ) -> None:
+    # V = 100 clusterings (the shared tiny model has 10): 8,192 rows of exact MBN
+    # take seconds, well past the 1 s grace, however fast the machine.
+    x, y = digits
+    slow = CompressiveMBN(
+        MBN(n_clusterings=100, random_state=0, n_jobs=1),
+        hidden_layer_sizes=(16,),
+        max_epochs=2,
+        random_state=0,
+    ).fit(x, y)
+    models = tmp_path / "data" / "models"
+    models.mkdir(parents=True)
+    save_bundle(slow, models / "m-digits", name="digits")
     server = serve(tmp_path / "data", MBN_SHUTDOWN_GRACE_SECONDS="1", MBN_MAX_INFLIGHT_REQUESTS="1")
-    rows = np.resize(digits[0], (8192, 64)).tolist()  # several seconds of exact MBN
+    rows = np.resize(x, (8192, 64)).tolist()
     answer: dict[str, httpx.Response] = {}
     with server.client() as client:
         wait_for(lambda: _status(client, "/health/ready") == 200, 20, "ready")
