@@ -21,6 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from mbn_core import _kernels
+from mbn_core._scratch import ScratchArrays
 
 _FLOAT32_EPS = float(np.finfo(np.float32).eps) / 2  # unit roundoff u
 # Re-rank rows whose runner-up is within this multiple of the worst-case GEMM error.
@@ -32,6 +33,8 @@ _BLOCK_BYTES = 16 << 20
 # Batches up to this many dense rows are scored straight from the stored center rows
 # (``bottom_codes_direct``): gathering a clustering's (k, d) centers for the GEMM costs more.
 DIRECT_MAX_ROWS = 16
+# The GEMM blocks' gathered input and scores, reused by each thread (see ``_scratch``).
+_scratch = ScratchArrays()
 
 
 def smallest_uint(max_value: int) -> type[np.unsignedinteger]:
@@ -118,7 +121,7 @@ def _bottom_codes(X, features, center_values, metric, row_norms, exclude):
     n_centers, n_chosen = center_values.shape
     center_values = np.ascontiguousarray(center_values, dtype=np.float32)
     # The GEMM computes x.w + bias, then argmax: bias = -|w|^2 / 2 gives the nearest center.
-    weights = np.empty((n_chosen + 1, n_centers), dtype=np.float32)
+    weights = _scratch.array("weights", (n_chosen + 1, n_centers), np.float32)
     sq_norms = np.empty(n_centers, dtype=np.float64)
     _kernels.squared_norms(center_values, sq_norms)
     norms = np.sqrt(sq_norms)
@@ -149,8 +152,12 @@ def _bottom_codes(X, features, center_values, metric, row_norms, exclude):
             scores = np.asarray(A @ weights[:n_chosen], dtype=np.float32)
             scores += weights[n_chosen]
         else:
-            A = np.take(X[start:stop], gather, axis=1)
-            scores = A @ weights
+            # mode="clip" writes straight into the scratch view ("raise" buffers the output).
+            A = _scratch.array("input", (stop - start, gather.size), X.dtype)
+            np.take(X[start:stop], gather, axis=1, out=A, mode="clip")
+            scores_dtype = np.result_type(A, weights)
+            scores = _scratch.array("scores", (stop - start, n_centers), scores_dtype)
+            np.matmul(A, weights, out=scores)
         tolerance = _tolerance(row_norms[start:stop], error_per_norm, error_const)
 
         def chosen_row(i: int, A=A) -> np.ndarray:
