@@ -3,6 +3,7 @@ overhead, a cost model for larger clusters, and bulk embedding of a file larger 
 
     python benchmarks/bench_distributed.py fit [--n 20000] [--k-max 2000] [--repeats 2]
     python benchmarks/bench_distributed.py overhead [--tasks 2000]
+    python benchmarks/bench_distributed.py faults [--n 20000] [--k-max 500]
     python benchmarks/bench_distributed.py model --measured fit.json
     python benchmarks/bench_distributed.py embed --rows 10000000 [--dir /tmp/mbn-bulk]
 
@@ -11,7 +12,9 @@ LocalCluster of 2 single-threaded worker processes, alternating the two, and pri
 layer and the bytes each layer moved; ``--json`` saves the measurements ``model`` extrapolates
 from. ``embed`` writes an n x 784 uint8 .npy chunk by chunk (MNIST rows with noise), trains a
 small bundle, runs ``mbn embed`` on it in a child process and reports its peak RSS and rows/s,
-then deletes the files. MNIST comes from ``bench_data.load_mnist()`` (``MBN_MNIST``).
+then deletes the files. ``faults`` fits locally in child processes with and without Dask's
+``MALLOC_TRIM_THRESHOLD_`` and reports their minor page faults and CPU seconds. MNIST comes
+from ``bench_data.load_mnist()`` (``MBN_MNIST``).
 """
 
 from __future__ import annotations
@@ -198,6 +201,46 @@ def cmd_overhead(args) -> None:
           f"{np.median(layer_times) * 1e3:.0f} ms per layer")  # fmt: skip
 
 
+# A child process's fit, reporting what getrusage counted during it (after a warm-up fit).
+_FAULTS_CHILD = """
+import json, resource, sys, time
+from bench_data import load_mnist
+from mbn_core import MBN
+X = load_mnist()[0][:{n}]
+MBN(n_clusterings=8, k_max=200, random_state=0, n_jobs=2).fit(X[:2000])
+before, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+MBN(n_clusterings=400, k_max={k_max}, random_state=0, n_jobs=2).fit(X)
+after = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({{"wall": time.perf_counter() - started,
+                  "faults": after.ru_minflt - before.ru_minflt,
+                  "system": after.ru_stime - before.ru_stime,
+                  "user": after.ru_utime - before.ru_utime}}))
+"""
+
+
+def cmd_faults(args) -> None:
+    """Page faults of a local fit with and without the malloc setting Dask's nanny uses."""
+    import distributed  # noqa: F401  (registers the distributed.* settings)
+    from dask import config
+
+    trim = config.get("distributed.nanny.pre-spawn-environ").get("MALLOC_TRIM_THRESHOLD_")
+    script = _FAULTS_CHILD.format(n=args.n, k_max=args.k_max)
+    here = str(Path(__file__).resolve().parent)
+    print("| MALLOC_TRIM_THRESHOLD_ | minor page faults | system CPU s | user CPU s | wall s |")
+    print("|---|---|---|---|---|")
+    for _ in range(args.repeats):
+        for value in (None, trim):
+            env = {k: v for k, v in os.environ.items() if k != "MALLOC_TRIM_THRESHOLD_"}
+            if value is not None:
+                env["MALLOC_TRIM_THRESHOLD_"] = str(value)
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
+            out = subprocess.run([sys.executable, "-c", script], env=env, check=True,
+                                 capture_output=True, text=True).stdout  # fmt: skip
+            r = json.loads(out.splitlines()[-1])
+            print(f"| {value or 'unset'} | {r['faults']:,} | {r['system']:.1f} | "
+                  f"{r['user']:.1f} | {r['wall']:.1f} |", flush=True)  # fmt: skip
+
+
 def cmd_model(args) -> None:
     """Extrapolate the measured per-clustering times and transfer sizes to larger fits.
 
@@ -304,6 +347,10 @@ def main() -> None:
     fit.add_argument("--json", help="save the measurements for `model`")
     overhead = commands.add_parser("overhead")
     overhead.add_argument("--tasks", type=int, default=2000)
+    faults = commands.add_parser("faults")
+    faults.add_argument("--n", type=int, default=20_000)
+    faults.add_argument("--k-max", type=int, default=500)
+    faults.add_argument("--repeats", type=int, default=1)
     model = commands.add_parser("model")
     model.add_argument("--measured", required=True)
     model.add_argument("--bandwidth", type=float, default=1.25e9, help="bytes/s per NIC")
@@ -318,9 +365,9 @@ def main() -> None:
     embed.add_argument("--threads", type=int, default=2)
     embed.add_argument("--chunk-rows", type=int, default=32_768)
     args = parser.parse_args()
-    {"fit": cmd_fit, "overhead": cmd_overhead, "model": cmd_model, "embed": cmd_embed}[
-        args.command
-    ](args)
+    commands_run = {"fit": cmd_fit, "overhead": cmd_overhead, "faults": cmd_faults}
+    commands_run |= {"model": cmd_model, "embed": cmd_embed}
+    commands_run[args.command](args)
 
 
 if __name__ == "__main__":
