@@ -49,6 +49,8 @@ def test_a_job_trains_on_the_cluster_with_progress(cluster_setup, digits: Digits
     done = cluster_setup.wait_status(job, {"succeeded", "failed"}, timeout=120)
     assert done.status == "succeeded", done.error
     assert done.progress == 1.0
+    # The registry is told on the worker's thread after the job is recorded as succeeded.
+    wait_for(lambda: cluster_setup.published, 30, "the registry to be told of the model")
     assert load_bundle(cluster_setup.published[0]).manifest["training"]["n_samples"] == 400
     assert built_layers(dask_client) > before  # the clusterings ran on the Dask workers
 
