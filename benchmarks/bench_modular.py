@@ -329,7 +329,7 @@ def cmd_testtime(args) -> None:
             t["onnx"], _ = best(lambda e=onnx_map: _in_blocks(e.embed, X32))
             # The search structure is built at training time; only the queries are timed.
             # A k-d tree pays off in a module's few dimensions, brute force in 300.
-            for algorithm in ("brute", "kd_tree"):
+            for algorithm in args.algorithms:
                 index = NearestNeighbors(n_neighbors=KAPPA, algorithm=algorithm).fit(db)
                 t[f"retrieval {algorithm}"], found = best(
                     lambda i=index, q=queries: i.kneighbors(q, return_distance=False)
@@ -357,7 +357,7 @@ def cmd_testtime(args) -> None:
         for embedding in (None, "exact", "onnx"):
             # Each side searches with its faster algorithm.
             def total(t, embedding=embedding, task=task):
-                search = min(t[f"{task} brute"], t[f"{task} kd_tree"])
+                search = min(t[f"{task} {a}"] for a in args.algorithms)
                 return search + (t[embedding] if embedding else 0.0)
 
             mono_s = total(mono)
@@ -430,6 +430,9 @@ def main() -> None:
         "--rates", type=float, nargs="+", default=[1e-3, 1e-2, 1e-1]
     )
     sub.choices["variants"].add_argument("--names", nargs="+", default=list(VARIANTS))
+    sub.choices["testtime"].add_argument(
+        "--algorithms", nargs="+", default=["brute", "kd_tree"], choices=["brute", "kd_tree"]
+    )
     args = parser.parse_args()
     {
         "tables": cmd_tables,
