@@ -13,7 +13,9 @@ from mbn_core.kernel_map import fit_kernel_features, kwok_tsang_gamma
 from mbn_core.modular_eval import (
     ensemble_predict,
     input_neighbours,
+    majority_vote,
     modular_neighbours,
+    rerank,
     retrieval_precision,
 )
 
@@ -217,3 +219,14 @@ def test_ensemble_vote_breaks_ties_towards_the_smallest_label():
     labels = np.array([7, 3])
     queries = np.array([[[0.0], [0.0]]])
     assert ensemble_predict(database, labels, queries, n_neighbors=1).tolist() == [3]
+
+
+def test_merge_steps_alone():
+    # rerank: a candidate found by two modules counts once, and the order is the full distance.
+    database = np.array([[[0.0], [0.0]], [[1.0], [1.0]], [[3.0], [0.0]], [[5.0], [5.0]]])
+    query = np.zeros((1, 2, 1))
+    candidates = np.array([[3, 1, 1, 2]])
+    assert rerank(database, query, candidates, 3).tolist() == [[1, 2, 3]]
+    # majority_vote: the most frequent class per row, the smallest on a tie.
+    votes = np.array([[2, 0, 2], [1, 0, 2], [4, 4, 1]])
+    assert majority_vote(votes, 5).tolist() == [2, 0, 4]
