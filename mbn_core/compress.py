@@ -221,6 +221,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         "learning_rate": [Interval(Real, 0, 1, closed="right")],
         "alpha": [Interval(Real, 0, None, closed="left")],
         "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
+        "input_noise": [Interval(Real, 0, None, closed="left")],
         "tol": [Interval(Real, 0, None, closed="left")],
         "validation_fraction": [Interval(Real, 0, 0.5, closed="left")],
         "holdout_fraction": [Interval(Real, 0, 0.5, closed="right")],
@@ -243,6 +244,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         learning_rate: float = 1e-3,
         alpha: float = 1e-5,
         n_iter_no_change: int = 5,
+        input_noise: float = 0.0,
         tol: float = 1e-4,
         validation_fraction: float = 0.1,
         holdout_fraction: float = 0.1,
@@ -261,6 +263,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         self.learning_rate = learning_rate
         self.alpha = alpha
         self.n_iter_no_change = n_iter_no_change
+        self.input_noise = input_noise
         self.tol = tol
         self.validation_fraction = validation_fraction
         self.holdout_fraction = holdout_fraction
@@ -509,10 +512,18 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         )
         best_loss, best_weights, stale = np.inf, None, 0
         limits = 1 if self.n_jobs is None else int(self.n_jobs)
+        # Drawn only when used, so that the other seeds stay those of a noiseless fit.
+        noisy = self.input_noise > 0 and not sp.issparse(X_train)
+        noise = np.random.RandomState(_seed(rng)) if noisy else None
         epoch = 0
         with threadpool_limits(limits=limits, user_api="blas"):
             for epoch in range(1, self.max_epochs + 1):
-                _partial_fit(mlp, X_train, Y_train)
+                X_epoch = X_train
+                if noise is not None:
+                    X_epoch = X_train + noise.normal(0.0, self.input_noise, X_train.shape).astype(
+                        X_train.dtype
+                    )
+                _partial_fit(mlp, X_epoch, Y_train)
                 loss = np.nan
                 if X_val is not None:
                     residual = _predict(mlp, X_val, Y_val.shape[1]) - Y_val
