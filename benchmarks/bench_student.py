@@ -53,7 +53,8 @@ def cache(name: str, args: argparse.Namespace) -> None:
     fitted = np.sort(np.concatenate([validation, train]))
     arrays: dict[str, Any] = {"holdout": holdout, "fitted": fitted}
     seconds = {}
-    for label, extra in (("", {}), ("_seed1", {"random_state": 1}), ("_v100", {"V": 100})):
+    others = [] if args.no_calibration else [("_seed1", {"random_state": 1}), ("_v100", {"V": 100})]
+    for label, extra in [("", {}), *others]:
         values: dict[str, Any] = {"random_state": extra.get("random_state", 0)}
         mbn = TrainingParams.from_dict(values).estimator()
         if "V" in extra:
@@ -67,8 +68,9 @@ def cache(name: str, args: argparse.Namespace) -> None:
         if not label:
             arrays["fit"] = np.asarray(embedding, dtype=np.float64)
             arrays["selection"] = _embed(mbn, X_train[holdout])
-            noise = np.random.RandomState(1).normal(0, NOISE * X_train.std(), X_test.shape)
-            arrays["test_noise"] = _embed(mbn, X_test + noise.astype(np.float32))
+            if not args.no_calibration:
+                noise = np.random.RandomState(1).normal(0, NOISE * X_train.std(), X_test.shape)
+                arrays["test_noise"] = _embed(mbn, X_test + noise.astype(np.float32))
             arrays["ks"] = np.asarray(mbn.ks_)
         print(f"{name}{label}: {seconds}", flush=True)
     arrays["seconds_keys"] = np.asarray(list(seconds))
@@ -239,6 +241,9 @@ def main(argv=None) -> None:
     parser.add_argument("command", choices=["cache", "calibrate", "students"])
     parser.add_argument("--sets", default="digits")
     parser.add_argument("--variants", default="base")
+    parser.add_argument(
+        "--no-calibration", action="store_true", help="cache: the seed-0 MBN's embeddings only"
+    )
     parser.add_argument("--data", help="MNIST .npz (default: bench_data.load_mnist's search)")
     args = parser.parse_args(argv)
     print(f"`{command_line('bench_student.py', argv)}`\n")

@@ -115,6 +115,10 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
     n_iter_no_change : int, default=5
         Early stopping: stop after this many epochs without the validation loss improving by
         ``tol``; the weights of the best epoch are kept.
+    input_noise : float >= 0, default=0.0
+        Standard deviation of Gaussian noise added to the standardised input rows in each
+        epoch (a fresh draw per epoch; the targets are unchanged; dense input only). 0 trains
+        on the rows as they are.
     tol : float, default=1e-4
         Smallest improvement of the validation loss (mean squared error on scaled targets)
         that counts.
