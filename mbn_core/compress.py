@@ -115,10 +115,13 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
     n_iter_no_change : int, default=5
         Early stopping: stop after this many epochs without the validation loss improving by
         ``tol``; the weights of the best epoch are kept.
-    input_noise : float >= 0, default=0.0
+    input_noise : float >= 0, default=0.6
         Standard deviation of Gaussian noise added to the standardised input rows in each
         epoch (a fresh draw per epoch; the targets are unchanged; dense input only). 0 trains
-        on the rows as they are.
+        on the rows as they are. The exact embedding hardly moves under small input noise,
+        and the noise keeps the MLP from fitting its few training rows too closely: chosen on
+        rows new to the MBN (benchmarks/bench_student.py), 0.6 raised R^2 on MNIST-5k from
+        0.846 to 0.906 (0.3: 0.889, 1.0: 0.904) and on digits from 0.912 to 0.918.
     tol : float, default=1e-4
         Smallest improvement of the validation loss (mean squared error on scaled targets)
         that counts.
@@ -248,7 +251,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         learning_rate: float = 1e-3,
         alpha: float = 1e-5,
         n_iter_no_change: int = 5,
-        input_noise: float = 0.0,
+        input_noise: float = 0.6,
         tol: float = 1e-4,
         validation_fraction: float = 0.1,
         holdout_fraction: float = 0.1,
