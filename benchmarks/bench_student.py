@@ -16,10 +16,14 @@ and of the test rows plus Gaussian noise of 1% of the data's spread. Times are s
 (``knn_overlap``) of the seed-0 test embedding with each of those, the share of test rows
 whose exact embedding is duplicated, and the share of rows with a tie at the 10th neighbour.
 
-``students`` trains MLP variants (``CompressiveMBN``'s own input scaling, target scaling and
-epoch loop) on the cached targets and prints, per variant, R^2 and 10-NN overlap on the
-selection rows (what a variant is chosen by) and on the test rows, the k-means NMI gap on
-the test rows, the training seconds and the weights per output row.
+``students`` trains MLP variants (a name of ``VARIANTS`` or ``key=value`` pairs joined by
+``+``, e.g. ``input_noise=0.6+max_epochs=100``; ``augment=F`` adds F x the training rows as
+random points between a row and one of its 5 nearest rows, labelled by the exact MBN, whose
+labelling seconds are counted in the student's), with ``CompressiveMBN``'s own input
+scaling, target scaling and epoch loop, on the cached targets and prints, per variant,
+R^2 and 10-NN overlap on the selection rows (what a variant is chosen by) and on the test
+rows, the k-means NMI gap on the test rows, the training seconds and the MLP's weights.
+``calibrate`` also prints the overlap that isotropic Gaussian errors of a given R^2 leave.
 """
 
 from __future__ import annotations
