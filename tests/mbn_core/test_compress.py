@@ -27,13 +27,10 @@ def small_mbn(**params):
 
 
 def small_model(**params):
-    # One held-out set unless a test asks for cross-fitting (K more fits, slower). No input
-    # noise: 15 epochs are too few for it to pay off (the head's fast/exact agreement on
-    # digits fell from above 0.8 to 0.785 with the default 0.6).
+    # One held-out set unless a test asks for cross-fitting (K more fits, slower).
     defaults = {
         "hidden_layer_sizes": (64, 64),
         "max_epochs": 15,
-        "input_noise": 0.0,
         "random_state": 0,
         "report_folds": None,
     }
