@@ -4,6 +4,7 @@
     python benchmarks/bench_fidelity.py --sets mnist-5k,mnist-10k
     python benchmarks/bench_fidelity.py --sets mnist-60k
     python benchmarks/bench_fidelity.py --sets mnist-5k --targets leave-self-out
+    python benchmarks/bench_fidelity.py --sets digits --option input_noise=0.3
 
 Each set is trained with ``train_bundle`` and ``mbn train``'s defaults (``TrainingParams()``,
 random_state ``--seed``) plus the labels (used only for the report), then embedded on a test
@@ -89,6 +90,9 @@ def measure(name: str, args: argparse.Namespace) -> dict:
         values["report_folds"] = named[folds] if folds in named else int(folds)
     if args.hidden:
         values["hidden_layer_sizes"] = [int(h) for h in args.hidden.split(",")]
+    for option in args.option or []:
+        key, _, value = option.partition("=")
+        values[key] = json.loads(value)
     params = TrainingParams.from_dict(values)
     with tempfile.TemporaryDirectory() as scratch:
         started = time.perf_counter()
@@ -146,6 +150,12 @@ def main(argv=None) -> None:
     parser.add_argument("--targets", default="in-sample", help="the compressor's targets")
     parser.add_argument("--report-folds", help="N, auto or none (default: TrainingParams')")
     parser.add_argument("--hidden", help="compressor hidden layers (default: TrainingParams')")
+    parser.add_argument(
+        "--option",
+        action="append",
+        metavar="KEY=JSON",
+        help="another training option, e.g. --option input_noise=0.3 (repeatable)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--bundle",

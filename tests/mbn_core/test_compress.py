@@ -332,6 +332,49 @@ def test_early_stopping_keeps_best_epoch(digits):
     assert model.n_epochs_ == len(losses) == 3
 
 
+def _epoch_inputs(monkeypatch, model, X) -> list:
+    """The training matrix of each MLP epoch of ``model.fit(X)`` (recorded, then trained)."""
+    import mbn_core.compress as compress
+
+    seen = []
+
+    def recording(mlp, X_epoch, Y):
+        seen.append(X_epoch.toarray() if sp.issparse(X_epoch) else np.array(X_epoch))
+        _partial_fit(mlp, X_epoch, Y)  # the real one, imported above
+
+    monkeypatch.setattr(compress, "_partial_fit", recording)
+    model.fit(X)
+    return seen
+
+
+def test_input_noise_is_a_fresh_draw_each_epoch(monkeypatch, digits):
+    X, _ = digits
+    clean = _epoch_inputs(
+        monkeypatch, small_model(max_epochs=3, validation_fraction=0.0, input_noise=0.0), X
+    )
+    noisy = _epoch_inputs(
+        monkeypatch, small_model(max_epochs=3, validation_fraction=0.0, input_noise=0.5), X
+    )
+    assert all(np.array_equal(epoch, clean[0]) for epoch in clean)
+    for epoch in noisy:
+        assert np.std(epoch - clean[0]) == pytest.approx(0.5, rel=0.02)
+    assert not np.array_equal(noisy[0], noisy[1])
+    # The same seed draws the same noise.
+    again = _epoch_inputs(
+        monkeypatch, small_model(max_epochs=3, validation_fraction=0.0, input_noise=0.5), X
+    )
+    assert all(np.array_equal(a, b) for a, b in zip(noisy, again, strict=True))
+
+
+def test_input_noise_leaves_sparse_input_as_it_is(monkeypatch, digits):
+    X, _ = digits
+    params = {"max_epochs": 2, "validation_fraction": 0.0}
+    sparse = sp.csr_matrix(X)
+    plain = _epoch_inputs(monkeypatch, small_model(input_noise=0.0, **params), sparse)
+    noisy = _epoch_inputs(monkeypatch, small_model(input_noise=0.5, **params), sparse)
+    assert all(np.array_equal(a, b) for a, b in zip(plain, noisy, strict=True))
+
+
 def test_without_validation_runs_all_epochs(digits):
     X, _ = digits
     model = small_model(max_epochs=3, validation_fraction=0.0).fit(X)

@@ -1,0 +1,260 @@
+"""The fast path's student on new data (issue 12): calibrate the bar, then compare students.
+
+    python benchmarks/bench_student.py cache --sets digits,mnist-5k,mnist-10k
+    python benchmarks/bench_student.py calibrate --sets digits,mnist-5k
+    python benchmarks/bench_student.py students --sets digits,mnist-5k --variants base,alpha1e-3
+
+``cache`` fits, per set, the exact MBN as ``mbn train`` does (``TrainingParams()``'s
+estimator, seed 0) on the training rows but a held-out tenth (the selection rows, new to
+the MBN), and stores in ``benchmarks/out/student_<set>.npz`` its in-sample embedding of the
+rows it was fitted on, its embedding of the selection rows and of the test rows
+(``bench_fidelity.load_set``'s split), plus, for the calibration, the test rows' embeddings
+by an MBN that differs only in ``random_state`` (1), by one with ``n_clusterings`` = 100,
+and of the test rows plus Gaussian noise of 1% of the data's spread. Times are stored too.
+
+``calibrate`` prints how stable the exact embedding's own 10-NN structure is: the overlap
+(``knn_overlap``) of the seed-0 test embedding with each of those, the share of test rows
+whose exact embedding is duplicated, and the share of rows with a tie at the 10th neighbour.
+
+``students`` trains MLP variants (a name of ``VARIANTS`` or ``key=value`` pairs joined by
+``+``, e.g. ``input_noise=0.6+max_epochs=100``; ``augment=F`` adds F x the training rows as
+random points between a row and one of its 5 nearest rows, labelled by the exact MBN, whose
+labelling seconds are counted in the student's), with ``CompressiveMBN``'s own input
+scaling, target scaling and epoch loop, on the cached targets and prints, per variant,
+R^2 and 10-NN overlap on the selection rows (what a variant is chosen by) and on the test
+rows, the k-means NMI gap on the test rows, the training seconds and the MLP's weights.
+``calibrate`` also prints the overlap that isotropic Gaussian errors of a given R^2 leave.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from bench_fidelity import kmeans_nmi, load_set
+from bench_report import command_line
+from sklearn.metrics import r2_score
+
+from mbn_core.compress import CompressiveMBN, _fit_input_scaler, _predict, _split, knn_overlap
+from mbn_core.training import TrainingParams
+
+OUT = Path(__file__).parent / "out"
+NOISE = 0.01
+
+
+def _embed(model, X) -> np.ndarray:
+    return np.asarray(model.transform(X), dtype=np.float64)
+
+
+def cache(name: str, args: argparse.Namespace) -> None:
+    X_train, _, X_test, _ = load_set(name, 0, args.data)
+    X_train = np.asarray(X_train, dtype=np.float32)
+    X_test = np.asarray(X_test, dtype=np.float32)
+    holdout, validation, train = _split(len(X_train), 0.1, 0.0, np.random.RandomState(0))
+    fitted = np.sort(np.concatenate([validation, train]))
+    arrays: dict[str, Any] = {"holdout": holdout, "fitted": fitted}
+    seconds = {}
+    others = [] if args.no_calibration else [("_seed1", {"random_state": 1}), ("_v100", {"V": 100})]
+    for label, extra in [("", {}), *others]:
+        values: dict[str, Any] = {"random_state": extra.get("random_state", 0)}
+        mbn = TrainingParams.from_dict(values).estimator()
+        if "V" in extra:
+            mbn.set_params(n_clusterings=extra["V"])
+        started = time.perf_counter()
+        embedding = mbn.fit_transform(X_train[fitted])
+        seconds[f"fit{label}"] = time.perf_counter() - started
+        started = time.perf_counter()
+        arrays[f"test{label}"] = _embed(mbn, X_test)
+        seconds[f"test{label}"] = time.perf_counter() - started
+        if not label:
+            arrays["fit"] = np.asarray(embedding, dtype=np.float64)
+            arrays["selection"] = _embed(mbn, X_train[holdout])
+            if not args.no_calibration:
+                noise = np.random.RandomState(1).normal(0, NOISE * X_train.std(), X_test.shape)
+                arrays["test_noise"] = _embed(mbn, X_test + noise.astype(np.float32))
+            arrays["ks"] = np.asarray(mbn.ks_)
+        print(f"{name}{label}: {seconds}", flush=True)
+    arrays["seconds_keys"] = np.asarray(list(seconds))
+    arrays["seconds"] = np.asarray(list(seconds.values()))
+    OUT.mkdir(exist_ok=True)
+    np.savez(OUT / f"student_{name}.npz", **arrays)
+
+
+def _load(name: str) -> dict[str, np.ndarray]:
+    with np.load(OUT / f"student_{name}.npz") as stored:
+        return {key: stored[key] for key in stored.files}
+
+
+def calibrate(name: str, args: argparse.Namespace) -> None:
+    data = _load(name)
+    test = data["test"]
+    times = dict(zip(data["seconds_keys"], data["seconds"], strict=True))
+    times = {str(key): round(float(value), 1) for key, value in times.items()}
+    ks = [int(k) for k in data["ks"]]
+    print(f"### {name}: {len(test)} test rows, ks {ks}, seconds {times}\n")
+    print("| compared with the seed-0 exact test embedding | 10-NN overlap | R^2 |")
+    print("|---|---|---|")
+    for key, what in (
+        ("test_seed1", "exact, MBN random_state 1"),
+        ("test_v100", "exact, MBN V = 100"),
+        ("test_noise", f"exact, input + N(0, ({NOISE} sd)^2)"),
+    ):
+        other = data[key]
+        r2 = r2_score(test, other, multioutput="variance_weighted")
+        r2_text = f"{r2:.4f}" if key == "test_noise" else "(other axes)"
+        print(f"| {what} | {knn_overlap(test, other):.3f} | {r2_text} |")
+    # What R^2 the overlap asks for: isotropic Gaussian errors on the exact embedding, scaled
+    # to a given R^2 (a student's errors are not isotropic; this is the simplest reference).
+    rng = np.random.RandomState(0)
+    spread = np.sqrt(np.mean((test - test.mean(axis=0)) ** 2))
+    unit = rng.normal(size=test.shape)
+    for r2 in (0.9, 0.95, 0.99, 0.995, 0.999):
+        noisy = test + unit * spread * np.sqrt(1 - r2)
+        achieved = r2_score(test, noisy, multioutput="variance_weighted")
+        print(
+            f"| exact + isotropic Gaussian errors (R^2 {r2}) | {knn_overlap(test, noisy):.3f} "
+            f"| {achieved:.4f} |"
+        )
+    _, first = np.unique(test, axis=0, return_index=True)
+    duplicated = 1 - len(first) / len(test)
+    from sklearn.neighbors import NearestNeighbors
+
+    distances, _ = NearestNeighbors(n_neighbors=12).fit(test).kneighbors(test)
+    # distances[:, 0] is the row itself; column 10 is the 10th neighbour, 11 the 11th.
+    ties = np.mean(np.isclose(distances[:, 10], distances[:, 11], rtol=1e-9, atol=0))
+    print(
+        f"\nrows whose exact embedding equals another row's: {duplicated:.4f}; "
+        f"rows with a tie between the 10th and 11th neighbour: {ties:.4f}; "
+        f"median distance to the 10th neighbour / embedding rms: "
+        f"{np.median(distances[:, 10]) / np.sqrt(np.mean((test - test.mean(0)) ** 2)):.4f}\n"
+    )
+
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "base": {},
+    "alpha1e-4": {"alpha": 1e-4},
+    "alpha1e-3": {"alpha": 1e-3},
+    "alpha1e-2": {"alpha": 1e-2},
+    "patience10": {"n_iter_no_change": 10, "max_epochs": 100},
+    "lr3e-4": {"learning_rate": 3e-4, "max_epochs": 100, "n_iter_no_change": 10},
+    "batch64": {"batch_size": 64},
+    "deep256x3": {"hidden_layer_sizes": (256, 256, 256)},
+    "512x512": {"hidden_layer_sizes": (512, 512)},
+    "256x128x128": {"hidden_layer_sizes": (256, 128, 128)},
+}
+
+
+def _variant(spec: str) -> dict[str, Any]:
+    """A named variant, or key=value pairs joined by '+' (e.g. alpha=1e-3+batch_size=64)."""
+    if spec in VARIANTS:
+        return VARIANTS[spec]
+    params: dict[str, Any] = {}
+    for pair in spec.split("+"):
+        key, value = pair.split("=")
+        if key == "hidden_layer_sizes":
+            params[key] = tuple(int(v) for v in value.split("x"))
+        else:
+            params[key] = float(value) if "." in value or "e" in value else int(value)
+    return params
+
+
+def _interpolations(X: np.ndarray, factor: float) -> np.ndarray:
+    """``factor`` x len(X) new inputs, each a random point on the segment from a random row
+    to one of its 5 nearest rows (input space)."""
+    from sklearn.neighbors import NearestNeighbors
+
+    rng = np.random.RandomState(2)
+    n_new = round(factor * len(X))
+    near = NearestNeighbors(n_neighbors=6).fit(X).kneighbors(X, return_distance=False)[:, 1:]
+    rows = rng.randint(len(X), size=n_new)
+    partners = near[rows, rng.randint(near.shape[1], size=n_new)]
+    weights = rng.uniform(0, 1, size=(n_new, 1)).astype(np.float32)
+    return X[rows] + weights * (X[partners] - X[rows])
+
+
+def students(name: str, args: argparse.Namespace) -> None:
+    data = _load(name)
+    X_train, _, X_test, y_test = load_set(name, 0, args.data)
+    X_train = np.asarray(X_train, dtype=np.float32)
+    X_fit = X_train[data["fitted"]]
+    X_sel = X_train[data["holdout"]]
+    target = data["fit"]
+    # The compressor's own split of the fitted rows into validation and training.
+    _, validation, train = _split(len(X_fit), None, 0.1, np.random.RandomState(0))
+    print(f"### {name}\n")
+    print(
+        "| variant | weights | epochs | s | selection R^2 | selection 10-NN | test R^2 "
+        "| test 10-NN | test NMI exact / fast / gap |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    nmi_exact = kmeans_nmi(data["test"], y_test, 0)
+    teacher = None
+    for spec in args.variants.split(","):
+        params = _variant(spec)
+        augment = params.pop("augment", 0)
+        model = CompressiveMBN(random_state=0, **params)
+        X_student, Y_student, label_seconds = X_fit[train], target[train], 0.0
+        if augment:
+            if teacher is None:
+                teacher = TrainingParams.from_dict({"random_state": 0}).estimator()
+                teacher.fit(X_fit)
+            X_extra = _interpolations(X_fit[train], augment)
+            started = time.perf_counter()
+            Y_extra = _embed(teacher, X_extra)
+            label_seconds = time.perf_counter() - started
+            X_student = np.concatenate([X_student, X_extra])
+            Y_student = np.concatenate([Y_student, Y_extra])
+        started = time.perf_counter()
+        scaler = _fit_input_scaler(X_fit[train], False)
+        mean = target[train].mean(axis=0)
+        scale = float(np.sqrt(np.mean((target[train] - mean) ** 2)))
+        mlp, epochs = model._fit_mlp(
+            scaler.transform(X_student),
+            ((Y_student - mean) / scale).astype(np.float32),
+            scaler.transform(X_fit[validation]),
+            ((target[validation] - mean) / scale).astype(np.float32),
+            np.random.RandomState(0),
+            None,
+        )
+        seconds = time.perf_counter() - started + label_seconds
+
+        def fast(X, mlp=mlp, scaler=scaler, mean=mean, scale=scale) -> np.ndarray:
+            out = _predict(mlp, scaler.transform(X), target.shape[1]) * scale + mean
+            return np.asarray(out, dtype=np.float64)
+
+        sel, tst = fast(X_sel), fast(X_test)
+        weights = sum(w.size for w in mlp.coefs_)
+        nmi_fast = kmeans_nmi(tst, y_test, 0)
+        print(
+            f"| {spec} | {weights} | {epochs} | {seconds:.1f} "
+            f"| {r2_score(data['selection'], sel, multioutput='variance_weighted'):.4f} "
+            f"| {knn_overlap(data['selection'], sel):.3f} "
+            f"| {r2_score(data['test'], tst, multioutput='variance_weighted'):.4f} "
+            f"| {knn_overlap(data['test'], tst):.3f} "
+            f"| {nmi_exact:.4f} / {nmi_fast:.4f} / {nmi_fast - nmi_exact:+.4f} |",
+            flush=True,
+        )
+    print()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=["cache", "calibrate", "students"])
+    parser.add_argument("--sets", default="digits")
+    parser.add_argument("--variants", default="base")
+    parser.add_argument(
+        "--no-calibration", action="store_true", help="cache: the seed-0 MBN's embeddings only"
+    )
+    parser.add_argument("--data", help="MNIST .npz (default: bench_data.load_mnist's search)")
+    args = parser.parse_args(argv)
+    print(f"`{command_line('bench_student.py', argv)}`\n")
+    run = {"cache": cache, "calibrate": calibrate, "students": students}[args.command]
+    for name in args.sets.split(","):
+        run(name, args)
+
+
+if __name__ == "__main__":
+    main()
