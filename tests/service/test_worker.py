@@ -98,7 +98,9 @@ def test_a_stand_alone_worker_promotes_through_the_alias_file(setup: Setup, digi
     job = setup.submit(digits[0][:300], TINY_PARAMS, promote=True)
     done = setup.wait_status(job, {"succeeded", "failed"})
     assert done.status == "succeeded" and done.promote, done.error
-    assert aliases.read() == Aliases(done.model_id, "promoted", {"test": str(done.model_id)})
+    # The worker promotes after recording the job as succeeded, on its own thread.
+    promoted = Aliases(done.model_id, "promoted", {"test": str(done.model_id)})
+    wait_for(lambda: aliases.read() == promoted, 30, "the worker to promote the model")
 
 
 def test_cancel_stops_training_promptly(setup: Setup, digits: Digits) -> None:
