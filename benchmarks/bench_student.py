@@ -37,8 +37,16 @@ import numpy as np
 from bench_fidelity import kmeans_nmi, load_set
 from bench_report import command_line
 from sklearn.metrics import r2_score
+from sklearn.neighbors import NearestNeighbors
 
-from mbn_core.compress import CompressiveMBN, _fit_input_scaler, _predict, _split, knn_overlap
+from mbn_core.compress import (
+    CompressiveMBN,
+    _fit_input_scaler,
+    _predict,
+    _split,
+    knn_overlap,
+    target_scaling,
+)
 from mbn_core.training import TrainingParams
 
 OUT = Path(__file__).parent / "out"
@@ -120,8 +128,6 @@ def calibrate(name: str, args: argparse.Namespace) -> None:
         )
     _, first = np.unique(test, axis=0, return_index=True)
     duplicated = 1 - len(first) / len(test)
-    from sklearn.neighbors import NearestNeighbors
-
     distances, _ = NearestNeighbors(n_neighbors=12).fit(test).kneighbors(test)
     # distances[:, 0] is the row itself; column 10 is the 10th neighbour, 11 the 11th.
     ties = np.mean(np.isclose(distances[:, 10], distances[:, 11], rtol=1e-9, atol=0))
@@ -129,7 +135,7 @@ def calibrate(name: str, args: argparse.Namespace) -> None:
         f"\nrows whose exact embedding equals another row's: {duplicated:.4f}; "
         f"rows with a tie between the 10th and 11th neighbour: {ties:.4f}; "
         f"median distance to the 10th neighbour / embedding rms: "
-        f"{np.median(distances[:, 10]) / np.sqrt(np.mean((test - test.mean(0)) ** 2)):.4f}\n"
+        f"{np.median(distances[:, 10]) / spread:.4f}\n"
     )
 
 
@@ -164,8 +170,6 @@ def _variant(spec: str) -> dict[str, Any]:
 def _interpolations(X: np.ndarray, factor: float) -> np.ndarray:
     """``factor`` x len(X) new inputs, each a random point on the segment from a random row
     to one of its 5 nearest rows (input space)."""
-    from sklearn.neighbors import NearestNeighbors
-
     rng = np.random.RandomState(2)
     n_new = round(factor * len(X))
     near = NearestNeighbors(n_neighbors=6).fit(X).kneighbors(X, return_distance=False)[:, 1:]
@@ -209,8 +213,7 @@ def students(name: str, args: argparse.Namespace) -> None:
             Y_student = np.concatenate([Y_student, Y_extra])
         started = time.perf_counter()
         scaler = _fit_input_scaler(X_fit[train], False)
-        mean = target[train].mean(axis=0)
-        scale = float(np.sqrt(np.mean((target[train] - mean) ** 2)))
+        mean, scale = target_scaling(target[train])
         mlp, epochs = model._fit_mlp(
             scaler.transform(X_student),
             ((Y_student - mean) / scale).astype(np.float32),

@@ -407,11 +407,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         started = time.perf_counter()
         sparse = sp.issparse(X_fitted)
         scaler = _fit_input_scaler(X_fitted[train], sparse)
-        target_mean = embedding[train].mean(axis=0)
-        # One spread for every dimension: the MLP's loss stays the squared error of the
-        # embedding itself, instead of inflating the PCA's weak trailing dimensions.
-        spread = float(np.sqrt(np.mean((embedding[train] - target_mean) ** 2)))
-        target_scale = np.full_like(target_mean, spread if spread > 0 else 1.0)
+        target_mean, target_scale = target_scaling(embedding[train])
         mlp, n_epochs = self._fit_mlp(
             scaler.transform(X_fitted[train]),
             ((embedding[train] - target_mean) / target_scale).astype(np.float32),
@@ -790,6 +786,17 @@ class _Parts:
         """The MLP's embedding of X, as ``CompressiveMBN.transform`` computes it."""
         scaled = _predict(self.mlp, self.scaler.transform(X), len(self.target_mean))
         return scaled * self.target_scale + self.target_mean
+
+
+def target_scaling(targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and per-dimension scale the MLP's targets are standardised with.
+
+    One spread for every dimension: the MLP's loss stays the squared error of the embedding
+    itself, instead of inflating the PCA's weak trailing dimensions.
+    """
+    mean = targets.mean(axis=0)
+    spread = float(np.sqrt(np.mean((targets - mean) ** 2)))
+    return mean, np.full_like(mean, spread if spread > 0 else 1.0)
 
 
 def _fit_input_scaler(X, sparse: bool) -> StandardScaler:
