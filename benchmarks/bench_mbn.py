@@ -4,6 +4,7 @@
     python benchmarks/bench_mbn.py paper [--datasets mnist5k digits wine] [--seeds N]
     python benchmarks/bench_mbn.py speed [--repeats N]
     python benchmarks/bench_mbn.py scale [--sizes 5000 20000 70000] [--k-max 8000]
+    python benchmarks/bench_mbn.py restarts [--datasets moons circles ...] [--seeds 15] [--group 5]
 
 ``quality`` (issue 17) compares MBN's old and new defaults with UMAP and PCA on small,
 low-dimensional and tabular data and MNIST: every method embeds into c dimensions (c = number
@@ -11,6 +12,10 @@ of classes), k-means with c clusters keeps the lowest inertia of 20 runs, NMI ag
 labels, mean and standard deviation over seeds (the methods' random_state; MNIST: a 5,000-image
 subset per seed). Beside the NMI, the label-free report every model carries: trustworthiness
 and continuity (k = 10) of the embedding against the input, on up to 1,000 of its rows.
+
+``restarts`` asks whether a label-free score could choose among networks that differ only in
+their seed: per seed the NMI and the silhouette of k-means with c clusters on the embedding,
+their rank correlation, and the NMI of the best-silhouette network in each group of seeds.
 
 ``paper`` follows the papers' protocol (Table 7 of mbn-compressive): k-means run 50 times
 keeping the lowest inertia, PCA keeping 98% of the variance.
@@ -299,6 +304,42 @@ def speed(args) -> None:
     print(f"PCA and projection: {np.median(fit - bottom - upper):.1f} s (median)")
 
 
+def restarts(args) -> None:
+    from scipy.stats import spearmanr
+    from sklearn.metrics import silhouette_score
+
+    print(
+        f"MBN(n_classes=c, random_state=s), s = 0..{args.seeds - 1}; restarts in groups of "
+        f"{args.group}, keeping the best silhouette"
+    )
+    print()
+    print(
+        "| data | NMI, mean ± sd | Spearman(silhouette, NMI) | best silhouette per group | mean |"
+    )
+    print("|---|---|---|---|---|")
+    for name in args.datasets:
+        X, y = quality_data(name, 0)
+        c = len(np.unique(y))
+        nmi, silhouette = [], []
+        for seed in range(args.seeds):
+            Z = MBN(n_classes=c, random_state=seed).fit_transform(X)
+            labels = KMeans(c, n_init=20, random_state=0).fit_predict(Z)
+            nmi.append(normalized_mutual_info_score(y, labels))
+            silhouette.append(silhouette_score(Z, labels))
+            print(
+                f"{name} seed {seed}: NMI {nmi[-1]:.3f} silhouette {silhouette[-1]:.3f}",
+                file=sys.stderr,
+            )
+        groups = range(0, args.seeds - args.group + 1, args.group)
+        picks = [nmi[g + int(np.argmax(silhouette[g : g + args.group]))] for g in groups]
+        print(
+            f"| {name} | {np.mean(nmi):.3f} ± {np.std(nmi):.3f} | "
+            f"{spearmanr(silhouette, nmi)[0]:+.2f} | {', '.join(f'{p:.3f}' for p in picks)} | "
+            f"{np.mean(picks):.3f} |",
+            flush=True,
+        )
+
+
 def scale_one(n: int, k_max: int) -> dict:
     X, y = load_mnist()
     X, y = X[:n], y[:n]
@@ -353,6 +394,10 @@ def main() -> None:
     c = sub.add_parser("scale")
     c.add_argument("--sizes", nargs="+", type=int, default=[5000, 20000, 70000])
     c.add_argument("--k-max", type=int, default=8000)
+    r = sub.add_parser("restarts")
+    r.add_argument("--datasets", nargs="+", default=list(QUALITY_DATA))
+    r.add_argument("--seeds", type=int, default=15)
+    r.add_argument("--group", type=int, default=5)
     one = sub.add_parser("scale-one")
     one.add_argument("n", type=int)
     one.add_argument("k_max", type=int)
@@ -365,6 +410,8 @@ def main() -> None:
         speed(args)
     elif args.command == "scale":
         scale(args)
+    elif args.command == "restarts":
+        restarts(args)
     else:
         with threadpool_limits(limits=None):
             print(json.dumps(scale_one(args.n, args.k_max)))

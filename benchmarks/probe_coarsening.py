@@ -1,0 +1,118 @@
+"""Where MBN's coarse layers lose two moons (issue 17): a NumPy replica of the network, per layer.
+
+    python benchmarks/probe_coarsening.py [--data moons] [--seeds 0 1 2] [--delta 0.7]
+        [--orphans zero|random] [--projection pca|random-walk|njw]
+
+A small, slow copy of ``mbn_core.MBN`` (dense pairwise distances, one-hot products), so every
+layer's codes can be inspected and the two choices the product makes can be swapped:
+- ``--orphans``: the center of a point that shares no kept code with any center (the product
+  takes center 0, the lowest index of a tie at zero; ``random`` draws one);
+- ``--projection``: PCA of the codes (the product) or a spectral embedding of their
+  co-association matrix, random-walk or Ng-Jordan-Weiss normalised.
+Per seed and layer it prints k, the share of co-clustered pairs whose labels differ, the share
+of orphan (point, clustering) pairs, and the NMI of k-means (c clusters, 20 runs) on the
+c-dimensional projection of that layer's codes. Labels are read only to score.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import numpy as np
+import scipy.sparse as sp
+from bench_mbn import QUALITY_DATA
+from sklearn.cluster import KMeans
+from sklearn.decomposition import PCA
+from sklearn.metrics import normalized_mutual_info_score
+
+N_CLUSTERINGS = 400
+UPPER_FRACTION = 0.5
+
+
+def one_hot(codes: np.ndarray, k: int) -> sp.csr_matrix:
+    n, V = codes.shape
+    columns = (codes + np.arange(V) * k).ravel()
+    return sp.csr_matrix(
+        (np.ones(columns.size, np.float32), columns, np.arange(0, columns.size + 1, V)),
+        shape=(n, V * k),
+    )
+
+
+def layer_sizes(n: int, c: int, delta: float) -> list[int]:
+    ks = [round(0.5 * n)]
+    while (k := int(delta * ks[-1])) >= 1.5 * c:
+        ks.append(k)
+    return ks
+
+
+def network_codes(X, ks, orphans: str, rng) -> list[tuple[np.ndarray, float]]:
+    """Each layer's (n, V) codes and its share of orphan pairs; every input kept at the bottom
+    (the auto rule's choice on 2-D and 3-D manifolds)."""
+    n = X.shape[0]
+    codes = np.empty((n, N_CLUSTERINGS), np.int64)
+    for v in range(N_CLUSTERINGS):
+        W = X[rng.choice(n, ks[0], replace=False)]
+        codes[:, v] = ((X**2).sum(1)[:, None] - 2 * X @ W.T + (W**2).sum(1)).argmin(1)
+    layers = [(codes, 0.0)]
+    for k_prev, k in itertools.pairwise(ks):
+        H = one_hot(codes, k_prev)
+        codes, n_orphans = np.empty((n, N_CLUSTERINGS), np.int64), 0
+        for v in range(N_CLUSTERINGS):
+            centers = rng.choice(n, k, replace=False)
+            kept = rng.random_sample(H.shape[1]) < UPPER_FRACTION
+            shared = (H[:, kept] @ H[centers][:, kept].T).toarray()
+            codes[:, v] = shared.argmax(1)
+            orphan = shared.max(1) == 0
+            n_orphans += int(orphan.sum())
+            if orphans == "random":
+                codes[orphan, v] = rng.randint(k, size=int(orphan.sum()))
+        layers.append((codes, n_orphans / codes.size))
+    return layers
+
+
+def project(codes: np.ndarray, k: int, c: int, projection: str) -> np.ndarray:
+    H = one_hot(codes, k).toarray().astype(np.float64)
+    if projection == "pca":
+        return PCA(c).fit_transform(H)
+    K = H @ H.T / codes.shape[1]
+    degree = K.sum(1)
+    _, U = np.linalg.eigh(K / np.sqrt(np.outer(degree, degree)))
+    U = U[:, ::-1]
+    if projection == "random-walk":  # drop the constant vector
+        return U[:, 1 : c + 1] / np.sqrt(degree)[:, None]
+    U = U[:, :c]
+    return U / np.linalg.norm(U, axis=1, keepdims=True)
+
+
+def cross_label_share(codes: np.ndarray, k: int, y: np.ndarray) -> float:
+    """Share of (same code) pairs, over all clusterings, whose labels differ."""
+    per_code = (one_hot(codes, k).T @ sp.csr_matrix(np.eye(y.max() + 1)[y])).toarray()
+    return 1.0 - (per_code**2).sum() / (per_code.sum(1) ** 2).sum()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--data", default="moons", choices=list(QUALITY_DATA))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--delta", type=float, default=0.7)
+    parser.add_argument("--orphans", default="zero", choices=["zero", "random"])
+    parser.add_argument("--projection", default="pca", choices=["pca", "random-walk", "njw"])
+    args = parser.parse_args()
+    X, y = QUALITY_DATA[args.data]()
+    X, c = np.asarray(X, dtype=np.float64), len(np.unique(y))
+    ks = layer_sizes(len(X), c, args.delta)
+    print(f"{args.data}: layers {'-'.join(map(str, ks))}; cell: cross-label share / orphans / NMI")
+    for seed in args.seeds:
+        layers = network_codes(X, ks, args.orphans, np.random.RandomState(seed))
+        cells = []
+        for k, (codes, orphans) in zip(ks, layers, strict=True):
+            Z = project(codes, k, c, args.projection)
+            labels = KMeans(c, n_init=20, random_state=0).fit_predict(Z)
+            nmi = normalized_mutual_info_score(y, labels)
+            cells.append(f"k={k}: {cross_label_share(codes, k, y):.3f}/{orphans:.3f}/{nmi:.2f}")
+        print(f"seed {seed}: " + "  ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
