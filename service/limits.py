@@ -51,25 +51,6 @@ def lower_thread_priority(increment: int) -> None:
         log.debug("could not lower a pool thread's priority: %s", error)
 
 
-def make_thread_idle() -> None:
-    """Run the calling thread under SCHED_IDLE (the exact pool's initializer), after lowering
-    its nice value as for any pool thread.
-
-    Even 15 nice steps down, an exact computation kept its core until the scheduler's next
-    tick, so a fast request that woke behind it waited up to a slice: the fast path's p99
-    rose from under 1 ms to 5-16 ms while exact requests ran. Linux preempts a SCHED_IDLE
-    thread as soon as any normal thread wakes on its core, and counts such a core as free
-    when it places a waking thread, so exact work only gets the CPU that nothing else wants.
-    Switching one's own thread to SCHED_IDLE needs no privilege; where it is refused (not
-    Linux, a sandbox), the nice value still applies.
-    """
-    lower_thread_priority(EXACT_THREAD_NICENESS)
-    try:
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError) as error:
-        log.debug("could not run an exact pool thread under SCHED_IDLE: %s", error)
-
-
 class BodyLimitMiddleware:
     """413 for bodies over the limit: at once from Content-Length, or as soon as a streamed
     body passes it. ``upload_paths`` get the (larger) upload limit.
@@ -285,7 +266,8 @@ class ExactGate:
         self._pool = ThreadPoolExecutor(
             max_workers=limit,
             thread_name_prefix="mbn-exact",
-            initializer=make_thread_idle,
+            initializer=lower_thread_priority,
+            initargs=(EXACT_THREAD_NICENESS,),
         )
 
     @contextmanager
