@@ -1,7 +1,8 @@
 """Where MBN's coarse layers lose two moons (issue 17): a NumPy replica of the network, per layer.
 
     python benchmarks/probe_coarsening.py [--data moons] [--seeds 0 1 2] [--delta 0.7]
-        [--orphans zero|random] [--projection pca|random-walk|njw]
+        [--orphans zero|random] [--projection pca|random-walk|njw] [--layers N]
+        [--feature-fraction 1.0]
 
 A small, slow copy of ``mbn_core.MBN`` (dense pairwise distances, one-hot products), so every
 layer's codes can be inspected and the two choices the product makes can be swapped:
@@ -11,7 +12,9 @@ layer's codes can be inspected and the two choices the product makes can be swap
   co-association matrix, random-walk or Ng-Jordan-Weiss normalised.
 Per seed and layer it prints k, the share of co-clustered pairs whose labels differ, the share
 of orphan (point, clustering) pairs, and the NMI of k-means (c clusters, 20 runs) on the
-c-dimensional projection of that layer's codes. Labels are read only to score.
+c-dimensional projection of that layer's codes, then the mean NMI of each layer over the seeds.
+``--layers 1 --projection njw`` is spectral clustering on the bottom layer's co-association.
+Labels are read only to score.
 """
 
 from __future__ import annotations
@@ -46,14 +49,15 @@ def layer_sizes(n: int, c: int, delta: float) -> list[int]:
     return ks
 
 
-def network_codes(X, ks, orphans: str, rng) -> list[tuple[np.ndarray, float]]:
-    """Each layer's (n, V) codes and its share of orphan pairs; every input kept at the bottom
-    (the auto rule's choice on 2-D and 3-D manifolds)."""
-    n = X.shape[0]
+def network_codes(X, ks, fraction: float, orphans: str, rng) -> list[tuple[np.ndarray, float]]:
+    """Each layer's (n, V) codes and its share of orphan pairs; each bottom clustering keeps
+    ``fraction`` of the inputs (all of them is the auto rule's choice on 2-D and 3-D data)."""
+    n, d = X.shape
     codes = np.empty((n, N_CLUSTERINGS), np.int64)
     for v in range(N_CLUSTERINGS):
-        W = X[rng.choice(n, ks[0], replace=False)]
-        codes[:, v] = ((X**2).sum(1)[:, None] - 2 * X @ W.T + (W**2).sum(1)).argmin(1)
+        X_v = X[:, rng.choice(d, max(1, round(fraction * d)), replace=False)]
+        W = X_v[rng.choice(n, ks[0], replace=False)]
+        codes[:, v] = ((X_v**2).sum(1)[:, None] - 2 * X_v @ W.T + (W**2).sum(1)).argmin(1)
     layers = [(codes, 0.0)]
     for k_prev, k in itertools.pairwise(ks):
         H = one_hot(codes, k_prev)
@@ -98,20 +102,32 @@ def main() -> None:
     parser.add_argument("--delta", type=float, default=0.7)
     parser.add_argument("--orphans", default="zero", choices=["zero", "random"])
     parser.add_argument("--projection", default="pca", choices=["pca", "random-walk", "njw"])
+    parser.add_argument("--layers", type=int, help="stop after this many layers")
+    parser.add_argument("--feature-fraction", type=float, default=1.0)
     args = parser.parse_args()
     X, y = QUALITY_DATA[args.data]()
     X, c = np.asarray(X, dtype=np.float64), len(np.unique(y))
-    ks = layer_sizes(len(X), c, args.delta)
+    ks = layer_sizes(len(X), c, args.delta)[: args.layers]
     print(f"{args.data}: layers {'-'.join(map(str, ks))}; cell: cross-label share / orphans / NMI")
+    nmis = []
     for seed in args.seeds:
-        layers = network_codes(X, ks, args.orphans, np.random.RandomState(seed))
+        rng = np.random.RandomState(seed)
+        layers = network_codes(X, ks, args.feature_fraction, args.orphans, rng)
         cells = []
+        nmis.append([])
         for k, (codes, orphans) in zip(ks, layers, strict=True):
             Z = project(codes, k, c, args.projection)
             labels = KMeans(c, n_init=20, random_state=0).fit_predict(Z)
-            nmi = normalized_mutual_info_score(y, labels)
-            cells.append(f"k={k}: {cross_label_share(codes, k, y):.3f}/{orphans:.3f}/{nmi:.2f}")
+            nmis[-1].append(normalized_mutual_info_score(y, labels))
+            cells.append(
+                f"k={k}: {cross_label_share(codes, k, y):.3f}/{orphans:.3f}/{nmis[-1][-1]:.2f}"
+            )
         print(f"seed {seed}: " + "  ".join(cells), flush=True)
+    mean, sd = np.mean(nmis, axis=0), np.std(nmis, axis=0)
+    print(
+        "mean NMI: "
+        + "  ".join(f"k={k}: {m:.3f} ± {s:.3f}" for k, m, s in zip(ks, mean, sd, strict=True))
+    )
 
 
 if __name__ == "__main__":
