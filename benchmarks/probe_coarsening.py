@@ -2,7 +2,7 @@
 
     python benchmarks/probe_coarsening.py [--data moons] [--seeds 0 1 2] [--delta 0.7]
         [--orphans zero|random] [--projection pca|random-walk|njw] [--layers N]
-        [--feature-fraction 1.0]
+        [--feature-fraction 1.0] [--affinities]
 
 A small, slow copy of ``mbn_core.MBN`` (dense pairwise distances, one-hot products), so every
 layer's codes can be inspected and the two choices the product makes can be swapped:
@@ -14,6 +14,9 @@ Per seed and layer it prints k, the share of co-clustered pairs whose labels dif
 of orphan (point, clustering) pairs, and the NMI of k-means (c clusters, 20 runs) on the
 c-dimensional projection of that layer's codes, then the mean NMI of each layer over the seeds.
 ``--layers 1 --projection njw`` is spectral clustering on the bottom layer's co-association.
+``--affinities`` prints instead, per seed, the NMI of spectral clustering (Ng-Jordan-Weiss)
+on three co-association matrices: the bottom layer's, the top layer's, and their elementwise
+product (pairs that fall together both in the fine cells and in the coarse ones).
 Labels are read only to score.
 """
 
@@ -75,11 +78,13 @@ def network_codes(X, ks, fraction: float, orphans: str, rng) -> list[tuple[np.nd
     return layers
 
 
-def project(codes: np.ndarray, k: int, c: int, projection: str) -> np.ndarray:
-    H = one_hot(codes, k).toarray().astype(np.float64)
-    if projection == "pca":
-        return PCA(c).fit_transform(H)
-    K = H @ H.T / codes.shape[1]
+def co_association(codes: np.ndarray, k: int) -> np.ndarray:
+    """(n, n) share of the clusterings that put each pair of points together."""
+    H = one_hot(codes, k)
+    return (H @ H.T).toarray().astype(np.float64) / codes.shape[1]
+
+
+def spectral(K: np.ndarray, c: int, projection: str) -> np.ndarray:
     degree = K.sum(1)
     _, U = np.linalg.eigh(K / np.sqrt(np.outer(degree, degree)))
     U = U[:, ::-1]
@@ -87,6 +92,41 @@ def project(codes: np.ndarray, k: int, c: int, projection: str) -> np.ndarray:
         return U[:, 1 : c + 1] / np.sqrt(degree)[:, None]
     U = U[:, :c]
     return U / np.linalg.norm(U, axis=1, keepdims=True)
+
+
+def project(codes: np.ndarray, k: int, c: int, projection: str) -> np.ndarray:
+    if projection == "pca":
+        return PCA(c).fit_transform(one_hot(codes, k).toarray())
+    return spectral(co_association(codes, k), c, projection)
+
+
+def kmeans_nmi(Z: np.ndarray, y: np.ndarray, c: int) -> float:
+    return normalized_mutual_info_score(y, KMeans(c, n_init=20, random_state=0).fit_predict(Z))
+
+
+def compare_affinities(X, y, c, ks, args) -> None:
+    scores = []
+    for seed in args.seeds:
+        layers = network_codes(
+            X, ks, args.feature_fraction, args.orphans, np.random.RandomState(seed)
+        )
+        bottom, top = co_association(layers[0][0], ks[0]), co_association(layers[-1][0], ks[-1])
+        scores.append(
+            [kmeans_nmi(spectral(K, c, "njw"), y, c) for K in (bottom, top, bottom * top)]
+        )
+        print(
+            f"seed {seed}: bottom {scores[-1][0]:.3f}  top {scores[-1][1]:.3f}  "
+            f"product {scores[-1][2]:.3f}",
+            flush=True,
+        )
+    mean, sd = np.mean(scores, axis=0), np.std(scores, axis=0)
+    print(
+        "mean: "
+        + "  ".join(
+            f"{name} {m:.3f} ± {s:.3f}"
+            for name, m, s in zip(("bottom", "top", "product"), mean, sd, strict=True)
+        )
+    )
 
 
 def cross_label_share(codes: np.ndarray, k: int, y: np.ndarray) -> float:
@@ -104,10 +144,15 @@ def main() -> None:
     parser.add_argument("--projection", default="pca", choices=["pca", "random-walk", "njw"])
     parser.add_argument("--layers", type=int, help="stop after this many layers")
     parser.add_argument("--feature-fraction", type=float, default=1.0)
+    parser.add_argument("--affinities", action="store_true")
     args = parser.parse_args()
     X, y = QUALITY_DATA[args.data]()
     X, c = np.asarray(X, dtype=np.float64), len(np.unique(y))
     ks = layer_sizes(len(X), c, args.delta)[: args.layers]
+    if args.affinities:
+        print(f"{args.data}: layers {'-'.join(map(str, ks))}; NMI of spectral clustering")
+        compare_affinities(X, y, c, ks, args)
+        return
     print(f"{args.data}: layers {'-'.join(map(str, ks))}; cell: cross-label share / orphans / NMI")
     nmis = []
     for seed in args.seeds:
@@ -116,9 +161,7 @@ def main() -> None:
         cells = []
         nmis.append([])
         for k, (codes, orphans) in zip(ks, layers, strict=True):
-            Z = project(codes, k, c, args.projection)
-            labels = KMeans(c, n_init=20, random_state=0).fit_predict(Z)
-            nmis[-1].append(normalized_mutual_info_score(y, labels))
+            nmis[-1].append(kmeans_nmi(project(codes, k, c, args.projection), y, c))
             cells.append(
                 f"k={k}: {cross_label_share(codes, k, y):.3f}/{orphans:.3f}/{nmis[-1][-1]:.2f}"
             )
