@@ -16,7 +16,9 @@ c-dimensional projection of that layer's codes, then the mean NMI of each layer 
 ``--layers 1 --projection njw`` is spectral clustering on the bottom layer's co-association.
 ``--affinities`` prints instead, per seed, the NMI of spectral clustering (Ng-Jordan-Weiss)
 on three co-association matrices: the bottom layer's, the top layer's, and their elementwise
-product (pairs that fall together both in the fine cells and in the coarse ones).
+product (pairs that fall together both in the fine cells and in the coarse ones); beside each,
+in brackets, its label-free eigengap (c-th minus (c+1)-th eigenvalue of the normalised matrix:
+large when the affinity splits into c well-separated groups).
 Labels are read only to score.
 """
 
@@ -33,6 +35,7 @@ from sklearn.decomposition import PCA
 from sklearn.metrics import normalized_mutual_info_score
 
 N_CLUSTERINGS = 400
+AFFINITIES = ("bottom", "top", "product")
 UPPER_FRACTION = 0.5
 
 
@@ -85,13 +88,19 @@ def co_association(codes: np.ndarray, k: int) -> np.ndarray:
 
 
 def spectral(K: np.ndarray, c: int, projection: str) -> np.ndarray:
+    return _spectral(K, c, projection)[0]
+
+
+def _spectral(K: np.ndarray, c: int, projection: str) -> tuple[np.ndarray, float]:
+    """The embedding and the eigengap at c."""
     degree = K.sum(1)
-    _, U = np.linalg.eigh(K / np.sqrt(np.outer(degree, degree)))
-    U = U[:, ::-1]
+    values, U = np.linalg.eigh(K / np.sqrt(np.outer(degree, degree)))
+    values, U = values[::-1], U[:, ::-1]
+    gap = float(values[c - 1] - values[c])
     if projection == "random-walk":  # drop the constant vector
-        return U[:, 1 : c + 1] / np.sqrt(degree)[:, None]
+        return U[:, 1 : c + 1] / np.sqrt(degree)[:, None], gap
     U = U[:, :c]
-    return U / np.linalg.norm(U, axis=1, keepdims=True)
+    return U / np.linalg.norm(U, axis=1, keepdims=True), gap
 
 
 def project(codes: np.ndarray, k: int, c: int, projection: str) -> np.ndarray:
@@ -107,26 +116,19 @@ def kmeans_nmi(Z: np.ndarray, y: np.ndarray, c: int) -> float:
 def compare_affinities(X, y, c, ks, args) -> None:
     scores = []
     for seed in args.seeds:
-        layers = network_codes(
-            X, ks, args.feature_fraction, args.orphans, np.random.RandomState(seed)
-        )
+        rng = np.random.RandomState(seed)
+        layers = network_codes(X, ks, args.feature_fraction, args.orphans, rng)
         bottom, top = co_association(layers[0][0], ks[0]), co_association(layers[-1][0], ks[-1])
-        scores.append(
-            [kmeans_nmi(spectral(K, c, "njw"), y, c) for K in (bottom, top, bottom * top)]
-        )
-        print(
-            f"seed {seed}: bottom {scores[-1][0]:.3f}  top {scores[-1][1]:.3f}  "
-            f"product {scores[-1][2]:.3f}",
-            flush=True,
-        )
+        fits = [_spectral(K, c, "njw") for K in (bottom, top, bottom * top)]
+        scores.append([kmeans_nmi(Z, y, c) for Z, _ in fits])
+        cells = [
+            f"{name} {score:.3f} [{gap:.3f}]"
+            for name, score, (_, gap) in zip(AFFINITIES, scores[-1], fits, strict=True)
+        ]
+        print(f"seed {seed}: " + "  ".join(cells), flush=True)
     mean, sd = np.mean(scores, axis=0), np.std(scores, axis=0)
-    print(
-        "mean: "
-        + "  ".join(
-            f"{name} {m:.3f} ± {s:.3f}"
-            for name, m, s in zip(("bottom", "top", "product"), mean, sd, strict=True)
-        )
-    )
+    cells = [f"{n} {m:.3f} ± {s:.3f}" for n, m, s in zip(AFFINITIES, mean, sd, strict=True)]
+    print("mean: " + "  ".join(cells))
 
 
 def cross_label_share(codes: np.ndarray, k: int, y: np.ndarray) -> float:
