@@ -5,6 +5,7 @@
     python benchmarks/bench_mbn.py speed [--repeats N]
     python benchmarks/bench_mbn.py scale [--sizes 5000 20000 70000] [--k-max 8000]
     python benchmarks/bench_mbn.py restarts [--datasets moons circles ...] [--seeds 15] [--group 5]
+    python benchmarks/bench_mbn.py affinities [--datasets moons circles ...] [--seeds 3]
 
 ``quality`` (issue 17) compares MBN's old and new defaults with UMAP and PCA on small,
 low-dimensional and tabular data and MNIST: every method embeds into c dimensions (c = number
@@ -16,6 +17,11 @@ and continuity (k = 10) of the embedding against the input, on up to 1,000 of it
 ``restarts`` asks whether a label-free score could choose among networks that differ only in
 their seed: per seed the NMI and the silhouette of k-means with c clusters on the embedding,
 their rank correlation, and the NMI of the best-silhouette network in each group of seeds.
+
+``affinities`` (issue 17) clusters the same fitted networks three ways: k-means on the
+embedding (PCA of the top layer's codes), and spectral clustering (Ng-Jordan-Weiss) on the
+bottom layer's co-association and on its elementwise product with the top layer's (pairs that
+share fine cells and coarse clusters). Exploratory: not a product feature.
 
 ``paper`` follows the papers' protocol (Table 7 of mbn-compressive): k-means run 50 times
 keeping the lowest inertia, PCA keeping 98% of the variance.
@@ -340,6 +346,59 @@ def restarts(args) -> None:
         )
 
 
+def _one_hot(codes: np.ndarray, k: int):
+    import scipy.sparse as sp
+
+    n, V = codes.shape
+    columns = (codes.astype(np.int64) + np.arange(V) * k).ravel()
+    indptr = np.arange(0, columns.size + 1, V)
+    return sp.csr_matrix((np.ones(columns.size, np.float32), columns, indptr), shape=(n, V * k))
+
+
+def _spectral(K, c: int) -> np.ndarray:
+    """Ng-Jordan-Weiss: the c leading eigenvectors of D^-1/2 K D^-1/2, rows normalised."""
+    import scipy.sparse as sp
+    from scipy.sparse.linalg import eigsh
+
+    inverse_root = sp.diags(1.0 / np.sqrt(np.asarray(K.sum(1)).ravel()))
+    values, U = eigsh(inverse_root @ K @ inverse_root, k=c, which="LA", v0=np.ones(K.shape[0]))
+    U = U[:, np.argsort(-values)]
+    return U / np.linalg.norm(U, axis=1, keepdims=True)
+
+
+def affinities(args) -> None:
+    print(f"MBN(n_classes=c, random_state=s), s = 0..{args.seeds - 1}; NMI mean ± sd")
+    print()
+    print("| data | k-means on the embedding | spectral, bottom | spectral, bottom x top |")
+    print("|---|---|---|---|")
+    for name in args.datasets:
+        scores = []
+        for seed in range(args.seeds):
+            X, y = quality_data(name, seed)
+            c = len(np.unique(y))
+            model = MBN(n_classes=c, random_state=seed)
+            Z = model.fit_transform(X)
+            V = model.n_clusterings
+            bottom = _one_hot(model.encode(X, layer=0), model.ks_[0])
+            top = _one_hot(model.encode(X), model.ks_[-1])
+            K_bottom = (bottom @ bottom.T) / V
+            K_product = K_bottom.multiply((top @ top.T) / V).tocsr()
+            outputs = (Z, _spectral(K_bottom, c), _spectral(K_product, c))
+            scores.append([kmeans_nmi20(out, y, seed) for out in outputs])
+            print(
+                f"{name} seed {seed}: " + " ".join(f"{v:.4f}" for v in scores[-1]), file=sys.stderr
+            )
+        mean, sd = np.mean(scores, axis=0), np.std(scores, axis=0)
+        cells = " | ".join(f"{m:.3f} ± {s:.3f}" for m, s in zip(mean, sd, strict=True))
+        print(f"| {name} | {cells} |", flush=True)
+
+
+def kmeans_nmi20(Z: np.ndarray, y: np.ndarray, seed: int) -> float:
+    """The quality table's protocol: k-means with c clusters, lowest inertia of 20 runs."""
+    labels = KMeans(len(np.unique(y)), n_init=20, random_state=seed).fit_predict(Z)
+    return normalized_mutual_info_score(y, labels)
+
+
 def scale_one(n: int, k_max: int) -> dict:
     X, y = load_mnist()
     X, y = X[:n], y[:n]
@@ -398,6 +457,9 @@ def main() -> None:
     r.add_argument("--datasets", nargs="+", default=list(QUALITY_DATA))
     r.add_argument("--seeds", type=int, default=15)
     r.add_argument("--group", type=int, default=5)
+    a = sub.add_parser("affinities")
+    a.add_argument("--datasets", nargs="+", default=[*QUALITY_DATA, "mnist5k"])
+    a.add_argument("--seeds", type=int, default=3)
     one = sub.add_parser("scale-one")
     one.add_argument("n", type=int)
     one.add_argument("k_max", type=int)
@@ -412,6 +474,8 @@ def main() -> None:
         scale(args)
     elif args.command == "restarts":
         restarts(args)
+    elif args.command == "affinities":
+        affinities(args)
     else:
         with threadpool_limits(limits=None):
             print(json.dumps(scale_one(args.n, args.k_max)))
