@@ -38,7 +38,9 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+import scipy.sparse as sp
 from bench_data import load_mnist
+from scipy.sparse.linalg import eigsh
 from sklearn.cluster import KMeans
 from sklearn.datasets import (
     load_breast_cancer,
@@ -68,10 +70,16 @@ def mnist_subset(seed: int) -> tuple[np.ndarray, np.ndarray]:
     return X[rows], y[rows]
 
 
-def kmeans_nmi(Z: np.ndarray, y: np.ndarray, seed: int) -> float:
+def kmeans_nmi(Z: np.ndarray, y: np.ndarray, seed: int, n_init: int = 50) -> float:
+    """k-means with as many clusters as classes, lowest inertia of ``n_init`` runs (the
+    papers' 50; the quality table's 20), NMI against the labels."""
     n_classes = len(np.unique(y))
-    labels = KMeans(n_classes, n_init=50, random_state=seed).fit_predict(Z)
+    labels = KMeans(n_classes, n_init=n_init, random_state=seed).fit_predict(Z)
     return float(normalized_mutual_info_score(y, labels))
+
+
+def mean_sd(values) -> str:
+    return f"{np.mean(values):.3f} ± {np.std(values):.3f}"
 
 
 def embed_mbn(X, y, seed, **params):
@@ -238,8 +246,7 @@ def quality(args) -> None:
                 except ImportError:
                     break
                 seconds.append(time.perf_counter() - start)
-                labels = KMeans(c, n_init=20, random_state=seed).fit_predict(Z)
-                scores.append(normalized_mutual_info_score(y, labels))
+                scores.append(kmeans_nmi(Z, y, seed, n_init=20))
                 report = label_free(X, Z, seed)
                 trust.append(report["trustworthiness"])
                 cont.append(report["continuity"])
@@ -248,7 +255,7 @@ def quality(args) -> None:
                 cells.append("not installed")
                 continue
             cells.append(
-                f"{np.mean(scores):.3f} ± {np.std(scores):.3f} ({np.median(seconds):.1f} s; "
+                f"{mean_sd(scores)} ({np.median(seconds):.1f} s; "
                 f"{np.mean(trust):.3f} / {np.mean(cont):.3f})"
             )
         shape = runs[0][1].shape
@@ -339,31 +346,33 @@ def restarts(args) -> None:
         groups = range(0, args.seeds - args.group + 1, args.group)
         picks = [nmi[g + int(np.argmax(silhouette[g : g + args.group]))] for g in groups]
         print(
-            f"| {name} | {np.mean(nmi):.3f} ± {np.std(nmi):.3f} | "
+            f"| {name} | {mean_sd(nmi)} | "
             f"{spearmanr(silhouette, nmi)[0]:+.2f} | {', '.join(f'{p:.3f}' for p in picks)} | "
             f"{np.mean(picks):.3f} |",
             flush=True,
         )
 
 
-def _one_hot(codes: np.ndarray, k: int):
-    import scipy.sparse as sp
-
+def one_hot(codes: np.ndarray, k: int) -> sp.csr_matrix:
+    """(n, V * k) one-hot form of a layer's (n, V) codes with values in [0, k)."""
     n, V = codes.shape
     columns = (codes.astype(np.int64) + np.arange(V) * k).ravel()
     indptr = np.arange(0, columns.size + 1, V)
     return sp.csr_matrix((np.ones(columns.size, np.float32), columns, indptr), shape=(n, V * k))
 
 
-def _spectral(K, c: int) -> np.ndarray:
-    """Ng-Jordan-Weiss: the c leading eigenvectors of D^-1/2 K D^-1/2, rows normalised."""
-    import scipy.sparse as sp
-    from scipy.sparse.linalg import eigsh
-
-    inverse_root = sp.diags(1.0 / np.sqrt(np.asarray(K.sum(1)).ravel()))
-    values, U = eigsh(inverse_root @ K @ inverse_root, k=c, which="LA", v0=np.ones(K.shape[0]))
-    U = U[:, np.argsort(-values)]
-    return U / np.linalg.norm(U, axis=1, keepdims=True)
+def spectral_embedding(K, c: int) -> tuple[np.ndarray, float]:
+    """Ng-Jordan-Weiss: the c leading eigenvectors of D^-1/2 K D^-1/2, rows normalised, and
+    the eigengap at c. Dense K is solved whole; sparse K (thousands of rows) with ARPACK."""
+    inverse_root = 1.0 / np.sqrt(np.asarray(K.sum(1)).ravel())
+    if sp.issparse(K):
+        normalised = sp.diags(inverse_root) @ K @ sp.diags(inverse_root)
+        values, U = eigsh(normalised, k=c + 1, which="LA", v0=np.ones(K.shape[0]))
+    else:
+        values, U = np.linalg.eigh(K * np.outer(inverse_root, inverse_root))
+    order = np.argsort(-values)
+    values, U = values[order], U[:, order[:c]]
+    return U / np.linalg.norm(U, axis=1, keepdims=True), float(values[c - 1] - values[c])
 
 
 def affinities(args) -> None:
@@ -379,24 +388,17 @@ def affinities(args) -> None:
             model = MBN(n_classes=c, random_state=seed)
             Z = model.fit_transform(X)
             V = model.n_clusterings
-            bottom = _one_hot(model.encode(X, layer=0), model.ks_[0])
-            top = _one_hot(model.encode(X), model.ks_[-1])
+            bottom = one_hot(model.encode(X, layer=0), model.ks_[0])
+            top = one_hot(model.encode(X), model.ks_[-1])
             K_bottom = (bottom @ bottom.T) / V
             K_product = K_bottom.multiply((top @ top.T) / V).tocsr()
-            outputs = (Z, _spectral(K_bottom, c), _spectral(K_product, c))
-            scores.append([kmeans_nmi20(out, y, seed) for out in outputs])
+            outputs = (Z, spectral_embedding(K_bottom, c)[0], spectral_embedding(K_product, c)[0])
+            scores.append([kmeans_nmi(out, y, seed, n_init=20) for out in outputs])
             print(
                 f"{name} seed {seed}: " + " ".join(f"{v:.4f}" for v in scores[-1]), file=sys.stderr
             )
-        mean, sd = np.mean(scores, axis=0), np.std(scores, axis=0)
-        cells = " | ".join(f"{m:.3f} ± {s:.3f}" for m, s in zip(mean, sd, strict=True))
+        cells = " | ".join(mean_sd(column) for column in zip(*scores, strict=True))
         print(f"| {name} | {cells} |", flush=True)
-
-
-def kmeans_nmi20(Z: np.ndarray, y: np.ndarray, seed: int) -> float:
-    """The quality table's protocol: k-means with c clusters, lowest inertia of 20 runs."""
-    labels = KMeans(len(np.unique(y)), n_init=20, random_state=seed).fit_predict(Z)
-    return normalized_mutual_info_score(y, labels)
 
 
 def scale_one(n: int, k_max: int) -> dict:

@@ -1,7 +1,7 @@
 """Where MBN's coarse layers lose two moons (issue 17): a NumPy replica of the network, per layer.
 
     python benchmarks/probe_coarsening.py [--data moons] [--seeds 0 1 2] [--delta 0.7]
-        [--orphans zero|random] [--projection pca|random-walk|njw] [--layers N]
+        [--orphans zero|random] [--projection pca|njw] [--layers N]
         [--feature-fraction 1.0] [--affinities]
 
 A small, slow copy of ``mbn_core.MBN`` (dense pairwise distances, one-hot products), so every
@@ -9,7 +9,7 @@ layer's codes can be inspected and the two choices the product makes can be swap
 - ``--orphans``: the center of a point that shares no kept code with any center (the product
   takes center 0, the lowest index of a tie at zero; ``random`` draws one);
 - ``--projection``: PCA of the codes (the product) or a spectral embedding of their
-  co-association matrix, random-walk or Ng-Jordan-Weiss normalised.
+  co-association matrix (Ng-Jordan-Weiss).
 Per seed and layer it prints k, the share of co-clustered pairs whose labels differ, the share
 of orphan (point, clustering) pairs, and the NMI of k-means (c clusters, 20 runs) on the
 c-dimensional projection of that layer's codes, then the mean NMI of each layer over the seeds.
@@ -29,23 +29,12 @@ import itertools
 
 import numpy as np
 import scipy.sparse as sp
-from bench_mbn import QUALITY_DATA
-from sklearn.cluster import KMeans
+from bench_mbn import QUALITY_DATA, kmeans_nmi, one_hot, spectral_embedding
 from sklearn.decomposition import PCA
-from sklearn.metrics import normalized_mutual_info_score
 
 N_CLUSTERINGS = 400
 AFFINITIES = ("bottom", "top", "product")
 UPPER_FRACTION = 0.5
-
-
-def one_hot(codes: np.ndarray, k: int) -> sp.csr_matrix:
-    n, V = codes.shape
-    columns = (codes + np.arange(V) * k).ravel()
-    return sp.csr_matrix(
-        (np.ones(columns.size, np.float32), columns, np.arange(0, columns.size + 1, V)),
-        shape=(n, V * k),
-    )
 
 
 def layer_sizes(n: int, c: int, delta: float) -> list[int]:
@@ -87,30 +76,14 @@ def co_association(codes: np.ndarray, k: int) -> np.ndarray:
     return (H @ H.T).toarray().astype(np.float64) / codes.shape[1]
 
 
-def spectral(K: np.ndarray, c: int, projection: str) -> np.ndarray:
-    return _spectral(K, c, projection)[0]
-
-
-def _spectral(K: np.ndarray, c: int, projection: str) -> tuple[np.ndarray, float]:
-    """The embedding and the eigengap at c."""
-    degree = K.sum(1)
-    values, U = np.linalg.eigh(K / np.sqrt(np.outer(degree, degree)))
-    values, U = values[::-1], U[:, ::-1]
-    gap = float(values[c - 1] - values[c])
-    if projection == "random-walk":  # drop the constant vector
-        return U[:, 1 : c + 1] / np.sqrt(degree)[:, None], gap
-    U = U[:, :c]
-    return U / np.linalg.norm(U, axis=1, keepdims=True), gap
-
-
 def project(codes: np.ndarray, k: int, c: int, projection: str) -> np.ndarray:
     if projection == "pca":
         return PCA(c).fit_transform(one_hot(codes, k).toarray())
-    return spectral(co_association(codes, k), c, projection)
+    return spectral_embedding(co_association(codes, k), c)[0]
 
 
-def kmeans_nmi(Z: np.ndarray, y: np.ndarray, c: int) -> float:
-    return normalized_mutual_info_score(y, KMeans(c, n_init=20, random_state=0).fit_predict(Z))
+def score(Z: np.ndarray, y: np.ndarray) -> float:
+    return kmeans_nmi(Z, y, seed=0, n_init=20)
 
 
 def compare_affinities(X, y, c, ks, args) -> None:
@@ -119,8 +92,8 @@ def compare_affinities(X, y, c, ks, args) -> None:
         rng = np.random.RandomState(seed)
         layers = network_codes(X, ks, args.feature_fraction, args.orphans, rng)
         bottom, top = co_association(layers[0][0], ks[0]), co_association(layers[-1][0], ks[-1])
-        fits = [_spectral(K, c, "njw") for K in (bottom, top, bottom * top)]
-        scores.append([kmeans_nmi(Z, y, c) for Z, _ in fits])
+        fits = [spectral_embedding(K, c) for K in (bottom, top, bottom * top)]
+        scores.append([score(Z, y) for Z, _ in fits])
         cells = [
             f"{name} {score:.3f} [{gap:.3f}]"
             for name, score, (_, gap) in zip(AFFINITIES, scores[-1], fits, strict=True)
@@ -143,7 +116,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--delta", type=float, default=0.7)
     parser.add_argument("--orphans", default="zero", choices=["zero", "random"])
-    parser.add_argument("--projection", default="pca", choices=["pca", "random-walk", "njw"])
+    parser.add_argument("--projection", default="pca", choices=["pca", "njw"])
     parser.add_argument("--layers", type=int, help="stop after this many layers")
     parser.add_argument("--feature-fraction", type=float, default=1.0)
     parser.add_argument("--affinities", action="store_true")
@@ -163,7 +136,7 @@ def main() -> None:
         cells = []
         nmis.append([])
         for k, (codes, orphans) in zip(ks, layers, strict=True):
-            nmis[-1].append(kmeans_nmi(project(codes, k, c, args.projection), y, c))
+            nmis[-1].append(score(project(codes, k, c, args.projection), y))
             cells.append(
                 f"k={k}: {cross_label_share(codes, k, y):.3f}/{orphans:.3f}/{nmis[-1][-1]:.2f}"
             )
