@@ -201,6 +201,10 @@ def issue17_mbn_new(X, c, seed):
     return MBN(n_classes=c, random_state=seed).fit_transform(X)
 
 
+def issue17_mbn_spectral(X, c, seed):
+    return MBN(n_classes=c, output="spectral", random_state=seed).fit_transform(X)
+
+
 def issue17_umap(X, c, seed):
     import umap  # optional benchmark extra: pip install -e ".[bench]"
 
@@ -214,6 +218,7 @@ def issue17_pca(X, c, seed):
 QUALITY_METHODS: dict[str, Callable] = {
     "MBN, old defaults": issue17_mbn_old,
     "MBN, new defaults": issue17_mbn_new,
+    "MBN, spectral output": issue17_mbn_spectral,
     "UMAP": issue17_umap,
     "PCA": issue17_pca,
 }

@@ -34,10 +34,17 @@ from mbn_core.layers import (
     with_ones_column,
 )
 from mbn_core.params import CheckedParams, check_int_items
+from mbn_core.spectral import (
+    MAX_COASSOCIATION_PAIRS,
+    SpectralTop,
+    expected_pairs,
+    fit_spectral,
+)
 
 ProgressCallback = Callable[[int, int, int], object]
 
 METRICS = ("euclidean", "cosine")
+OUTPUTS = ("pca", "spectral")
 # Requests of up to this many dense rows are encoded row by row over the stored centers
 # (``BottomLayer.codes_few``, ``UpperLayer.codes_few``); larger batches share GEMMs and
 # posting lists between their rows.
@@ -96,17 +103,6 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         the upper layers each of the V * k one-hot dimensions is chosen independently with
         probability a (the same in distribution for their thousands of dimensions, and it
         never has to be materialised).
-    k1 : int, float in (0, 1] or "auto", default="auto"
-        Centers per clustering in the bottom layer. "auto" is ``0.5 * n_samples``; a float is
-        that fraction of ``n_samples``. Capped by ``k_max``.
-    delta : float in (0, 1) or "auto", default="auto"
-        Each layer has ``floor(delta * k)`` centers, k being the layer below's. "auto" is
-        the smallest of 0.5, 0.7 and 0.9 whose second layer leaves at most 0.5% of the
-        points sharing no code with any of its centers (a point that shares nothing gets
-        an arbitrary code, which glues distant points together in every layer above). It
-        is measured on the bottom layer's codes of the training data, never on labels:
-        images and text keep the paper's 0.5, thin manifolds get more (see
-        ``mbn_core.auto``).
     n_classes : int, default=10
         Guessed number of classes c: layers stop before k < 1.5 c, and the default
         ``n_components`` is c.
@@ -118,6 +114,24 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
     metric : {"euclidean", "cosine"}, default="euclidean"
         Bottom-layer similarity: squared Euclidean distance, or cosine similarity on the
         chosen dimensions (for bag-of-words text). Upper layers always count shared codes.
+    output : {"pca", "spectral"}, default="pca"
+        How the top of the network becomes the embedding. "pca": PCA of the top layer's
+        one-hot codes (the paper). "spectral": the leading eigenvectors of the bottom x top
+        co-association (rows alike when they share fine bottom cells and coarse top
+        clusters), new rows placed by the Nystrom extension (see ``mbn_core.spectral``).
+        It keeps the training rows' codes, and refuses training sets whose co-association
+        would hold more than 20 million pairs (about 20,000 rows at k1 = n / 2).
+    k1 : int, float in (0, 1] or "auto", default="auto"
+        Centers per clustering in the bottom layer. "auto" is ``0.5 * n_samples``; a float is
+        that fraction of ``n_samples``. Capped by ``k_max``.
+    delta : float in (0, 1) or "auto", default="auto"
+        Each layer has ``floor(delta * k)`` centers, k being the layer below's. "auto" is
+        the smallest of 0.5, 0.7 and 0.9 whose second layer leaves at most 0.5% of the
+        points sharing no code with any of its centers (a point that shares nothing gets
+        an arbitrary code, which glues distant points together in every layer above). It
+        is measured on the bottom layer's codes of the training data, never on labels:
+        images and text keep the paper's 0.5, thin manifolds get more (see
+        ``mbn_core.auto``).
     shift_fraction : float in [0, 1), default=0.0
         Random reconstruction (r, arXiv version): for this fraction of each bottom
         clustering's chosen dimensions, the centers' values are shifted cyclically by one
@@ -145,8 +159,12 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         The fitted bottom layer.
     upper_layers_ : list of UpperLayer
         The fitted upper layers, lowest first.
-    explained_variance_ratio_ : ndarray of shape (n_components_,)
-        Variance of the top codes explained by each embedding dimension.
+    explained_variance_ratio_ : ndarray of shape (n_components_,) or None
+        Variance of the top codes explained by each embedding dimension (None with
+        ``output="spectral"``).
+    eigenvalues_ : ndarray of shape (n_components_,) or None
+        Eigenvalues of the normalised co-association behind each embedding dimension,
+        largest first (None with ``output="pca"``).
     n_features_in_ : int
         Number of input features.
 
@@ -174,6 +192,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         "ks": ["array-like", None],
         "k_max": [Interval(Integral, 2, None, closed="left"), None],
         "metric": [StrOptions(set(METRICS))],
+        "output": [StrOptions(set(OUTPUTS))],
         "shift_fraction": [Interval(Real, 0, 1, closed="left")],
         "random_state": ["random_state"],
         "n_jobs": [
@@ -195,6 +214,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         ks: Sequence[int] | None = None,
         k_max: int | None = None,
         metric: str = "euclidean",
+        output: str = "pca",
         shift_fraction: float = 0.0,
         random_state: int | np.random.RandomState | None = None,
         n_jobs: int | None = None,
@@ -209,6 +229,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         self.ks = ks
         self.k_max = k_max
         self.metric = metric
+        self.output = output
         self.shift_fraction = shift_fraction
         self.random_state = random_state
         self.n_jobs = n_jobs
@@ -285,6 +306,15 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 f"n_components={n_components} must be <= min(n_samples, n_clusterings * "
                 f"ks[-1]) = {min(n_samples, n_top)}"
             )
+        if self.output == "spectral":
+            pairs = expected_pairs(n_samples, self.n_clusterings, ks[0])
+            if pairs > MAX_COASSOCIATION_PAIRS:
+                raise ValueError(
+                    f'output="spectral" would store about {pairs:,} co-association pairs for '
+                    f"{n_samples} rows with k1={ks[0]} and n_clusterings={self.n_clusterings} "
+                    f'(the limit is {MAX_COASSOCIATION_PAIRS:,}); use output="pca", fewer '
+                    "rows, more bottom centers or fewer clusterings"
+                )
         rng = check_random_state(self.random_state)
         n_chosen = self._n_bottom_features(X, rng)
         n_threads = _effective_threads(self.n_jobs)
@@ -295,6 +325,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             bottom, codes, left_codes = self._fit_bottom(
                 X, ks[0], n_chosen, rng, runner, leave_self_out
             )
+            bottom_codes, bottom_left_codes = codes, left_codes
             delta = None
             if self.delta == "auto" and self.ks is None:
                 min_k = 1.5 * self.n_classes
@@ -312,9 +343,17 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                     codes, left_codes, ks[index - 1], k, rng, runner, index
                 )
                 upper.append(layer)
-            top = _fit_top(codes, ks[-1], n_components, rng)
-            embedding = _project(codes, top)
-            left_out = None if left_codes is None else _project(left_codes, top)
+            top: _Top | SpectralTop
+            if self.output == "spectral":
+                seed = rng.randint(np.iinfo(np.int32).max)
+                top, embedding = fit_spectral(bottom_codes, codes, ks[0], n_components, seed)
+                left_out = None
+                if left_codes is not None:
+                    left_out = top.embed(bottom_left_codes, left_codes, exclude_self=True)
+            else:
+                top = _fit_top(codes, ks[-1], n_components, rng)
+                embedding = _project(codes, top)
+                left_out = None if left_codes is None else _project(left_codes, top)
 
         self.ks_ = list(ks)
         if delta is None and self.ks is None:
@@ -324,8 +363,14 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         self.bottom_layer_ = bottom
         self.upper_layers_ = upper
         self.top_ = top
-        self.explained_variance_ratio_ = top.explained_variance_ratio
+        self._set_output_attributes()
         return embedding, left_out
+
+    def _set_output_attributes(self) -> None:
+        top = self.top_
+        spectral = isinstance(top, SpectralTop)
+        self.explained_variance_ratio_ = None if spectral else top.explained_variance_ratio
+        self.eigenvalues_ = top.eigenvalues if spectral else None
 
     def layer_sizes(self, n_samples: int, delta: float | None = None) -> list[int]:
         """Centers per layer that ``fit`` uses for ``n_samples`` training points.
@@ -451,6 +496,9 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         embedding : ndarray of shape (n_samples, n_components_), float64
         """
         check_is_fitted(self)
+        if isinstance(self.top_, SpectralTop):
+            bottom_codes, codes = self._encode_bottom_and_top(X)
+            return self.top_.embed(bottom_codes, codes)
         codes = self._encode(X, len(self.ks_))
         return _project(codes, self.top_)
 
@@ -475,6 +523,13 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         return self._encode(X, depth)
 
     def _encode(self, X, depth: int) -> np.ndarray:
+        return self._encode_layers(X, depth)[1]
+
+    def _encode_bottom_and_top(self, X) -> tuple[np.ndarray, np.ndarray]:
+        return self._encode_layers(X, len(self.ks_))
+
+    def _encode_layers(self, X, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        """The bottom layer's codes of X and those of layer ``depth - 1``."""
         check_is_fitted(self)
         X = validate_data(self, X, accept_sparse="csr", dtype=[np.float64, np.float32], reset=False)
         n_samples = X.shape[0]
@@ -482,9 +537,10 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         if n_samples <= FEW_ROWS and not sp.issparse(X) and bottom.few_rows_supported:
             # A request of a few rows: one pass over each layer's centers, on this thread.
             codes = bottom.codes_few(np.asarray(X, dtype=np.float32), input_row_norms(X))
+            bottom_codes = codes
             for layer in self.upper_layers_[: depth - 1]:
                 codes = layer.codes_few(codes)
-            return codes
+            return bottom_codes, codes
         n_threads = _effective_threads(self.n_jobs)
         X_work = _float32_input(X)
         with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_threads) as pool:
@@ -498,9 +554,10 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 n_samples,
                 smallest_uint(bottom.n_centers - 1),
             )
+            bottom_codes = codes
             for index, layer in enumerate(self.upper_layers_[: depth - 1], start=1):
                 codes = _encode_upper(codes, layer, runner, index)
-        return codes
+        return bottom_codes, codes
 
     # ------------------------------------------------------------------ helpers
 
@@ -819,9 +876,16 @@ def model_to_arrays(model: MBN) -> dict[str, np.ndarray]:
         arrays[f"layer{index}.center_codes"] = layer.center_codes
         arrays[f"layer{index}.seeds"] = layer.seeds
         arrays[f"layer{index}.feature_fraction"] = np.asarray(layer.feature_fraction)
-    arrays["top.table"] = model.top_.table
-    arrays["top.offset"] = model.top_.offset
-    arrays["top.explained_variance_ratio"] = model.top_.explained_variance_ratio
+    top = model.top_
+    if isinstance(top, SpectralTop):
+        arrays["spectral.bottom_codes"] = top.bottom_codes
+        arrays["spectral.top_codes"] = top.top_codes
+        arrays["spectral.basis"] = top.basis
+        arrays["spectral.eigenvalues"] = top.eigenvalues
+    else:
+        arrays["top.table"] = top.table
+        arrays["top.offset"] = top.offset
+        arrays["top.explained_variance_ratio"] = top.explained_variance_ratio
     return arrays
 
 
@@ -888,6 +952,20 @@ def model_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MBN:
             feature_fraction=float(get(f"layer{index}.feature_fraction")),
         )
         upper.append(layer)
+    top = (_spectral_top if model.output == "spectral" else _pca_top)(get, ks, V)
+    model.ks_ = ks
+    model.n_features_in_ = n_features
+    model.n_components_ = int(
+        top.eigenvalues.size if isinstance(top, SpectralTop) else top.table.shape[2]
+    )
+    model.bottom_layer_ = bottom
+    model.upper_layers_ = upper
+    model.top_ = top
+    model._set_output_attributes()
+    return model
+
+
+def _pca_top(get: Callable[[str], np.ndarray], ks: list[int], V: int) -> _Top:
     top = _Top(
         table=np.ascontiguousarray(get("top.table"), dtype=np.float64),
         offset=np.asarray(get("top.offset"), dtype=np.float64),
@@ -897,14 +975,32 @@ def model_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MBN:
         raise ValueError(f"model array 'top.table' has shape {top.table.shape}")
     if top.offset.shape != (top.table.shape[2],):
         raise ValueError(f"model array 'top.offset' has shape {top.offset.shape}")
-    model.ks_ = ks
-    model.n_features_in_ = n_features
-    model.n_components_ = int(top.table.shape[2])
-    model.bottom_layer_ = bottom
-    model.upper_layers_ = upper
-    model.top_ = top
-    model.explained_variance_ratio_ = top.explained_variance_ratio
-    return model
+    return top
+
+
+def _spectral_top(get: Callable[[str], np.ndarray], ks: list[int], V: int) -> SpectralTop:
+    bottom_codes = get("spectral.bottom_codes")
+    top_codes = get("spectral.top_codes")
+    basis = np.ascontiguousarray(get("spectral.basis"), dtype=np.float64)
+    eigenvalues = np.asarray(get("spectral.eigenvalues"), dtype=np.float64)
+    if bottom_codes.ndim != 2 or bottom_codes.shape[1] != V or bottom_codes.shape[0] < 2:
+        raise ValueError(f"model array 'spectral.bottom_codes' has shape {bottom_codes.shape}")
+    n_rows = bottom_codes.shape[0]
+    _expect_shape("spectral.top_codes", top_codes, (n_rows, V))
+    _expect_index("spectral.bottom_codes", bottom_codes, ks[0])
+    _expect_index("spectral.top_codes", top_codes, ks[-1])
+    if eigenvalues.ndim != 1 or eigenvalues.size < 1:
+        raise ValueError(f"model array 'spectral.eigenvalues' has shape {eigenvalues.shape}")
+    _expect_shape("spectral.basis", basis, (n_rows, eigenvalues.size))
+    if not (np.isfinite(basis).all() and np.isfinite(eigenvalues).all()):
+        raise ValueError("model arrays 'spectral.basis' and 'spectral.eigenvalues' must be finite")
+    return SpectralTop(
+        bottom_codes=bottom_codes,
+        top_codes=top_codes,
+        n_bottom_values=ks[0],
+        basis=basis,
+        eigenvalues=eigenvalues,
+    )
 
 
 def _expect_shape(name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:

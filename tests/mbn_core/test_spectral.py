@@ -1,0 +1,162 @@
+"""MBN's spectral output: the bottom x top co-association embedding and its Nystrom map."""
+
+import numpy as np
+import pytest
+from sklearn.cluster import KMeans
+from sklearn.datasets import load_digits, make_moons
+from sklearn.metrics import normalized_mutual_info_score
+
+from mbn_core import MBN, model_from_arrays, model_to_arrays
+from mbn_core.spectral import MAX_COASSOCIATION_PAIRS, fit_spectral, one_hot
+
+
+@pytest.fixture(scope="module")
+def digits():
+    X, y = load_digits(return_X_y=True)
+    return X[:500], y[:500], X[500:700], y[500:700]
+
+
+@pytest.fixture(scope="module")
+def fitted(digits):
+    X, _, _, _ = digits
+    model = MBN(n_clusterings=40, delta=0.5, output="spectral", random_state=0)
+    embedding, left_out = model.fit_transform_leave_self_out(X)
+    return model, embedding, left_out
+
+
+def _params(model: MBN) -> dict:
+    return {k: v for k, v in model.get_params().items() if k != "callback"}
+
+
+def test_training_rows_get_unit_rows_of_the_weighted_eigenvectors(digits, fitted):
+    model, embedding, _ = fitted
+    assert embedding.shape == (500, 10)
+    np.testing.assert_allclose(np.linalg.norm(embedding, axis=1), 1.0)
+    assert model.explained_variance_ratio_ is None
+    values = model.eigenvalues_
+    assert values.shape == (10,) and np.all(np.diff(values) <= 0)
+    # The normalised affinity's largest eigenvalue is 1 (its eigenvector is sqrt(degree)).
+    assert values[0] == pytest.approx(1.0, abs=1e-8)
+
+
+def test_affinity_is_the_product_of_shared_bottom_and_top_codes():
+    rng = np.random.default_rng(0)
+    bottom = rng.integers(0, 4, size=(30, 6)).astype(np.uint8)
+    top = rng.integers(0, 2, size=(30, 6)).astype(np.uint8)
+    spectral, embedding = fit_spectral(bottom, top, 4, 3, seed=0)
+    shared_bottom = (bottom[:, None, :] == bottom[None, :, :]).mean(axis=2)
+    shared_top = (top[:, None, :] == top[None, :, :]).mean(axis=2)
+    K = shared_bottom * shared_top
+    d = K.sum(axis=1)
+    values, vectors = np.linalg.eigh(K / np.sqrt(np.outer(d, d)))
+    np.testing.assert_allclose(spectral.eigenvalues, values[::-1][:3], atol=1e-10)
+    # Nystrom on the training rows reproduces their embedding.
+    expected = K @ spectral.basis
+    expected /= np.linalg.norm(expected, axis=1, keepdims=True)
+    np.testing.assert_allclose(embedding, expected, atol=1e-10)
+    assert one_hot(bottom, 4).shape == (30, 24)
+
+
+def test_transform_reproduces_fit_and_is_batch_independent(digits, fitted):
+    X, _, X_new, _ = digits
+    model, embedding, _ = fitted
+    np.testing.assert_array_equal(model.transform(X), embedding)
+    batch = model.transform(X_new)
+    singles = np.vstack([model.transform(X_new[i : i + 1]) for i in range(0, 200, 23)])
+    np.testing.assert_array_equal(singles, batch[::23])
+    np.testing.assert_allclose(np.linalg.norm(batch, axis=1), 1.0)
+
+
+def test_leave_self_out_rows_are_coded_as_new_rows(digits, fitted):
+    X, _, _, _ = digits
+    model, embedding, left_out = fitted
+    assert left_out.shape == embedding.shape and np.isfinite(left_out).all()
+    # Seen as new data, a training row moves, but stays near its in-sample place.
+    cosine = np.sum(left_out * embedding, axis=1)
+    assert not np.allclose(left_out, embedding)
+    assert np.median(cosine) > 0.8
+
+
+def test_new_rows_cluster_like_the_training_rows(digits, fitted):
+    X, y, X_new, y_new = digits
+    model, embedding, _ = fitted
+    kmeans = KMeans(10, n_init=10, random_state=0).fit(embedding)
+    assert normalized_mutual_info_score(y, kmeans.labels_) > 0.75
+    assert normalized_mutual_info_score(y_new, kmeans.predict(model.transform(X_new))) > 0.7
+
+
+def test_separates_the_two_moons():
+    X, y = make_moons(400, noise=0.06, random_state=7)
+    model = MBN(n_classes=2, n_clusterings=100, output="spectral", random_state=0)
+    labels = KMeans(2, n_init=10, random_state=0).fit_predict(model.fit_transform(X))
+    assert normalized_mutual_info_score(y, labels) > 0.9
+
+
+def test_arrays_round_trip_and_corruption_is_named(digits, fitted):
+    X, _, X_new, _ = digits
+    model, embedding, _ = fitted
+    arrays = model_to_arrays(model)
+    assert "top.table" not in arrays and "spectral.basis" in arrays
+    restored = model_from_arrays(arrays, _params(model))
+    np.testing.assert_array_equal(restored.transform(X_new), model.transform(X_new))
+    np.testing.assert_array_equal(restored.eigenvalues_, model.eigenvalues_)
+    with pytest.raises(ValueError, match="spectral.basis"):
+        model_from_arrays(dict(arrays, **{"spectral.basis": arrays["spectral.basis"][:, :3]}),
+                          _params(model))  # fmt: skip
+    bad_codes = arrays["spectral.top_codes"].astype(np.int64) + 1000
+    with pytest.raises(ValueError, match="spectral.top_codes"):
+        model_from_arrays(dict(arrays, **{"spectral.top_codes": bad_codes}), _params(model))
+    nan_basis = arrays["spectral.basis"].copy()
+    nan_basis[0, 0] = np.nan
+    with pytest.raises(ValueError, match="finite"):
+        model_from_arrays(dict(arrays, **{"spectral.basis": nan_basis}), _params(model))
+    # A PCA model's arrays do not load as a spectral one.
+    with pytest.raises(ValueError, match="spectral.bottom_codes"):
+        pca = MBN(n_clusterings=10, delta=0.5, random_state=0).fit(X[:100])
+        model_from_arrays(model_to_arrays(pca), dict(_params(pca), output="spectral"))
+
+
+def test_deterministic_for_a_seed(digits):
+    X, _, _, _ = digits
+    runs = [
+        MBN(n_clusterings=15, output="spectral", random_state=3).fit_transform(X[:300])
+        for _ in range(2)
+    ]
+    np.testing.assert_array_equal(*runs)
+
+
+@pytest.mark.parametrize(("n", "d"), [(10, 1), (12, 3), (40, 1), (60, 7)])
+def test_any_small_shape(n, d):
+    X = np.random.default_rng(n + d).normal(size=(n, d))
+    model = MBN(n_classes=2, n_clusterings=20, output="spectral", random_state=0)
+    Z = model.fit_transform(X)
+    assert Z.shape == (n, 2) and np.isfinite(Z).all()
+    assert np.isfinite(model.transform(X[:3] + 0.01)).all()
+
+
+def test_constant_and_duplicate_rows():
+    X = np.vstack([np.zeros((20, 3)), np.ones((5, 3))])
+    Z = MBN(n_classes=2, n_clusterings=10, output="spectral", random_state=0).fit_transform(X)
+    assert np.isfinite(Z).all()
+
+
+def test_too_large_a_coassociation_is_refused_before_fitting():
+    X = np.zeros((30, 2))
+    V = MAX_COASSOCIATION_PAIRS  # 30 rows x V clusterings x 15 rows per cell: far over
+    with pytest.raises(ValueError, match="co-association pairs"):
+        MBN(n_clusterings=V, output="spectral").fit(X)
+    with pytest.raises(ValueError, match="output"):
+        MBN(output="umap").fit(X)
+
+
+def test_a_row_sharing_no_top_cluster_falls_back_to_its_bottom_share():
+    rng = np.random.default_rng(1)
+    bottom = rng.integers(0, 3, size=(20, 4)).astype(np.uint8)
+    top = np.zeros((20, 4), dtype=np.uint8)
+    top[10:] = 1
+    spectral, _ = fit_spectral(bottom, top, 3, 2, seed=0)
+    lonely_top = np.full((1, 4), 2, dtype=np.uint8)  # a top code no training row has
+    Z = spectral.embed(bottom[:1], lonely_top)
+    shared_bottom = (bottom[:1] == bottom).mean(axis=1)
+    expected = shared_bottom @ spectral.basis
+    np.testing.assert_allclose(Z[0], expected / np.linalg.norm(expected), atol=1e-12)
