@@ -6,6 +6,7 @@
     python benchmarks/bench_mbn.py scale [--sizes 5000 20000 70000] [--k-max 8000]
     python benchmarks/bench_mbn.py restarts [--datasets moons circles ...] [--seeds 15] [--group 5]
     python benchmarks/bench_mbn.py affinities [--datasets moons circles ...] [--seeds 3]
+    python benchmarks/bench_mbn.py heldout [--datasets moons circles ...] [--seeds 3]
 
 ``quality`` (issue 17) compares MBN's old and new defaults with UMAP and PCA on small,
 low-dimensional and tabular data and MNIST: every method embeds into c dimensions (c = number
@@ -22,6 +23,11 @@ their rank correlation, and the NMI of the best-silhouette network in each group
 embedding (PCA of the top layer's codes), and spectral clustering (Ng-Jordan-Weiss) on the
 bottom layer's co-association and on its elementwise product with the top layer's (pairs that
 share fine cells and coarse clusters). Exploratory: not a product feature.
+
+``heldout`` (issue 17) measures what a user of the service gets: each method is fitted on a
+random 80% of the rows, k-means with c clusters (lowest inertia of 20 runs) on that embedding,
+and the held-out 20% are embedded by ``transform`` and assigned to the nearest centroid; NMI
+on the held-out rows only, with their trustworthiness / continuity (k = 10).
 
 ``paper`` follows the papers' protocol (Table 7 of mbn-compressive): k-means run 50 times
 keeping the lowest inertia, PCA keeping 98% of the variance.
@@ -267,6 +273,51 @@ def quality(args) -> None:
         print(f"| {name} | {shape[0]:,} x {shape[1]} | {' | '.join(cells)} |", flush=True)
 
 
+HELDOUT_METHODS: dict[str, Callable] = {
+    "MBN, PCA output": lambda c, seed: MBN(n_classes=c, random_state=seed),
+    "MBN, spectral output": lambda c, seed: MBN(n_classes=c, output="spectral", random_state=seed),
+    "UMAP": lambda c, seed: __import__("umap").UMAP(n_components=c, random_state=seed),
+    "PCA": lambda c, seed: PCA(n_components=c, random_state=seed),
+}
+
+
+def heldout(args) -> None:
+    print(
+        f"{args.seeds} seeds, 80/20 split per seed; cell: held-out NMI mean ± sd "
+        "(held-out trustworthiness / continuity, k = 10)"
+    )
+    print()
+    print(f"| data | {' | '.join(HELDOUT_METHODS)} |")
+    print(f"|---|{'---|' * len(HELDOUT_METHODS)}")
+    for name in args.datasets:
+        cells = []
+        for method, make in HELDOUT_METHODS.items():
+            scores, trust, cont = [], [], []
+            for seed in range(args.seeds):
+                X, y = quality_data(name, seed)
+                X = np.asarray(X, np.float32)
+                c = len(np.unique(y))
+                order = np.random.default_rng(seed).permutation(len(X))
+                fit_rows, new_rows = order[: int(0.8 * len(X))], order[int(0.8 * len(X)) :]
+                try:
+                    model = make(min(c, X.shape[1]) if method == "PCA" else c, seed)
+                except ImportError:
+                    break
+                kmeans = KMeans(c, n_init=20, random_state=seed)
+                kmeans.fit(model.fit_transform(X[fit_rows]))
+                Z_new = model.transform(X[new_rows])
+                scores.append(normalized_mutual_info_score(y[new_rows], kmeans.predict(Z_new)))
+                report = neighbourhood_scores(X[new_rows], Z_new, 10, "euclidean")
+                trust.append(report["trustworthiness"])
+                cont.append(report["continuity"])
+                print(f"{name} {method} seed {seed}: NMI {scores[-1]:.4f}", file=sys.stderr)
+            if not scores:
+                cells.append("not installed")
+                continue
+            cells.append(f"{mean_sd(scores)} ({np.mean(trust):.3f} / {np.mean(cont):.3f})")
+        print(f"| {name} | {' | '.join(cells)} |", flush=True)
+
+
 def bare_bottom_gemms(n: int, d_chosen: int, k: int, V: int) -> float:
     """Seconds for V float32 products of the bottom layer's shapes, default BLAS threads."""
     rng = np.random.default_rng(0)
@@ -467,6 +518,9 @@ def main() -> None:
     a = sub.add_parser("affinities")
     a.add_argument("--datasets", nargs="+", default=[*QUALITY_DATA, "mnist5k"])
     a.add_argument("--seeds", type=int, default=3)
+    h = sub.add_parser("heldout")
+    h.add_argument("--datasets", nargs="+", default=[*QUALITY_DATA, "mnist5k"])
+    h.add_argument("--seeds", type=int, default=3)
     one = sub.add_parser("scale-one")
     one.add_argument("n", type=int)
     one.add_argument("k_max", type=int)
@@ -483,6 +537,8 @@ def main() -> None:
         restarts(args)
     elif args.command == "affinities":
         affinities(args)
+    elif args.command == "heldout":
+        heldout(args)
     else:
         with threadpool_limits(limits=None):
             print(json.dumps(scale_one(args.n, args.k_max)))

@@ -368,9 +368,12 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
 
     def _set_output_attributes(self) -> None:
         top = self.top_
-        spectral = isinstance(top, SpectralTop)
-        self.explained_variance_ratio_ = None if spectral else top.explained_variance_ratio
-        self.eigenvalues_ = top.eigenvalues if spectral else None
+        self.explained_variance_ratio_: np.ndarray | None
+        self.eigenvalues_: np.ndarray | None
+        if isinstance(top, SpectralTop):
+            self.explained_variance_ratio_, self.eigenvalues_ = None, top.eigenvalues
+        else:
+            self.explained_variance_ratio_, self.eigenvalues_ = top.explained_variance_ratio, None
 
     def layer_sizes(self, n_samples: int, delta: float | None = None) -> list[int]:
         """Centers per layer that ``fit`` uses for ``n_samples`` training points.

@@ -48,7 +48,7 @@ def test_affinity_is_the_product_of_shared_bottom_and_top_codes():
     shared_top = (top[:, None, :] == top[None, :, :]).mean(axis=2)
     K = shared_bottom * shared_top
     d = K.sum(axis=1)
-    values, vectors = np.linalg.eigh(K / np.sqrt(np.outer(d, d)))
+    values = np.linalg.eigvalsh(K / np.sqrt(np.outer(d, d)))
     np.testing.assert_allclose(spectral.eigenvalues, values[::-1][:3], atol=1e-10)
     # Nystrom on the training rows reproduces their embedding.
     expected = K @ spectral.basis
@@ -67,9 +67,8 @@ def test_transform_reproduces_fit_and_is_batch_independent(digits, fitted):
     np.testing.assert_allclose(np.linalg.norm(batch, axis=1), 1.0)
 
 
-def test_leave_self_out_rows_are_coded_as_new_rows(digits, fitted):
-    X, _, _, _ = digits
-    model, embedding, left_out = fitted
+def test_leave_self_out_rows_are_coded_as_new_rows(fitted):
+    _, embedding, left_out = fitted
     assert left_out.shape == embedding.shape and np.isfinite(left_out).all()
     # Seen as new data, a training row moves, but stays near its in-sample place.
     cosine = np.sum(left_out * embedding, axis=1)
@@ -78,7 +77,7 @@ def test_leave_self_out_rows_are_coded_as_new_rows(digits, fitted):
 
 
 def test_new_rows_cluster_like_the_training_rows(digits, fitted):
-    X, y, X_new, y_new = digits
+    _, y, X_new, y_new = digits
     model, embedding, _ = fitted
     kmeans = KMeans(10, n_init=10, random_state=0).fit(embedding)
     assert normalized_mutual_info_score(y, kmeans.labels_) > 0.75
@@ -94,24 +93,24 @@ def test_separates_the_two_moons():
 
 def test_arrays_round_trip_and_corruption_is_named(digits, fitted):
     X, _, X_new, _ = digits
-    model, embedding, _ = fitted
+    model, _, _ = fitted
     arrays = model_to_arrays(model)
     assert "top.table" not in arrays and "spectral.basis" in arrays
     restored = model_from_arrays(arrays, _params(model))
     np.testing.assert_array_equal(restored.transform(X_new), model.transform(X_new))
     np.testing.assert_array_equal(restored.eigenvalues_, model.eigenvalues_)
-    with pytest.raises(ValueError, match="spectral.basis"):
+    with pytest.raises(ValueError, match=r"spectral.basis"):
         model_from_arrays(dict(arrays, **{"spectral.basis": arrays["spectral.basis"][:, :3]}),
                           _params(model))  # fmt: skip
     bad_codes = arrays["spectral.top_codes"].astype(np.int64) + 1000
-    with pytest.raises(ValueError, match="spectral.top_codes"):
+    with pytest.raises(ValueError, match=r"spectral.top_codes"):
         model_from_arrays(dict(arrays, **{"spectral.top_codes": bad_codes}), _params(model))
     nan_basis = arrays["spectral.basis"].copy()
     nan_basis[0, 0] = np.nan
     with pytest.raises(ValueError, match="finite"):
         model_from_arrays(dict(arrays, **{"spectral.basis": nan_basis}), _params(model))
     # A PCA model's arrays do not load as a spectral one.
-    with pytest.raises(ValueError, match="spectral.bottom_codes"):
+    with pytest.raises(ValueError, match=r"spectral.bottom_codes"):
         pca = MBN(n_clusterings=10, delta=0.5, random_state=0).fit(X[:100])
         model_from_arrays(model_to_arrays(pca), dict(_params(pca), output="spectral"))
 

@@ -267,3 +267,14 @@ def test_existing_bundle_is_refused_unless_overwrite(digits, tmp_path):
         train_bundle(X[:300], tmp_path / "m", name="m", params=SMALL)
     train_bundle(X[:300], tmp_path / "m", name="m2", params=SMALL, overwrite=True)
     assert load_bundle(tmp_path / "m").name == "m2"
+
+
+def test_spectral_output_trains_a_bundle_whose_exact_path_matches_the_estimator(digits, tmp_path):
+    X, _ = digits
+    params = {**SMALL, "output": "spectral", "n_clusters": None}
+    bundle = load_bundle(train_bundle(X[:400], tmp_path / "s", name="s", params=params))
+    assert bundle.manifest["training"]["params"]["output"] == "spectral"
+    exact = bundle.embed(X[400:420], mode="exact")
+    np.testing.assert_allclose(np.linalg.norm(exact, axis=1), 1.0)
+    fast = bundle.embed(X[400:420])
+    assert fast.shape == exact.shape and np.isfinite(fast).all()
