@@ -119,8 +119,10 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         one-hot codes (the paper). "spectral": the leading eigenvectors of the bottom x top
         co-association (rows alike when they share fine bottom cells and coarse top
         clusters), new rows placed by the Nystrom extension (see ``mbn_core.spectral``).
-        It keeps the training rows' codes, and refuses training sets whose co-association
-        would hold more than 20 million pairs (about 20,000 rows at k1 = n / 2).
+        It suits clustering more than maps: it separates thin manifolds (two moons) but
+        pulls each cluster together, which lowers continuity. It keeps the training rows'
+        codes, and refuses training sets whose co-association would hold more than 20
+        million pairs (about 25,000 rows at k1 = n / 2; 10,000 at k1 = 2,000).
     k1 : int, float in (0, 1] or "auto", default="auto"
         Centers per clustering in the bottom layer. "auto" is ``0.5 * n_samples``; a float is
         that fraction of ``n_samples``. Capped by ``k_max``.
