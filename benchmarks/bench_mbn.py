@@ -64,6 +64,7 @@ from threadpoolctl import threadpool_limits
 
 from mbn_core import MBN
 from mbn_core.quality import neighbourhood_scores
+from mbn_core.spectral import one_hot
 
 
 def mnist_subset(seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -235,6 +236,27 @@ def label_free(X: np.ndarray, Z: np.ndarray, seed: int) -> dict[str, float]:
     return neighbourhood_scores(X[rows], Z[rows], 10, "euclidean")
 
 
+class SeedScores:
+    """One method's NMI and label-free report (trustworthiness, continuity) over seeds."""
+
+    def __init__(self) -> None:
+        self.nmi: list[float] = []
+        self.trust: list[float] = []
+        self.cont: list[float] = []
+
+    def add(self, nmi: float, X: np.ndarray, Z: np.ndarray, seed: int) -> None:
+        self.nmi.append(nmi)
+        report = label_free(X, Z, seed)
+        self.trust.append(report["trustworthiness"])
+        self.cont.append(report["continuity"])
+
+    def cell(self, prefix: str = "") -> str:
+        if not self.nmi:
+            return "not installed"
+        report = f"{np.mean(self.trust):.3f} / {np.mean(self.cont):.3f}"
+        return f"{mean_sd(self.nmi)} ({prefix}{report})"
+
+
 def quality(args) -> None:
     methods = {name: QUALITY_METHODS[name] for name in args.methods}
     print(
@@ -248,7 +270,7 @@ def quality(args) -> None:
         runs = [(seed, *quality_data(name, seed)) for seed in range(args.seeds)]
         cells = []
         for method, embed in methods.items():
-            scores, seconds, trust, cont = [], [], [], []
+            scores, seconds = SeedScores(), []
             for seed, X, y in runs:
                 c = len(np.unique(y))
                 start = time.perf_counter()
@@ -257,18 +279,9 @@ def quality(args) -> None:
                 except ImportError:
                     break
                 seconds.append(time.perf_counter() - start)
-                scores.append(kmeans_nmi(Z, y, seed, n_init=20))
-                report = label_free(X, Z, seed)
-                trust.append(report["trustworthiness"])
-                cont.append(report["continuity"])
-                print(f"{name} {method} seed {seed}: NMI {scores[-1]:.4f}", file=sys.stderr)
-            if not scores:
-                cells.append("not installed")
-                continue
-            cells.append(
-                f"{mean_sd(scores)} ({np.median(seconds):.1f} s; "
-                f"{np.mean(trust):.3f} / {np.mean(cont):.3f})"
-            )
+                scores.add(kmeans_nmi(Z, y, seed, n_init=20), X, Z, seed)
+                print(f"{name} {method} seed {seed}: NMI {scores.nmi[-1]:.4f}", file=sys.stderr)
+            cells.append(scores.cell(f"{np.median(seconds):.1f} s; " if seconds else ""))
         shape = runs[0][1].shape
         print(f"| {name} | {shape[0]:,} x {shape[1]} | {' | '.join(cells)} |", flush=True)
 
@@ -292,7 +305,7 @@ def heldout(args) -> None:
     for name in args.datasets:
         cells = []
         for method, make in HELDOUT_METHODS.items():
-            scores, trust, cont = [], [], []
+            scores = SeedScores()
             for seed in range(args.seeds):
                 X, y = quality_data(name, seed)
                 X = np.asarray(X, np.float32)
@@ -306,15 +319,10 @@ def heldout(args) -> None:
                 kmeans = KMeans(c, n_init=20, random_state=seed)
                 kmeans.fit(model.fit_transform(X[fit_rows]))
                 Z_new = model.transform(X[new_rows])
-                scores.append(normalized_mutual_info_score(y[new_rows], kmeans.predict(Z_new)))
-                report = neighbourhood_scores(X[new_rows], Z_new, 10, "euclidean")
-                trust.append(report["trustworthiness"])
-                cont.append(report["continuity"])
-                print(f"{name} {method} seed {seed}: NMI {scores[-1]:.4f}", file=sys.stderr)
-            if not scores:
-                cells.append("not installed")
-                continue
-            cells.append(f"{mean_sd(scores)} ({np.mean(trust):.3f} / {np.mean(cont):.3f})")
+                nmi = normalized_mutual_info_score(y[new_rows], kmeans.predict(Z_new))
+                scores.add(nmi, X[new_rows], Z_new, seed)
+                print(f"{name} {method} seed {seed}: NMI {nmi:.4f}", file=sys.stderr)
+            cells.append(scores.cell())
         print(f"| {name} | {' | '.join(cells)} |", flush=True)
 
 
@@ -407,14 +415,6 @@ def restarts(args) -> None:
             f"{np.mean(picks):.3f} |",
             flush=True,
         )
-
-
-def one_hot(codes: np.ndarray, k: int) -> sp.csr_matrix:
-    """(n, V * k) one-hot form of a layer's (n, V) codes with values in [0, k)."""
-    n, V = codes.shape
-    columns = (codes.astype(np.int64) + np.arange(V) * k).ravel()
-    indptr = np.arange(0, columns.size + 1, V)
-    return sp.csr_matrix((np.ones(columns.size, np.float32), columns, indptr), shape=(n, V * k))
 
 
 def spectral_embedding(K, c: int) -> tuple[np.ndarray, float]:

@@ -39,6 +39,7 @@ from mbn_core.spectral import (
     SpectralTop,
     expected_pairs,
     fit_spectral,
+    one_hot,
 )
 
 ProgressCallback = Callable[[int, int, int], object]
@@ -76,6 +77,10 @@ class _Top:
     @property
     def nbytes(self) -> int:
         return self.table.nbytes + self.offset.nbytes
+
+    @property
+    def n_components(self) -> int:
+        return int(self.table.shape[2])
 
 
 class MBN(CheckedParams, TransformerMixin, BaseEstimator):
@@ -502,7 +507,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         """
         check_is_fitted(self)
         if isinstance(self.top_, SpectralTop):
-            bottom_codes, codes = self._encode_bottom_and_top(X)
+            bottom_codes, codes = self._encode_layers(X, len(self.ks_))
             return self.top_.embed(bottom_codes, codes)
         codes = self._encode(X, len(self.ks_))
         return _project(codes, self.top_)
@@ -529,9 +534,6 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
 
     def _encode(self, X, depth: int) -> np.ndarray:
         return self._encode_layers(X, depth)[1]
-
-    def _encode_bottom_and_top(self, X) -> tuple[np.ndarray, np.ndarray]:
-        return self._encode_layers(X, len(self.ks_))
 
     def _encode_layers(self, X, depth: int) -> tuple[np.ndarray, np.ndarray]:
         """The bottom layer's codes of X and those of layer ``depth - 1``."""
@@ -804,11 +806,7 @@ def _fit_top(codes: np.ndarray, n_values: int, n_components: int, rng) -> _Top:
     """PCA of the one-hot top codes, returned as a (V, k, n_components) lookup table."""
     n_samples, n_clusterings = codes.shape
     n_dims = n_clusterings * n_values
-    indices = (codes + np.arange(n_clusterings, dtype=np.int64) * n_values).ravel()
-    onehot = sp.csr_matrix(
-        (np.ones(indices.size), indices, np.arange(0, indices.size + 1, n_clusterings)),
-        shape=(n_samples, n_dims),
-    )
+    onehot = one_hot(codes, n_values, dtype=np.float64)
     seed = rng.randint(np.iinfo(np.int32).max)
     if n_samples * n_dims <= _DENSE_PCA_MAX_ENTRIES or n_components >= min(n_samples, n_dims):
         pca = PCA(n_components=n_components, svd_solver="full").fit(onehot.toarray())
@@ -960,9 +958,7 @@ def model_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MBN:
     top = (_spectral_top if model.output == "spectral" else _pca_top)(get, ks, V)
     model.ks_ = ks
     model.n_features_in_ = n_features
-    model.n_components_ = int(
-        top.eigenvalues.size if isinstance(top, SpectralTop) else top.table.shape[2]
-    )
+    model.n_components_ = top.n_components
     model.bottom_layer_ = bottom
     model.upper_layers_ = upper
     model.top_ = top

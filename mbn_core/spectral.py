@@ -52,13 +52,16 @@ class SpectralTop:
     n_bottom_values: int  # k1
     basis: np.ndarray  # (n, n_components) float64: D^-1/2 U
     eigenvalues: np.ndarray  # (n_components,) float64, largest first
-    _cells: sp.csr_matrix = field(init=False, repr=False, compare=False)
+    # (V * k1, n): the training rows in each bottom cell; derived from bottom_codes.
+    cells: sp.csr_matrix | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        # (V * k1, n): the training rows in each bottom cell.
-        object.__setattr__(
-            self, "_cells", one_hot(self.bottom_codes, self.n_bottom_values).T.tocsr()
-        )
+        if self.cells is None:
+            object.__setattr__(self, "cells", _cells(self.bottom_codes, self.n_bottom_values))
+
+    @property
+    def n_components(self) -> int:
+        return int(self.eigenvalues.size)
 
     @property
     def nbytes(self) -> int:
@@ -77,7 +80,8 @@ class SpectralTop:
         ``exclude_self``: the rows are the training rows (in order), coded as new rows
         (leave-self-out); each row's affinity to itself is dropped.
         """
-        affinity = _affinity(bottom_codes, top_codes, self._cells, self.top_codes, exclude_self)
+        assert self.cells is not None
+        affinity = _affinity(bottom_codes, top_codes, self.cells, self.top_codes, exclude_self)
         return _unit_rows(affinity @ self.basis)
 
 
@@ -90,7 +94,7 @@ def fit_spectral(
 ) -> tuple[SpectralTop, np.ndarray]:
     """The spectral output of the training rows' codes, and their embedding."""
     n_samples = bottom_codes.shape[0]
-    cells = one_hot(bottom_codes, n_bottom_values).T.tocsr()
+    cells = _cells(bottom_codes, n_bottom_values)
     affinity = _affinity(bottom_codes, top_codes, cells, top_codes, exclude_self=False)
     degrees = np.asarray(affinity.sum(axis=1)).ravel()  # >= 1: each row meets itself
     inverse_root = 1.0 / np.sqrt(degrees)
@@ -112,19 +116,25 @@ def fit_spectral(
         n_bottom_values=n_bottom_values,
         basis=vectors * inverse_root[:, None],
         eigenvalues=values.astype(np.float64),
+        cells=cells,
     )
-    return top, top.embed(bottom_codes, top_codes)
+    # The affinity ``embed`` would compute for these rows, already at hand.
+    return top, _unit_rows(affinity @ top.basis)
 
 
-def one_hot(codes: np.ndarray, n_values: int) -> sp.csr_matrix:
+def one_hot(codes: np.ndarray, n_values: int, dtype=np.float32) -> sp.csr_matrix:
     """(n, V * n_values) one-hot form of (n, V) codes."""
     n_rows, n_clusterings = codes.shape
     columns = (codes.astype(np.int64) + np.arange(n_clusterings) * n_values).ravel()
     indptr = np.arange(0, columns.size + 1, n_clusterings)
     return sp.csr_matrix(
-        (np.ones(columns.size, np.float32), columns, indptr),
+        (np.ones(columns.size, dtype), columns, indptr),
         shape=(n_rows, n_clusterings * n_values),
     )
+
+
+def _cells(bottom_codes: np.ndarray, n_values: int) -> sp.csr_matrix:
+    return one_hot(bottom_codes, n_values).T.tocsr()
 
 
 def _affinity(bottom_codes, top_codes, cells, train_top_codes, exclude_self: bool):
