@@ -33,6 +33,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 _PROGRESS_EVERY_SECONDS = 0.25
+DATA_REMOVED = "the job's training data was removed (the job was cancelled or deleted)"
 # What the forkserver imports once, before forking any training process.
 _PRELOAD = ["service.trainproc", "mbn_core.training"]
 
@@ -139,6 +140,11 @@ def _train(spec: TrainSpec, conn: Connection, stopped: Any) -> tuple[str, str]:
         log.error("job %s: %s", spec.job_id, exc.detail)
         return ("error", str(exc))
     except Exception as exc:  # becomes the job's error; the traceback goes to the log
+        if not Path(spec.data_path).exists():
+            # Cancelling or deleting a job removes its data, which can happen just as an
+            # attempt starts: an expected end, not a fault with a traceback.
+            log.info("job %s: its training data was removed; not training", spec.job_id)
+            return ("error", DATA_REMOVED)
         log.exception("job %s: training failed", spec.job_id)
         # Clients see the error: name their data, not where the server keeps it.
         message = str(exc).replace(spec.data_path, "the training data")

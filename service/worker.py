@@ -397,9 +397,11 @@ class Worker:
         return message
 
     def _fail(self, job: Job, error: str) -> None:
-        log.warning("job %s: failed: %s", job.id, error)
         if self.store.finish(job.id, self.worker_id, status="failed", error=error):
+            log.warning("job %s: failed: %s", job.id, error)
             self.files.remove(job.id)
+        else:  # cancelled, deleted or taken over meanwhile: its new owner decides
+            log.info("job %s: no longer ours, not marked failed (%s)", job.id, error)
 
     def _remove_earlier_attempts(self, job: Job) -> None:
         # An earlier attempt may have published its bundle and died before recording it.
