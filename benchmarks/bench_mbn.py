@@ -3,10 +3,10 @@
     python benchmarks/bench_mbn.py quality [--datasets digits iris ...] [--seeds N]
     python benchmarks/bench_mbn.py paper [--datasets mnist5k digits wine] [--seeds N]
     python benchmarks/bench_mbn.py speed [--repeats N]
-    python benchmarks/bench_mbn.py scale [--sizes 5000 20000 70000] [--k-max 8000]
+    python benchmarks/bench_mbn.py scale [--sizes 5000 20000 70000] [--k-max 8000] [--metric cosine]
     python benchmarks/bench_mbn.py restarts [--datasets moons circles ...] [--seeds 15] [--group 5]
     python benchmarks/bench_mbn.py affinities [--datasets moons circles ...] [--seeds 3]
-    python benchmarks/bench_mbn.py heldout [--datasets moons circles ...] [--seeds 3]
+    python benchmarks/bench_mbn.py heldout [--datasets moons ...] [--seeds 3] [--methods ...]
 
 ``quality`` (issue 17) compares MBN's old and new defaults with UMAP and PCA on small,
 low-dimensional and tabular data and MNIST: every method embeds into c dimensions (c = number
@@ -212,6 +212,10 @@ def issue17_mbn_spectral(X, c, seed):
     return MBN(n_classes=c, output="spectral", random_state=seed).fit_transform(X)
 
 
+def issue17_mbn_cosine(X, c, seed):
+    return MBN(n_classes=c, metric="cosine", random_state=seed).fit_transform(X)
+
+
 def issue17_umap(X, c, seed):
     import umap  # optional benchmark extra: pip install -e ".[bench]"
 
@@ -226,6 +230,7 @@ QUALITY_METHODS: dict[str, Callable] = {
     "MBN, old defaults": issue17_mbn_old,
     "MBN, new defaults": issue17_mbn_new,
     "MBN, spectral output": issue17_mbn_spectral,
+    "MBN, cosine": issue17_mbn_cosine,
     "UMAP": issue17_umap,
     "PCA": issue17_pca,
 }
@@ -289,6 +294,7 @@ def quality(args) -> None:
 HELDOUT_METHODS: dict[str, Callable] = {
     "MBN, PCA output": lambda c, seed: MBN(n_classes=c, random_state=seed),
     "MBN, spectral output": lambda c, seed: MBN(n_classes=c, output="spectral", random_state=seed),
+    "MBN, cosine": lambda c, seed: MBN(n_classes=c, metric="cosine", random_state=seed),
     "UMAP": lambda c, seed: __import__("umap").UMAP(n_components=c, random_state=seed),
     "PCA": lambda c, seed: PCA(n_components=c, random_state=seed),
 }
@@ -300,11 +306,12 @@ def heldout(args) -> None:
         "(held-out trustworthiness / continuity, k = 10)"
     )
     print()
-    print(f"| data | {' | '.join(HELDOUT_METHODS)} |")
-    print(f"|---|{'---|' * len(HELDOUT_METHODS)}")
+    methods = {name: HELDOUT_METHODS[name] for name in args.methods}
+    print(f"| data | {' | '.join(methods)} |")
+    print(f"|---|{'---|' * len(methods)}")
     for name in args.datasets:
         cells = []
-        for method, make in HELDOUT_METHODS.items():
+        for method, make in methods.items():
             scores = SeedScores()
             for seed in range(args.seeds):
                 X, y = quality_data(name, seed)
@@ -457,10 +464,10 @@ def affinities(args) -> None:
         print(f"| {name} | {cells} |", flush=True)
 
 
-def scale_one(n: int, k_max: int) -> dict:
+def scale_one(n: int, k_max: int, metric: str) -> dict:
     X, y = load_mnist()
     X, y = X[:n], y[:n]
-    model = MBN(k_max=k_max, random_state=0)
+    model = MBN(k_max=k_max, metric=metric, random_state=0)
     start = time.perf_counter()
     Z = model.fit_transform(X)
     fit = time.perf_counter() - start
@@ -475,13 +482,16 @@ def scale_one(n: int, k_max: int) -> dict:
 
 
 def scale(args) -> None:
-    print(f"MNIST first n images, defaults with k_max={args.k_max}, V=400, one process per size")
+    print(
+        f"MNIST first n images, defaults with k_max={args.k_max}, V=400, metric={args.metric}, "
+        "one process per size"
+    )
     print()
     print("| n | ks | fit | peak RSS | model size | NMI (k-means, 10 clusters) |")
     print("|---|---|---|---|---|---|")
     for n in args.sizes:
         out = subprocess.run(
-            [sys.executable, __file__, "scale-one", str(n), str(args.k_max)],
+            [sys.executable, __file__, "scale-one", str(n), str(args.k_max), args.metric],
             check=True,
             capture_output=True,
             text=True,
@@ -511,6 +521,7 @@ def main() -> None:
     c = sub.add_parser("scale")
     c.add_argument("--sizes", nargs="+", type=int, default=[5000, 20000, 70000])
     c.add_argument("--k-max", type=int, default=8000)
+    c.add_argument("--metric", choices=["euclidean", "cosine"], default="euclidean")
     r = sub.add_parser("restarts")
     r.add_argument("--datasets", nargs="+", default=list(QUALITY_DATA))
     r.add_argument("--seeds", type=int, default=15)
@@ -521,9 +532,11 @@ def main() -> None:
     h = sub.add_parser("heldout")
     h.add_argument("--datasets", nargs="+", default=[*QUALITY_DATA, "mnist5k"])
     h.add_argument("--seeds", type=int, default=3)
+    h.add_argument("--methods", nargs="+", default=list(HELDOUT_METHODS))
     one = sub.add_parser("scale-one")
     one.add_argument("n", type=int)
     one.add_argument("k_max", type=int)
+    one.add_argument("metric", choices=["euclidean", "cosine"])
     args = parser.parse_args()
     if args.command == "quality":
         quality(args)
@@ -541,7 +554,7 @@ def main() -> None:
         heldout(args)
     else:
         with threadpool_limits(limits=None):
-            print(json.dumps(scale_one(args.n, args.k_max)))
+            print(json.dumps(scale_one(args.n, args.k_max, args.metric)))
 
 
 if __name__ == "__main__":
