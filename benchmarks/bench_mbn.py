@@ -467,7 +467,14 @@ def affinities(args) -> None:
 def scale_one(n: int, k_max: int, metric: str) -> dict:
     X, y = load_mnist()
     X, y = X[:n], y[:n]
-    model = MBN(k_max=k_max, metric=metric, random_state=0)
+    layer_ends: list[float] = []
+
+    def on_progress(layer: int, done: int, total: int) -> bool:
+        if done == total:
+            layer_ends.append(time.perf_counter())
+        return False
+
+    model = MBN(k_max=k_max, metric=metric, random_state=0, callback=on_progress)
     start = time.perf_counter()
     Z = model.fit_transform(X)
     fit = time.perf_counter() - start
@@ -475,6 +482,7 @@ def scale_one(n: int, k_max: int, metric: str) -> dict:
         "n": n,
         "ks": model.ks_,
         "fit_s": fit,
+        "layer_s": np.diff([start, *layer_ends]).round(1).tolist(),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "model_mb": model.nbytes / 1e6,
         "nmi": kmeans_nmi(Z, y, 0),
@@ -487,7 +495,10 @@ def scale(args) -> None:
         "one process per size"
     )
     print()
-    print("| n | ks | fit | peak RSS | model size | NMI (k-means, 10 clusters) |")
+    print(
+        "| n | ks | fit (bottom layer / upper layers) | peak RSS | model size "
+        "| NMI (k-means, 10 clusters) |"
+    )
     print("|---|---|---|---|---|---|")
     for n in args.sizes:
         out = subprocess.run(
@@ -498,7 +509,8 @@ def scale(args) -> None:
         ).stdout
         r = json.loads(out.strip().splitlines()[-1])
         print(
-            f"| {r['n']:,} | {'-'.join(map(str, r['ks']))} | {r['fit_s']:.0f} s | "
+            f"| {r['n']:,} | {'-'.join(map(str, r['ks']))} | {r['fit_s']:.0f} s "
+            f"({r['layer_s'][0]:.0f} s / {sum(r['layer_s'][1:]):.0f} s) | "
             f"{r['peak_rss_mb']:.0f} MB | {r['model_mb']:.0f} MB | {r['nmi']:.4f} |",
             flush=True,
         )
