@@ -3,7 +3,7 @@
     python benchmarks/bench_mbn.py quality [--datasets digits iris ...] [--seeds N]
     python benchmarks/bench_mbn.py paper [--datasets mnist5k digits wine] [--seeds N]
     python benchmarks/bench_mbn.py speed [--repeats N]
-    python benchmarks/bench_mbn.py scale [--sizes 5000 20000 70000] [--k-max 8000] [--metric cosine]
+    python benchmarks/bench_mbn.py scale [--sizes 5000 ...] [--k-max N] [--metric cosine] [--seed 0]
     python benchmarks/bench_mbn.py restarts [--datasets moons circles ...] [--seeds 15] [--group 5]
     python benchmarks/bench_mbn.py affinities [--datasets moons circles ...] [--seeds 3]
     python benchmarks/bench_mbn.py heldout [--datasets moons ...] [--seeds 3] [--methods ...]
@@ -464,7 +464,7 @@ def affinities(args) -> None:
         print(f"| {name} | {cells} |", flush=True)
 
 
-def scale_one(n: int, k_max: int, metric: str) -> dict:
+def scale_one(n: int, k_max: int, metric: str, seed: int) -> dict:
     X, y = load_mnist()
     X, y = X[:n], y[:n]
     layer_ends: list[float] = []
@@ -474,7 +474,7 @@ def scale_one(n: int, k_max: int, metric: str) -> dict:
             layer_ends.append(time.perf_counter())
         return False
 
-    model = MBN(k_max=k_max, metric=metric, random_state=0, callback=on_progress)
+    model = MBN(k_max=k_max, metric=metric, random_state=seed, callback=on_progress)
     start = time.perf_counter()
     Z = model.fit_transform(X)
     fit = time.perf_counter() - start
@@ -485,14 +485,14 @@ def scale_one(n: int, k_max: int, metric: str) -> dict:
         "layer_s": np.diff([start, *layer_ends]).round(1).tolist(),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "model_mb": model.nbytes / 1e6,
-        "nmi": kmeans_nmi(Z, y, 0),
+        "nmi": kmeans_nmi(Z, y, seed),
     }
 
 
 def scale(args) -> None:
     print(
         f"MNIST first n images, defaults with k_max={args.k_max}, V=400, metric={args.metric}, "
-        "one process per size"
+        f"random_state={args.seed}, one process per size"
     )
     print()
     print(
@@ -502,7 +502,15 @@ def scale(args) -> None:
     print("|---|---|---|---|---|---|")
     for n in args.sizes:
         out = subprocess.run(
-            [sys.executable, __file__, "scale-one", str(n), str(args.k_max), args.metric],
+            [
+                sys.executable,
+                __file__,
+                "scale-one",
+                str(n),
+                str(args.k_max),
+                args.metric,
+                str(args.seed),
+            ],
             check=True,
             capture_output=True,
             text=True,
@@ -534,6 +542,7 @@ def main() -> None:
     c.add_argument("--sizes", nargs="+", type=int, default=[5000, 20000, 70000])
     c.add_argument("--k-max", type=int, default=8000)
     c.add_argument("--metric", choices=["euclidean", "cosine"], default="euclidean")
+    c.add_argument("--seed", type=int, default=0)
     r = sub.add_parser("restarts")
     r.add_argument("--datasets", nargs="+", default=list(QUALITY_DATA))
     r.add_argument("--seeds", type=int, default=15)
@@ -549,6 +558,7 @@ def main() -> None:
     one.add_argument("n", type=int)
     one.add_argument("k_max", type=int)
     one.add_argument("metric", choices=["euclidean", "cosine"])
+    one.add_argument("seed", type=int)
     args = parser.parse_args()
     if args.command == "quality":
         quality(args)
@@ -566,7 +576,7 @@ def main() -> None:
         heldout(args)
     else:
         with threadpool_limits(limits=None):
-            print(json.dumps(scale_one(args.n, args.k_max, args.metric)))
+            print(json.dumps(scale_one(args.n, args.k_max, args.metric, args.seed)))
 
 
 if __name__ == "__main__":
