@@ -7,6 +7,7 @@
     python benchmarks/bench_mbn.py restarts [--datasets moons circles ...] [--seeds 15] [--group 5]
     python benchmarks/bench_mbn.py affinities [--datasets moons circles ...] [--seeds 3]
     python benchmarks/bench_mbn.py heldout [--datasets moons ...] [--seeds 3] [--methods ...]
+    python benchmarks/bench_mbn.py cells [--seeds 3]
 
 ``quality`` (issue 17) compares MBN's old and new defaults with UMAP and PCA on small,
 low-dimensional and tabular data and MNIST: every method embeds into c dimensions (c = number
@@ -28,6 +29,10 @@ share fine cells and coarse clusters). Exploratory: not a product feature.
 random 80% of the rows, k-means with c clusters (lowest inertia of 20 runs) on that embedding,
 and the held-out 20% are embedded by ``transform`` and assigned to the nearest centroid; NMI
 on the held-out rows only, with their trustworthiness / continuity (k = 10).
+
+``cells`` (issue 17) asks why cosine similarity helps MNIST: for the bottom layer of each
+metric, how much of the rows' length (a digit's ink) still varies inside a cell, and how pure
+the cells' labels are (labels only describe the cells; they choose nothing).
 
 ``paper`` follows the papers' protocol (Table 7 of mbn-compressive): k-means run 50 times
 keeping the lowest inertia, PCA keeping 98% of the variance.
@@ -464,6 +469,45 @@ def affinities(args) -> None:
         print(f"| {name} | {cells} |", flush=True)
 
 
+# Every 20th bottom clustering: 20 of the 400 describe the layer well enough.
+CELL_STRIDE = 20
+
+
+def bottom_cells(args) -> None:
+    print(
+        "Bottom-layer cells of MBN(metric=m, random_state=s) on the MNIST 5k subsets, "
+        f"s = 0..{args.seeds - 1}, every {CELL_STRIDE}th clustering; mean ± sd over seeds"
+    )
+    print()
+    print("| metric | row-length variance left within cells | cell label purity | NMI |")
+    print("|---|---|---|---|")
+    for metric in ("euclidean", "cosine"):
+        rows = []
+        for seed in range(args.seeds):
+            X, y = mnist_subset(seed)
+            model = MBN(metric=metric, random_state=seed)
+            Z = model.fit_transform(X)
+            within, purity = cell_statistics(model.encode(X, layer=0)[:, ::CELL_STRIDE], X, y)
+            rows.append((within, purity, kmeans_nmi(Z, y, seed, n_init=20)))
+        cells = " | ".join(mean_sd(column) for column in zip(*rows, strict=True))
+        print(f"| {metric} | {cells} |", flush=True)
+
+
+def cell_statistics(codes: np.ndarray, X: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """How much of the rows' length (a digit's ink) varies inside a bottom cell, as a share of
+    its total variance, and the share of rows whose cell's majority label is their own."""
+    length = np.linalg.norm(np.asarray(X, np.float64), axis=1)
+    within, purity = [], []
+    for column in codes.T.astype(np.int64):
+        counts = np.bincount(column)
+        mean = np.bincount(column, weights=length) / np.maximum(counts, 1)
+        within.append(np.mean((length - mean[column]) ** 2) / length.var())
+        table = np.zeros((counts.size, int(y.max()) + 1))
+        np.add.at(table, (column, y), 1)
+        purity.append(table.max(axis=1).sum() / len(y))
+    return float(np.mean(within)), float(np.mean(purity))
+
+
 def scale_one(n: int, k_max: int, metric: str, seed: int) -> dict:
     X, y = load_mnist()
     X, y = X[:n], y[:n]
@@ -547,6 +591,8 @@ def main() -> None:
     r.add_argument("--datasets", nargs="+", default=list(QUALITY_DATA))
     r.add_argument("--seeds", type=int, default=15)
     r.add_argument("--group", type=int, default=5)
+    b = sub.add_parser("cells")
+    b.add_argument("--seeds", type=int, default=3)
     a = sub.add_parser("affinities")
     a.add_argument("--datasets", nargs="+", default=[*QUALITY_DATA, "mnist5k"])
     a.add_argument("--seeds", type=int, default=3)
@@ -570,6 +616,8 @@ def main() -> None:
         scale(args)
     elif args.command == "restarts":
         restarts(args)
+    elif args.command == "cells":
+        bottom_cells(args)
     elif args.command == "affinities":
         affinities(args)
     elif args.command == "heldout":
