@@ -997,7 +997,7 @@ def _spectral_top(get: Callable[[str], np.ndarray], ks: list[int], V: int) -> Sp
     _expect_shape("spectral.basis", basis, (n_rows, eigenvalues.size))
     if not (np.isfinite(basis).all() and np.isfinite(eigenvalues).all()):
         raise ValueError("model arrays 'spectral.basis' and 'spectral.eigenvalues' must be finite")
-    return SpectralTop(
+    return SpectralTop.restore(
         bottom_codes=bottom_codes,
         top_codes=top_codes,
         n_bottom_values=ks[0],

@@ -52,12 +52,21 @@ class SpectralTop:
     n_bottom_values: int  # k1
     basis: np.ndarray  # (n, n_components) float64: D^-1/2 U
     eigenvalues: np.ndarray  # (n_components,) float64, largest first
-    # (V * k1, n): the training rows in each bottom cell; derived from bottom_codes.
-    cells: sp.csr_matrix | None = field(default=None, repr=False, compare=False)
+    # (V * k1, n): the training rows in each bottom cell, from bottom_codes (see ``restore``).
+    cells: sp.csr_matrix = field(repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        if self.cells is None:
-            object.__setattr__(self, "cells", _cells(self.bottom_codes, self.n_bottom_values))
+    @classmethod
+    def restore(
+        cls,
+        bottom_codes: np.ndarray,
+        top_codes: np.ndarray,
+        n_bottom_values: int,
+        basis: np.ndarray,
+        eigenvalues: np.ndarray,
+    ) -> SpectralTop:
+        """The top of a stored model: its cells index is rebuilt from the bottom codes."""
+        cells = _cells(bottom_codes, n_bottom_values)
+        return cls(bottom_codes, top_codes, n_bottom_values, basis, eigenvalues, cells)
 
     @property
     def n_components(self) -> int:
@@ -80,7 +89,6 @@ class SpectralTop:
         ``exclude_self``: the rows are the training rows (in order), coded as new rows
         (leave-self-out); each row's affinity to itself is dropped.
         """
-        assert self.cells is not None
         affinity = _affinity(bottom_codes, top_codes, self.cells, self.top_codes, exclude_self)
         return _unit_rows(affinity @ self.basis)
 
