@@ -3,6 +3,7 @@
     python benchmarks/bench_student.py cache --sets digits,mnist-5k,mnist-10k
     python benchmarks/bench_student.py calibrate --sets digits,mnist-5k
     python benchmarks/bench_student.py students --sets digits,mnist-5k --variants base,alpha1e-3
+    python benchmarks/bench_student.py cache --sets mnist-5k --option 'metric="cosine"' --tag cosine
 
 ``cache`` fits, per set, the exact MBN as ``mbn train`` does (``TrainingParams()``'s
 estimator, seed 0) on the training rows but a held-out tenth (the selection rows, new to
@@ -19,16 +20,19 @@ whose exact embedding is duplicated, and the share of rows with a tie at the 10t
 ``students`` trains MLP variants (a name of ``VARIANTS`` or ``key=value`` pairs joined by
 ``+``, e.g. ``input_noise=0.6+max_epochs=100``; ``augment=F`` adds F x the training rows as
 random points between a row and one of its 5 nearest rows, labelled by the exact MBN, whose
-labelling seconds are counted in the student's), with ``CompressiveMBN``'s own input
-scaling, target scaling and epoch loop, on the cached targets and prints, per variant,
-R^2 and 10-NN overlap on the selection rows (what a variant is chosen by) and on the test
-rows, the k-means NMI gap on the test rows, the training seconds and the MLP's weights.
+labelling seconds are counted in the student's; ``unit_rows=1`` scales each input row to unit
+length first; ``seed=N`` seeds the MLP; ``none`` is None, e.g. ``input_components=none``),
+with ``CompressiveMBN``'s own input map, target scaling and epoch loop, on the cached
+targets and prints, per variant, R^2 and 10-NN overlap on the selection rows (what a variant
+is chosen by) and on the test rows, the k-means NMI gap on the test rows, the training
+seconds and the weights (projection included).
 ``calibrate`` also prints the overlap that isotropic Gaussian errors of a given R^2 leave.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -41,12 +45,12 @@ from sklearn.neighbors import NearestNeighbors
 
 from mbn_core.compress import (
     CompressiveMBN,
-    _fit_input_scaler,
     _predict,
     _split,
     knn_overlap,
     target_scaling,
 )
+from mbn_core.input_map import InputMap
 from mbn_core.training import TrainingParams
 
 OUT = Path(__file__).parent / "out"
@@ -67,7 +71,7 @@ def cache(name: str, args: argparse.Namespace) -> None:
     seconds = {}
     others = [] if args.no_calibration else [("_seed1", {"random_state": 1}), ("_v100", {"V": 100})]
     for label, extra in [("", {}), *others]:
-        values: dict[str, Any] = {"random_state": extra.get("random_state", 0)}
+        values: dict[str, Any] = {**args.option, "random_state": extra.get("random_state", 0)}
         mbn = TrainingParams.from_dict(values).estimator()
         if "V" in extra:
             mbn.set_params(n_clusterings=extra["V"])
@@ -88,16 +92,20 @@ def cache(name: str, args: argparse.Namespace) -> None:
     arrays["seconds_keys"] = np.asarray(list(seconds))
     arrays["seconds"] = np.asarray(list(seconds.values()))
     OUT.mkdir(exist_ok=True)
-    np.savez(OUT / f"student_{name}.npz", **arrays)
+    np.savez(_cache_path(name, args), **arrays)
 
 
-def _load(name: str) -> dict[str, np.ndarray]:
-    with np.load(OUT / f"student_{name}.npz") as stored:
+def _cache_path(name: str, args: argparse.Namespace) -> Path:
+    return OUT / f"student_{name}{'_' + args.tag if args.tag else ''}.npz"
+
+
+def _load(name: str, args: argparse.Namespace) -> dict[str, np.ndarray]:
+    with np.load(_cache_path(name, args)) as stored:
         return {key: stored[key] for key in stored.files}
 
 
 def calibrate(name: str, args: argparse.Namespace) -> None:
-    data = _load(name)
+    data = _load(name, args)
     test = data["test"]
     times = dict(zip(data["seconds_keys"], data["seconds"], strict=True))
     times = {str(key): round(float(value), 1) for key, value in times.items()}
@@ -160,11 +168,24 @@ def _variant(spec: str) -> dict[str, Any]:
     params: dict[str, Any] = {}
     for pair in spec.split("+"):
         key, value = pair.split("=")
-        if key == "hidden_layer_sizes":
+        if value == "none":
+            params[key] = None
+        elif key == "hidden_layer_sizes":
             params[key] = tuple(int(v) for v in value.split("x"))
         else:
             params[key] = float(value) if "." in value or "e" in value else int(value)
     return params
+
+
+def _unchanged(X: np.ndarray) -> np.ndarray:
+    return X
+
+
+def _unit_rows(X: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (zero rows stay zero): a cosine teacher cannot tell a row
+    from its multiples, so the student need not learn to."""
+    norms = np.linalg.norm(X, axis=1, keepdims=True)
+    return X / np.where(norms > 0, norms, 1)
 
 
 def _interpolations(X: np.ndarray, factor: float) -> np.ndarray:
@@ -180,7 +201,7 @@ def _interpolations(X: np.ndarray, factor: float) -> np.ndarray:
 
 
 def students(name: str, args: argparse.Namespace) -> None:
-    data = _load(name)
+    data = _load(name, args)
     X_train, _, X_test, y_test = load_set(name, 0, args.data)
     X_train = np.asarray(X_train, dtype=np.float32)
     X_fit = X_train[data["fitted"]]
@@ -199,7 +220,9 @@ def students(name: str, args: argparse.Namespace) -> None:
     for spec in args.variants.split(","):
         params = _variant(spec)
         augment = params.pop("augment", 0)
-        model = CompressiveMBN(random_state=0, **params)
+        prepare = _unit_rows if params.pop("unit_rows", 0) else _unchanged
+        seed = params.pop("seed", 0)  # the MLP's (the MBN's is the cache's)
+        model = CompressiveMBN(random_state=seed, **params)
         X_student, Y_student, label_seconds = X_fit[train], target[train], 0.0
         if augment:
             if teacher is None:
@@ -212,24 +235,25 @@ def students(name: str, args: argparse.Namespace) -> None:
             X_student = np.concatenate([X_student, X_extra])
             Y_student = np.concatenate([Y_student, Y_extra])
         started = time.perf_counter()
-        scaler = _fit_input_scaler(X_fit[train], False)
+        scaler = InputMap.fit(prepare(X_fit[train]), model.input_components)
         mean, scale = target_scaling(target[train])
         mlp, epochs = model._fit_mlp(
-            scaler.transform(X_student),
+            scaler.transform(prepare(X_student)),
             ((Y_student - mean) / scale).astype(np.float32),
-            scaler.transform(X_fit[validation]),
+            scaler.transform(prepare(X_fit[validation])),
             ((target[validation] - mean) / scale).astype(np.float32),
-            np.random.RandomState(0),
+            np.random.RandomState(seed),
             None,
         )
         seconds = time.perf_counter() - started + label_seconds
 
-        def fast(X, mlp=mlp, scaler=scaler, mean=mean, scale=scale) -> np.ndarray:
-            out = _predict(mlp, scaler.transform(X), target.shape[1]) * scale + mean
+        def fast(X, mlp=mlp, scaler=scaler, mean=mean, scale=scale, prepare=prepare):
+            out = _predict(mlp, scaler.transform(prepare(X)), target.shape[1]) * scale + mean
             return np.asarray(out, dtype=np.float64)
 
         sel, tst = fast(X_sel), fast(X_test)
-        weights = sum(w.size for w in mlp.coefs_)
+        projection = 0 if scaler.projection is None else scaler.projection.size
+        weights = sum(w.size for w in mlp.coefs_) + projection
         nmi_fast = kmeans_nmi(tst, y_test, 0)
         print(
             f"| {spec} | {weights} | {epochs} | {seconds:.1f} "
@@ -251,8 +275,19 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--no-calibration", action="store_true", help="cache: the seed-0 MBN's embeddings only"
     )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="cache: another training option of the MBN, e.g. --option 'metric=\"cosine\"'",
+    )
+    parser.add_argument("--tag", default="", help="suffix of the cache file, e.g. cosine")
     parser.add_argument("--data", help="MNIST .npz (default: bench_data.load_mnist's search)")
     args = parser.parse_args(argv)
+    args.option = {
+        key: json.loads(value) for key, _, value in (o.partition("=") for o in args.option)
+    }
     print(f"`{command_line('bench_student.py', argv)}`\n")
     run = {"cache": cache, "calibrate": calibrate, "students": students}[args.command]
     for name in args.sets.split(","):

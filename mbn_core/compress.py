@@ -37,12 +37,12 @@ from sklearn.metrics import normalized_mutual_info_score, r2_score
 from sklearn.model_selection import KFold
 from sklearn.neighbors import NearestNeighbors
 from sklearn.neural_network import MLPRegressor
-from sklearn.preprocessing import StandardScaler
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 from threadpoolctl import threadpool_limits
 
+from mbn_core.input_map import InputMap
 from mbn_core.network import MBN, TrainingStopped
 from mbn_core.params import CheckedParams, check_int_items
 from mbn_core.quality import quality_report
@@ -53,10 +53,6 @@ EpochCallback = Callable[[int, int, float], object]
 MODES = ("fast", "exact")
 TARGETS = ("in-sample", "leave-self-out")
 
-# A feature whose training spread is tiny (a pixel that is almost always blank) would be
-# blown up by a plain standard scaler on the rare test point where it is set; no feature is
-# scaled by less than this fraction of the typical (median) feature spread.
-_MIN_SCALE_FRACTION = 0.1
 # k-means restarts when fitting the clustering head ...
 _KMEANS_INIT = 10
 # ... and in the fidelity report, whose NMI gap between fast and exact should not be k-means
@@ -78,7 +74,8 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
 
     ``fit`` keeps a random ``holdout_fraction`` of the rows aside, trains the teacher (an
     MBN unless told otherwise, or uses a fitted one) on the others, then a scikit-learn
-    ``MLPRegressor`` from the standardised input to the teacher's embedding of them (centred
+    ``MLPRegressor`` from the input (standardised, or projected when it is wide: see
+    ``input_components``) to the teacher's embedding of them (centred
     and scaled by its overall spread, so the loss is the squared error in embedding space,
     the geometry k-means sees). The rows kept aside were
     seen by neither: on them the fast path is compared with the exact teacher
@@ -96,16 +93,16 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
     hidden_layer_sizes : sequence of int, default=(256, 256)
         Hidden ReLU layers of the MLP. The paper used (2048, 2048). Prediction costs one
         multiply-add per weight, so the speed-up over exact MBN is about the ratio of MBN's
-        bottom-layer work (V * k1 * a*d per point) to the weights: (256, 256) on MNIST has
-        270,000 weights against MBN's 630 million (k1=4000, V=400), (512, 512) would have
-        670,000 and fall short of a 1000x speed-up. Measured on MNIST with small MBNs (the
-        full one takes half an hour): trained on 60,000 images (MBN k1=500, V=50) the default
-        MLP stopped early after 18 epochs, 43 s on a busy two-core machine, test R^2 0.93 and
-        test NMI of k-means 0.744 fast vs 0.742 exact; on 20,000 images (k1=1000, V=100),
-        R^2 0.91 and NMI 0.788 fast vs 0.782 exact, where (512, 512) gave 0.92 and 0.787.
+        bottom-layer work (V * k1 * a*d per point) to the weights: (256, 256) on MNIST's 784
+        inputs projected onto 32 (``input_components``) has 101,000 weights, 25,000 of them
+        the projection, against MBN's 630 million (k1=4000, V=400); without the projection
+        it has 270,000, and (512, 512) would have 670,000. Measured before the projection
+        on MNIST with small MBNs: trained on 20,000 images (k1=1000, V=100), R^2 0.91 and
+        NMI 0.788 fast vs 0.782 exact, where (512, 512) gave 0.92 and 0.787.
     max_epochs : int, default=40
-        Upper bound on passes over the training points; early stopping usually ends sooner.
-        An epoch of 48,600 MNIST images takes about 2 s (one BLAS thread).
+        Upper bound on passes over the training points; early stopping may end sooner.
+        An epoch of 48,600 MNIST images takes about 0.6 s projected, 1.3 s without (one
+        BLAS thread).
     batch_size : int, default=256
         Minibatch size of Adam.
     learning_rate : float, default=1e-3
@@ -116,16 +113,23 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         Early stopping: stop after this many epochs without the validation loss improving by
         ``tol``; the weights of the best epoch are kept.
     input_noise : float >= 0, default=0.0
-        Standard deviation of Gaussian noise added to the standardised input rows in each
+        Standard deviation of Gaussian noise added to the MLP's input rows in each
         epoch (a fresh draw per epoch; the targets are unchanged; dense input only). 0 trains
         on the rows as they are. The exact embedding hardly moves under small input noise,
         and the noise keeps the MLP from fitting its few training rows too closely: on rows
-        new to the MBN (benchmarks/bench_student.py), 0.6 raised R^2 on MNIST-5k from 0.846
-        to 0.906 and on MNIST-10k from 0.883 to 0.928, but it trains to ``max_epochs``
-        (40 against 17 on MNIST-5k) at about 1.6x the time per epoch: the compressor then
-        takes about a third of the MBN's fit, against a budget of a tenth, so it is not the
-        default. On breast_cancer (30 features) 0.6 lowered R^2 from 0.73 to 0.67
-        (benchmarks/RESULTS.md, issue 12).
+        new to the MBN (benchmarks/bench_student.py, projected input), 0.3 raised R^2 on
+        MNIST-5k from 0.905 to 0.916 and on MNIST-10k from 0.926 to 0.937, at almost no cost
+        (the noise is drawn in the 32 projected dimensions). Not the default: on narrow
+        standardised input it helps less or hurts (breast_cancer, 30 features: R^2 0.73 ->
+        0.67 at 0.6; benchmarks/RESULTS.md, issue 12).
+    input_components : int or None, default=32
+        Dense input with more features than this is projected onto this many principal
+        directions of the training rows (PCA of the unscaled input, one scale for all of
+        them) before the MLP; narrower or sparse input, or None, is standardised feature by
+        feature. The projection keeps the Euclidean geometry the teacher measures and gives
+        the MLP far fewer first-layer weights to learn from few rows: on rows new to the MBN,
+        (256, 256) hidden units, 5 MLP seeds, R^2 on MNIST-5k 0.846 -> 0.904 (16: 0.903,
+        24: 0.906, 48: 0.899) and on digits 0.925 -> 0.937 (benchmarks/RESULTS.md, issue 12).
     tol : float, default=1e-4
         Smallest improvement of the validation loss (mean squared error on scaled targets)
         that counts.
@@ -175,10 +179,10 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
     ----------
     teacher_ : transformer
         The fitted exact embedding (the MBN).
-    input_scaler_ : StandardScaler
-        Input standardisation (spread floored, see above).
+    input_map_ : InputMap
+        From an input row to the MLP's input: standardised, or projected (``input_components``).
     mlp_ : MLPRegressor
-        The network from scaled input to scaled embedding, float32.
+        The network from the mapped input to the scaled embedding, float32.
     target_mean_, target_scale_ : ndarray of shape (n_components_,), float32
         Embedding = MLP output * target_scale_ + target_mean_.
     cluster_centers_ : ndarray of shape (n_clusters, n_components_), float32, or None
@@ -233,6 +237,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         "alpha": [Interval(Real, 0, None, closed="left")],
         "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
         "input_noise": [Interval(Real, 0, None, closed="left")],
+        "input_components": [Interval(Integral, 1, None, closed="left"), None],
         "tol": [Interval(Real, 0, None, closed="left")],
         "validation_fraction": [Interval(Real, 0, 0.5, closed="left")],
         "holdout_fraction": [Interval(Real, 0, 0.5, closed="right")],
@@ -256,6 +261,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         alpha: float = 1e-5,
         n_iter_no_change: int = 5,
         input_noise: float = 0.0,
+        input_components: int | None = 32,
         tol: float = 1e-4,
         validation_fraction: float = 0.1,
         holdout_fraction: float = 0.1,
@@ -275,6 +281,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         self.alpha = alpha
         self.n_iter_no_change = n_iter_no_change
         self.input_noise = input_noise
+        self.input_components = input_components
         self.tol = tol
         self.validation_fraction = validation_fraction
         self.holdout_fraction = holdout_fraction
@@ -335,7 +342,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         parts = self._fit_parts(X_fitted, validation, train, rng, self.callback)
 
         self.teacher_ = parts.teacher
-        self.input_scaler_ = parts.scaler
+        self.input_map_ = parts.input_map
         self.mlp_ = parts.mlp
         self.target_mean_ = parts.target_mean
         self.target_scale_ = parts.target_scale
@@ -406,12 +413,12 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
 
         started = time.perf_counter()
         sparse = sp.issparse(X_fitted)
-        scaler = _fit_input_scaler(X_fitted[train], sparse)
+        input_map = InputMap.fit(X_fitted[train], self.input_components)
         target_mean, target_scale = target_scaling(embedding[train])
         mlp, n_epochs = self._fit_mlp(
-            scaler.transform(X_fitted[train]),
+            input_map.transform(X_fitted[train]),
             ((embedding[train] - target_mean) / target_scale).astype(np.float32),
-            scaler.transform(X_fitted[validation]) if len(validation) else None,
+            input_map.transform(X_fitted[validation]) if len(validation) else None,
             ((embedding[validation] - target_mean) / target_scale).astype(np.float32),
             rng,
             callback,
@@ -419,7 +426,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         return _Parts(
             teacher=teacher,
             embedding=embedding,
-            scaler=scaler,
+            input_map=input_map,
             mlp=mlp,
             target_mean=target_mean.astype(np.float32),
             target_scale=target_scale.astype(np.float32),
@@ -572,7 +579,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         """
         check_is_fitted(self)
         X = validate_data(self, X, accept_sparse="csr", dtype=np.float32, reset=False)
-        scaled = _predict(self.mlp_, self.input_scaler_.transform(X), self.n_components_)
+        scaled = _predict(self.mlp_, self.input_map_.transform(X), self.n_components_)
         return scaled * self.target_scale_ + self.target_mean_
 
     def exact_transform(self, X) -> np.ndarray:
@@ -773,7 +780,7 @@ class _Parts:
 
     teacher: Any
     embedding: np.ndarray
-    scaler: StandardScaler
+    input_map: InputMap
     mlp: MLPRegressor
     target_mean: np.ndarray
     target_scale: np.ndarray
@@ -784,7 +791,7 @@ class _Parts:
 
     def fast(self, X) -> np.ndarray:
         """The MLP's embedding of X, as ``CompressiveMBN.transform`` computes it."""
-        scaled = _predict(self.mlp, self.scaler.transform(X), len(self.target_mean))
+        scaled = _predict(self.mlp, self.input_map.transform(X), len(self.target_mean))
         return scaled * self.target_scale + self.target_mean
 
 
@@ -797,18 +804,6 @@ def target_scaling(targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mean = targets.mean(axis=0)
     spread = float(np.sqrt(np.mean((targets - mean) ** 2)))
     return mean, np.full_like(mean, spread if spread > 0 else 1.0)
-
-
-def _fit_input_scaler(X, sparse: bool) -> StandardScaler:
-    # Sparse input (bag of words) is scaled but not centred, so it stays sparse.
-    scaler = StandardScaler(with_mean=not sparse).fit(X)
-    assert scaler.scale_ is not None
-    positive = scaler.scale_[scaler.var_ > 0]
-    typical = float(np.median(positive)) if positive.size else 1.0
-    scaler.scale_ = np.maximum(scaler.scale_, _MIN_SCALE_FRACTION * typical).astype(
-        scaler.scale_.dtype
-    )
-    return scaler
 
 
 def _partial_fit(mlp: MLPRegressor, X, Y) -> None:

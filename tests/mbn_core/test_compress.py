@@ -273,13 +273,14 @@ def test_sparse_input(digits):
     np.testing.assert_allclose(model.transform(sp.csr_matrix(X[:5])), dense, rtol=1e-5, atol=1e-5)
 
 
-def test_rare_features_are_not_blown_up(digits):
+def test_wide_input_reaches_the_mlp_projected(digits):
     X, _ = digits
-    model = small_model(max_epochs=1).fit(X)
-    scale = model.input_scaler_.scale_
-    positive = model.input_scaler_.var_ > 0
-    # digits has constant and almost-constant pixels: none is scaled by a tiny spread.
-    assert scale.min() >= 0.1 * np.median(np.sqrt(model.input_scaler_.var_[positive])) - 1e-6
+    model = small_model(max_epochs=1, input_components=16).fit(X)
+    assert model.input_map_.projection is not None
+    assert model.mlp_.coefs_[0].shape[0] == 16
+    plain = small_model(max_epochs=1, input_components=None).fit(X)
+    assert plain.input_map_.projection is None
+    assert plain.mlp_.coefs_[0].shape[0] == X.shape[1]
 
 
 def test_callback_sees_every_epoch_and_can_stop(digits):
