@@ -74,6 +74,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--latency-calls", type=int, default=2000)
     parser.add_argument("--kmeans-init", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="another training option, e.g. --option input_components=null (repeatable)",
+    )
     parser.add_argument("--out", help="keep the bundle in this directory (default: temporary)")
     parser.add_argument(
         "--bundle",
@@ -104,6 +111,9 @@ def training_params(args: argparse.Namespace) -> TrainingParams:
         values["hidden_layer_sizes"] = [int(h) for h in args.hidden.split(",")]
     if args.max_epochs:
         values["max_epochs"] = args.max_epochs
+    for option in args.option:
+        key, _, value = option.partition("=")
+        values[key] = json.loads(value)
     return TrainingParams.from_dict(values)
 
 

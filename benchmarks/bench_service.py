@@ -54,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def load_mnist_float(path: str | None) -> tuple[np.ndarray, np.ndarray]:
     x, y = load_mnist(path)
-    # Raw pixels 0..255: MBN is scale-free, the MLP standardises its input.
+    # Raw pixels 0..255: MBN is scale-free, and the compressor maps the MLP's input itself.
     return x.astype(np.float32), y.astype(np.int64)
 
 

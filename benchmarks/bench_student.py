@@ -235,24 +235,24 @@ def students(name: str, args: argparse.Namespace) -> None:
             X_student = np.concatenate([X_student, X_extra])
             Y_student = np.concatenate([Y_student, Y_extra])
         started = time.perf_counter()
-        scaler = InputMap.fit(prepare(X_fit[train]), model.input_components)
+        input_map = InputMap.fit(prepare(X_fit[train]), model.input_components)
         mean, scale = target_scaling(target[train])
         mlp, epochs = model._fit_mlp(
-            scaler.transform(prepare(X_student)),
+            input_map.transform(prepare(X_student)),
             ((Y_student - mean) / scale).astype(np.float32),
-            scaler.transform(prepare(X_fit[validation])),
+            input_map.transform(prepare(X_fit[validation])),
             ((target[validation] - mean) / scale).astype(np.float32),
             np.random.RandomState(seed),
             None,
         )
         seconds = time.perf_counter() - started + label_seconds
 
-        def fast(X, mlp=mlp, scaler=scaler, mean=mean, scale=scale, prepare=prepare):
-            out = _predict(mlp, scaler.transform(prepare(X)), target.shape[1]) * scale + mean
+        def fast(X, mlp=mlp, input_map=input_map, mean=mean, scale=scale, prepare=prepare):
+            out = _predict(mlp, input_map.transform(prepare(X)), target.shape[1]) * scale + mean
             return np.asarray(out, dtype=np.float64)
 
         sel, tst = fast(X_sel), fast(X_test)
-        projection = 0 if scaler.projection is None else scaler.projection.size
+        projection = 0 if input_map.projection is None else input_map.projection.size
         weights = sum(w.size for w in mlp.coefs_) + projection
         nmi_fast = kmeans_nmi(tst, y_test, 0)
         print(

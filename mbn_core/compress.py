@@ -96,7 +96,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         bottom-layer work (V * k1 * a*d per point) to the weights: (256, 256) on MNIST's 784
         inputs projected onto 32 (``input_components``) has 101,000 weights, 25,000 of them
         the projection, against MBN's 630 million (k1=4000, V=400); without the projection
-        it has 270,000, and (512, 512) would have 670,000. Measured before the projection
+        it has 269,000, and (512, 512) would have 670,000. Measured before the projection
         on MNIST with small MBNs: trained on 20,000 images (k1=1000, V=100), R^2 0.91 and
         NMI 0.788 fast vs 0.782 exact, where (512, 512) gave 0.92 and 0.787.
     max_epochs : int, default=40
@@ -118,7 +118,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         on the rows as they are. The exact embedding hardly moves under small input noise,
         and the noise keeps the MLP from fitting its few training rows too closely: on rows
         new to the MBN (benchmarks/bench_student.py, projected input), 0.3 raised R^2 on
-        MNIST-5k from 0.905 to 0.916 and on MNIST-10k from 0.926 to 0.937, at almost no cost
+        MNIST-5k from 0.904 to 0.915 and on MNIST-10k from 0.926 to 0.937, at almost no cost
         (the noise is drawn in the 32 projected dimensions). Not the default: on narrow
         standardised input it helps less or hurts (breast_cancer, 30 features: R^2 0.73 ->
         0.67 at 0.6; benchmarks/RESULTS.md, issue 12).
@@ -413,7 +413,8 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
 
         started = time.perf_counter()
         sparse = sp.issparse(X_fitted)
-        input_map = InputMap.fit(X_fitted[train], self.input_components)
+        with threadpool_limits(limits=self._blas_threads(), user_api="blas"):
+            input_map = InputMap.fit(X_fitted[train], self.input_components)
         target_mean, target_scale = target_scaling(embedding[train])
         mlp, n_epochs = self._fit_mlp(
             input_map.transform(X_fitted[train]),
@@ -525,12 +526,11 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
             random_state=_seed(rng),
         )
         best_loss, best_weights, stale = np.inf, None, 0
-        limits = 1 if self.n_jobs is None else int(self.n_jobs)
         # Drawn only when used, so that the other seeds stay those of a noiseless fit.
         noisy = self.input_noise > 0 and not sp.issparse(X_train)
         noise = np.random.RandomState(_seed(rng)) if noisy else None
         epoch = 0
-        with threadpool_limits(limits=limits, user_api="blas"):
+        with threadpool_limits(limits=self._blas_threads(), user_api="blas"):
             for epoch in range(1, self.max_epochs + 1):
                 X_epoch = X_train
                 if noise is not None:
@@ -617,6 +617,9 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         # The fast path computes in float32 whatever the input (as its ONNX export does).
         tags.transformer_tags.preserves_dtype = ["float32"]
         return tags
+
+    def _blas_threads(self) -> int:
+        return 1 if self.n_jobs is None else int(self.n_jobs)
 
     def _check_params(self) -> None:
         check_int_items(type(self).__name__, "hidden_layer_sizes", self.hidden_layer_sizes, 1)

@@ -5,8 +5,8 @@ input is projected onto its leading principal directions instead, with one scale
 them. That keeps the input's Euclidean geometry, which is what the teacher's distances
 measure, and it leaves the MLP a first layer small enough to learn from a few thousand rows.
 Measured on rows new to the MBN (benchmarks/RESULTS.md, issue 12): MNIST-5k R^2 of the fast
-path 0.846 -> 0.904, MNIST-10k 0.886 -> 0.926, digits 0.925 -> 0.937, at a third fewer
-weights; standardised pixels fed in full let the MLP fit the training rows' noise instead.
+path 0.846 -> 0.904, MNIST-10k 0.886 -> 0.926, digits 0.925 -> 0.937, with 101,000 weights
+instead of 269,000; standardised pixels fed in full let the MLP fit the training rows' noise.
 """
 
 from __future__ import annotations
@@ -22,45 +22,58 @@ from sklearn.preprocessing import StandardScaler
 # blown up by a plain standard scaler on the rare test point where it is set; no feature is
 # scaled by less than this fraction of the typical (median) feature spread.
 _MIN_SCALE_FRACTION = 0.1
+# Principal directions with less variance than this fraction of the largest are rounding
+# noise of a low-rank input (or of having few rows): kept, they would get an arbitrary
+# direction's values on new rows and shrink the shared scale.
+_MIN_VARIANCE_FRACTION = 1e-6
+
+
+def projected_width(n_features: int, max_features: int | None) -> int | None:
+    """How many principal directions dense input of ``n_features`` is projected onto, or None
+    when it is standardised instead (``max_features`` None, or no more features than it)."""
+    if max_features is None or n_features <= max_features:
+        return None
+    return max_features
 
 
 @dataclass(frozen=True)
 class InputMap:
-    """``(X - mean) / scale``, then ``@ projection`` when there is one; float32 throughout.
+    """``(X - mean) / scale``, or ``(X - mean) @ projection``; float32 throughout.
 
     Attributes
     ----------
     mean : ndarray of shape (n_features,) or None
         Subtracted first; None for sparse input, which is scaled but not centred so that it
         stays sparse.
-    scale : ndarray of shape (n_features,)
-        Divisors: each feature's spread (floored), or one spread repeated when projecting.
+    scale : ndarray of shape (n_features,) or None
+        Each feature's spread (floored) when standardising, else None.
     projection : ndarray of shape (n_features, n_outputs) or None
-        Orthonormal principal directions of the training rows, or None (standardised only).
+        Principal directions of the training rows, each divided by their common spread, or
+        None when standardising.
     """
 
     mean: np.ndarray | None
-    scale: np.ndarray
+    scale: np.ndarray | None
     projection: np.ndarray | None
 
     @classmethod
     def fit(cls, X, max_features: int | None) -> InputMap:
         """Standardise ``X``'s features, or project dense ``X`` with more than
-        ``max_features`` features onto that many principal directions (fewer when ``X`` has
-        fewer rows). None always standardises."""
-        n_rows, n_features = X.shape
-        if sp.issparse(X) or max_features is None or n_features <= max_features:
+        ``max_features`` features onto at most that many principal directions (those with
+        variance: fewer for few rows or low-rank input). None always standardises."""
+        width = projected_width(X.shape[1], max_features)
+        if sp.issparse(X) or width is None or X.shape[0] < 2 or not np.ptp(X, axis=0).any():
             return cls._standardising(X)
-        if not np.ptp(X, axis=0).any():  # constant rows: no direction to keep
-            return cls._standardising(X)
+        # After centring n rows span at most n - 1 directions.
         # The seed only steers the randomized SVD's numerics; the directions are the data's.
-        pca = PCA(min(max_features, n_rows), random_state=0).fit(X)
-        variance = float(np.mean(pca.explained_variance_))
-        spread = np.sqrt(variance) if variance > 0 else 1.0
+        pca = PCA(min(width, X.shape[0] - 1), random_state=0).fit(X)
+        variance = pca.explained_variance_
+        kept = variance >= _MIN_VARIANCE_FRACTION * variance[0]
+        spread = float(np.sqrt(np.mean(variance[kept])))
         return cls(
             mean=pca.mean_.astype(np.float32),
-            scale=np.full(n_features, spread, dtype=np.float32),
-            projection=pca.components_.T.astype(np.float32),
+            scale=None,
+            projection=(pca.components_[kept].T / spread).astype(np.float32),
         )
 
     @classmethod
@@ -76,20 +89,24 @@ class InputMap:
 
     @property
     def n_outputs(self) -> int:
-        return len(self.scale) if self.projection is None else self.projection.shape[1]
+        if self.projection is not None:
+            return self.projection.shape[1]
+        assert self.scale is not None
+        return len(self.scale)
 
     def transform(self, X):
-        """The MLP's input for the rows of ``X`` (sparse stays sparse when not projected)."""
+        """The MLP's input for the rows of ``X``; sparse rows stay sparse for a map fitted on
+        sparse rows and are made dense for one fitted on dense rows (as the ONNX graph
+        does)."""
         if sp.issparse(X):
-            if self.mean is not None:
-                raise ValueError("the model was trained on dense rows: send X dense")
-            return sp.csr_matrix(X.multiply(1.0 / self.scale).astype(np.float32))
+            if self.mean is None:
+                assert self.scale is not None
+                return sp.csr_matrix(X.multiply(1.0 / self.scale).astype(np.float32))
+            X = X.toarray()
         X = np.asarray(X, dtype=np.float32)
         if self.mean is not None:
             X = X - self.mean
-        return X / self.scale if self.projection is None else X @ self.scaled_projection()
-
-    def scaled_projection(self) -> np.ndarray:
-        """``projection`` with ``scale`` folded in: one product per row (as the ONNX graph)."""
-        assert self.projection is not None
-        return (self.projection / self.scale[:, None]).astype(np.float32)
+        if self.projection is not None:
+            return X @ self.projection
+        assert self.scale is not None
+        return X / self.scale

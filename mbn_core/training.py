@@ -37,6 +37,7 @@ from mbn_core.compress import (
 )
 from mbn_core.datafile import peek_data_file
 from mbn_core.embedding_map import MAP_FILE, MAP_POINTS, EmbeddingMap, build_map
+from mbn_core.input_map import projected_width
 from mbn_core.methods import (
     DEFAULT_METHOD,
     PIPELINE_PARAMS,
@@ -586,7 +587,12 @@ class _Tracker:
             values = params.values
             hidden = tuple(values["hidden_layer_sizes"])
             n_out = getattr(estimator, "n_components", None) or getattr(estimator, "n_classes", 10)
-            mlp_macs = sum(a * b for a, b in zip((d, *hidden), (*hidden, n_out), strict=True))
+            # Dense input wider than input_components is projected first (mbn_core.input_map).
+            width = projected_width(d, values["input_components"])
+            first = d if width is None else width
+            mlp_macs = (0 if width is None else d * width) + sum(
+                a * b for a, b in zip((first, *hidden), (*hidden, n_out), strict=True)
+            )
             n_train = fit_shape(params, shape)[0] * (1 - values["validation_fraction"])
             mlp = _MLP_COST * mlp_macs * n_train * values["max_epochs"]
         if fit_cost is None:

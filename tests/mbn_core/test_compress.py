@@ -283,6 +283,19 @@ def test_wide_input_reaches_the_mlp_projected(digits):
     assert plain.mlp_.coefs_[0].shape[0] == X.shape[1]
 
 
+def test_wide_input_with_fewer_rows_than_input_components(digits):
+    from mbn_core.onnx import OnnxEmbedder, to_onnx
+
+    X, _ = digits
+    model = small_model(max_epochs=2, teacher=small_mbn(n_clusterings=5, k1=0.5)).fit(X[:12])
+    n_fitted = 12 - len(model.holdout_)
+    # Projected onto the directions the fitted rows span (at most their count - 1).
+    assert model.input_map_.n_outputs <= n_fitted - 1
+    fast = model.transform(X[100:110])
+    assert np.all(np.isfinite(fast))
+    np.testing.assert_allclose(OnnxEmbedder(to_onnx(model)).embed(X[100:110]), fast, atol=1e-4)
+
+
 def test_callback_sees_every_epoch_and_can_stop(digits):
     X, _ = digits
     seen = []

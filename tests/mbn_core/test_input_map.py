@@ -8,7 +8,7 @@ import scipy.sparse as sp
 from sklearn.datasets import load_digits
 from sklearn.decomposition import PCA
 
-from mbn_core.input_map import InputMap
+from mbn_core.input_map import InputMap, projected_width
 
 
 @pytest.fixture(scope="module")
@@ -20,19 +20,21 @@ def test_wide_dense_input_is_projected_onto_its_principal_directions(digits):
     input_map = InputMap.fit(digits, 10)
     projected = input_map.transform(digits)
     assert projected.shape == (len(digits), 10) and projected.dtype == np.float32
-    assert input_map.projection is not None
-    np.testing.assert_allclose(input_map.projection.T @ input_map.projection, np.eye(10), atol=1e-5)
-    # The same subspace as PCA's, and one scale for every direction: distances within it are
-    # the input's, divided by one number.
+    assert input_map.projection is not None and input_map.scale is None
+    # Orthogonal directions of one common length (1 / spread), spanning PCA's subspace.
+    gram = input_map.projection.T @ input_map.projection
+    spread = 1 / np.sqrt(gram[0, 0])
+    np.testing.assert_allclose(gram * spread**2, np.eye(10), atol=1e-5)
     reference = PCA(10).fit(digits)
-    np.testing.assert_allclose(
-        np.abs(input_map.projection.T @ reference.components_.T), np.eye(10), atol=1e-3
-    )
-    assert len(set(input_map.scale.tolist())) == 1
-    np.testing.assert_allclose(np.mean(projected.var(axis=0)), 1.0, rtol=1e-3)
+    directions = input_map.projection * spread
+    overlap = np.abs(directions.T @ reference.components_.T)
+    np.testing.assert_allclose(overlap, np.eye(10), atol=1e-3)
+    # So distances within it are the input's, divided by one number; directions average
+    # unit variance.
+    np.testing.assert_allclose(np.mean(projected.var(axis=0, ddof=1)), 1.0, rtol=1e-4)
     pairs = np.linalg.norm(projected[:50, None] - projected[None, :50], axis=2)
     within = reference.transform(digits[:50])
-    expected = np.linalg.norm(within[:, None] - within[None, :], axis=2) / input_map.scale[0]
+    expected = np.linalg.norm(within[:, None] - within[None, :], axis=2) / spread
     np.testing.assert_allclose(pairs, expected, rtol=1e-3, atol=1e-3)
 
 
@@ -40,8 +42,10 @@ def test_a_new_row_is_mapped_by_the_training_rows_map(digits):
     input_map = InputMap.fit(digits[:1000], 10)
     row = digits[1500:1501]
     assert input_map.projection is not None and input_map.mean is not None
-    expected = (row - input_map.mean) / input_map.scale @ input_map.projection
+    expected = (row - input_map.mean) @ input_map.projection
     np.testing.assert_allclose(input_map.transform(row), expected, rtol=1e-4, atol=1e-5)
+    # float64 rows are mapped as their float32 values are.
+    np.testing.assert_array_equal(input_map.transform(row.astype(np.float64)), expected)
     # A row maps the same alone and among others, to float32 rounding (BLAS may sum a batch
     # in another order, as it does in the MLP's own layers).
     np.testing.assert_allclose(
@@ -51,13 +55,16 @@ def test_a_new_row_is_mapped_by_the_training_rows_map(digits):
 
 def test_narrow_input_and_none_are_standardised_feature_by_feature(digits):
     for input_map in (InputMap.fit(digits, 64), InputMap.fit(digits, None)):
-        assert input_map.projection is None and input_map.n_outputs == 64
+        assert input_map.projection is None and input_map.scale is not None
+        assert input_map.n_outputs == 64
         std = digits.std(axis=0)
         typical = np.median(std[std > 0])
         # Rare pixels are not blown up: no feature is scaled by under a tenth of the median.
         assert input_map.scale.min() >= 0.1 * typical - 1e-6
         wide = std > 0.1 * typical
         np.testing.assert_allclose(input_map.scale[wide], std[wide], rtol=1e-4)
+    assert projected_width(64, 64) is None and projected_width(64, None) is None
+    assert projected_width(65, 64) == 64
 
 
 def test_sparse_input_is_scaled_not_centred_and_stays_sparse(digits):
@@ -67,17 +74,32 @@ def test_sparse_input_is_scaled_not_centred_and_stays_sparse(digits):
     mapped = input_map.transform(sparse)
     assert sp.issparse(mapped) and mapped.nnz == sparse.nnz
     np.testing.assert_allclose(mapped.toarray(), input_map.transform(digits), rtol=1e-6)
+    # A map fitted on dense rows takes sparse rows as the dense rows they are (as ONNX does).
     dense_map = InputMap.fit(digits, 10)
-    with pytest.raises(ValueError, match="dense"):
-        dense_map.transform(sparse)
+    np.testing.assert_array_equal(dense_map.transform(sparse[:5]), dense_map.transform(digits[:5]))
 
 
-def test_fewer_rows_than_components_and_constant_rows(digits):
+def test_few_rows_and_low_rank_input_keep_only_directions_with_variance(digits):
+    # 7 rows span 6 directions once centred; a seventh would be arbitrary on new rows.
     few = InputMap.fit(digits[:7], 32)
-    assert few.n_outputs == 7
+    assert few.n_outputs == 6
+    assert np.all(few.transform(digits[:7]).var(axis=0) > 1e-3)
     assert np.all(np.isfinite(few.transform(digits[:20])))
+    # One varying pixel among 64: one direction, and the scale is that pixel's spread.
+    low_rank = np.zeros((100, 64), dtype=np.float32)
+    low_rank[:, 10] = np.arange(100) % 7
+    one = InputMap.fit(low_rank, 8)
+    assert one.n_outputs == 1
+    np.testing.assert_allclose(one.transform(low_rank).var(ddof=1), 1.0, rtol=1e-3)
+    ones = one.transform(np.ones((1, 64)))
+    assert np.abs(ones).max() < 5
+
+
+def test_constant_and_single_rows_are_standardised_without_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         constant = InputMap.fit(np.ones((20, 64), dtype=np.float32), 8)
-    assert constant.projection is None
-    assert np.all(constant.transform(np.zeros((2, 64))) == -1.0 / constant.scale)
+        single = InputMap.fit(np.arange(64, dtype=np.float32)[None], 8)
+    for input_map in (constant, single):
+        assert input_map.projection is None and input_map.scale is not None
+        assert np.all(np.isfinite(input_map.transform(np.zeros((2, 64)))))

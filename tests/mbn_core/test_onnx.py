@@ -49,6 +49,20 @@ def test_embedding_parity(with_head, exported, X):
     assert_parity(with_head.transform(X), result)
 
 
+@pytest.mark.parametrize(
+    ("input_components", "sparse"), [(None, False), (None, True), (16, False)], ids=str
+)
+def test_parity_for_every_input_map(X, input_components, sparse):
+    # Standardised dense input (the scale folded into the first layer), sparse input (scaled,
+    # not centred) and projected input (Sub + MatMul) each export to the same numbers.
+    data = sp.csr_matrix(X) if sparse else X
+    model = fit_model(data, input_components=input_components)
+    assert (model.input_map_.projection is not None) == (input_components is not None)
+    embedder = OnnxEmbedder(to_onnx(model))
+    assert_parity(model.transform(data), embedder.embed(data))
+    assert_parity(model.transform(X), embedder.embed(X))
+
+
 def test_cluster_parity(with_head, exported, X):
     embedder = OnnxEmbedder(exported)
     clusters = embedder.predict_clusters(X)
