@@ -4,6 +4,7 @@ content type, and invalid data is rejected. Bounded: a few dozen examples per op
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -37,20 +38,35 @@ def model(write_bundle: Callable[..., Path]) -> Iterator[None]:
     shutil.rmtree(_DATA_DIR, ignore_errors=True)
 
 
-@schema.parametrize()
-@settings(
-    max_examples=25,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
-def test_api_conforms_to_its_schema(case: schemathesis.Case) -> None:
-    # Left out: "schema-valid data is accepted". Much valid-looking data is rightly refused
-    # with a documented 422: rows of the wrong dimension for the model, values beyond the
-    # float32 range, ragged rows, parameters TrainingParams refuses, files that do not parse.
-    excluded = [positive_data_acceptance]
-    response = case.call()
-    if response.status_code == 503 and response.json()["error"]["type"] == "unavailable":
-        # The documented "starting" answer: the lifespan restarts for every operation, and
-        # the model directory's first scan runs beside the traffic (so readiness says 503).
-        excluded.append(not_a_server_error)
-    case.validate_response(response, excluded_checks=excluded)
+def _conformance_test(operation_schema: schemathesis.BaseSchema) -> Callable[..., None]:
+    @operation_schema.parametrize()
+    @settings(
+        max_examples=25,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    def test(case: schemathesis.Case) -> None:
+        # Left out: "schema-valid data is accepted". Much valid-looking data is rightly refused
+        # with a documented 422: rows of the wrong dimension for the model, values beyond the
+        # float32 range, ragged rows, parameters TrainingParams refuses, files that do not
+        # parse.
+        excluded = [positive_data_acceptance]
+        response = case.call()
+        if response.status_code == 503 and response.json()["error"]["type"] == "unavailable":
+            # The documented "starting" answer: the lifespan restarts for every operation, and
+            # the model directory's first scan runs beside the traffic (so readiness says 503).
+            excluded.append(not_a_server_error)
+        case.validate_response(response, excluded_checks=excluded)
+
+    return test
+
+
+# One test function per operation, each with its own name: pytest-xdist's file and scope
+# schedulers key tests by node id, and schemathesis gives the operations of one parametrized
+# function a single node id, so all but one would silently not run under --dist loadfile.
+for _result in schema.get_all_operations():
+    _operation = _result.ok()
+    _name = re.sub(r"\W+", "_", f"{_operation.method} {_operation.path}").strip("_").lower()
+    _only_this = schema.include(method=_operation.method, path=_operation.path)
+    assert len(list(_only_this.get_all_operations())) == 1, _name
+    globals()[f"test_{_name}_conforms_to_the_schema"] = _conformance_test(_only_this)
