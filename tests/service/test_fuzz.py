@@ -61,9 +61,9 @@ def _conformance_test(operation_schema: schemathesis.BaseSchema) -> Callable[...
     return test
 
 
-# One test function per operation, each with its own name: pytest-xdist's file and scope
-# schedulers key tests by node id, and schemathesis gives the operations of one parametrized
-# function a single node id, so all but one would silently not run under --dist loadfile.
+# One test function per operation, each with its own name and node id: schemathesis gives the
+# operations of one parametrized function a single node id, and pytest-xdist's file and scope
+# schedulers (--dist loadfile) key tests by it, so all but one would silently not run.
 for _result in schema.get_all_operations():
     _operation = _result.ok()
     _name = re.sub(r"\W+", "_", f"{_operation.method} {_operation.path}").strip("_").lower()
