@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from bench_data import load_mnist
-from bench_report import print_measures
+from bench_report import add_training_option, print_measures
 from sklearn.cluster import KMeans
 from sklearn.metrics import normalized_mutual_info_score
 
@@ -74,13 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--latency-calls", type=int, default=2000)
     parser.add_argument("--kmeans-init", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=JSON",
-        help="another training option, e.g. --option input_components=null (repeatable)",
-    )
+    add_training_option(parser, "input_components=null")
     parser.add_argument("--out", help="keep the bundle in this directory (default: temporary)")
     parser.add_argument(
         "--bundle",
@@ -111,10 +105,7 @@ def training_params(args: argparse.Namespace) -> TrainingParams:
         values["hidden_layer_sizes"] = [int(h) for h in args.hidden.split(",")]
     if args.max_epochs:
         values["max_epochs"] = args.max_epochs
-    for option in args.option:
-        key, _, value = option.partition("=")
-        values[key] = json.loads(value)
-    return TrainingParams.from_dict(values)
+    return TrainingParams.from_dict({**values, **args.option})
 
 
 def kmeans_labels(Z: np.ndarray, n_init: int, seed: int) -> np.ndarray:

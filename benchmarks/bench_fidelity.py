@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 from bench_data import load_mnist
-from bench_report import command_line
+from bench_report import add_training_option, command_line
 from sklearn.cluster import KMeans
 from sklearn.datasets import load_breast_cancer, load_digits, load_wine
 from sklearn.metrics import normalized_mutual_info_score, r2_score
@@ -90,10 +90,7 @@ def measure(name: str, args: argparse.Namespace) -> dict:
         values["report_folds"] = named[folds] if folds in named else int(folds)
     if args.hidden:
         values["hidden_layer_sizes"] = [int(h) for h in args.hidden.split(",")]
-    for option in args.option or []:
-        key, _, value = option.partition("=")
-        values[key] = json.loads(value)
-    params = TrainingParams.from_dict(values)
+    params = TrainingParams.from_dict({**values, **args.option})
     with tempfile.TemporaryDirectory() as scratch:
         started = time.perf_counter()
         if args.bundle:  # trained already (by `mbn train` on this set's training rows)
@@ -150,12 +147,7 @@ def main(argv=None) -> None:
     parser.add_argument("--targets", default="in-sample", help="the compressor's targets")
     parser.add_argument("--report-folds", help="N, auto or none (default: TrainingParams')")
     parser.add_argument("--hidden", help="compressor hidden layers (default: TrainingParams')")
-    parser.add_argument(
-        "--option",
-        action="append",
-        metavar="KEY=JSON",
-        help="another training option, e.g. --option input_noise=0.3 (repeatable)",
-    )
+    add_training_option(parser, "input_noise=0.3")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--bundle",

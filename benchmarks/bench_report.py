@@ -1,10 +1,36 @@
 """How the benchmarks print what RESULTS.md quotes: the command that reproduces a run, and a
-two-column table of its measures."""
+two-column table of its measures; and the ``--option KEY=JSON`` flag of those that train."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 from collections.abc import Iterable
+from typing import Any
+
+
+def add_training_option(parser: argparse.ArgumentParser, example: str) -> None:
+    """``--option KEY=JSON`` (repeatable): another training option; ``args.option`` is a dict."""
+    parser.add_argument(
+        "--option",
+        action=_OptionAction,
+        default={},
+        metavar="KEY=JSON",
+        help=f"another training option, e.g. --option {example} (repeatable)",
+    )
+
+
+class _OptionAction(argparse.Action):
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        key, separator, text = str(value).partition("=")
+        try:
+            parsed: Any = json.loads(text)
+        except json.JSONDecodeError:
+            separator = ""
+        if not key or not separator:
+            parser.error(f"--option {value!r}: expected KEY=JSON, e.g. input_components=null")
+        setattr(namespace, self.dest, {**getattr(namespace, self.dest), key: parsed})
 
 
 def command_line(script: str, argv: list[str] | None = None) -> str:

@@ -32,14 +32,13 @@ seconds and the weights (projection included).
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from bench_fidelity import kmeans_nmi, load_set
-from bench_report import command_line
+from bench_report import add_training_option, command_line
 from sklearn.metrics import r2_score
 from sklearn.neighbors import NearestNeighbors
 
@@ -275,19 +274,10 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--no-calibration", action="store_true", help="cache: the seed-0 MBN's embeddings only"
     )
-    parser.add_argument(
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=JSON",
-        help="cache: another training option of the MBN, e.g. --option 'metric=\"cosine\"'",
-    )
+    add_training_option(parser, "'metric=\"cosine\"' (cache: the MBN's)")
     parser.add_argument("--tag", default="", help="suffix of the cache file, e.g. cosine")
     parser.add_argument("--data", help="MNIST .npz (default: bench_data.load_mnist's search)")
     args = parser.parse_args(argv)
-    args.option = {
-        key: json.loads(value) for key, _, value in (o.partition("=") for o in args.option)
-    }
     print(f"`{command_line('bench_student.py', argv)}`\n")
     run = {"cache": cache, "calibrate": calibrate, "students": students}[args.command]
     for name in args.sets.split(","):
