@@ -135,7 +135,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         that fraction of ``n_samples``. Capped by ``k_max``.
     delta : float in (0, 1) or "auto", default="auto"
         Each layer has ``floor(delta * k)`` centers, k being the layer below's. "auto" is
-        the smallest of 0.5, 0.7 and 0.9 whose second layer leaves at most 0.5% of the
+        the smallest of 0.5, 0.7 and 0.9 whose second layer leaves at most 1% of the
         points sharing no code with any of its centers (a point that shares nothing gets
         an arbitrary code, which glues distant points together in every layer above). It
         is measured on the bottom layer's codes of the training data, never on labels:

@@ -4,10 +4,17 @@ import itertools
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits, make_circles
+from sklearn.datasets import load_digits, make_circles, make_moons
 
 from mbn_core import MBN
-from mbn_core.auto import DELTAS, FRACTIONS, choose_delta, orphan_rate
+from mbn_core.auto import (
+    DELTAS,
+    FRACTIONS,
+    ORPHAN_ROWS,
+    ORPHAN_TRIALS,
+    choose_delta,
+    orphan_rate,
+)
 
 
 class LabelsThatMustNotBeRead:
@@ -55,6 +62,39 @@ def test_orphan_rate_counts_points_without_a_shared_code():
     assert orphan_rate(codes, 100, 1.0, rng) == 0.0
     same = np.zeros((100, 3), dtype=np.uint8)
     assert orphan_rate(same, 1, 1.0, rng) == 0.0
+
+
+def brute_force_orphan_rate(codes, k, fraction, rng):
+    """The definition, center by center: same draws as ``orphan_rate``."""
+    rows = rng.choice(len(codes), min(len(codes), ORPHAN_ROWS), replace=False)
+    orphans = 0
+    for _ in range(ORPHAN_TRIALS):
+        centers = codes[rng.choice(len(codes), k, replace=False)]
+        kept = rng.random_sample((len(rows), codes.shape[1])) < fraction
+        for row, keep in zip(codes[rows], kept, strict=True):
+            orphans += not any(((center == row) & keep).any() for center in centers)
+    return orphans / (ORPHAN_TRIALS * len(rows))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_orphan_rate_equals_the_definition(seed):
+    draw = np.random.RandomState(seed)
+    n, V, n_values = draw.randint(5, 60), draw.randint(1, 9), draw.randint(2, 30)
+    codes = draw.randint(0, n_values, size=(n, V)).astype(np.uint8)
+    k, fraction = draw.randint(1, n + 1), draw.choice([0.3, 0.5, 1.0])
+    expected = brute_force_orphan_rate(codes, k, fraction, np.random.RandomState(seed))
+    assert orphan_rate(codes, k, fraction, np.random.RandomState(seed)) == expected
+
+
+def test_a_thin_manifold_gets_the_same_delta_on_every_seed():
+    # Two moons leave 2% of points orphaned at 0.5 and 0.3-0.5% at 0.7: the bound must not
+    # cut through the 0.7 rates, or the seed picks between 0.7 and a network 3x as deep.
+    X, _ = make_moons(1000, noise=0.06, random_state=7)
+    chosen = set()
+    for seed in range(3):
+        codes = MBN(ks=[500, 3], n_classes=2, random_state=seed).fit(X).encode(X, layer=0)
+        chosen.add(choose_delta(codes, 500, 0.5, 3.0, np.random.RandomState(seed)))
+    assert chosen == {0.7}
 
 
 def test_choose_delta_leaves_the_callers_stream_alone():
