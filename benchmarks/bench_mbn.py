@@ -8,6 +8,7 @@
     python benchmarks/bench_mbn.py affinities [--datasets moons circles ...] [--seeds 3]
     python benchmarks/bench_mbn.py heldout [--datasets moons ...] [--seeds 3] [--methods ...]
     python benchmarks/bench_mbn.py cells [--seeds 3]
+    python benchmarks/bench_mbn.py orphans [--datasets moons ...] [--seeds 3]
 
 ``quality`` (issue 17) compares MBN's old and new defaults with UMAP and PCA on small,
 low-dimensional and tabular data and MNIST: every method embeds into c dimensions (c = number
@@ -34,6 +35,15 @@ on the held-out rows only, with their trustworthiness / continuity (k = 10).
 metric, how much of the rows' length (a digit's ink) still varies inside a cell, and how pure
 the cells' labels are (labels only describe the cells; they choose nothing).
 
+``orphans`` (issue 17) measures what ``delta="auto"`` decides on: the share of (point,
+clustering) pairs that a second layer of ``delta * k1`` centers would leave sharing no code with
+any center, on the default network's bottom codes, for each candidate delta (``--rows 200
+--trials 8 --repeats 10``: the spread of the rule's estimate before 2026-11-25).
+
+``quality --methods`` also takes exploratory variants: fixed delta ("MBN, delta 0.7"), more
+clusterings ("MBN, V 800") and ensembles of networks ("MBN, 4 networks x V 100": the
+networks' top codes side by side, PCA of them).
+
 ``paper`` follows the papers' protocol (Table 7 of mbn-compressive): k-means run 50 times
 keeping the lowest inertia, PCA keeping 98% of the variance.
 """
@@ -41,6 +51,7 @@ keeping the lowest inertia, PCA keeping 98% of the variance.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import subprocess
@@ -67,7 +78,7 @@ from sklearn.metrics import normalized_mutual_info_score
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
-from mbn_core import MBN
+from mbn_core import MBN, auto
 from mbn_core.network import METRICS
 from mbn_core.quality import neighbourhood_scores
 from mbn_core.spectral import one_hot
@@ -215,8 +226,40 @@ MBN_MODELS: dict[str, Callable] = {
 }
 
 
+class NetworkEnsemble:
+    """m networks that differ only in their seed; the embedding is PCA of their top codes side
+    by side (the average of their co-associations), the issue's "ensemble of networks"."""
+
+    def __init__(self, n_networks: int, n_clusterings: int, c: int, seed: int) -> None:
+        self.n_networks, self.n_clusterings, self.c, self.seed = n_networks, n_clusterings, c, seed
+
+    def fit_transform(self, X) -> np.ndarray:
+        blocks = []
+        for j in range(self.n_networks):
+            net = MBN(
+                n_classes=self.c,
+                n_clusterings=self.n_clusterings,
+                random_state=1000 * self.seed + j,
+            ).fit(X)
+            blocks.append(one_hot(net.encode(X), net.ks_[-1], dtype=np.float64))
+        codes = sp.hstack(blocks).toarray()
+        return PCA(n_components=self.c, svd_solver="full").fit_transform(codes)
+
+
+# Exploratory variants for ``quality --methods`` (not in its default list).
+MBN_VARIANTS: dict[str, Callable] = {
+    "MBN, delta 0.7": lambda c, seed: MBN(n_classes=c, delta=0.7, random_state=seed),
+    "MBN, delta 0.9": lambda c, seed: MBN(n_classes=c, delta=0.9, random_state=seed),
+    "MBN, V 800": lambda c, seed: MBN(n_classes=c, n_clusterings=800, random_state=seed),
+    "MBN, V 1600": lambda c, seed: MBN(n_classes=c, n_clusterings=1600, random_state=seed),
+    "MBN, 4 networks x V 100": lambda c, seed: NetworkEnsemble(4, 100, c, seed),
+    "MBN, 4 networks x V 400": lambda c, seed: NetworkEnsemble(4, 400, c, seed),
+}
+
+
 def fit_transform_of(name: str) -> Callable:
-    return lambda X, c, seed: MBN_MODELS[name](c, seed).fit_transform(X)
+    models = {**MBN_MODELS, **MBN_VARIANTS}
+    return lambda X, c, seed: models[name](c, seed).fit_transform(X)
 
 
 def issue17_umap(X, c, seed):
@@ -234,6 +277,8 @@ QUALITY_METHODS: dict[str, Callable] = {
     "UMAP": issue17_umap,
     "PCA": issue17_pca,
 }
+QUALITY_DEFAULT_METHODS = list(QUALITY_METHODS)
+QUALITY_METHODS.update({name: fit_transform_of(name) for name in MBN_VARIANTS})
 
 
 def label_free(X: np.ndarray, Z: np.ndarray, seed: int) -> dict[str, float]:
@@ -563,6 +608,51 @@ def scale(args) -> None:
         )
 
 
+ORPHAN_DELTAS = (0.5, 0.6, 0.7, 0.9)
+
+
+def orphans(args) -> None:
+    """Second-layer orphan rates per candidate delta (see ``mbn_core.auto.orphan_rate``)."""
+    print(
+        f"rows: up to {args.rows} per network, {args.trials} trial clusterings per delta; "
+        f"mean ± sd over {args.repeats} estimates"
+    )
+    print()
+    print(f"| data | seed | {' | '.join(f'delta {d}' for d in ORPHAN_DELTAS)} | auto chooses |")
+    print(f"|---|---|{'---|' * (len(ORPHAN_DELTAS) + 1)}")
+    for name in args.datasets:
+        for seed in range(args.seeds):
+            X, y = quality_data(name, seed)
+            c = len(np.unique(y))
+            # The default network's bottom layer (a two-layer network draws it identically).
+            k1 = max(2, X.shape[0] // 2)
+            codes = MBN(n_classes=c, ks=[k1, 3], random_state=seed).fit(X).encode(X, layer=0)
+            with _orphan_sample(args.rows, args.trials):
+                rates = [
+                    [
+                        auto.orphan_rate(codes, int(d * k1), 0.5, np.random.RandomState(r))
+                        for r in range(1000 * seed, 1000 * seed + args.repeats)
+                    ]
+                    for d in ORPHAN_DELTAS
+                ]
+            chosen = MBN(n_classes=c, random_state=seed).fit(X).delta_
+            cells = " | ".join(
+                f"{100 * np.mean(r):.2f}%" + (f" ± {100 * np.std(r):.2f}" if len(r) > 1 else "")
+                for r in rates
+            )
+            print(f"| {name} | {seed} | {cells} | {chosen} |", flush=True)
+
+
+@contextlib.contextmanager
+def _orphan_sample(rows: int, trials: int):
+    saved = auto.ORPHAN_ROWS, auto.ORPHAN_TRIALS
+    auto.ORPHAN_ROWS, auto.ORPHAN_TRIALS = rows, trials
+    try:
+        yield
+    finally:
+        auto.ORPHAN_ROWS, auto.ORPHAN_TRIALS = saved
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -570,7 +660,9 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     q = sub.add_parser("quality")
     q.add_argument("--datasets", nargs="+", default=[*QUALITY_DATA, "mnist5k"])
-    q.add_argument("--methods", nargs="+", default=list(QUALITY_METHODS))
+    q.add_argument(
+        "--methods", nargs="+", choices=list(QUALITY_METHODS), default=QUALITY_DEFAULT_METHODS
+    )
     q.add_argument("--seeds", type=int, default=5)
     p = sub.add_parser("paper")
     p.add_argument("--datasets", nargs="+", default=["mnist5k", "digits", "wine"])
@@ -595,6 +687,12 @@ def main() -> None:
     h.add_argument("--datasets", nargs="+", default=[*QUALITY_DATA, "mnist5k"])
     h.add_argument("--seeds", type=int, default=3)
     h.add_argument("--methods", nargs="+", default=list(HELDOUT_METHODS))
+    o = sub.add_parser("orphans")
+    o.add_argument("--datasets", nargs="+", default=[*QUALITY_DATA, "mnist5k"])
+    o.add_argument("--seeds", type=int, default=3)
+    o.add_argument("--rows", type=int, default=2000)
+    o.add_argument("--trials", type=int, default=32)
+    o.add_argument("--repeats", type=int, default=1)
     one = sub.add_parser("scale-one")
     one.add_argument("n", type=int)
     one.add_argument("k_max", type=int)
@@ -617,6 +715,8 @@ def main() -> None:
         affinities(args)
     elif args.command == "heldout":
         heldout(args)
+    elif args.command == "orphans":
+        orphans(args)
     else:
         with threadpool_limits(limits=None):
             print(json.dumps(scale_one(args.n, args.k_max, args.metric, args.seed)))
