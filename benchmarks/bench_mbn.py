@@ -51,7 +51,6 @@ keeping the lowest inertia, PCA keeping 98% of the variance.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import resource
 import subprocess
@@ -624,33 +623,27 @@ def orphans(args) -> None:
         for seed in range(args.seeds):
             X, y = quality_data(name, seed)
             c = len(np.unique(y))
-            # The default network's bottom layer (a two-layer network draws it identically).
-            k1 = max(2, X.shape[0] // 2)
-            codes = MBN(n_classes=c, ks=[k1, 3], random_state=seed).fit(X).encode(X, layer=0)
-            with _orphan_sample(args.rows, args.trials):
-                rates = [
-                    [
-                        auto.orphan_rate(codes, int(d * k1), 0.5, np.random.RandomState(r))
-                        for r in range(1000 * seed, 1000 * seed + args.repeats)
-                    ]
-                    for d in ORPHAN_DELTAS
+            network = MBN(n_classes=c, random_state=seed).fit(X)
+            codes, k1 = network.encode(X, layer=0), network.ks_[0]
+            rates = [
+                [
+                    auto.orphan_rate(
+                        codes,
+                        int(d * k1),
+                        0.5,
+                        np.random.RandomState(r),
+                        n_rows=args.rows,
+                        n_trials=args.trials,
+                    )
+                    for r in range(1000 * seed, 1000 * seed + args.repeats)
                 ]
-            chosen = MBN(n_classes=c, random_state=seed).fit(X).delta_
+                for d in ORPHAN_DELTAS
+            ]
             cells = " | ".join(
                 f"{100 * np.mean(r):.2f}%" + (f" ± {100 * np.std(r):.2f}" if len(r) > 1 else "")
                 for r in rates
             )
-            print(f"| {name} | {seed} | {cells} | {chosen} |", flush=True)
-
-
-@contextlib.contextmanager
-def _orphan_sample(rows: int, trials: int):
-    saved = auto.ORPHAN_ROWS, auto.ORPHAN_TRIALS
-    auto.ORPHAN_ROWS, auto.ORPHAN_TRIALS = rows, trials
-    try:
-        yield
-    finally:
-        auto.ORPHAN_ROWS, auto.ORPHAN_TRIALS = saved
+            print(f"| {name} | {seed} | {cells} | {network.delta_} |", flush=True)
 
 
 def main() -> None:

@@ -100,29 +100,37 @@ ORPHAN_ROWS = 2000
 ORPHAN_TRIALS = 32
 
 
-def orphan_rate(codes: np.ndarray, k: int, fraction: float, rng: np.random.RandomState) -> float:
+def orphan_rate(
+    codes: np.ndarray,
+    k: int,
+    fraction: float,
+    rng: np.random.RandomState,
+    *,
+    n_rows: int = ORPHAN_ROWS,
+    n_trials: int = ORPHAN_TRIALS,
+) -> float:
     """Share of points that a layer of k centers over ``codes`` would leave sharing nothing.
 
-    Draws ``ORPHAN_TRIALS`` trial clusterings as ``fit`` draws them (k random training points
-    as centers, each one-hot dimension kept with probability ``fraction``) and counts, on a
-    sample of rows, those that share no kept code with any center.
+    Draws ``n_trials`` trial clusterings as ``fit`` draws them (k random training points as
+    centers, each one-hot dimension kept with probability ``fraction``) and counts, on a
+    sample of ``n_rows`` rows, those that share no kept code with any center.
     """
     n_samples, n_clusterings = codes.shape
-    rows = rng.choice(n_samples, min(n_samples, ORPHAN_ROWS), replace=False)
+    rows = rng.choice(n_samples, min(n_samples, n_rows), replace=False)
     row_codes = codes[rows]
     clusterings = np.arange(n_clusterings)
     # held[v, c]: some center has code c in clustering v. A point shares a code with a
     # center exactly when its own code is held in a clustering where it is kept.
     held = np.zeros((n_clusterings, int(codes.max()) + 1), dtype=bool)
     orphans = 0
-    for _ in range(ORPHAN_TRIALS):
+    for _ in range(n_trials):
         centers = codes[rng.choice(n_samples, k, replace=False)]
         kept = rng.random_sample(row_codes.shape) < fraction  # this point's dimensions
         held[:] = False
         held[clusterings, centers] = True
         shares = (held[clusterings, row_codes] & kept).any(axis=1)
         orphans += int(np.count_nonzero(~shares))
-    return orphans / (ORPHAN_TRIALS * len(rows))
+    return orphans / (n_trials * len(rows))
 
 
 def choose_delta(
