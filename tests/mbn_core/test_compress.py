@@ -1,5 +1,7 @@
 """CompressiveMBN: fitting, fidelity report, cluster head, determinism, bad input."""
 
+import itertools
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -14,10 +16,12 @@ from mbn_core import MBN, CompressiveMBN, TrainingStopped, model_to_arrays
 from mbn_core.compress import (
     AUTO_FOLDS,
     CROSS_FIT_BELOW,
+    FINAL_STEP,
     _partial_fit,
     fidelity_report,
     fold_fit_rows,
     knn_overlap,
+    step_factor,
     teacher_fit_rows,
 )
 
@@ -344,6 +348,37 @@ def test_early_stopping_keeps_best_epoch(digits):
     ).fit(X)
     # tol=0.5 makes no improvement count, so training stops after patience + 1 epochs.
     assert model.n_epochs_ == len(losses) == 3
+
+
+def test_without_early_stopping_every_epoch_trains(digits):
+    X, _ = digits
+    # tol=0.5 makes no improvement count: only n_iter_no_change=None keeps it going.
+    assert small_model(max_epochs=6, tol=0.5).fit(X).n_epochs_ == 6
+
+
+def test_the_step_decays_from_learning_rate_to_its_final_share():
+    factors = [step_factor(epoch, 40) for epoch in range(1, 41)]
+    assert factors[0] == 1.0 and factors[-1] == pytest.approx(FINAL_STEP)
+    assert all(earlier > later for earlier, later in itertools.pairwise(factors))
+    assert step_factor(1, 1) == 1.0
+
+
+def test_each_epoch_updates_at_its_scheduled_step(monkeypatch, digits):
+    import mbn_core.compress as compress
+
+    used = []
+
+    def recording(mlp, X_epoch, Y):
+        _partial_fit(mlp, X_epoch, Y)
+        # Adam's last update used learning_rate_init times its bias correction.
+        optimizer = mlp._optimizer
+        t = optimizer.t
+        correction = np.sqrt(1 - optimizer.beta_2**t) / (1 - optimizer.beta_1**t)
+        used.append(optimizer.learning_rate / correction)
+
+    monkeypatch.setattr(compress, "_partial_fit", recording)
+    small_model(max_epochs=5, learning_rate=0.02).fit(digits[0])
+    assert used == pytest.approx([0.02 * step_factor(epoch, 5) for epoch in range(1, 6)])
 
 
 def _epoch_inputs(monkeypatch, model, X) -> list:
