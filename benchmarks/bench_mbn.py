@@ -607,7 +607,8 @@ def scale(args) -> None:
         )
 
 
-ORPHAN_DELTAS = (0.5, 0.6, 0.7, 0.9)
+# The rule's candidates, and 0.6 to see where between 0.5 and 0.7 the rate falls.
+ORPHAN_DELTAS = tuple(sorted({*auto.DELTAS, 0.6}))
 
 
 def orphans(args) -> None:
@@ -630,7 +631,7 @@ def orphans(args) -> None:
                     auto.orphan_rate(
                         codes,
                         int(d * k1),
-                        0.5,
+                        network._upper_fraction(),  # as fit passes it to choose_delta
                         np.random.RandomState(r),
                         n_rows=args.rows,
                         n_trials=args.trials,
@@ -683,8 +684,8 @@ def main() -> None:
     o = sub.add_parser("orphans")
     o.add_argument("--datasets", nargs="+", default=[*QUALITY_DATA, "mnist5k"])
     o.add_argument("--seeds", type=int, default=3)
-    o.add_argument("--rows", type=int, default=2000)
-    o.add_argument("--trials", type=int, default=32)
+    o.add_argument("--rows", type=int, default=auto.ORPHAN_ROWS)
+    o.add_argument("--trials", type=int, default=auto.ORPHAN_TRIALS)
     o.add_argument("--repeats", type=int, default=1)
     one = sub.add_parser("scale-one")
     one.add_argument("n", type=int)
