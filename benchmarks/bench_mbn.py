@@ -41,8 +41,8 @@ any center, on the default network's bottom codes, for each candidate delta (``-
 --trials 8 --repeats 10``: the spread of the rule's estimate before 2026-11-25).
 
 ``quality --methods`` also takes exploratory variants: fixed delta ("MBN, delta 0.7"), more
-clusterings ("MBN, V 800") and ensembles of networks ("MBN, 4 networks x V 100": the
-networks' top codes side by side, PCA of them).
+clusterings ("MBN, V 800"), ensembles of networks ("MBN, 4 networks x V 100": the
+networks' top codes side by side, PCA of them) and random reconstruction ("MBN, r 0.5").
 
 ``paper`` follows the papers' protocol (Table 7 of mbn-compressive): k-means run 50 times
 keeping the lowest inertia, PCA keeping 98% of the variance.
@@ -253,6 +253,8 @@ MBN_VARIANTS: dict[str, Callable] = {
     "MBN, V 1600": lambda c, seed: MBN(n_classes=c, n_clusterings=1600, random_state=seed),
     "MBN, 4 networks x V 100": lambda c, seed: NetworkEnsemble(4, 100, c, seed),
     "MBN, 4 networks x V 400": lambda c, seed: NetworkEnsemble(4, 400, c, seed),
+    "MBN, r 0.5": lambda c, seed: MBN(n_classes=c, shift_fraction=0.5, random_state=seed),
+    "MBN, r 0.25": lambda c, seed: MBN(n_classes=c, shift_fraction=0.25, random_state=seed),
 }
 
 
