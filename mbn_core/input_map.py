@@ -26,6 +26,11 @@ _MIN_SCALE_FRACTION = 0.1
 # noise of a low-rank input (or of having few rows): kept, they would get an arbitrary
 # direction's values on new rows and shrink the shared scale.
 _MIN_VARIANCE_FRACTION = 1e-6
+# Up to this many features the principal directions come from the eigenvectors of the
+# d x d covariance: exact, and quicker on 4,050 MNIST rows (0.18 s against 0.26-0.30 s on
+# one BLAS thread) than the randomized SVD that scikit-learn's "auto" picks below 10 * d
+# rows. Wider input keeps "auto": there the covariance would cost d^3.
+_COVARIANCE_MAX_FEATURES = 1000
 
 
 def projected_width(n_features: int, max_features: int | None) -> int | None:
@@ -65,8 +70,9 @@ class InputMap:
         if sp.issparse(X) or width is None or X.shape[0] < 2 or not np.ptp(X, axis=0).any():
             return cls._standardising(X)
         # After centring n rows span at most n - 1 directions.
-        # The seed only steers the randomized SVD's numerics; the directions are the data's.
-        pca = PCA(min(width, X.shape[0] - 1), random_state=0).fit(X)
+        # The seed only steers a randomized SVD's numerics; the directions are the data's.
+        solver = "covariance_eigh" if X.shape[1] <= _COVARIANCE_MAX_FEATURES else "auto"
+        pca = PCA(min(width, X.shape[0] - 1), svd_solver=solver, random_state=0).fit(X)
         variance = pca.explained_variance_
         kept = variance >= _MIN_VARIANCE_FRACTION * variance[0]
         spread = float(np.sqrt(np.mean(variance[kept])))

@@ -103,3 +103,15 @@ def test_constant_and_single_rows_are_standardised_without_warnings():
     for input_map in (constant, single):
         assert input_map.projection is None and input_map.scale is not None
         assert np.all(np.isfinite(input_map.transform(np.zeros((2, 64)))))
+
+
+def test_the_directions_are_exact_for_fewer_rows_than_ten_per_feature():
+    # 600 x 200: scikit-learn's "auto" would take a randomized SVD here, whose directions
+    # drift where variances are close. The map's are the full SVD's.
+    rng = np.random.RandomState(0)
+    X = (rng.normal(size=(600, 200)) * np.linspace(2.0, 1.0, 200)).astype(np.float32)
+    input_map = InputMap.fit(X, 16)
+    assert input_map.projection is not None
+    directions = input_map.projection / np.linalg.norm(input_map.projection, axis=0)
+    reference = PCA(16, svd_solver="full").fit(X).components_
+    np.testing.assert_allclose(np.abs(np.sum(directions.T * reference, axis=1)), 1.0, atol=1e-4)
