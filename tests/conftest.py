@@ -40,6 +40,7 @@ ONE_WORKER_MODULES = frozenset({
 })  # fmt: skip
 
 
+@pytest.hookimpl(optionalhook=True)  # the hook is xdist's: pytest -p no:xdist still runs
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """xdist's default scheduling, but with the modules above kept whole.
 
