@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.decomposition import PCA
 from sklearn.preprocessing import StandardScaler
+
+from mbn_core.pca import fit_pca
 
 # A feature whose training spread is tiny (a pixel that is almost always blank) would be
 # blown up by a plain standard scaler on the rare test point where it is set; no feature is
@@ -72,7 +73,7 @@ class InputMap:
         # After centring n rows span at most n - 1 directions.
         # The seed only steers a randomized SVD's numerics; the directions are the data's.
         solver = "covariance_eigh" if X.shape[1] <= _COVARIANCE_MAX_FEATURES else "auto"
-        pca = PCA(min(width, X.shape[0] - 1), svd_solver=solver, random_state=0).fit(X)
+        pca = fit_pca(X, min(width, X.shape[0] - 1), svd_solver=solver, random_state=0)
         variance = pca.explained_variance_
         kept = variance >= _MIN_VARIANCE_FRACTION * variance[0]
         spread = float(np.sqrt(np.mean(variance[kept])))

@@ -20,13 +20,13 @@ from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import _fit_context
-from sklearn.decomposition import PCA
 from sklearn.utils import check_random_state, resample
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import validate_data
 
 from mbn_core.kernel_map import KernelFeatures, LandmarkMap, fit_kernel_features
 from mbn_core.modular_kpca import LandmarkMapTransformer
+from mbn_core.pca import fit_pca
 
 
 def _top_components(features: KernelFeatures, count: int) -> np.ndarray:
@@ -59,7 +59,7 @@ def bootstrap(features: KernelFeatures, n_modules: int, module_dim: int, rng, X)
     centres = np.zeros((n_modules, n_landmarks))
     for m in range(n_modules):
         sample = resample(psi, replace=True, n_samples=n_samples, random_state=rng)
-        pca = PCA(n_components=kept, random_state=rng).fit(sample)
+        pca = fit_pca(sample, kept, random_state=rng)
         projections[m, :kept] = pca.components_
         centres[m] = pca.mean_
     return features.landmark_map(

@@ -34,6 +34,7 @@ from mbn_core.layers import (
     with_ones_column,
 )
 from mbn_core.params import CheckedParams, check_int_items
+from mbn_core.pca import fit_pca
 from mbn_core.spectral import (
     MAX_COASSOCIATION_PAIRS,
     SpectralTop,
@@ -811,7 +812,7 @@ def _fit_top(codes: np.ndarray, n_values: int, n_components: int, rng) -> _Top:
     onehot = one_hot(codes, n_values, dtype=np.float64)
     seed = rng.randint(np.iinfo(np.int32).max)
     if n_samples * n_dims <= _DENSE_PCA_MAX_ENTRIES or n_components >= min(n_samples, n_dims):
-        pca = PCA(n_components=n_components, svd_solver="full").fit(onehot.toarray())
+        pca = fit_pca(onehot.toarray(), n_components, svd_solver="full")
     else:
         pca = PCA(n_components=n_components, svd_solver="arpack", random_state=seed).fit(onehot)
     components = pca.components_

@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.decomposition import PCA
 from sklearn.manifold import trustworthiness
 from sklearn.preprocessing import normalize
 from sklearn.utils import check_random_state
+
+from mbn_core.pca import fit_pca
 
 N_NEIGHBORS = 10
 # Trustworthiness ranks every pair of rows (O(n^2) memory and time): a sample this large
@@ -141,8 +142,7 @@ def _pca_baseline(X_fit, X_rows, n_components: int, rng) -> tuple[np.ndarray, in
         else:
             X_fit, X_rows = X_fit.toarray(), X_rows.toarray()
     seed = rng.randint(np.iinfo(np.int32).max)
-    pca = PCA(n_components=components, svd_solver=solver, random_state=seed)
-    pca.fit(X_fit.astype(np.float64))
+    pca = fit_pca(X_fit.astype(np.float64), components, svd_solver=solver, random_state=seed)
     return pca.transform(X_rows.astype(np.float64)), components
 
 

@@ -1,0 +1,63 @@
+"""fit_pca: scikit-learn's PCA, surviving LAPACK's SVD reporting that it did not converge.
+
+The fault itself depends on the BLAS build and thread count (it struck the one-hot top codes
+of a digits model with SciPy 1.17.1's OpenBLAS and one thread), so it is injected here: the
+SVD that PCA calls raises ``LinAlgError``, as LAPACK's non-convergence does.
+"""
+
+import numpy as np
+import pytest
+import scipy.linalg
+import scipy.sparse as sp
+from sklearn.datasets import load_digits
+from sklearn.decomposition import PCA
+
+from mbn_core import MBN
+from mbn_core.pca import fit_pca
+
+
+def _no_convergence(*args, **kwargs):
+    raise np.linalg.LinAlgError("SVD did not converge")
+
+
+@pytest.fixture
+def svd_fails(monkeypatch):
+    monkeypatch.setattr(scipy.linalg, "svd", _no_convergence)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_digits().data[:600]
+
+
+def _same_subspace(a: PCA, b: PCA) -> None:
+    np.testing.assert_allclose(a.mean_, b.mean_, atol=1e-12)
+    np.testing.assert_allclose(a.explained_variance_, b.explained_variance_, rtol=1e-8)
+    # The same directions, up to numerics (both fits flip signs the same way).
+    np.testing.assert_allclose(a.components_, b.components_, atol=1e-6)
+
+
+def test_without_a_fault_it_is_scikit_learns_pca(digits):
+    _same_subspace(fit_pca(digits, 5, svd_solver="full"), PCA(5, svd_solver="full").fit(digits))
+
+
+@pytest.mark.parametrize("solver", ["full", "auto"])
+def test_an_svd_that_does_not_converge_falls_back_to_the_covariance(digits, svd_fails, solver):
+    with pytest.raises(np.linalg.LinAlgError):
+        PCA(5, svd_solver=solver).fit(digits)  # the fault is real for scikit-learn's PCA
+    fitted = fit_pca(digits, 5, svd_solver=solver)
+    _same_subspace(fitted, PCA(5, svd_solver="covariance_eigh").fit(digits))
+
+
+def test_sparse_input_has_no_dense_fallback(digits, monkeypatch):
+    monkeypatch.setattr(PCA, "fit", _no_convergence)
+    with pytest.raises(np.linalg.LinAlgError):
+        fit_pca(sp.csr_matrix(digits), 5, svd_solver="arpack")
+
+
+def test_an_mbn_fit_survives_the_fault_in_its_top_layer(digits, monkeypatch):
+    mbn = MBN(n_clusterings=10, k1=0.2, n_components=3, random_state=0, n_jobs=1)
+    expected = mbn.fit_transform(digits)
+    monkeypatch.setattr(scipy.linalg, "svd", _no_convergence)
+    embedded = mbn.fit_transform(digits)
+    np.testing.assert_allclose(embedded, expected, atol=1e-6)
