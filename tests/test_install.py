@@ -22,6 +22,10 @@ from sklearn.datasets import load_digits
 
 REPO = Path(__file__).resolve().parents[1]
 SERVICE_ONLY = ["fastapi", "uvicorn", "sqlalchemy", "psycopg", "msgspec", "pybase64"]
+# Prints which of the modules named on its command line can be imported.
+FOUND_MODULES = (
+    "import importlib.util, sys; print([m for m in sys.argv[1:] if importlib.util.find_spec(m)])"
+)
 
 pytestmark = pytest.mark.slow
 
@@ -89,37 +93,35 @@ def mbn(base_env: dict[str, Path], *args: str) -> subprocess.CompletedProcess[st
     return run([str(base_env["venv"] / "bin" / "mbn"), *args], cwd=base_env["work"], env=env)
 
 
-def test_base_install_has_no_web_stack(base_env):
-    python = str(base_env["venv"] / "bin" / "python")
-    code = (
-        "import importlib.util, sys;print([m for m in sys.argv[1:] if importlib.util.find_spec(m)])"
-    )
-    result = run([python, "-c", code, *SERVICE_ONLY], cwd=base_env["work"])
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+def test_base_install(base_env, subtests):
+    # One test, so that one xdist worker builds the environment (a module-scoped fixture is
+    # built once per worker that runs a test of the module); subtests report each check.
+    with subtests.test("it has no web stack"):
+        python = str(base_env["venv"] / "bin" / "python")
+        result = run([python, "-c", FOUND_MODULES, *SERVICE_ONLY], cwd=base_env["work"])
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == "[]"
 
+    with subtests.test("it trains, embeds and describes"):
+        trained = mbn(base_env, "train", "digits.npz", "--out", "model", "--quiet",
+                      "--n-clusterings", "20", "--k1", "0.1", "--hidden-layer-sizes", "32",
+                      "--max-epochs", "4")  # fmt: skip
+        assert trained.returncode == 0, trained.stderr
+        assert "Wrote bundle 'model'" in trained.stdout
+        embedded = mbn(base_env, "embed", "model", "queries.npy", "--out", "e.npy", "--exact")
+        assert embedded.returncode == 0, embedded.stderr
+        assert np.load(base_env["work"] / "e.npy").shape == (7, 10)
+        described = mbn(base_env, "info", "model")
+        assert described.returncode == 0, described.stderr
+        assert "method:      mbn (fast path: distilled)" in described.stdout
 
-def test_base_install_trains_embeds_and_describes(base_env):
-    trained = mbn(base_env, "train", "digits.npz", "--out", "model", "--quiet",
-                  "--n-clusterings", "20", "--k1", "0.1", "--hidden-layer-sizes", "32",
-                  "--max-epochs", "4")  # fmt: skip
-    assert trained.returncode == 0, trained.stderr
-    assert "Wrote bundle 'model'" in trained.stdout
-    embedded = mbn(base_env, "embed", "model", "queries.npy", "--out", "e.npy", "--exact")
-    assert embedded.returncode == 0, embedded.stderr
-    assert np.load(base_env["work"] / "e.npy").shape == (7, 10)
-    described = mbn(base_env, "info", "model")
-    assert described.returncode == 0, described.stderr
-    assert "method:      mbn (fast path: distilled)" in described.stdout
-
-
-@pytest.mark.parametrize("command", ["serve", "worker"])
-def test_service_commands_say_which_extra_to_install(base_env, command):
-    result = mbn(base_env, command, "--port", "8000")
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    assert (
-        f"mbn {command}: error: this command needs the optional dependencies of "
-        "mbn[service]" in result.stderr
-    )
-    assert "pip install 'mbn[service]'" in result.stderr
+    for command in ("serve", "worker"):
+        with subtests.test("the service's commands say which extra to install", command=command):
+            result = mbn(base_env, command, "--port", "8000")
+            assert result.returncode == 2
+            assert "Traceback" not in result.stderr
+            assert (
+                f"mbn {command}: error: this command needs the optional dependencies of "
+                "mbn[service]" in result.stderr
+            )
+            assert "pip install 'mbn[service]'" in result.stderr
