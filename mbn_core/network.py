@@ -812,7 +812,7 @@ def _fit_top(codes: np.ndarray, n_values: int, n_components: int, rng) -> _Top:
     onehot = one_hot(codes, n_values, dtype=np.float64)
     seed = rng.randint(np.iinfo(np.int32).max)
     if n_samples * n_dims <= _DENSE_PCA_MAX_ENTRIES or n_components >= min(n_samples, n_dims):
-        pca = fit_pca(onehot.toarray(), n_components, svd_solver="full")
+        pca = fit_pca(onehot.toarray(), n_components, svd_solver="full", random_state=seed)
     else:
         pca = PCA(n_components=n_components, svd_solver="arpack", random_state=seed).fit(onehot)
     components = pca.components_

@@ -13,7 +13,7 @@ from sklearn.datasets import load_digits
 from sklearn.decomposition import PCA
 
 from mbn_core import MBN
-from mbn_core.pca import fit_pca
+from mbn_core.pca import MAX_COVARIANCE_FEATURES, fit_pca
 
 
 def _no_convergence(*args, **kwargs):
@@ -53,6 +53,24 @@ def test_sparse_input_has_no_dense_fallback(digits, monkeypatch):
     monkeypatch.setattr(PCA, "fit", _no_convergence)
     with pytest.raises(np.linalg.LinAlgError):
         fit_pca(sp.csr_matrix(digits), 5, svd_solver="arpack")
+
+
+def test_input_too_wide_for_the_covariance_falls_back_to_arpack(monkeypatch):
+    wide = np.random.default_rng(0).normal(size=(60, MAX_COVARIANCE_FEATURES + 1))
+    expected = PCA(5, svd_solver="full").fit(wide)
+    svd = scipy.linalg.svd
+
+    def fails_on_the_whole_matrix(a, *args, **kwargs):
+        # ARPACK's own small SVD (60 x 5) still works; the 60 x 4097 one does not.
+        return _no_convergence() if min(np.shape(a)) > 5 else svd(a, *args, **kwargs)
+
+    monkeypatch.setattr(scipy.linalg, "svd", fails_on_the_whole_matrix)
+    fitted = fit_pca(wide, 5, svd_solver="full", random_state=0)
+    np.testing.assert_allclose(fitted.explained_variance_, expected.explained_variance_, rtol=1e-8)
+    overlap = np.abs(fitted.components_ @ expected.components_.T)
+    np.testing.assert_allclose(overlap, np.eye(5), atol=1e-6)
+    with pytest.raises(np.linalg.LinAlgError):  # as many components as the rank: no route
+        fit_pca(wide, 60, svd_solver="full")
 
 
 def test_an_mbn_fit_survives_the_fault_in_its_top_layer(digits, monkeypatch):
