@@ -13,7 +13,6 @@ from numbers import Integral, Real
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator, TransformerMixin
-from sklearn.decomposition import PCA
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, RealNotInt, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
@@ -814,7 +813,7 @@ def _fit_top(codes: np.ndarray, n_values: int, n_components: int, rng) -> _Top:
     if n_samples * n_dims <= _DENSE_PCA_MAX_ENTRIES or n_components >= min(n_samples, n_dims):
         pca = fit_pca(onehot.toarray(), n_components, svd_solver="full", random_state=seed)
     else:
-        pca = PCA(n_components=n_components, svd_solver="arpack", random_state=seed).fit(onehot)
+        pca = fit_pca(onehot, n_components, svd_solver="arpack", random_state=seed)
     components = pca.components_
     table = np.ascontiguousarray(components.T.reshape(n_clusterings, n_values, n_components))
     offset = components @ pca.mean_

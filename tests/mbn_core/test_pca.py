@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 import scipy.sparse as sp
+import sklearn.decomposition._pca
 from sklearn.datasets import load_digits
 from sklearn.decomposition import PCA
 
@@ -49,28 +50,39 @@ def test_an_svd_that_does_not_converge_falls_back_to_the_covariance(digits, svd_
     _same_subspace(fitted, PCA(5, svd_solver="covariance_eigh").fit(digits))
 
 
-def test_sparse_input_has_no_dense_fallback(digits, monkeypatch):
-    monkeypatch.setattr(PCA, "fit", _no_convergence)
+def test_sparse_input_falls_back_to_the_covariance(digits, monkeypatch):
+    # PCA's ARPACK route runs an SVD of its own inside svds.
+    monkeypatch.setattr(sklearn.decomposition._pca, "svds", _no_convergence)
+    sparse = sp.csr_matrix(digits)
     with pytest.raises(np.linalg.LinAlgError):
-        fit_pca(sp.csr_matrix(digits), 5, svd_solver="arpack")
+        PCA(5, svd_solver="arpack").fit(sparse)
+    fitted = fit_pca(sparse, 5, svd_solver="arpack", random_state=0)
+    _same_subspace(fitted, PCA(5, svd_solver="covariance_eigh").fit(digits))
 
 
-def test_input_too_wide_for_the_covariance_falls_back_to_arpack(monkeypatch):
+def test_input_too_wide_for_the_covariance_falls_back_to_arpack(svd_fails):
     wide = np.random.default_rng(0).normal(size=(60, MAX_COVARIANCE_FEATURES + 1))
-    expected = PCA(5, svd_solver="full").fit(wide)
-    svd = scipy.linalg.svd
-
-    def fails_on_the_whole_matrix(a, *args, **kwargs):
-        # ARPACK's own small SVD (60 x 5) still works; the 60 x 4097 one does not.
-        return _no_convergence() if min(np.shape(a)) > 5 else svd(a, *args, **kwargs)
-
-    monkeypatch.setattr(scipy.linalg, "svd", fails_on_the_whole_matrix)
     fitted = fit_pca(wide, 5, svd_solver="full", random_state=0)
-    np.testing.assert_allclose(fitted.explained_variance_, expected.explained_variance_, rtol=1e-8)
-    overlap = np.abs(fitted.components_ @ expected.components_.T)
+    # The reference by a third route: the eigenvectors of the 60 x 60 Gram matrix.
+    centred = wide - wide.mean(axis=0)
+    eigenvalues, eigenvectors = np.linalg.eigh(centred @ centred.T / (len(wide) - 1))
+    np.testing.assert_allclose(fitted.explained_variance_, eigenvalues[::-1][:5], rtol=1e-8)
+    directions = centred.T @ eigenvectors[:, ::-1][:, :5]
+    directions /= np.linalg.norm(directions, axis=0)
+    overlap = np.abs(fitted.components_ @ directions)
     np.testing.assert_allclose(overlap, np.eye(5), atol=1e-6)
-    with pytest.raises(np.linalg.LinAlgError):  # as many components as the rank: no route
+    # ARPACK starts from a random vector: the seed reaches it, so a refit is the same.
+    again = fit_pca(wide, 5, svd_solver="full", random_state=0)
+    np.testing.assert_array_equal(again.components_, fitted.components_)
+
+
+def test_without_another_route_the_error_stands(svd_fails, monkeypatch):
+    wide = np.random.default_rng(0).normal(size=(60, MAX_COVARIANCE_FEATURES + 1))
+    with pytest.raises(np.linalg.LinAlgError):  # as many components as min(n, d)
         fit_pca(wide, 60, svd_solver="full")
+    monkeypatch.setattr(sklearn.decomposition._pca, "svds", _no_convergence)
+    with pytest.raises(np.linalg.LinAlgError):  # sparse and too wide for the covariance
+        fit_pca(sp.csr_matrix(wide), 5, svd_solver="arpack")
 
 
 def test_an_mbn_fit_survives_the_fault_in_its_top_layer(digits, monkeypatch):
