@@ -26,9 +26,21 @@ def svd_fails(monkeypatch):
     monkeypatch.setattr(scipy.linalg, "svd", _no_convergence)
 
 
+@pytest.fixture
+def svds_fails(monkeypatch):
+    # PCA's ARPACK route runs an SVD of its own inside svds.
+    monkeypatch.setattr(sklearn.decomposition._pca, "svds", _no_convergence)
+
+
 @pytest.fixture(scope="module")
 def digits():
     return load_digits().data[:600]
+
+
+@pytest.fixture(scope="module")
+def wide():
+    """Dense input too wide for the covariance route."""
+    return np.random.default_rng(0).normal(size=(60, MAX_COVARIANCE_FEATURES + 1))
 
 
 def _same_subspace(a: PCA, b: PCA) -> None:
@@ -50,9 +62,7 @@ def test_an_svd_that_does_not_converge_falls_back_to_the_covariance(digits, svd_
     _same_subspace(fitted, PCA(5, svd_solver="covariance_eigh").fit(digits))
 
 
-def test_sparse_input_falls_back_to_the_covariance(digits, monkeypatch):
-    # PCA's ARPACK route runs an SVD of its own inside svds.
-    monkeypatch.setattr(sklearn.decomposition._pca, "svds", _no_convergence)
+def test_sparse_input_falls_back_to_the_covariance(digits, svds_fails):
     sparse = sp.csr_matrix(digits)
     with pytest.raises(np.linalg.LinAlgError):
         PCA(5, svd_solver="arpack").fit(sparse)
@@ -60,8 +70,7 @@ def test_sparse_input_falls_back_to_the_covariance(digits, monkeypatch):
     _same_subspace(fitted, PCA(5, svd_solver="covariance_eigh").fit(digits))
 
 
-def test_input_too_wide_for_the_covariance_falls_back_to_arpack(svd_fails):
-    wide = np.random.default_rng(0).normal(size=(60, MAX_COVARIANCE_FEATURES + 1))
+def test_input_too_wide_for_the_covariance_falls_back_to_arpack(wide, svd_fails):
     fitted = fit_pca(wide, 5, svd_solver="full", random_state=0)
     # The reference by a third route: the eigenvectors of the 60 x 60 Gram matrix.
     centred = wide - wide.mean(axis=0)
@@ -76,11 +85,9 @@ def test_input_too_wide_for_the_covariance_falls_back_to_arpack(svd_fails):
     np.testing.assert_array_equal(again.components_, fitted.components_)
 
 
-def test_without_another_route_the_error_stands(svd_fails, monkeypatch):
-    wide = np.random.default_rng(0).normal(size=(60, MAX_COVARIANCE_FEATURES + 1))
+def test_without_another_route_the_error_stands(wide, svd_fails, svds_fails):
     with pytest.raises(np.linalg.LinAlgError):  # as many components as min(n, d)
         fit_pca(wide, 60, svd_solver="full")
-    monkeypatch.setattr(sklearn.decomposition._pca, "svds", _no_convergence)
     with pytest.raises(np.linalg.LinAlgError):  # sparse and too wide for the covariance
         fit_pca(sp.csr_matrix(wide), 5, svd_solver="arpack")
 
