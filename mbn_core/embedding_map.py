@@ -24,6 +24,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval
 
 from mbn_core.params import Param
+from mbn_core.pca import fit_pca
 
 MAP_FILE = "map.npz"
 MAX_MAP_POINTS = 20_000
@@ -229,11 +230,19 @@ def _tsne(sample: np.ndarray, rng: np.random.RandomState, n_jobs: int | None) ->
     n = len(sample)
     if n < 4:  # too few points for t-SNE's neighbourhoods: spread them on a line
         return np.column_stack([np.arange(n), np.zeros(n)]).astype(np.float32)
+    # t-SNE's Barnes-Hut code crashes the process (a segmentation fault, not an error) on
+    # points a few float32 steps apart or closer, so it sees them centred and of unit spread:
+    # the same geometry, since its neighbourhoods and its start are scale-free.
+    centred = sample.astype(np.float64) - sample.mean(axis=0, dtype=np.float64)
+    spread = np.sqrt(np.mean(centred**2))
+    if spread == 0:  # one point, n times (a constant embedding): nothing to lay out
+        return np.zeros((n, 2), np.float32)
+    sample = centred / spread
     tsne = TSNE(
         n_components=2,
         # sklearn needs perplexity < n; 30 (its default) for anything but tiny samples.
         perplexity=float(min(30.0, (n - 1) / 3)),
-        init="pca",
+        init=_initial_layout(sample, rng),
         learning_rate="auto",
         # Half sklearn's default: with PCA initialisation the layout has settled by then,
         # and t-SNE of 20,000 points is the dominant cost of the map.
@@ -242,3 +251,17 @@ def _tsne(sample: np.ndarray, rng: np.random.RandomState, n_jobs: int | None) ->
         n_jobs=n_jobs,
     )
     return tsne.fit_transform(sample).astype(np.float32)
+
+
+def _initial_layout(sample: np.ndarray, rng: np.random.RandomState) -> np.ndarray:
+    """t-SNE's "pca" start, computed here: through ``fit_pca`` (a LAPACK fault must not fail
+    a training), and for a one-component embedding too, which sklearn's PCA of two components
+    refuses: its one coordinate, beside a tiny random second one that t-SNE can grow."""
+    seed = rng.randint(2**31 - 1)
+    n_axes = min(2, sample.shape[1])
+    layout = fit_pca(sample, n_axes, random_state=seed).transform(sample)
+    if n_axes == 1:
+        spread = np.random.RandomState(seed).standard_normal(len(sample)) * layout.std()
+        layout = np.column_stack([layout[:, 0], 1e-2 * spread])
+    # sklearn's scale for its own PCA start: the first axis has standard deviation 1e-4.
+    return (layout / layout[:, 0].std() * 1e-4).astype(np.float32)

@@ -1,10 +1,14 @@
 """The 2-D map of the training embedding: building, locating new points, storing in bundles."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+import scipy.linalg
 from sklearn.datasets import load_digits, make_blobs
+from sklearn.manifold import TSNE
 
 from mbn_core.bundle import EXACT_FILE, ONNX_FILE, BundleError, load_bundle
 from mbn_core.embedding_map import MAP_FILE, EmbeddingMap, build_map
@@ -112,6 +116,61 @@ def test_tiny_embeddings_still_get_a_map():
     assert tiny.xy.shape == (3, 2) and tiny.color_by is None
 
 
+def test_a_one_component_embedding_gets_a_map():
+    # Three groups on a line: sklearn's PCA start of two components refused this.
+    values = np.repeat([0.0, 5.0, 10.0], 100) + np.random.default_rng(0).normal(0, 0.3, 300)
+    line = build_map(values[:, None].astype(np.float32), random_state=0)
+    assert line.xy.shape == (300, 2) and np.isfinite(line.xy).all()
+    group = np.repeat([0, 1, 2], 100)
+    distances = np.linalg.norm(line.xy[:, None] - line.xy[None], axis=2)
+    np.fill_diagonal(distances, np.inf)
+    assert np.mean(group[distances.argmin(axis=1)] == group) > 0.98
+
+
+def test_a_constant_embedding_maps_to_one_point():
+    same = build_map(np.full((50, 3), 7.0, np.float32), random_state=0)
+    np.testing.assert_array_equal(same.xy, np.zeros((50, 2), np.float32))
+
+
+# Embeddings whose points are a few float32 steps apart, or closer to each other than to 0:
+# scikit-learn's Barnes-Hut t-SNE ended the process on both (a segmentation fault). Run in a
+# child process, so that a regression fails this test rather than the whole run.
+_NEAR_CONSTANT = """
+import numpy as np
+from mbn_core.embedding_map import build_map
+rng = np.random.default_rng(0)
+for offset, jitter in [(1.0, 1e-8), (0.0, 1e-30)]:
+    points = (offset + jitter * rng.normal(size=(200, 3))).astype(np.float32)
+    assert np.isfinite(build_map(points, random_state=0).xy).all()
+"""
+
+
+def test_a_near_constant_embedding_does_not_crash_the_process():
+    done = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", _NEAR_CONSTANT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_pca_start_survives_a_lapack_fault(monkeypatch):
+    # Wide enough (40 of 200) that PCA's "auto" takes the SVD, not the covariance.
+    wide, _ = make_blobs(200, n_features=40, centers=3, random_state=0)
+    clean = build_map(wide, random_state=0)
+
+    def no_convergence(*args, **kwargs):
+        raise np.linalg.LinAlgError("SVD did not converge")
+
+    monkeypatch.setattr(scipy.linalg, "svd", no_convergence)
+    with pytest.raises(np.linalg.LinAlgError):  # the fault is real for sklearn's own start
+        TSNE(init="pca", perplexity=30.0, random_state=0).fit(wide)
+    faulted = build_map(wide, random_state=0)
+    # The fallback's start spans the same plane, so the layout is the same up to numerics.
+    np.testing.assert_allclose(faulted.xy, clean.xy, atol=1e-3)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -209,6 +268,15 @@ def test_no_map_when_asked_for_none(digits, tmp_path):
     assert not bundle.has_map
     with pytest.raises(BundleError, match="no stored map"):
         bundle.embedding_map()
+
+
+def test_a_one_component_model_trains_with_a_map(digits, tmp_path):
+    x, _ = digits
+    params = {**SMALL, "n_components": 1, "map_points": 200}
+    bundle = load_bundle(train_bundle(x[:300], tmp_path / "m-line", name="line", params=params))
+    assert bundle.output_dim == 1
+    stored = bundle.embedding_map()
+    assert stored.xy.shape == (200, 2) and np.isfinite(stored.xy).all()
 
 
 @pytest.mark.parametrize("points", [-1, 20_001, 2.5, "all"])
