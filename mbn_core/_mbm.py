@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import scipy.linalg
 from scipy.sparse.linalg import LinearOperator, eigsh
 from threadpoolctl import threadpool_limits
+
+from mbn_core.eigen import eigh_by_index
 
 # Above this rank the block step uses Lanczos on T as "diagonal minus low rank" (O(ρ HM) per
 # product) instead of a dense eigendecomposition (O(ρ^3)); both are exact to rounding.
@@ -40,7 +41,7 @@ def rank_truncated_root(T: np.ndarray, rank: int) -> np.ndarray:
     if k == 0:
         return factor
     # Algebraically largest, not largest in magnitude: T can be indefinite.
-    values, vectors = scipy.linalg.eigh(T, subset_by_index=[size - k, size - 1], driver="evr")
+    values, vectors = eigh_by_index(T, size - k, size - 1)
     values, vectors = values[::-1], vectors[:, ::-1]
     factor[:k] = np.sqrt(np.maximum(values, 0.0))[:, None] * vectors.T
     return factor

@@ -14,10 +14,13 @@ import scipy.linalg
 import scipy.sparse as sp
 from scipy.sparse.csgraph import laplacian, shortest_path
 from scipy.sparse.linalg import LinearOperator, cg, eigsh, splu
-from sklearn.decomposition import KernelPCA
 from sklearn.manifold import spectral_embedding
+from sklearn.preprocessing import KernelCenterer
+from sklearn.utils import check_random_state
+from sklearn.utils.extmath import svd_flip
 
 from mbn_core import _coarsen
+from mbn_core.eigen import eigh_by_index
 
 # Up to this many unknowns the refinement system is factorised (exact, deterministic);
 # above it, conjugate gradients with a Jacobi preconditioner keep memory at the graph's size.
@@ -106,10 +109,25 @@ def edge_weights(graph: sp.csr_matrix, kind: str) -> tuple[sp.csr_matrix, float]
 
 
 def embed_isomap(graph: sp.csr_matrix, n_components: int, seed: int) -> np.ndarray:
-    """Classical MDS of the graph's shortest-path distances (what sklearn's Isomap does)."""
+    """Classical MDS of the graph's shortest-path distances (what sklearn's Isomap does).
+
+    sklearn's ``KernelPCA(kernel="precomputed")``, written out so that its dense eigensolver
+    is ``eigh_by_index``: on tied eigenvalues (equidistant points) the one it calls returned
+    nothing. The same solver choice, ARPACK start, sign convention and scaling as KernelPCA.
+    """
     distances = shortest_path(graph, method="D", directed=False)
-    kpca = KernelPCA(n_components=n_components, kernel="precomputed", random_state=seed)
-    return kpca.fit_transform(-0.5 * distances**2)
+    gram = KernelCenterer().fit_transform(-0.5 * distances**2)
+    size = gram.shape[0]
+    k = min(n_components, size)
+    if size > 200 and k < 10:
+        v0 = check_random_state(seed).uniform(-1, 1, size)
+        values, vectors = eigsh(gram, k, which="LA", v0=v0)
+    else:
+        values, vectors = eigh_by_index(gram, size - k, size - 1)
+    values = np.maximum(values, 0.0)  # rounding makes null directions slightly negative
+    vectors, _ = svd_flip(u=vectors, v=None)
+    order = values.argsort()[::-1]
+    return vectors[:, order] * np.sqrt(values[order])
 
 
 def embed_lle(
@@ -134,7 +152,7 @@ def embed_lle(
     residual = sp.identity(n, format="csr") - weights
     m = (residual.T @ residual).tocsr()
     if n <= DENSE_EIGEN_MAX:
-        _, vectors = scipy.linalg.eigh(m.toarray(), subset_by_index=[1, n_components])
+        _, vectors = eigh_by_index(m.toarray(), 1, n_components)
     else:
         v0 = rng.uniform(-1, 1, n)
         _, vectors = eigsh(m, k=n_components + 1, sigma=0.0, v0=v0)

@@ -106,6 +106,11 @@ class BundleError(ValueError):
     """
 
 
+class OutOfRangeInput(ValueError):
+    """Rows whose embedding overflowed to NaN or infinity: their values are too far outside
+    what the model was trained on (a fast path's MLP or kernel extrapolates without bound)."""
+
+
 # ---------------------------------------------------------------------- ids and paths
 
 
@@ -444,12 +449,15 @@ class Bundle:
         """
         X = self._check_input(X, mode)
         if mode == "fast":
-            return self._embedder.run(X)
-        if exact is None:
-            exact = self.load_exact()
-        elif exact.bundle_id != self.id:
-            raise ValueError(f"the exact model of {exact.bundle_id!r} is not {self.id!r}'s")
-        return exact.embed_with_clusters(X)
+            result = self._embedder.run(X)
+        else:
+            if exact is None:
+                exact = self.load_exact()
+            elif exact.bundle_id != self.id:
+                raise ValueError(f"the exact model of {exact.bundle_id!r} is not {self.id!r}'s")
+            result = exact.embed_with_clusters(X)
+        _check_finite(result[0], mode)
+        return result
 
     def load_exact(self) -> ExactModel:
         """Read the exact model from the bundle's arrays, verifying their SHA-256 again.
@@ -506,6 +514,18 @@ class Bundle:
         if not np.isfinite(values).all():
             raise ValueError("X contains NaN or infinity")
         return X
+
+
+def _check_finite(embedding: np.ndarray, mode: str) -> None:
+    finite = np.isfinite(embedding).all(axis=1)
+    if finite.all():
+        return
+    rows = np.flatnonzero(~finite)
+    shown = ", ".join(str(row) for row in rows[:5]) + (", ..." if rows.size > 5 else "")
+    raise OutOfRangeInput(
+        f"{rows.size} row(s) ({shown}) embed to NaN or infinity in {mode} mode: their values "
+        "are too far outside the range the model was trained on"
+    )
 
 
 def load_bundle(directory: str | os.PathLike[str], *, threads: int = 1) -> Bundle:

@@ -212,6 +212,8 @@ def fit_kernel_features(
     eigenvalues, eigenvectors = eigenvalues[::-1], eigenvectors[:, ::-1]
     top = eigenvalues[0] if eigenvalues.size else 0.0
     keep = int(np.sum(eigenvalues > RCOND * top)) if top > 0 else 0
+    if keep == 0:
+        raise ValueError("X: every row is the same, so the kernel has nothing to embed")
     return KernelFeatures(
         nystroem=nystroem,
         gamma=gamma_value,

@@ -20,6 +20,7 @@ from threadpoolctl import threadpool_limits
 
 from mbn_core import _kernels
 from mbn_core.auto import bottom_feature_count, choose_delta
+from mbn_core.data_range import check_magnitude
 from mbn_core.layers import (
     BottomLayer,
     PointPostings,
@@ -306,6 +307,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             ensure_min_samples=2,
             reset=True,
         )
+        check_magnitude(X)  # beyond it, float32 center scores overflow
         n_samples = X.shape[0]
         ks = self.layer_sizes(n_samples)
         n_components = self.n_classes if self.n_components is None else self.n_components

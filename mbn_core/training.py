@@ -35,6 +35,7 @@ from mbn_core.compress import (
     measure_fidelity,
     teacher_fit_rows,
 )
+from mbn_core.data_range import check_spread
 from mbn_core.datafile import peek_data_file
 from mbn_core.embedding_map import MAP_FILE, MAP_POINTS, EmbeddingMap, build_map
 from mbn_core.input_map import projected_width
@@ -397,6 +398,7 @@ def train_bundle(
     validate_name(name)
     check_target(out_dir, overwrite=overwrite)
     X = check_matrix(X)
+    check_spread(X)
     labels = _check_labels(y, X.shape[0], "y")
     method = params.spec
     if sp.issparse(X) and not method.sparse:

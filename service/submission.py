@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from mbn_core.data_range import check_spread
 from mbn_core.datafile import DataShape, peek_data_file
 from mbn_core.training import TrainingParams, check_feasible
 from service.config import Settings
@@ -106,6 +107,10 @@ class Submitter:
         if y is not None and y.shape != (x.shape[0],):
             raise InvalidInput(f"labels has {y.shape[0]} entries for {x.shape[0]} rows of data")
         check_data(x.shape[0], params)
+        try:
+            check_spread(x, "data")  # constant rows, or values float32 cannot train on
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
         job_id = job_id or new_job_id()
         data_file = self.files.write_arrays(job_id, x, y)
         return self._queue(job_id, name, params, data_file, x.shape, promote)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import anyio.to_thread
 import numpy as np
 
-from mbn_core.bundle import Bundle, BundleError
-from service.domain import NotFound
+from mbn_core.bundle import Bundle, BundleError, OutOfRangeInput
+from service.domain import InvalidInput, NotFound
 from service.limits import ExactGate, RowBudget
 from service.registry import ModelRegistry
 
@@ -85,16 +85,19 @@ class EmbedHandler:
         (ignored when the model has no clustering head)."""
         want_clusters = clusters and bundle.n_clusters is not None
         started = time.perf_counter()
-        if mode == "exact":
-            embeddings, labels = await self.gate.run(lambda: self._exact(bundle, x))
-        else:
-            with self.budget.rows(x.shape[0]):
-                if x.shape[0] <= self.inline_fast_rows:
-                    embeddings, labels = bundle.embed_with_clusters(x, mode="fast")
-                else:  # onnxruntime releases the GIL: beside the event loop
-                    embeddings, labels = await self.budget.run(
-                        bundle.embed_with_clusters, x, "fast"
-                    )
+        try:
+            if mode == "exact":
+                embeddings, labels = await self.gate.run(lambda: self._exact(bundle, x))
+            else:
+                with self.budget.rows(x.shape[0]):
+                    if x.shape[0] <= self.inline_fast_rows:
+                        embeddings, labels = bundle.embed_with_clusters(x, mode="fast")
+                    else:  # onnxruntime releases the GIL: beside the event loop
+                        embeddings, labels = await self.budget.run(
+                            bundle.embed_with_clusters, x, "fast"
+                        )
+        except OutOfRangeInput as exc:
+            raise InvalidInput(str(exc)) from None
         compute_ms = (time.perf_counter() - started) * 1000.0
         return Embedding(bundle, mode, embeddings, labels if want_clusters else None, compute_ms)
 

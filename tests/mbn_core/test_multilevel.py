@@ -186,6 +186,14 @@ def test_disconnected_data_is_embedded_in_one_piece():
     assert np.all(np.isfinite(Y))
 
 
+@pytest.mark.parametrize("method", ["isomap", "lle", "eigenmaps"])
+def test_equidistant_points_are_embedded(method):
+    # One-hot rows: every distance is sqrt(2), so the coarse problem's eigenvalues are tied,
+    # where LAPACK's syevr (SciPy 1.17.1's OpenBLAS) returned no eigenpairs at all.
+    Y = MultilevelEmbedding(method=method, random_state=0).fit_transform(np.eye(60))
+    assert Y.shape == (60, 2) and np.all(np.isfinite(Y))
+
+
 def test_multilevel_kmeans_needs_no_more_final_iterations_than_random_kmeans():
     X = load_digits().data[:900]
     ours, plain = [], []

@@ -6,7 +6,7 @@ import pytest
 from sklearn.datasets import load_digits
 
 from mbn_core import cli
-from mbn_core.bundle import load_bundle
+from mbn_core.bundle import OutOfRangeInput, load_bundle
 from mbn_core.methods import get_method
 from mbn_core.multilevel_method import MultilevelMethod
 from mbn_core.training import TrainingParams, train_bundle
@@ -70,6 +70,18 @@ def test_fast_path_reports_fidelity_on_unseen_rows(bundle, digits):
     assert fast.shape == exact.shape == (len(new), 5)
     residual = np.sum((fast - exact) ** 2) / np.sum((exact - exact.mean(axis=0)) ** 2)
     assert residual < 0.5
+
+
+def test_rows_whose_embedding_overflows_are_refused_by_name(bundle, digits):
+    _, _, new = digits
+    extreme = np.vstack([new[:2], np.full((1, new.shape[1]), 3.4e38, np.float32)])
+    # Finite float32 input, but the distilled MLP extrapolates it past float32's range.
+    with pytest.raises(OutOfRangeInput, match=r"^1 row\(s\) \(2\) embed to NaN .* fast mode"):
+        bundle.embed(extreme)
+    with pytest.raises(OutOfRangeInput):
+        bundle.predict_clusters(extreme)
+    # The exact map (neighbours of the row in the training data) stays finite.
+    assert np.isfinite(bundle.embed(extreme, mode="exact")).all()
 
 
 def test_cli_trains_a_multilevel_model(digits, tmp_path, monkeypatch, capsys):

@@ -306,6 +306,8 @@ def test_invalid_parameters_are_named(params, name):
         (np.ones((1, 3)), "1 sample"),
         (np.array([["a", "b"], ["c", "d"], ["e", "f"]]), "could not convert|dtype"),
         (np.ones((3, 2)) + 1j, "[Cc]omplex"),
+        # Finite, but its float32 center scores overflowed ("argmin of an empty sequence").
+        (np.array([[1e30, 0.0], [0.0, 1e30], [-1e30, 1.0]]), r"as large as 1e\+30"),
     ],
 )
 def test_bad_training_data_is_refused(X, message):

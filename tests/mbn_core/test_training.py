@@ -260,6 +260,46 @@ def test_refused_before_training(digits, tmp_path, out, kwargs, message):
         train_bundle(X[:50], tmp_path / out, progress=progress, **arguments)
 
 
+_ROWS = np.random.default_rng(0).normal(size=(60, 5))
+
+
+@pytest.mark.parametrize("method", ["mbn", "modular_kpca", "multilevel"])
+@pytest.mark.parametrize(
+    ("X", "message"),
+    [
+        (np.ones((60, 5)), "every row is the same"),
+        (sp.csr_matrix(np.tile([0.0, 2.0, 0.0], (60, 1))), "every row is the same"),
+        # 1e6 + 1e-6 is 1e6 in float32: rows that differ only below its precision.
+        (1e6 + 1e-6 * _ROWS, "every row is the same"),
+        (1e30 * _ROWS, r"has values as large as .*within \+-1e\+15"),
+        (1e-20 * _ROWS, r"its rows lie within .* of their mean; .* at least 1e-15"),
+    ],
+    ids=["constant", "constant-sparse", "below-float32-precision", "huge", "tiny-spread"],
+)
+def test_data_the_methods_cannot_embed_is_refused_before_training(tmp_path, method, X, message):
+    # Each once failed inside a method with an unrelated message ("attempt to get argmin of
+    # an empty sequence", "Input X contains NaN", "cannot reshape array of size 0").
+    def progress(phase, fraction):
+        raise AssertionError("training started")
+
+    params = {"method": method, "map_points": 0}
+    if sp.issparse(X) and method != "mbn":
+        params = {"map_points": 0}  # only MBN takes sparse input
+    with pytest.raises(ValueError, match=f"^X: {message}"):
+        train_bundle(X, tmp_path / "m", name="m", params=params, progress=progress)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("method", ["mbn", "modular_kpca", "multilevel"])
+@pytest.mark.parametrize("scale", [1e-14, 1e14])
+def test_every_method_trains_at_the_edges_of_the_range(tmp_path, method, scale):
+    X = scale * _ROWS
+    params = {"method": method, "max_epochs": 2, "map_points": 30}
+    bundle = load_bundle(train_bundle(X, tmp_path / "m", name="m", params=params))
+    for mode in ("fast", "exact"):
+        assert np.isfinite(bundle.embed(X[:5], mode=mode)).all()
+
+
 def test_existing_bundle_is_refused_unless_overwrite(digits, tmp_path):
     X, _ = digits
     (tmp_path / "m").mkdir()

@@ -117,6 +117,8 @@ BAD_TRAIN_JSON: list[tuple[str, object, int, str]] = [
     ("labels length", {"data": ROWS, "labels": [1, 2]}, 422, "labels"),
     ("labels beyond int64", {"data": ROWS, "labels": [2**70] * 40}, 422, "64 bits"),
     ("more centers than rows", {"data": ROWS, "params": {"ks": [100]}}, 422, "40 rows"),
+    ("constant rows", {"data": [[1.0, 2.0, 3.0]] * 40}, 422, "every row is the same"),
+    ("huge values", {"data": [[v * 1e20 for v in row] for row in ROWS]}, 422, "as large as"),
     ("too many rows", {"data": [[1.0]] * 1001}, 413, "at most 1000"),
     ("not json", "{", 422, "JSON"),
     ("promote not bool", {"data": ROWS, "promote": "yes"}, 422, "promote"),
@@ -213,6 +215,8 @@ def test_json_training_data_is_bounded_by_the_body_limit(client: TestClient) -> 
     [
         (b"1,nan\n3,4\n5,6\n7,8\n9,10\n", "NaN"),
         (b"1,2\n3,x\n5,6\n7,8\n9,10\n", "could not convert"),
+        (b"1,2\n1,2\n1,2\n1,2\n1,2\n", "every row is the same"),
+        (b"1e30,2\n3,4\n5,6\n7,8\n9,10\n", "as large as 1e+30"),
     ],
 )
 def test_bad_numbers_in_a_file_fail_the_job_with_the_reason(
