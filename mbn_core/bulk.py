@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mbn_core.bundle import Bundle, load_bundle
+from mbn_core.bundle import Bundle, OutOfRangeInput, load_bundle
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -345,7 +345,14 @@ def _embed_block(
             row = first + int(np.flatnonzero(bad)[0])
             raise ValueError(f"{source}: row {row} contains NaN or infinity")
     bundle = _bundle(bundle_dir)
-    embedding, clusters = bundle.embed_with_clusters(values, mode)
+    try:
+        embedding, clusters = bundle.embed_with_clusters(values, mode)
+    except OutOfRangeInput as exc:
+        row = first + int(exc.rows[0])
+        raise ValueError(
+            f"{source}: row {row} embeds to NaN or infinity in {mode} mode: its values are "
+            "too far outside the range the model was trained on"
+        ) from None
     if not with_clusters:
         return embedding
     assert clusters is not None

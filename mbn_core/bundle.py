@@ -108,7 +108,17 @@ class BundleError(ValueError):
 
 class OutOfRangeInput(ValueError):
     """Rows whose embedding overflowed to NaN or infinity: their values are too far outside
-    what the model was trained on (a fast path's MLP or kernel extrapolates without bound)."""
+    what the model was trained on (a fast path's MLP or kernel extrapolates without bound).
+
+    Attributes
+    ----------
+    rows : ndarray of int
+        The offending rows' indices in the batch.
+    """
+
+    def __init__(self, message: str, rows: np.ndarray) -> None:
+        super().__init__(message)
+        self.rows = rows
 
 
 # ---------------------------------------------------------------------- ids and paths
@@ -524,7 +534,8 @@ def _check_finite(embedding: np.ndarray, mode: str) -> None:
     shown = ", ".join(str(row) for row in rows[:5]) + (", ..." if rows.size > 5 else "")
     raise OutOfRangeInput(
         f"{rows.size} row(s) ({shown}) embed to NaN or infinity in {mode} mode: their values "
-        "are too far outside the range the model was trained on"
+        "are too far outside the range the model was trained on",
+        rows,
     )
 
 

@@ -63,6 +63,18 @@ def test_zarr_in_and_out_exact_mode(workdir, expected):
     np.testing.assert_array_equal(written[:], bundle.embed(X, mode="exact"))
 
 
+def test_a_row_whose_embedding_overflows_is_named_by_its_place_in_the_file(workdir):
+    X = np.load(workdir / "rows.npy").astype(np.float32)
+    params = {"method": "multilevel", "max_epochs": 2, "map_points": 0}
+    train_bundle(X[:400], workdir / "ml", name="ml", params=params)
+    X[333] = 3.4e38  # finite, but the distilled MLP overflows float32 on it
+    np.save(workdir / "far.npy", X)
+    with pytest.raises(ValueError, match=r"far\.npy: row 333 embeds to NaN or infinity"):
+        embed_file(workdir / "ml", workdir / "far.npy", workdir / "far-out.npy", chunk_rows=100)
+    assert not (workdir / "far-out.npy").exists()
+    assert leftovers(workdir) == []
+
+
 def test_a_bad_row_is_named_and_nothing_is_left(workdir):
     X = np.load(workdir / "rows.npy").astype(np.float32)
     X[333, 5] = np.nan

@@ -73,7 +73,7 @@ def test_metrics(api: Callable[..., TestClient]) -> None:
     client.post("/embed", json={"inputs": row})
     client.post("/embed", json={"inputs": row, "mode": "exact"})
     client.post("/embed", json={"inputs": [[0.0]]})
-    client.post("/train", json={"data": [[1.0, 2.0]] * 30})
+    client.post("/train", json={"data": [[float(i), 2.0] for i in range(30)]})
     client.get("/jobs/" + "0" * 32)
     text = client.get("/metrics").text
     assert (
