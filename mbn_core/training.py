@@ -321,6 +321,11 @@ def _check_labels(y, n_samples: int, source: str) -> np.ndarray | None:
     y = np.asarray(y)
     if y.ndim != 1 or len(y) != n_samples:
         raise ValueError(f"{source}: 'y' must be 1-D with one label per row of 'x'")
+    # Labels are compared and sorted (NMI, the map's colours): mixed Python objects cannot be.
+    if y.dtype.kind not in "biufUS":
+        raise ValueError(f"{source}: labels must be numbers, strings or booleans, got {y.dtype}")
+    if y.dtype.kind == "f" and not np.isfinite(y).all():
+        raise ValueError(f"{source}: labels contain NaN or infinity")
     return y
 
 

@@ -247,6 +247,9 @@ def test_stopping_writes_nothing(digits, tmp_path, phase):
         ("missing/ok", {}, "does not exist"),
         ("ok", {"params": {"bogus": 1}}, "bogus"),
         ("ok", {"y": [1, 2]}, "one label per row"),
+        # Mixed objects failed the report's NMI with a TypeError; NaN with sklearn's message.
+        ("ok", {"y": np.array([None, 1] * 25, dtype=object)}, "numbers, strings or booleans"),
+        ("ok", {"y": [np.nan] + [1.0] * 49}, "labels contain NaN"),
     ],
 )
 def test_refused_before_training(digits, tmp_path, out, kwargs, message):
