@@ -29,6 +29,11 @@ CG_RTOL = 1e-10
 # Dense eigensolvers up to this size for the coarse LLE problem.
 DENSE_EIGEN_MAX = 2_000
 LLE_REG = 1e-3
+# The least heat weight of an edge (one about 5.3 sigma long). Edges of 30 to 40 sigma occur
+# in 1-D or clumpy data, and their weights of 1e-200 and less underflowed to an exactly
+# singular refinement system; at 1e-12 such an edge still counts for a vertex that has no
+# nearer one, and next to nothing beside a near edge.
+HEAT_WEIGHT_FLOOR = 1e-12
 
 
 @dataclass
@@ -104,7 +109,7 @@ def edge_weights(graph: sp.csr_matrix, kind: str) -> tuple[sp.csr_matrix, float]
         weights.data = np.ones_like(weights.data)
         return weights, float("inf")
     sigma = float(np.median(graph.data))
-    weights.data = np.exp(-((graph.data / sigma) ** 2))
+    weights.data = np.maximum(np.exp(-((graph.data / sigma) ** 2)), HEAT_WEIGHT_FLOOR)
     return weights, sigma
 
 

@@ -344,8 +344,14 @@ def check_feasible(params: TrainingParams, n_rows: int) -> None:
             smallest = fold_fit_rows(n_rows, params["holdout_fraction"], params["report_folds"])
             method.check_rows(params.estimator(), smallest)
     n_clusters = params["n_clusters"]
-    if n_clusters is not None and n_clusters > n_rows:
-        raise ValueError(f"n_clusters={n_clusters} is more than the {n_rows} rows")
+    # A distilled method's head clusters every row's embedding; an exported one's only the
+    # rows its method is fitted on (the held-out ones test the export).
+    head_rows = n_rows if method.export is None else fit_shape(params, (n_rows, 1))[0]
+    if n_clusters is not None and n_clusters > head_rows:
+        raise ValueError(
+            f"n_clusters={n_clusters} is more than the {head_rows} rows the clustering head "
+            f"is fitted on (of {n_rows})"
+        )
 
 
 # ---------------------------------------------------------------------- training

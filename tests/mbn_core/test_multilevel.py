@@ -194,6 +194,17 @@ def test_equidistant_points_are_embedded(method):
     assert Y.shape == (60, 2) and np.all(np.isfinite(Y))
 
 
+@pytest.mark.parametrize("seed", [18, 36])
+def test_far_edges_keep_the_refinement_solvable(seed):
+    # 1-D Gaussian data with 3 neighbours: its outliers' edges are 30-40 times the median
+    # length, and heat weights of 1e-200 and less made the refinement exactly singular.
+    X = np.random.default_rng(seed).normal(size=(100, 1))
+    Y = MultilevelEmbedding(n_neighbors=3, random_state=0).fit_transform(X)
+    assert np.all(np.isfinite(Y))
+    weights, _ = _multilevel.edge_weights(knn_graph(X, 3), "heat")
+    assert weights.data.min() == _multilevel.HEAT_WEIGHT_FLOOR
+
+
 def test_multilevel_kmeans_needs_no_more_final_iterations_than_random_kmeans():
     X = load_digits().data[:900]
     ours, plain = [], []

@@ -250,6 +250,10 @@ def test_stopping_writes_nothing(digits, tmp_path, phase):
         # Mixed objects failed the report's NMI with a TypeError; NaN with sklearn's message.
         ("ok", {"y": np.array([None, 1] * 25, dtype=object)}, "numbers, strings or booleans"),
         ("ok", {"y": [np.nan] + [1.0] * 49}, "labels contain NaN"),
+        ("ok", {"params": {**SMALL, "n_clusters": 51}}, "more than the 50 rows"),
+        # An exported method's head sees only the rows it was fitted on (sklearn's KMeans
+        # refused it after the fit).
+        ("ok", {"params": {"method": "modular_kpca", "n_clusters": 50}}, r"45 rows .* \(of 50\)"),
     ],
 )
 def test_refused_before_training(digits, tmp_path, out, kwargs, message):
