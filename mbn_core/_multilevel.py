@@ -29,11 +29,12 @@ CG_RTOL = 1e-10
 # Dense eigensolvers up to this size for the coarse LLE problem.
 DENSE_EIGEN_MAX = 2_000
 LLE_REG = 1e-3
-# The least heat weight of an edge (one about 5.3 sigma long). Edges of 30 to 40 sigma occur
-# in 1-D or clumpy data, and their weights of 1e-200 and less underflowed to an exactly
-# singular refinement system; at 1e-12 such an edge still counts for a vertex that has no
-# nearer one, and next to nothing beside a near edge.
-HEAT_WEIGHT_FLOOR = 1e-12
+# The least weight of an edge in the refinement system (a heat weight of an edge about 5.3
+# sigma long). Edges of 30 to 40 sigma occur in 1-D or clumpy data, and their weights of
+# 1e-200 and less underflowed to an exactly singular system; at 1e-12 such an edge still
+# counts for a vertex that has no nearer one, and next to nothing beside a near edge.
+# (New rows' interpolation weighs its neighbours relative to the nearest, so it needs none.)
+REFINE_WEIGHT_FLOOR = 1e-12
 
 
 @dataclass
@@ -109,7 +110,7 @@ def edge_weights(graph: sp.csr_matrix, kind: str) -> tuple[sp.csr_matrix, float]
         weights.data = np.ones_like(weights.data)
         return weights, float("inf")
     sigma = float(np.median(graph.data))
-    weights.data = np.maximum(np.exp(-((graph.data / sigma) ** 2)), HEAT_WEIGHT_FLOOR)
+    weights.data = np.exp(-((graph.data / sigma) ** 2))
     return weights, sigma
 
 
@@ -118,7 +119,8 @@ def embed_isomap(graph: sp.csr_matrix, n_components: int, seed: int) -> np.ndarr
 
     sklearn's ``KernelPCA(kernel="precomputed")``, written out so that its dense eigensolver
     is ``eigh_by_index``: on tied eigenvalues (equidistant points) the one it calls returned
-    nothing. The same solver choice, ARPACK start, sign convention and scaling as KernelPCA.
+    nothing. The same solver choice, ARPACK start, sign convention and scaling as KernelPCA;
+    where KernelPCA refused significantly negative eigenvalues, their axes are zero here.
     """
     distances = shortest_path(graph, method="D", directed=False)
     gram = KernelCenterer().fit_transform(-0.5 * distances**2)
@@ -180,6 +182,8 @@ def refine(weights: sp.csr_matrix, coarse: np.ndarray, coarse_embedding: np.ndar
     coarse neighbour (the independent set is maximal).
     """
     n = weights.shape[0]
+    weights = weights.copy()
+    weights.data = np.maximum(weights.data, REFINE_WEIGHT_FLOOR)
     is_fine = np.ones(n, dtype=bool)
     is_fine[coarse] = False
     fine = np.flatnonzero(is_fine)

@@ -19,10 +19,16 @@ MAX_TRAINING_MAGNITUDE = 1e15
 MIN_TRAINING_SPREAD = 1e-15
 
 
+# Columns whose variance is taken at a time: the float64 temporary stays at n x 64.
+_VARIANCE_BLOCK = 64
+
+
 def check_magnitude(X, source: str = "X") -> None:
     """ValueError if a value of ``X`` (dense or sparse) is beyond +-``MAX_TRAINING_MAGNITUDE``."""
     values = X.data if sp.issparse(X) else np.asarray(X)
-    largest = float(np.abs(values).max()) if values.size else 0.0
+    if values.size == 0:
+        return
+    largest = max(float(values.max()), -float(values.min()))  # no |X| copy of the data
     if largest > MAX_TRAINING_MAGNITUDE:
         raise ValueError(
             f"{source}: has values as large as {largest:.3g}; training needs them within "
@@ -31,20 +37,12 @@ def check_magnitude(X, source: str = "X") -> None:
 
 
 def check_spread(X, source: str = "X") -> None:
-    """ValueError unless ``X`` (dense or CSR) is trainable: values within
-    +-``MAX_TRAINING_MAGNITUDE``, rows that differ, and a root mean squared distance from the
-    mean row of at least ``MIN_TRAINING_SPREAD``."""
+    """ValueError unless ``X`` (dense or sparse, of any real dtype) is trainable: values
+    within +-``MAX_TRAINING_MAGNITUDE``, rows that differ, and a root mean squared distance
+    from the mean row of at least ``MIN_TRAINING_SPREAD``."""
     check_magnitude(X, source)
-    if sp.issparse(X):
-        X = sp.csr_matrix(X)
-        mean = np.asarray(X.mean(axis=0, dtype=np.float64)).ravel()
-        mean_square = np.asarray(X.multiply(X).mean(axis=0, dtype=np.float64)).ravel()
-        variances = np.maximum(mean_square - mean**2, 0.0)
-        differ = bool((X.max(axis=0) != X.min(axis=0)).nnz)
-    else:
-        variances = np.var(X, axis=0, dtype=np.float64)
-        differ = bool(np.ptp(X, axis=0).max() > 0)
-    if not differ:
+    variances = _sparse_variances(sp.csr_matrix(X)) if sp.issparse(X) else _dense_variances(X)
+    if not variances.max() > 0:  # exactly 0 for identical rows, in any dtype
         raise ValueError(f"{source}: every row is the same; an embedding needs rows that differ")
     spread = float(np.sqrt(variances.sum()))
     if spread < MIN_TRAINING_SPREAD:
@@ -53,3 +51,24 @@ def check_spread(X, source: str = "X") -> None:
             f"of at least {MIN_TRAINING_SPREAD:.0e} (the models compute in float32): "
             "rescale the data"
         )
+
+
+def _dense_variances(X) -> np.ndarray:
+    X = np.asarray(X)
+    return np.concatenate(
+        [
+            np.var(X[:, start : start + _VARIANCE_BLOCK], axis=0, dtype=np.float64)
+            for start in range(0, X.shape[1], _VARIANCE_BLOCK)
+        ]
+    )
+
+
+def _sparse_variances(X: sp.csr_matrix) -> np.ndarray:
+    """Column variances in two float64 passes (E[x^2] - E[x]^2 cancels for large values)."""
+    n_rows, n_columns = X.shape
+    values = X.data.astype(np.float64)
+    mean = np.bincount(X.indices, values, minlength=n_columns) / n_rows
+    deviations = values - mean[X.indices]
+    implicit_zeros = n_rows - np.bincount(X.indices, minlength=n_columns)
+    squares = np.bincount(X.indices, deviations**2, minlength=n_columns)
+    return (squares + implicit_zeros * mean**2) / n_rows

@@ -321,9 +321,13 @@ def _check_labels(y, n_samples: int, source: str) -> np.ndarray | None:
     y = np.asarray(y)
     if y.ndim != 1 or len(y) != n_samples:
         raise ValueError(f"{source}: 'y' must be 1-D with one label per row of 'x'")
+    if y.dtype.kind == "O":  # e.g. strings from pandas or fetch_openml: typed, if they are
+        y = np.asarray(y.tolist())
     # Labels are compared and sorted (NMI, the map's colours): mixed Python objects cannot be.
     if y.dtype.kind not in "biufUS":
-        raise ValueError(f"{source}: labels must be numbers, strings or booleans, got {y.dtype}")
+        raise ValueError(
+            f"{source}: labels must be numbers, strings or booleans, got {y.dtype} values"
+        )
     if y.dtype.kind == "f" and not np.isfinite(y).all():
         raise ValueError(f"{source}: labels contain NaN or infinity")
     return y
@@ -348,9 +352,10 @@ def check_feasible(params: TrainingParams, n_rows: int) -> None:
     # rows its method is fitted on (the held-out ones test the export).
     head_rows = n_rows if method.export is None else fit_shape(params, (n_rows, 1))[0]
     if n_clusters is not None and n_clusters > head_rows:
+        of = f" (of {n_rows})" if head_rows < n_rows else ""
         raise ValueError(
             f"n_clusters={n_clusters} is more than the {head_rows} rows the clustering head "
-            f"is fitted on (of {n_rows})"
+            f"is fitted on{of}"
         )
 
 

@@ -250,6 +250,7 @@ def test_stopping_writes_nothing(digits, tmp_path, phase):
         # Mixed objects failed the report's NMI with a TypeError; NaN with sklearn's message.
         ("ok", {"y": np.array([None, 1] * 25, dtype=object)}, "numbers, strings or booleans"),
         ("ok", {"y": [np.nan] + [1.0] * 49}, "labels contain NaN"),
+        ("ok", {"y": np.array([None, "a"] * 25, dtype=object)}, "got object values"),
         ("ok", {"params": {**SMALL, "n_clusters": 51}}, "more than the 50 rows"),
         # An exported method's head sees only the rows it was fitted on (sklearn's KMeans
         # refused it after the fit).
@@ -289,12 +290,29 @@ def test_data_the_methods_cannot_embed_is_refused_before_training(tmp_path, meth
     def progress(phase, fraction):
         raise AssertionError("training started")
 
-    params = {"method": method, "map_points": 0}
     if sp.issparse(X) and method != "mbn":
-        params = {"map_points": 0}  # only MBN takes sparse input
+        pytest.skip("only MBN takes sparse input")
+    params = {"method": method, "map_points": 0}
     with pytest.raises(ValueError, match=f"^X: {message}"):
         train_bundle(X, tmp_path / "m", name="m", params=params, progress=progress)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_object_arrays_of_strings_are_labels(digits, tmp_path):
+    # What pandas and fetch_openml give: refused as "object" for a while.
+    X, y = digits
+    labels = np.array([str(v) for v in y[:300]], dtype=object)
+    params = {**SMALL, "map_points": 100}
+    bundle = load_bundle(train_bundle(X[:300], tmp_path / "m", name="m", params=params, y=labels))
+    assert bundle.manifest["fidelity"]["nmi_labels_fast"] is not None
+    assert set(bundle.embedding_map().label) <= {str(v) for v in range(10)}
+
+
+def test_sparse_data_far_from_zero_is_not_taken_for_constant(tmp_path):
+    # E[x^2] - E[x]^2 in float32 cancelled to 0 here and refused it; the spread is ~0.02.
+    rows = (1e4 + 0.01 * _ROWS).astype(np.float32)
+    path = train_bundle(sp.csr_matrix(rows), tmp_path / "m", name="m", params={"map_points": 0})
+    assert load_bundle(path).input_dim == 5
 
 
 @pytest.mark.parametrize("method", ["mbn", "modular_kpca", "multilevel"])
