@@ -124,7 +124,11 @@ class TrainingParams:
             raise ValueError(f"random_state must be an integer in [0, 2**32) or None, got {seed!r}")
         try:
             self.estimator()._validate_params()
-            CompressiveMBN(**self.compressor_kwargs())._validate_params()
+            try:
+                CompressiveMBN(**self.compressor_kwargs())._validate_params()
+            except InvalidParameterError as error:
+                # Every method has these options (the pipeline's), so they are the training's.
+                raise ValueError(str(error).replace("of CompressiveMBN", "of training")) from None
             validate_parameter_constraints(
                 {MAP_POINTS.name: MAP_POINTS.constraints},
                 {MAP_POINTS.name: self.values[MAP_POINTS.name]},
@@ -272,7 +276,7 @@ def check_matrix(X, source: str = "X"):
         raise ValueError(f"{source}: needs at least 2 rows and 1 column, got shape {X.shape}")
     values = values.astype(np.float32, copy=False)
     if not np.isfinite(values).all():
-        raise ValueError(f"{source}: contains NaN or infinity")
+        raise ValueError(f"{source}: contains NaN, infinity or values beyond float32's range")
     return X.astype(np.float32, copy=False)
 
 

@@ -112,6 +112,13 @@ def test_bad_values_name_the_key(values, key):
         TrainingParams.from_dict(values)
 
 
+@pytest.mark.parametrize("method", ["mbn", "modular_kpca", "multilevel"])
+def test_pipeline_options_are_named_as_the_trainings(method):
+    # Not "of CompressiveMBN": a modular_kpca user never meets that class.
+    with pytest.raises(ValueError, match=r"^The 'holdout_fraction' parameter of training "):
+        TrainingParams.from_dict({"method": method, "holdout_fraction": 0.9})
+
+
 # ---------------------------------------------------------------------- data files
 
 

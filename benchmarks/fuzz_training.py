@@ -1,0 +1,198 @@
+"""Degenerate data and edge-value parameters through ``train_bundle`` and ``Bundle.embed``.
+
+    python benchmarks/fuzz_training.py data
+    python benchmarks/fuzz_training.py params --seeds 60
+
+Each case runs in a child process, so a crash inside a compiled library (t-SNE's Barnes-Hut
+code once ended the process on a constant embedding) is reported instead of ending the run.
+Every case must end in one of two ways: it trains and both modes embed its first rows to
+finite values, or it is refused with a ``ValueError``. Anything else (another exception, a
+signal, a timeout, NaN in an embedding) is a defect, and the exit status is 1.
+
+- ``data``: fixed degenerate training sets (too few rows, one column, constant rows, rows that
+  differ below float32's precision, values near float32's limits, one-hot rows, duplicates,
+  integer, boolean and float16 dtypes, NaN) for every method, with default parameters.
+- ``params``: random data shapes (4 to 120 rows, 1 to 20 columns) with one to four
+  parameters set to edge values, for every method; ``--seeds`` cases per method.
+
+The ``ValueError`` messages are printed, grouped, so that a reader can check that each names
+the problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+METHODS = ("mbn", "modular_kpca", "multilevel")
+CASE_TIMEOUT_SECONDS = 300
+
+
+def degenerate_data(name: str) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(60, 5))
+    cases = {
+        "1 row": lambda: base[:1],
+        "3 rows": lambda: base[:3],
+        "10 rows": lambda: base[:10],
+        "1 column": lambda: base[:, :1],
+        "a constant column": lambda: np.column_stack([base[:, :2], np.zeros(60)]),
+        "constant rows": lambda: np.ones((60, 5)),
+        "zeros": lambda: np.zeros((60, 5)),
+        "differing below float32 precision": lambda: 1e6 + 1e-6 * base,
+        "values of 1e30": lambda: 1e30 * base,
+        "values of 3.4e38": lambda: np.full((60, 5), 3.4e38) * np.sign(base),
+        "values of 1e200 (beyond float32)": lambda: 1e200 * base,
+        "spread of 1e-30": lambda: 1e-30 * base,
+        "spread of 1e-14": lambda: 1e-14 * base,
+        "values of 1e14": lambda: 1e14 * base,
+        "one-hot rows": lambda: np.eye(60),
+        "3 distinct rows": lambda: np.repeat(base[:3], 20, axis=0),
+        "2 distinct rows": lambda: np.repeat(np.eye(2), 30, axis=0),
+        "int64": lambda: (10 * base).astype(np.int64),
+        "uint8": lambda: (50 * np.abs(base)).astype(np.uint8),
+        "bool": lambda: base > 0,
+        "float16": lambda: base.astype(np.float16),
+        "wide (12 x 3,000)": lambda: rng.normal(size=(12, 3000)),
+        "NaN": lambda: np.where(base > 2, np.nan, base),
+        "infinity": lambda: np.where(base > 2, np.inf, base),
+    }
+    return cases[name]()
+
+
+DATA_CASES = [
+    "1 row", "3 rows", "10 rows", "1 column", "a constant column", "constant rows", "zeros",
+    "differing below float32 precision", "values of 1e30", "values of 3.4e38",
+    "values of 1e200 (beyond float32)", "spread of 1e-30", "spread of 1e-14", "values of 1e14",
+    "one-hot rows", "3 distinct rows", "2 distinct rows", "int64", "uint8", "bool", "float16",
+    "wide (12 x 3,000)", "NaN", "infinity",
+]  # fmt: skip
+
+# Values at or beyond each parameter's edge (some valid, some not: both must end cleanly).
+EDGE_VALUES: dict[str, list] = {
+    "n_components": [1, 2, 3, 5, 50], "n_clusterings": [1, 2, 3],
+    "feature_fraction": [1e-6, 0.01, 1.0, "auto"], "k1": [1, 2, 0.01, 0.99, 1.0, "auto"],
+    "delta": [0.01, 0.99, "auto"], "n_classes": [1, 2, 50], "k_max": [1, 2],
+    "metric": ["cosine"], "output": ["spectral"], "shift_fraction": [0.99, 1.0],
+    "hidden_layer_sizes": [[1], [1, 1, 1], []], "max_epochs": [1], "batch_size": [1, 10**6],
+    "learning_rate": [1e-9, 10.0], "alpha": [0.0, 100.0], "n_iter_no_change": [1],
+    "input_noise": [0.0, 100.0], "input_components": [1, 1000], "tol": [0.0, 1e9],
+    "validation_fraction": [0.01, 0.5, 0.99], "report_folds": [2, 10, "auto"],
+    "targets": ["leave-self-out"], "holdout_fraction": [0.01, 0.5, 0.99],
+    "map_points": [0, 1, 2, 3, 4], "n_modules": [1, 2], "module_dim": [1, 100],
+    "diversity": [0.0, 1.0, "validate"], "n_landmarks": [1, 2, 5000], "gamma": [1e-12, 1e12],
+    "epsilon": [0.0, 1e6], "coarse_method": ["lle", "eigenmaps"], "n_neighbors": [1, 2, 3],
+    "n_levels": [1, 5], "max_coarse_size": [1, 2, 3], "order": ["fixed"],
+    "weights": ["simple"],
+}  # fmt: skip
+
+
+def params_case(method: str, seed: int) -> tuple[np.ndarray, dict]:
+    from mbn_core.methods import get_method
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.choice([4, 5, 6, 8, 12, 20, 40, 120]))
+    d = int(rng.choice([1, 2, 3, 7, 20]))
+    X = rng.normal(size=(n, d))
+    if rng.random() < 0.3:
+        X = np.round(X)  # duplicate rows
+    names = [p.name for p in get_method(method).options() if p.name in EDGE_VALUES]
+    chosen = rng.choice(names, size=int(rng.integers(1, 5)), replace=False)
+    params: dict = {"method": method, "max_epochs": 2, "map_points": 20}
+    if method == "mbn":  # small enough to be quick, and past the default 10 components
+        params.update(n_clusterings=20, n_classes=2)
+    for name in chosen:
+        values = EDGE_VALUES[str(name)]
+        params[str(name)] = values[int(rng.integers(len(values)))]
+    return X, params
+
+
+def run_case(X, params: dict) -> str:
+    """One case in this process: "OK", or "ValueError: ..." (other failures propagate)."""
+    from mbn_core.bundle import load_bundle
+    from mbn_core.training import train_bundle
+
+    with tempfile.TemporaryDirectory() as directory:
+        try:
+            path = train_bundle(X, f"{directory}/m", name="fuzz", params=params)
+        except ValueError as error:
+            return f"ValueError: {error}".replace("\n", " ")[:200]
+        bundle = load_bundle(path)
+        rows = np.asarray(X[:3], dtype=np.float64)
+        for mode in ("fast", "exact"):
+            try:
+                embedding = bundle.embed(rows, mode=mode)
+            except ValueError as error:  # OutOfRangeInput, or the rows themselves refused
+                return f"trained; {mode}: ValueError: {error}".replace("\n", " ")[:200]
+            if not np.isfinite(embedding).all():
+                raise AssertionError(f"{mode} embedding is not finite")
+    return "OK"
+
+
+def child(argv: list[str]) -> None:
+    kind, method, key = argv
+    if kind == "data":
+        X, params = degenerate_data(key), {"method": method, "max_epochs": 2, "map_points": 30}
+    else:
+        X, params = params_case(method, int(key))
+    print(json.dumps({"params": params, "shape": list(X.shape), "result": run_case(X, params)}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kind", choices=["data", "params"])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--seeds", type=int, default=40, help="params: cases per method")
+    parser.add_argument("--first-seed", type=int, default=1)
+    args = parser.parse_args()
+    keys = (
+        DATA_CASES
+        if args.kind == "data"
+        else [str(s) for s in range(args.first_seed, args.first_seed + args.seeds)]
+    )
+    refusals: collections.Counter[str] = collections.Counter()
+    counts: collections.Counter[str] = collections.Counter()
+    defects = []
+    for method in args.methods:
+        for key in keys:
+            label = f"{method} / {key}"
+            try:
+                done = subprocess.run(
+                    [sys.executable, "-X", "faulthandler", __file__, "--child", args.kind,
+                     method, key],
+                    capture_output=True, text=True, timeout=CASE_TIMEOUT_SECONDS,
+                )  # fmt: skip
+            except subprocess.TimeoutExpired:
+                defects.append(f"{label}: timed out after {CASE_TIMEOUT_SECONDS} s")
+                continue
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+                defects.append(f"{label}: exit status {done.returncode}: {last}")
+                continue
+            result = json.loads(done.stdout.strip().splitlines()[-1])["result"]
+            if result == "OK":
+                counts["trained and embedded"] += 1
+            else:
+                counts["refused with a ValueError"] += 1
+                refusals[f"{method}: {result}"] += 1
+            print(f"{label}: {result}", flush=True)
+    print("\nRefusals (each must name its problem):")
+    for message, number in sorted(refusals.items()):
+        print(f"  {number} x {message}")
+    print(f"\n{dict(counts)}; defects: {len(defects)}")
+    for defect in defects:
+        print(f"  DEFECT {defect}")
+    sys.exit(1 if defects else 0)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2:])
+    else:
+        main()
