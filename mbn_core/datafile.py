@@ -193,20 +193,30 @@ def _peek_csv(path: Path) -> DataShape:
         rows += 1
         if len(first) < 2:
             first.append(pending)
-    if first and _is_header(first[0]):
+    if first and is_header_row(first[0]):
         rows -= 1
         first.pop(0)
     if not first or rows < 1:
         raise ValueError(f"{path}: no data rows")
-    if _is_header(first[0]):
+    if is_header_row(first[0]):
         raise ValueError(f"{path}: expected numbers in the first data row")
     features = first[0].count(b",") + 1
     return DataShape(rows, features, rows * features * 8)
 
 
-def _is_header(line: bytes) -> bool:
+def is_header_row(line: bytes | str) -> bool:
+    """Whether a CSV line is a header of column names: none of its cells is a number.
+
+    A line with some numbers is data with a bad cell, which the loader reports with its place,
+    rather than a header to drop in silence. A UTF-8 byte order mark before it is ignored.
+    """
+    text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+    return not any(_is_number(cell) for cell in text.removeprefix("\ufeff").split(","))
+
+
+def _is_number(cell: str) -> bool:
     try:
-        [float(cell) for cell in line.split(b",")]
+        float(cell)
     except ValueError:
-        return True
-    return False
+        return False
+    return True

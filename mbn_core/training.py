@@ -36,7 +36,7 @@ from mbn_core.compress import (
     teacher_fit_rows,
 )
 from mbn_core.data_range import check_spread
-from mbn_core.datafile import peek_data_file
+from mbn_core.datafile import is_header_row, peek_data_file
 from mbn_core.embedding_map import MAP_FILE, MAP_POINTS, EmbeddingMap, build_map
 from mbn_core.input_map import projected_width
 from mbn_core.methods import (
@@ -211,7 +211,7 @@ class TrainingEvent:
 
 def load_training_data(path: str | os.PathLike[str]) -> tuple[Any, np.ndarray | None]:
     """Read a data file: ``.npy``, ``.npz`` (``x`` and optional ``y``), scipy sparse ``.npz``
-    or ``.csv`` (numbers only, an optional header row).
+    or ``.csv`` (numbers only, and a header row when no cell of the first row is a number).
 
     Returns
     -------
@@ -304,16 +304,14 @@ def _read_npz(path: Path):
 
 
 def _read_csv(path: Path) -> np.ndarray:
-    with path.open("r", encoding="utf-8", errors="replace") as handle:
-        first = handle.readline()
-    try:
-        [float(cell) for cell in first.split(",")]
-        header = 0
-    except ValueError:
-        header = 1  # a header row of column names
+    # utf-8-sig: a spreadsheet's byte order mark would make the first row unreadable.
+    with path.open("r", encoding="utf-8-sig", errors="replace") as handle:
+        header = 1 if is_header_row(handle.readline()) else 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "no data": reported below, by name
-        X = np.loadtxt(path, delimiter=",", skiprows=header, ndmin=2, dtype=np.float64)
+        X = np.loadtxt(
+            path, delimiter=",", skiprows=header, ndmin=2, dtype=np.float64, encoding="utf-8-sig"
+        )
     if X.size == 0:
         raise ValueError(f"{path}: no data rows")
     return X

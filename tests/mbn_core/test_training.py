@@ -9,6 +9,7 @@ from sklearn.datasets import load_digits
 
 from mbn_core import MBN, TrainingStopped
 from mbn_core.bundle import load_bundle
+from mbn_core.datafile import peek_data_file
 from mbn_core.training import (
     PHASES,
     TrainingEvent,
@@ -149,8 +150,12 @@ def test_sparse_npz(tmp_path):
 
 
 @pytest.mark.parametrize("header", ["", "a,b,c\n"])
-def test_csv(tmp_path, header):
-    (tmp_path / "d.csv").write_text(header + "1,2,3\n4,5,6.5\n")
+@pytest.mark.parametrize("mark", ["", "\ufeff"], ids=["plain", "byte-order-mark"])
+def test_csv(tmp_path, header, mark):
+    # A spreadsheet's UTF-8 byte order mark made the first data row look like a header,
+    # and it was dropped without a word.
+    (tmp_path / "d.csv").write_text(mark + header + "1,2,3\n4,5,6.5\n", encoding="utf-8")
+    assert peek_data_file(tmp_path / "d.csv").n_rows == 2
     data, _ = load_training_data(tmp_path / "d.csv")
     np.testing.assert_array_equal(data, [[1, 2, 3], [4, 5, 6.5]])
 
@@ -170,6 +175,9 @@ def test_csv(tmp_path, header):
         ("d.npy", lambda p: np.save(p, np.array([["a", "b"], ["c", "d"]])), "numbers"),
         ("d.csv", lambda p: p.write_text("1,2\n3\n"), "unreadable .csv"),
         ("d.csv", lambda p: p.write_text("a,b\n"), "no data rows"),
+        # A first row with one bad cell is data to report, not a header to drop.
+        ("d.csv", lambda p: p.write_text("1,2x\n3,4\n5,6\n"), "could not convert string '2x'"),
+        ("d.csv", lambda p: p.write_text("0x10,2\n3,4\n5,6\n"), "'0x10'"),
         ("d.npz", lambda p: np.savez(p, x=np.ones((3, 2)), y=np.ones(2)), "one label per row"),
     ],
 )
