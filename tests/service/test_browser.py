@@ -283,6 +283,11 @@ def test_embedded_rows_appear_on_the_map(
     tab.errors.clear()  # the refused call's 422 note
     assert page.locator("#embed-error").inner_text().strip() != ""
 
+    # A first row with one bad cell is data to report, not a header to drop in silence.
+    page.fill("#embed-text", "1,2x\n3,4\n")
+    page.click("#embed-form button[type=submit]")
+    page.wait_for_selector("#embed-error:has-text('row 1, column 2')")
+
 
 # ---------------------------------------------------------------------- jobs
 

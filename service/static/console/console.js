@@ -351,7 +351,8 @@
   function parseCsv(text) {
     const rows = text.split(/\r?\n/).filter((line) => line.trim()).map((line) => line.split(",").map((c) => c.trim()));
     const numeric = (cell) => cell !== "" && Number.isFinite(Number(cell));
-    if (!rows[0].every(numeric)) rows.shift(); // a header row of column names
+    // A header has no number in it; a first row with one bad cell is reported, not dropped.
+    if (!rows[0].some(numeric)) rows.shift();
     if (!rows.length) throw new Error("CSV has no data rows");
     return rows.map((row, r) =>
       row.map((cell, c) => {
