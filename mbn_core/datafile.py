@@ -23,7 +23,10 @@ import numpy as np
 _NPY_MAGIC = b"\x93NUMPY"
 # Headers numpy writes are a few hundred bytes; this bounds what a hostile one makes us parse.
 _MAX_HEADER_BYTES = 10_000
-_SPARSE_MEMBERS = {"format.npy", "shape.npy", "data.npy", "indices.npy", "indptr.npy"}
+# What every scipy sparse .npz holds, whatever its format (csr, csc, bsr, coo, dia).
+_SPARSE_MEMBERS = {"format.npy", "shape.npy", "data.npy"}
+# Members that are not numbers: a sparse .npz's format name, and labels (strings allowed).
+_TEXT_MEMBERS = {"format.npy", "y.npy"}
 _CSV_CHUNK = 1 << 20
 
 
@@ -143,7 +146,12 @@ def _peek_npz(path: Path) -> DataShape:
             with archive.open(info) as handle:
                 source = f"{path}: member {name!r}"
                 # A scipy sparse .npz names its format ("csr") in a string array.
-                header = _npy_header(handle, source, numeric=name != "format.npy")
+                header = _npy_header(handle, source, numeric=name not in _TEXT_MEMBERS)
+                if name == "y.npy" and header.dtype.kind not in "biufUS":
+                    raise ValueError(
+                        f"{source}: labels must be numbers, strings or booleans, got dtype "
+                        f"{header.dtype}"
+                    )
                 # The size the zip directory declares, checked against the header before a
                 # byte is inflated: a decompression bomb is refused here, and zipfile never
                 # inflates more than the declared size.

@@ -61,7 +61,7 @@ ProgressCallback = Callable[[str, float], object]
 _MLP_COST = 7.0
 # Share of the whole job left to the fidelity evaluation and the export.
 _EXPORT_SHARE = 0.02
-_SPARSE_KEYS = {"format", "shape", "data", "indices", "indptr"}
+_SPARSE_KEYS = {"format", "shape", "data"}  # in every scipy sparse format's .npz
 _MAX_SEED = 2**32
 
 
@@ -294,13 +294,24 @@ def _read_npz(path: Path):
     with np.load(path, allow_pickle=False) as npz:
         keys = set(npz.files)
         if keys >= _SPARSE_KEYS:
-            return sp.load_npz(path).tocsr(), None
+            return _checked_sparse(sp.load_npz(path)), None
         if "x" not in keys:
             raise ValueError(
                 f"{path}: an .npz needs an array named 'x' (and optionally 'y'), "
                 f"found {sorted(keys)}"
             )
         return npz["x"], npz["y"] if "y" in keys else None
+
+
+def _checked_sparse(X) -> sp.csr_matrix:
+    """``X`` as CSR, its index arrays checked first: scipy's constructors check only their
+    lengths, and the compiled conversions index memory with them (a decreasing ``indptr``
+    raised a C++ RuntimeError; a column index past the shape went through)."""
+    if hasattr(X, "check_format"):  # csr, csc, bsr: before any conversion reads them
+        X.check_format(full_check=True)
+    X = X.tocsr()
+    X.check_format(full_check=True)
+    return X
 
 
 def _read_csv(path: Path) -> np.ndarray:

@@ -40,6 +40,47 @@ def test_sparse_npz(tmp_path):
     assert (shape.n_rows, shape.n_features, shape.sparse) == (9, 4, True)
 
 
+@pytest.mark.parametrize("layout", ["csr", "csc", "bsr", "coo", "dia"])
+def test_every_scipy_sparse_format_loads_as_csr(tmp_path, layout):
+    # Only csr, csc and bsr (the ones with indptr) were recognised before.
+    dense = np.random.default_rng(0).normal(size=(20, 3))
+    sp.save_npz(tmp_path / "s.npz", sp.csr_matrix(dense).asformat(layout))
+    shape = peek_data_file(tmp_path / "s.npz")
+    assert (shape.n_rows, shape.n_features, shape.sparse) == (20, 3, True)
+    loaded, _ = load_training_data(tmp_path / "s.npz")
+    assert isinstance(loaded, sp.csr_matrix)
+    np.testing.assert_allclose(loaded.toarray(), dense.astype(np.float32))
+
+
+_EVIL_SPARSE = {
+    "decreasing indptr": ("csr", (2, 3), {"indices": [0, 1], "indptr": [0, 5, 2]}, "indptr"),
+    "csc index past the shape": ("csc", (3, 2), {"indices": [0, 9], "indptr": [0, 1, 2]}, "< 3"),
+    "coo index past the shape": ("coo", (5, 3), {"row": [0, 100], "col": [0, 1]}, "exceeds"),
+}
+
+
+@pytest.mark.parametrize("case", _EVIL_SPARSE, ids=list(_EVIL_SPARSE))
+def test_sparse_index_arrays_are_checked_before_use(tmp_path, case):
+    # scipy's constructors check only lengths: a decreasing indptr raised a C++ RuntimeError
+    # in the conversion, and a column index past the shape was loaded.
+    layout, shape, index_arrays, message = _EVIL_SPARSE[case]
+    arrays = {key: np.array(value) for key, value in index_arrays.items()}
+    np.savez(tmp_path / "e.npz", format=np.array(layout), shape=np.array(shape),
+             data=np.ones(2), **arrays)  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        load_training_data(tmp_path / "e.npz")
+
+
+def test_string_labels_in_an_npz(tmp_path):
+    x = np.random.default_rng(0).normal(size=(6, 2))
+    np.savez(tmp_path / "d.npz", x=x, y=np.array(["cat", "dog"] * 3))
+    assert peek_data_file(tmp_path / "d.npz").has_labels
+    assert load_training_data(tmp_path / "d.npz")[1].tolist() == ["cat", "dog"] * 3
+    np.savez(tmp_path / "c.npz", x=x, y=np.ones(6, complex))
+    with pytest.raises(ValueError, match="labels must be numbers, strings or booleans"):
+        peek_data_file(tmp_path / "c.npz")
+
+
 def test_csv_with_and_without_header(tmp_path):
     (tmp_path / "a.csv").write_text("a,b,c\n1,2,3\n\n4,5,6\n7,8,9")
     (tmp_path / "b.csv").write_text("1,2\n3,4\n")
