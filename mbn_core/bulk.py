@@ -186,15 +186,19 @@ def open_rows(source: str | os.PathLike[str], chunk_rows: int = DEFAULT_CHUNK_RO
         raise ValueError(f"{path}: no such file")
     if suffix == ".npy":
         reader = NpyRows(str(path))
-        array = da.from_array(reader, chunks=(chunk_rows, reader.shape[1]), lock=False)
-    else:
-        array = _open_zarr(da, path)
-        array = array.rechunk((chunk_rows, array.shape[1]))
-    if array.ndim != 2 or array.shape[0] < 1:
-        raise ValueError(f"{path}: expected a 2-D matrix with at least one row, got {array.shape}")
-    if array.dtype.kind not in "biuf":
-        raise ValueError(f"{path}: expected numbers, got dtype {array.dtype}")
-    return array
+        _check_rows(path, reader.shape, reader.dtype)
+        return da.from_array(reader, chunks=(chunk_rows, reader.shape[1]), lock=False)
+    array = _open_zarr(da, path)
+    _check_rows(path, array.shape, array.dtype)
+    return array.rechunk((chunk_rows, array.shape[1]))
+
+
+def _check_rows(path: Path, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    """Before chunking by rows, which assumes a 2-D shape (a 1-D file was an IndexError)."""
+    if len(shape) != 2 or shape[0] < 1:
+        raise ValueError(f"{path}: expected a 2-D matrix with at least one row, got {shape}")
+    if dtype.kind not in "biuf":
+        raise ValueError(f"{path}: expected numbers, got dtype {dtype}")
 
 
 def _open_zarr(da: Any, path: Path) -> Any:

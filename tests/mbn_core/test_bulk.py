@@ -92,10 +92,17 @@ def test_a_bad_row_is_named_and_nothing_is_left(workdir):
         ("rows.npy", "o.csv", "unsupported output format '.csv'"),
         ("rows.npz", "o.npy", "unsupported format '.npz'"),
         ("missing.npy", "o.npy", "missing.npy: no such file"),
+        # Chunking by rows assumed two dimensions: a 1-D file was an IndexError.
+        ("vector.npy", "o.npy", "expected a 2-D matrix with at least one row, got (64,)"),
+        ("cube.npy", "o.npy", "expected a 2-D matrix with at least one row, got (2, 8, 8)"),
+        ("cube.zarr", "o.npy", "expected a 2-D matrix with at least one row, got (2, 8, 8)"),
     ],
 )
 def test_bad_requests_are_value_errors(workdir, source, out, message):
     np.save(workdir / "narrow.npy", np.zeros((5, 10)))
+    np.save(workdir / "vector.npy", np.zeros(64))
+    np.save(workdir / "cube.npy", np.zeros((2, 8, 8)))
+    zarr.open_array(str(workdir / "cube.zarr"), mode="w", shape=(2, 8, 8), dtype="f4")[:] = 0
     with pytest.raises(ValueError, match=re.escape(message)):
         embed_file(workdir / "model", workdir / source, workdir / out)
 
