@@ -30,6 +30,7 @@ import os
 import platform
 import re
 import shutil
+import tempfile
 import threading
 import uuid
 import zipfile
@@ -237,13 +238,20 @@ def save_bundle(
 def check_target(directory: str | os.PathLike[str], *, overwrite: bool = False) -> None:
     """ValueError unless a bundle may be written at ``directory``.
 
-    Its parent must exist. An existing path is refused, except with ``overwrite`` when it is
-    an empty directory or a bundle (it has an MBN manifest): replacing anything else could
-    delete a user's files on a mistyped ``--out``.
+    Its parent must exist and take a new directory (tried, since permissions do not tell:
+    root, read-only mounts, /proc). An existing path is refused, except with ``overwrite``
+    when it is an empty directory or a bundle (it has an MBN manifest): replacing anything
+    else could delete a user's files on a mistyped ``--out``.
     """
     directory = Path(directory)
     if not directory.parent.is_dir():
         raise ValueError(f"{directory.parent}: the directory to hold the bundle does not exist")
+    try:  # before a training of hours, not after it
+        os.rmdir(tempfile.mkdtemp(prefix=".mbn-write-check-", dir=directory.parent))
+    except OSError as error:
+        raise ValueError(
+            f"{directory.parent}: cannot write the bundle there ({error.strerror})"
+        ) from None
     if not (directory.exists() or directory.is_symlink()):
         return
     if not overwrite:

@@ -332,7 +332,9 @@ class Worker:
         if kind == "done":
             self._publish(job, Path(value), model_id)
         elif kind == "error":
-            self._fail(job, value)
+            # The training process hid the data's path; the bundle's directory may be named too
+            # (e.g. a models directory that cannot be written).
+            self._fail(job, self._hide_paths(value))
         elif kind == "stopped":  # it stopped without being asked: its parent looked gone
             self._fail(job, "training stopped unexpectedly")
         else:
@@ -386,9 +388,9 @@ class Worker:
             return
         log.info("job %s: model %s promoted (default and name %r)", job.id, model_id, name)
 
-    def _hide_paths(self, exc: Exception) -> str:
+    def _hide_paths(self, error: Exception | str) -> str:
         """The message without the server's directories (clients read job errors)."""
-        message = str(exc)
+        message = str(error)
         for path, name in (
             (self.settings.models_path, "<model dir>"),
             (self.settings.data_dir, "<data dir>"),

@@ -1,6 +1,7 @@
 """Training parameters, reading data files, and train_bundle's progress and cancellation."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -338,6 +339,19 @@ def test_every_method_trains_at_the_edges_of_the_range(tmp_path, method, scale):
     bundle = load_bundle(train_bundle(X, tmp_path / "m", name="m", params=params))
     for mode in ("fast", "exact"):
         assert np.isfinite(bundle.embed(X[:5], mode=mode)).all()
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux's /proc")
+def test_a_directory_that_cannot_be_written_is_refused_before_training(digits):
+    # /proc takes no new directory, even for root (whom permission bits would not stop): the
+    # bundle's move into place failed there after the whole training.
+    X, _ = digits
+
+    def progress(phase, fraction):
+        raise AssertionError("training started")
+
+    with pytest.raises(ValueError, match=r"^/proc: cannot write the bundle there"):
+        train_bundle(X[:50], "/proc/mbn-bundle", name="m", params=SMALL, progress=progress)
 
 
 def test_existing_bundle_is_refused_unless_overwrite(digits, tmp_path):

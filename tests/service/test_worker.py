@@ -103,6 +103,18 @@ def test_a_stand_alone_worker_promotes_through_the_alias_file(setup: Setup, digi
     wait_for(lambda: aliases.read() == promoted, 30, "the worker to promote the model")
 
 
+def test_job_errors_name_no_server_directory(setup: Setup) -> None:
+    # What the training process reports (a bundle directory that cannot be written, say)
+    # reaches clients as the job's error: the worker hides the server's directories in it.
+    worker = Worker(setup.settings, setup.store)
+    staging = setup.settings.data_dir / "staging" / "m-1"
+    error = f"{staging}: cannot write the bundle there (Read-only file system)"
+    hidden = worker._hide_paths(error)
+    assert hidden == "<data dir>/staging/m-1: cannot write the bundle there (Read-only file system)"
+    model = setup.settings.models_path / "m-1"
+    assert worker._hide_paths(ValueError(f"{model}: exists")) == "<model dir>/m-1: exists"
+
+
 def test_cancel_stops_training_promptly(setup: Setup, digits: Digits) -> None:
     job = setup.submit(digits[0], LONG_PARAMS)
     worker = setup.worker()
