@@ -27,6 +27,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 
 import numpy as np
 
@@ -34,45 +35,35 @@ METHODS = ("mbn", "modular_kpca", "multilevel")
 CASE_TIMEOUT_SECONDS = 300
 
 
-def degenerate_data(name: str) -> np.ndarray:
-    rng = np.random.default_rng(0)
-    base = rng.normal(size=(60, 5))
-    cases = {
-        "1 row": lambda: base[:1],
-        "3 rows": lambda: base[:3],
-        "10 rows": lambda: base[:10],
-        "1 column": lambda: base[:, :1],
-        "a constant column": lambda: np.column_stack([base[:, :2], np.zeros(60)]),
-        "constant rows": lambda: np.ones((60, 5)),
-        "zeros": lambda: np.zeros((60, 5)),
-        "differing below float32 precision": lambda: 1e6 + 1e-6 * base,
-        "values of 1e30": lambda: 1e30 * base,
-        "values of 3.4e38": lambda: np.full((60, 5), 3.4e38) * np.sign(base),
-        "values of 1e200 (beyond float32)": lambda: 1e200 * base,
-        "spread of 1e-30": lambda: 1e-30 * base,
-        "spread of 1e-14": lambda: 1e-14 * base,
-        "values of 1e14": lambda: 1e14 * base,
-        "one-hot rows": lambda: np.eye(60),
-        "3 distinct rows": lambda: np.repeat(base[:3], 20, axis=0),
-        "2 distinct rows": lambda: np.repeat(np.eye(2), 30, axis=0),
-        "int64": lambda: (10 * base).astype(np.int64),
-        "uint8": lambda: (50 * np.abs(base)).astype(np.uint8),
-        "bool": lambda: base > 0,
-        "float16": lambda: base.astype(np.float16),
-        "wide (12 x 3,000)": lambda: rng.normal(size=(12, 3000)),
-        "NaN": lambda: np.where(base > 2, np.nan, base),
-        "infinity": lambda: np.where(base > 2, np.inf, base),
-    }
-    return cases[name]()
-
-
-DATA_CASES = [
-    "1 row", "3 rows", "10 rows", "1 column", "a constant column", "constant rows", "zeros",
-    "differing below float32 precision", "values of 1e30", "values of 3.4e38",
-    "values of 1e200 (beyond float32)", "spread of 1e-30", "spread of 1e-14", "values of 1e14",
-    "one-hot rows", "3 distinct rows", "2 distinct rows", "int64", "uint8", "bool", "float16",
-    "wide (12 x 3,000)", "NaN", "infinity",
-]  # fmt: skip
+_RNG = np.random.default_rng(0)
+_BASE = _RNG.normal(size=(60, 5))
+# The degenerate training sets, by name (built on demand: the wide one is 36,000 values).
+DEGENERATE_SETS: dict[str, Callable[[], np.ndarray]] = {
+    "1 row": lambda: _BASE[:1],
+    "3 rows": lambda: _BASE[:3],
+    "10 rows": lambda: _BASE[:10],
+    "1 column": lambda: _BASE[:, :1],
+    "a constant column": lambda: np.column_stack([_BASE[:, :2], np.zeros(60)]),
+    "constant rows": lambda: np.ones((60, 5)),
+    "zeros": lambda: np.zeros((60, 5)),
+    "differing below float32 precision": lambda: 1e6 + 1e-6 * _BASE,
+    "values of 1e30": lambda: 1e30 * _BASE,
+    "values of 3.4e38": lambda: np.full((60, 5), 3.4e38) * np.sign(_BASE),
+    "values of 1e200 (beyond float32)": lambda: 1e200 * _BASE,
+    "spread of 1e-30": lambda: 1e-30 * _BASE,
+    "spread of 1e-14": lambda: 1e-14 * _BASE,
+    "values of 1e14": lambda: 1e14 * _BASE,
+    "one-hot rows": lambda: np.eye(60),
+    "3 distinct rows": lambda: np.repeat(_BASE[:3], 20, axis=0),
+    "2 distinct rows": lambda: np.repeat(np.eye(2), 30, axis=0),
+    "int64": lambda: (10 * _BASE).astype(np.int64),
+    "uint8": lambda: (50 * np.abs(_BASE)).astype(np.uint8),
+    "bool": lambda: _BASE > 0,
+    "float16": lambda: _BASE.astype(np.float16),
+    "wide (12 x 3,000)": lambda: np.random.default_rng(1).normal(size=(12, 3000)),
+    "NaN": lambda: np.where(_BASE > 2, np.nan, _BASE),
+    "infinity": lambda: np.where(_BASE > 2, np.inf, _BASE),
+}
 
 # Values at or beyond each parameter's edge (some valid, some not: both must end cleanly).
 EDGE_VALUES: dict[str, list] = {
@@ -138,7 +129,7 @@ def run_case(X, params: dict) -> str:
 def child(argv: list[str]) -> None:
     kind, method, key = argv
     if kind == "data":
-        X, params = degenerate_data(key), {"method": method, "max_epochs": 2, "map_points": 30}
+        X, params = DEGENERATE_SETS[key](), {"method": method, "max_epochs": 2, "map_points": 30}
     else:
         X, params = params_case(method, int(key))
     print(json.dumps({"params": params, "shape": list(X.shape), "result": run_case(X, params)}))
@@ -152,7 +143,7 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=1)
     args = parser.parse_args()
     keys = (
-        DATA_CASES
+        list(DEGENERATE_SETS)
         if args.kind == "data"
         else [str(s) for s in range(args.first_seed, args.first_seed + args.seeds)]
     )

@@ -126,7 +126,7 @@ def embed_isomap(graph: sp.csr_matrix, n_components: int, seed: int) -> np.ndarr
     gram = KernelCenterer().fit_transform(-0.5 * distances**2)
     size = gram.shape[0]
     k = min(n_components, size)
-    if size > 200 and k < 10:
+    if size > 200 and k < 10:  # KernelPCA's "auto" choice of ARPACK
         v0 = check_random_state(seed).uniform(-1, 1, size)
         values, vectors = eigsh(gram, k, which="LA", v0=v0)
     else:

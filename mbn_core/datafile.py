@@ -23,8 +23,12 @@ import numpy as np
 _NPY_MAGIC = b"\x93NUMPY"
 # Headers numpy writes are a few hundred bytes; this bounds what a hostile one makes us parse.
 _MAX_HEADER_BYTES = 10_000
-# What every scipy sparse .npz holds, whatever its format (csr, csc, bsr, coo, dia).
-_SPARSE_MEMBERS = {"format.npy", "shape.npy", "data.npy"}
+# The arrays every scipy sparse .npz holds, whatever its format (csr, csc, bsr, coo, dia).
+SPARSE_ARRAYS = frozenset({"format", "shape", "data"})
+_SPARSE_MEMBERS = {f"{name}.npy" for name in SPARSE_ARRAYS}
+# dtype kinds labels may have: compared and sorted (NMI, the map's colours), so numbers,
+# booleans or strings, never mixed Python objects.
+LABEL_KINDS = "biufUS"
 # Members that are not numbers: a sparse .npz's format name, and labels (strings allowed).
 _TEXT_MEMBERS = {"format.npy", "y.npy"}
 _CSV_CHUNK = 1 << 20
@@ -147,7 +151,7 @@ def _peek_npz(path: Path) -> DataShape:
                 source = f"{path}: member {name!r}"
                 # A scipy sparse .npz names its format ("csr") in a string array.
                 header = _npy_header(handle, source, numeric=name not in _TEXT_MEMBERS)
-                if name == "y.npy" and header.dtype.kind not in "biufUS":
+                if name == "y.npy" and header.dtype.kind not in LABEL_KINDS:
                     raise ValueError(
                         f"{source}: labels must be numbers, strings or booleans, got dtype "
                         f"{header.dtype}"

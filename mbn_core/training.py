@@ -36,7 +36,7 @@ from mbn_core.compress import (
     teacher_fit_rows,
 )
 from mbn_core.data_range import check_spread
-from mbn_core.datafile import is_header_row, peek_data_file
+from mbn_core.datafile import LABEL_KINDS, SPARSE_ARRAYS, is_header_row, peek_data_file
 from mbn_core.embedding_map import MAP_FILE, MAP_POINTS, EmbeddingMap, build_map
 from mbn_core.input_map import projected_width
 from mbn_core.methods import (
@@ -61,7 +61,6 @@ ProgressCallback = Callable[[str, float], object]
 _MLP_COST = 7.0
 # Share of the whole job left to the fidelity evaluation and the export.
 _EXPORT_SHARE = 0.02
-_SPARSE_KEYS = {"format", "shape", "data"}  # in every scipy sparse format's .npz
 _MAX_SEED = 2**32
 
 
@@ -293,7 +292,7 @@ def _check_magic(path: Path, suffix: str) -> None:
 def _read_npz(path: Path):
     with np.load(path, allow_pickle=False) as npz:
         keys = set(npz.files)
-        if keys >= _SPARSE_KEYS:
+        if keys >= SPARSE_ARRAYS:
             return _checked_sparse(sp.load_npz(path)), None
         if "x" not in keys:
             raise ValueError(
@@ -336,8 +335,7 @@ def _check_labels(y, n_samples: int, source: str) -> np.ndarray | None:
         raise ValueError(f"{source}: 'y' must be 1-D with one label per row of 'x'")
     if y.dtype.kind == "O":  # e.g. strings from pandas or fetch_openml: typed, if they are
         y = np.asarray(y.tolist())
-    # Labels are compared and sorted (NMI, the map's colours): mixed Python objects cannot be.
-    if y.dtype.kind not in "biufUS":
+    if y.dtype.kind not in LABEL_KINDS:
         raise ValueError(
             f"{source}: labels must be numbers, strings or booleans, got {y.dtype} values"
         )

@@ -6,7 +6,6 @@ import sys
 
 import numpy as np
 import pytest
-import scipy.linalg
 from sklearn.datasets import load_digits, make_blobs
 from sklearn.manifold import TSNE
 
@@ -155,15 +154,16 @@ def test_a_near_constant_embedding_does_not_crash_the_process():
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_the_pca_start_survives_a_lapack_fault(monkeypatch):
-    # Wide enough (40 of 200) that PCA's "auto" takes the SVD, not the covariance.
+@pytest.fixture(scope="module")
+def wide_map():
+    """Points wide enough (40 of 200) that PCA's "auto" takes the SVD, not the covariance,
+    and their map made before any fault is injected."""
     wide, _ = make_blobs(200, n_features=40, centers=3, random_state=0)
-    clean = build_map(wide, random_state=0)
+    return wide, build_map(wide, random_state=0)
 
-    def no_convergence(*args, **kwargs):
-        raise np.linalg.LinAlgError("SVD did not converge")
 
-    monkeypatch.setattr(scipy.linalg, "svd", no_convergence)
+def test_the_pca_start_survives_a_lapack_fault(wide_map, svd_fails):
+    wide, clean = wide_map
     with pytest.raises(np.linalg.LinAlgError):  # the fault is real for sklearn's own start
         TSNE(init="pca", perplexity=30.0, random_state=0).fit(wide)
     faulted = build_map(wide, random_state=0)

@@ -1,35 +1,18 @@
 """fit_pca: scikit-learn's PCA, surviving LAPACK's SVD reporting that it did not converge.
 
 The fault itself depends on the BLAS build and thread count (it struck the one-hot top codes
-of a digits model with SciPy 1.17.1's OpenBLAS and one thread), so it is injected here: the
-SVD that PCA calls raises ``LinAlgError``, as LAPACK's non-convergence does.
+of a digits model with SciPy 1.17.1's OpenBLAS and one thread), so it is injected
+(``svd_fails``, ``svds_fails`` in conftest.py).
 """
 
 import numpy as np
 import pytest
-import scipy.linalg
 import scipy.sparse as sp
-import sklearn.decomposition._pca
 from sklearn.datasets import load_digits
 from sklearn.decomposition import PCA
 
 from mbn_core import MBN
 from mbn_core.pca import MAX_COVARIANCE_FEATURES, fit_pca
-
-
-def _no_convergence(*args, **kwargs):
-    raise np.linalg.LinAlgError("SVD did not converge")
-
-
-@pytest.fixture
-def svd_fails(monkeypatch):
-    monkeypatch.setattr(scipy.linalg, "svd", _no_convergence)
-
-
-@pytest.fixture
-def svds_fails(monkeypatch):
-    # PCA's ARPACK route runs an SVD of its own inside svds.
-    monkeypatch.setattr(sklearn.decomposition._pca, "svds", _no_convergence)
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +75,14 @@ def test_without_another_route_the_error_stands(wide, svd_fails, svds_fails):
         fit_pca(sp.csr_matrix(wide), 5, svd_solver="arpack")
 
 
-def test_an_mbn_fit_survives_the_fault_in_its_top_layer(digits, monkeypatch):
+@pytest.fixture(scope="module")
+def unfaulted_mbn(digits):
+    """An MBN and its embedding of digits, fitted before any fault is injected."""
     mbn = MBN(n_clusterings=10, k1=0.2, n_components=3, random_state=0, n_jobs=1)
-    expected = mbn.fit_transform(digits)
-    monkeypatch.setattr(scipy.linalg, "svd", _no_convergence)
+    return mbn, mbn.fit_transform(digits)
+
+
+def test_an_mbn_fit_survives_the_fault_in_its_top_layer(digits, unfaulted_mbn, svd_fails):
+    mbn, expected = unfaulted_mbn
     embedded = mbn.fit_transform(digits)
     np.testing.assert_allclose(embedded, expected, atol=1e-6)

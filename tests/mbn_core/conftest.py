@@ -1,0 +1,26 @@
+"""Faults injected into LAPACK, for the tests of the fallbacks around it.
+
+Whether LAPACK's SVD reports non-convergence on a given matrix depends on the BLAS build and
+its thread count (it struck SciPy 1.17.1's OpenBLAS with one thread), so the tests make it
+raise ``LinAlgError``, as LAPACK's non-convergence does, where each route meets it.
+"""
+
+import numpy as np
+import pytest
+import scipy.linalg
+import sklearn.decomposition._pca
+
+
+def _no_convergence(*args, **kwargs):
+    raise np.linalg.LinAlgError("SVD did not converge")
+
+
+@pytest.fixture
+def svd_fails(monkeypatch):
+    monkeypatch.setattr(scipy.linalg, "svd", _no_convergence)
+
+
+@pytest.fixture
+def svds_fails(monkeypatch):
+    # PCA's ARPACK route runs an SVD of its own inside svds.
+    monkeypatch.setattr(sklearn.decomposition._pca, "svds", _no_convergence)
