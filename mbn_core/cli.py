@@ -278,6 +278,14 @@ def main(argv: Sequence[str] | None = None, commands: Mapping[str, Command] | No
         message = str(error) if not isinstance(error, OSError) else _os_message(error)
         print(f"mbn {args.command}: error: {message}", file=sys.stderr)  # noqa: T201
         return EXIT_USAGE
+    except MemoryError as error:  # sizes this machine cannot hold (numpy names the array)
+        detail = f": {error}" if str(error) else ""
+        print(  # noqa: T201
+            f"mbn {args.command}: error: out of memory{detail}; use fewer rows or smaller "
+            "sizes (n_clusterings, k_max, hidden_layer_sizes, ...)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     return 0
 
 

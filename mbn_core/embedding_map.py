@@ -108,14 +108,15 @@ class EmbeddingMap:
         -------
         ndarray of shape (n, 2), float32
         """
-        queries = np.asarray(embeddings, dtype=np.float32)
+        with np.errstate(over="ignore"):  # beyond float32's range: refused just below
+            queries = np.asarray(embeddings, dtype=np.float32)
         dim = self.embedding.shape[1]
         if queries.ndim != 2 or queries.shape[1] != dim or len(queries) == 0:
             raise ValueError(
                 f"embeddings must have shape (n >= 1, {dim}), got {tuple(queries.shape)}"
             )
         if not np.isfinite(queries).all():
-            raise ValueError("embeddings contain NaN or infinity")
+            raise ValueError("embeddings contain NaN, infinity or a value beyond the float32 range")
         k = min(LOCATE_NEIGHBOURS, self.n_points)
         sample = self.embedding.astype(np.float64)
         sample_norms = np.einsum("ij,ij->i", sample, sample)

@@ -1,7 +1,7 @@
 """What the compressor's MLP sees of an input row: an affine map fitted on the training rows.
 
-Narrow or sparse input is standardised feature by feature, as any MLP's input is. Wide dense
-input is projected onto its leading principal directions instead, with one scale for all of
+Narrow input is standardised feature by feature, as any MLP's input is. Wide input, dense or
+sparse, is projected onto its leading principal directions instead, with one scale for all of
 them. That keeps the input's Euclidean geometry, which is what the teacher's distances
 measure, and it leaves the MLP a first layer small enough to learn from a few thousand rows.
 Measured on rows new to the MBN (benchmarks/RESULTS.md, issue 12): MNIST-5k R^2 of the fast
@@ -35,7 +35,7 @@ _COVARIANCE_MAX_FEATURES = 1000
 
 
 def projected_width(n_features: int, max_features: int | None) -> int | None:
-    """How many principal directions dense input of ``n_features`` is projected onto, or None
+    """How many principal directions input of ``n_features`` is projected onto, or None
     when it is standardised instead (``max_features`` None, or no more features than it)."""
     if max_features is None or n_features <= max_features:
         return None
@@ -49,8 +49,9 @@ class InputMap:
     Attributes
     ----------
     mean : ndarray of shape (n_features,) or None
-        Subtracted first; None for sparse input, which is scaled but not centred so that it
-        stays sparse.
+        Subtracted first; None for standardised sparse input, which is scaled but not centred
+        so that it stays sparse. Sparse rows meet a projection's mean after it (``X @
+        projection - mean @ projection``), so they are never made dense.
     scale : ndarray of shape (n_features,) or None
         Each feature's spread (floored) when standardising, else None.
     projection : ndarray of shape (n_features, n_outputs) or None
@@ -64,15 +65,19 @@ class InputMap:
 
     @classmethod
     def fit(cls, X, max_features: int | None) -> InputMap:
-        """Standardise ``X``'s features, or project dense ``X`` with more than
-        ``max_features`` features onto at most that many principal directions (those with
-        variance: fewer for few rows or low-rank input). None always standardises."""
+        """Standardise ``X``'s features, or project ``X`` with more than ``max_features``
+        features onto at most that many principal directions (those with variance: fewer for
+        few rows or low-rank input). None always standardises."""
         width = projected_width(X.shape[1], max_features)
-        if sp.issparse(X) or width is None or X.shape[0] < 2 or not np.ptp(X, axis=0).any():
+        if width is None or X.shape[0] < 2 or _constant(X):
             return cls._standardising(X)
         # After centring n rows span at most n - 1 directions.
-        # The seed only steers a randomized SVD's numerics; the directions are the data's.
-        solver = "covariance_eigh" if X.shape[1] <= _COVARIANCE_MAX_FEATURES else "auto"
+        # The seed only steers a randomized SVD's (or ARPACK's) numerics; the directions are
+        # the data's. ARPACK centres sparse rows implicitly, without making them dense.
+        if X.shape[1] <= _COVARIANCE_MAX_FEATURES:
+            solver = "covariance_eigh"
+        else:
+            solver = "arpack" if sp.issparse(X) else "auto"
         pca = fit_pca(X, min(width, X.shape[0] - 1), svd_solver=solver, random_state=0)
         variance = pca.explained_variance_
         kept = variance >= _MIN_VARIANCE_FRACTION * variance[0]
@@ -103,12 +108,15 @@ class InputMap:
 
     def transform(self, X):
         """The MLP's input for the rows of ``X``; sparse rows stay sparse for a map fitted on
-        sparse rows and are made dense for one fitted on dense rows (as the ONNX graph
-        does)."""
+        sparse rows, projected without being made dense, and made dense for a standardising
+        map fitted on dense rows (as the ONNX graph does)."""
         if sp.issparse(X):
             if self.mean is None:
                 assert self.scale is not None
                 return sp.csr_matrix(X.multiply(1.0 / self.scale).astype(np.float32))
+            if self.projection is not None:
+                projected = np.asarray(X.astype(np.float32) @ self.projection)
+                return projected - self.mean @ self.projection
             X = X.toarray()
         X = np.asarray(X, dtype=np.float32)
         if self.mean is not None:
@@ -117,3 +125,11 @@ class InputMap:
             return X @ self.projection
         assert self.scale is not None
         return X / self.scale
+
+
+def _constant(X) -> bool:
+    """Whether every feature of ``X`` has one value in all rows (nothing to project)."""
+    if sp.issparse(X):
+        spread = X.max(axis=0) - X.min(axis=0)
+        return not spread.count_nonzero()
+    return not np.ptp(X, axis=0).any()

@@ -24,6 +24,7 @@ from mbn_core import _kernels
 from mbn_core._scratch import ScratchArrays
 
 _FLOAT32_EPS = float(np.finfo(np.float32).eps) / 2  # unit roundoff u
+_FLOAT64_EPS = float(np.finfo(np.float64).eps) / 2
 # Re-rank rows whose runner-up is within this multiple of the worst-case GEMM error.
 # 2 is the bound for two scores; the margin covers float64 re-ranking of candidates.
 _TIE_MARGIN = 4.0
@@ -202,13 +203,18 @@ def _pick_left_out(scores, tolerance, exclude, chosen_row, center_values, metric
     out[rows] = best
 
 
-def _error_terms(norms: np.ndarray, n_chosen: int, metric: str) -> tuple[float, float]:
-    """(per unit of the row's norm, constant) of the float32 score's rounding-error bound."""
-    gamma = (n_chosen + 1) * _FLOAT32_EPS / (1 - (n_chosen + 1) * _FLOAT32_EPS)
+def _error_terms(
+    norms: np.ndarray, n_chosen: int, metric: str, unit: float = _FLOAT32_EPS
+) -> tuple[float, float]:
+    """(per unit of the row's norm, constant) of the rounding-error bound of a float32 score
+    summed at unit roundoff ``unit`` (float32's, or float64's for sums cast to float32)."""
+    gamma = (n_chosen + 1) * unit / (1 - (n_chosen + 1) * unit)
+    # The final float32 value adds float32's own roundoff when the sum was wider.
+    last = unit + (_FLOAT32_EPS if unit < _FLOAT32_EPS else 0.0)
     if metric == "euclidean":
         w_max = float(norms.max()) if norms.size else 0.0
-        return (gamma + _FLOAT32_EPS) * w_max, (gamma + _FLOAT32_EPS) * 0.5 * w_max**2
-    return gamma + 2 * _FLOAT32_EPS, 0.0
+        return (gamma + last) * w_max, (gamma + last) * 0.5 * w_max**2
+    return gamma + unit + last, 0.0
 
 
 def _tolerance(x_norms: np.ndarray, error_per_norm: float, error_const: float) -> np.ndarray:
@@ -265,6 +271,50 @@ def bottom_codes_direct(
         layer.metric,
         codes,
     )
+    return codes
+
+
+def bottom_codes_sparse(
+    X: sp.csr_matrix, layer: BottomLayer, clustering: int, row_norms: np.ndarray
+) -> np.ndarray:
+    """``layer.clustering_codes`` for sparse rows and sparse centers: same codes, nothing
+    made dense but the (rows, k) scores.
+
+    The chosen dimensions mask the centers alone (x . (c * mask) is x . c on them), so
+    neither side is sliced by column, and the products cost the nonzeros that rows and
+    centers share. Scores are float64 sums cast to float32: their error bound is about one
+    float32 roundoff, not d_chosen of them, so few rows are near ties that ``_pick_centers``
+    must re-rank (whole-number counts still make exact ones).
+    """
+    features = layer.features(clustering)
+    mask = np.zeros(layer.n_features, dtype=np.float64)
+    mask[features] = 1.0
+    centers = sp.csr_matrix(layer.center_data[layer.centers[clustering]], dtype=np.float64)
+    centers = sp.csr_matrix(centers.multiply(mask))
+    sq_norms = np.asarray(centers.multiply(centers).sum(axis=1), dtype=np.float64).ravel()
+    norms = np.sqrt(sq_norms)
+    if layer.metric == "euclidean":
+        scale, shift = np.ones_like(norms), -0.5 * sq_norms
+    else:
+        scale, shift = 1.0 / np.where(norms > 0, norms, 1.0), np.zeros_like(norms)
+    error_per_norm, error_const = _error_terms(norms, len(features), layer.metric, _FLOAT64_EPS)
+    centers_t = sp.csc_matrix(centers.T)
+    X = sp.csr_matrix(X)
+    codes = np.empty(X.shape[0], dtype=np.int32)
+    block = _block_rows(len(norms))
+    for start in range(0, X.shape[0], block):
+        stop = min(start + block, X.shape[0])
+        rows = sp.csr_matrix(X[start:stop], dtype=np.float64)
+        products = (rows @ centers_t).toarray()
+        scores = (products * scale + shift).astype(np.float32)
+        _pick_centers(
+            scores,
+            _tolerance(row_norms[start:stop], error_per_norm, error_const),
+            lambda i, rows=rows: rows[i].toarray().ravel()[features],
+            lambda idx: layer.center_values(clustering, idx).astype(np.float64),
+            layer.metric,
+            codes[start:stop],
+        )
     return codes
 
 
@@ -438,6 +488,8 @@ class BottomLayer:
     def clustering_codes(
         self, X: np.ndarray | sp.csr_matrix, clustering: int, row_norms: np.ndarray
     ) -> np.ndarray:
+        if sp.issparse(X) and sp.issparse(self.center_data) and self.shift_masks is None:
+            return bottom_codes_sparse(X, self, clustering, row_norms)
         if (
             X.shape[0] <= DIRECT_MAX_ROWS
             and not sp.issparse(X)

@@ -81,8 +81,7 @@ class Runtime:
 
     @classmethod
     def start(cls, settings: Settings, metrics: Metrics) -> Runtime:
-        for directory in (settings.data_dir, settings.models_path, settings.jobs_path):
-            directory.mkdir(parents=True, exist_ok=True)
+        settings.make_directories()
         store = open_store(settings)
         files = JobFiles(settings.jobs_path)
         registry = ModelRegistry(

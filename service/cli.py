@@ -27,8 +27,8 @@ def serve_command(subparsers: Any) -> None:
         description="Run the HTTP service (settings: MBN_* environment variables).",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address (default: 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
-    serve.add_argument("--workers", type=int, default=1, help="server processes (default: 1)")
+    serve.add_argument("--port", type=_port, default=8000, help="port (default: 8000)")
+    serve.add_argument("--workers", type=_positive, default=1, help="server processes (default: 1)")
     serve.set_defaults(handler=_serve)
 
 
@@ -43,6 +43,28 @@ def worker_command(subparsers: Any) -> None:
 
 
 COMMANDS = {"serve": serve_command, "worker": worker_command}
+
+
+def _port(text: str) -> int:
+    # Checked here: the socket layer would take 99999 modulo 65,536 and listen elsewhere.
+    port = _integer(text)
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1 to 65535, got {port}")
+    return port
+
+
+def _positive(text: str) -> int:
+    number = _integer(text)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
 
 
 def _serve(args: argparse.Namespace) -> None:

@@ -361,6 +361,11 @@ class Settings(BaseSettings):
         """Where training data is kept, one sub-directory per job id."""
         return self.data_dir / "jobs"
 
+    def make_directories(self) -> None:
+        """Create the data, model and job directories (``OSError`` when one cannot be)."""
+        for directory in (self.data_dir, self.models_path, self.jobs_path):
+            directory.mkdir(parents=True, exist_ok=True)
+
     @property
     def db_url(self) -> str:
         """The job store's SQLAlchemy URL."""

@@ -32,6 +32,9 @@ def serve(
     requests for up to MBN_SHUTDOWN_GRACE_SECONDS, give running jobs back to the queue)."""
     settings = settings or Settings()
     configure_logging(settings.log_level)
+    # Before uvicorn starts: a directory that cannot be made is the caller's error (OSError,
+    # one line from ``mbn serve``), not a failed application start-up with a traceback.
+    settings.make_directories()
     options = {
         "host": host,
         "port": port,
@@ -64,8 +67,7 @@ def run_worker(settings: Settings | None = None) -> None:
     the model directory). SIGTERM/SIGINT stop it cleanly: running jobs go back to the queue."""
     settings = settings or Settings()
     configure_logging(settings.log_level)
-    settings.models_path.mkdir(parents=True, exist_ok=True)
-    settings.jobs_path.mkdir(parents=True, exist_ok=True)
+    settings.make_directories()
     store = open_store(settings)
     worker = Worker(settings, store)
 

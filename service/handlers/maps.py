@@ -91,9 +91,13 @@ class MapsHandler:
             raise InvalidInput(
                 f"every embedding must have {bundle.output_dim} numbers (model {bundle.id!r})"
             )
-        matrix = np.asarray(embeddings, dtype=np.float64)
+        # Embeddings are float32: a finite float64 beyond its range would become infinity.
+        with np.errstate(over="ignore"):
+            matrix = np.asarray(embeddings, dtype=np.float64).astype(np.float32)
         if not np.isfinite(matrix).all():
-            raise InvalidInput("embeddings contain NaN or infinity")
+            raise InvalidInput(
+                "embeddings contain NaN, infinity or a value beyond the float32 range"
+            )
         return Located(model_id=bundle.id, xy=stored.locate(matrix))
 
 

@@ -87,14 +87,17 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> None:
     # None: the values are not needed, only the check (keeps the parse small).
 
 
-def check_structure(body: bytes, skip: msgspec.Raw | None = None) -> None:
+def check_structure(
+    body: bytes, skip: msgspec.Raw | None = None, what: str = "the JSON body"
+) -> None:
     """Refuse what the fast parsers would silently accept: duplicate keys (where pydantic
     and msgspec keep the last one) and nesting too deep to parse (``RecursionError``).
 
     ``skip`` is a member of ``body`` (a zero-copy slice of it, as msgspec returns) that a
     fast path already parsed as plain number rows or a base64 string, so it holds no
     objects; it is replaced by ``0`` before the check, which keeps the check small for
-    large batches. Syntax errors are left to pydantic, which words them.
+    large batches. Syntax errors are left to pydantic, which words them. ``what`` names the
+    text in the messages (a form field's JSON, for one).
     """
     skeleton: bytes | str = body
     if skip is not None:
@@ -105,10 +108,10 @@ def check_structure(body: bytes, skip: msgspec.Raw | None = None) -> None:
         json.loads(skeleton, object_pairs_hook=_no_duplicates)
     except _DuplicateKey as exc:
         raise InvalidInput(
-            f"the JSON body has the key {exc.args[0]!r} twice in one object; keys must be unique"
+            f"{what} has the key {exc.args[0]!r} twice in one object; keys must be unique"
         ) from None
     except RecursionError:
-        raise InvalidInput("the JSON body is nested too deeply") from None
+        raise InvalidInput(f"{what} is nested too deeply") from None
     except ValueError:  # not JSON, or not UTF-8: pydantic's message names the place
         return
 

@@ -18,7 +18,7 @@ from service.errors import (
     invalid_from_validation,
 )
 from service.handlers import Job, TrainingHandler
-from service.routes._body import is_json, json_body, parse_json
+from service.routes._body import check_structure, is_json, json_body, parse_json
 from service.schemas import JobList, JobOut, JobStatus, TrainOptions, TrainRequest, error_responses
 
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require_api_key)])
@@ -104,6 +104,10 @@ async def _train_multipart(request: Request, handler: TrainingHandler) -> Job:
         if not isinstance(upload, UploadFile):
             raise InvalidInput("the form needs a 'file' part holding the training data")
         fields: dict[str, Any] = {}
+        for key in _FORM_FIELDS:
+            # Starlette keeps every repeat of a field and .get() the last: refuse the guess.
+            if len(form.getlist(key)) > 1:
+                raise InvalidInput(f"the form has the field {key!r} more than once")
         for key in ("params", "name", "method", "promote"):
             value = form.get(key)
             if value is None:
@@ -112,6 +116,7 @@ async def _train_multipart(request: Request, handler: TrainingHandler) -> Job:
                 raise InvalidInput(f"{key!r} must be a text field, not a file")
             fields[key] = value
         if "params" in fields:
+            check_structure(fields["params"].encode("utf-8", "surrogatepass"), what="params")
             try:
                 fields["params"] = json.loads(fields["params"])
             except json.JSONDecodeError as exc:

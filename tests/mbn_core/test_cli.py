@@ -155,6 +155,11 @@ def test_embed_exact_from_sparse_input(trained, workdir, monkeypatch):
             ["'delta' parameter of MBN must be"],
         ),
         (["train", "digits.npz", "--out", "bad id"], ["model id 'bad id'"]),
+        # Sizes no machine holds: numpy's MemoryError, not a traceback (nothing written).
+        (
+            ["train", "digits.npz", "--out", "m4", "--hidden-layer-sizes", "1000000,1000000"],
+            ["out of memory", "Unable to allocate", "hidden_layer_sizes"],
+        ),
     ],
 )
 def test_errors_in_process(trained, workdir, monkeypatch, capsys, argv, fragments):
@@ -164,6 +169,7 @@ def test_errors_in_process(trained, workdir, monkeypatch, capsys, argv, fragment
     assert len(err.splitlines()) == 1
     for fragment in fragments:
         assert fragment in err
+    assert not (workdir / "m4").exists()
 
 
 def test_bad_option_syntax_is_a_usage_error(capsys):

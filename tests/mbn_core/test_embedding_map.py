@@ -90,6 +90,7 @@ def test_locating_is_row_independent(blob_map, blobs):
         (np.zeros((2, 5)), r"shape \(n >= 1, 6\)"),
         (np.zeros((0, 6)), r"shape \(n >= 1, 6\)"),
         (np.full((1, 6), np.nan), "NaN"),
+        (np.full((1, 6), 1e39), "float32 range"),
     ],
 )
 def test_locate_refuses_bad_embeddings(blob_map, queries, message):

@@ -67,16 +67,64 @@ def test_narrow_input_and_none_are_standardised_feature_by_feature(digits):
     assert projected_width(65, 64) == 64
 
 
-def test_sparse_input_is_scaled_not_centred_and_stays_sparse(digits):
+def test_wide_sparse_input_is_projected_without_being_made_dense(digits, monkeypatch):
     sparse = sp.csr_matrix(digits)
     input_map = InputMap.fit(sparse, 10)
+    dense_map = InputMap.fit(digits, 10)
+    assert input_map.projection is not None and input_map.mean is not None
+    np.testing.assert_allclose(
+        np.abs(input_map.projection), np.abs(dense_map.projection), atol=1e-4
+    )
+
+    def no_dense(*args, **kwargs):
+        raise AssertionError("a sparse input was made dense")
+
+    monkeypatch.setattr(sp.csr_matrix, "toarray", no_dense)
+    mapped = input_map.transform(sparse)
+    assert isinstance(mapped, np.ndarray) and mapped.shape == (len(digits), 10)
+    np.testing.assert_allclose(mapped, input_map.transform(digits), rtol=1e-4, atol=1e-4)
+
+
+def test_wide_sparse_input_beyond_the_covariance_route_is_projected():
+    # 3,000 features: ARPACK on the implicitly centred sparse rows, as scikit-learn's PCA does.
+    rng = np.random.default_rng(0)
+    sparse = sp.random(300, 3000, density=0.01, format="csr", random_state=1, dtype=np.float32)
+    sparse = sp.csr_matrix(
+        sparse
+        + sp.csr_matrix(
+            (rng.random(300), (np.arange(300), rng.integers(0, 20, 300))), shape=(300, 3000)
+        )
+    )
+    input_map = InputMap.fit(sparse, 8)
+    assert input_map.n_outputs == 8
+    reference = PCA(8, svd_solver="full").fit(sparse.toarray())
+    cosines = np.abs(
+        np.sum(
+            input_map.projection
+            / np.linalg.norm(input_map.projection, axis=0)
+            * reference.components_.T,
+            axis=0,
+        )
+    )
+    assert np.all(cosines > 0.999)
+
+
+def test_narrow_sparse_input_is_scaled_not_centred_and_stays_sparse(digits):
+    sparse = sp.csr_matrix(digits)
+    input_map = InputMap.fit(sparse, None)
     assert input_map.mean is None and input_map.projection is None
     mapped = input_map.transform(sparse)
     assert sp.issparse(mapped) and mapped.nnz == sparse.nnz
     np.testing.assert_allclose(mapped.toarray(), input_map.transform(digits), rtol=1e-6)
-    # A map fitted on dense rows takes sparse rows as the dense rows they are (as ONNX does).
-    dense_map = InputMap.fit(digits, 10)
+    # A map fitted on dense rows takes sparse rows as the dense rows they are (as ONNX does);
+    # a projecting one projects them without making them dense (the same numbers, rounded
+    # in another order).
+    dense_map = InputMap.fit(digits, None)
     np.testing.assert_array_equal(dense_map.transform(sparse[:5]), dense_map.transform(digits[:5]))
+    projecting = InputMap.fit(digits, 10)
+    np.testing.assert_allclose(
+        projecting.transform(sparse[:5]), projecting.transform(digits[:5]), atol=1e-4
+    )
 
 
 def test_few_rows_and_low_rank_input_keep_only_directions_with_variance(digits):

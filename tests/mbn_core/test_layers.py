@@ -16,6 +16,7 @@ from mbn_core.layers import (
     bottom_clustering_codes,
     bottom_codes_direct,
     bottom_codes_leave_self_out,
+    bottom_codes_sparse,
     compact_values,
     input_row_norms,
     keep_threshold,
@@ -88,6 +89,32 @@ def test_bottom_sparse_input_gives_the_dense_codes(metric):
     np.testing.assert_array_equal(
         sparse_codes, reference_bottom(X.toarray(), features, centers, metric)
     )
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_sparse_bottom_codes_equal_the_gemm_path(metric):
+    # Sparse rows against sparse centers: the chosen dimensions mask the centers instead of
+    # slicing both sides. Whole-number counts make exact ties, and an all-zero row scores
+    # every center alike.
+    rng = np.random.default_rng(7)
+    dense = rng.poisson(0.4, size=(240, 40)).astype(np.float32)
+    dense[5] = 0.0
+    dense[9] = dense[3]
+    X = sp.csr_matrix(dense)
+    model = MBN(n_clusterings=10, ks=[50, 12], metric=metric, random_state=0).fit(X)
+    layer = model.bottom_layer_
+    assert sp.issparse(layer.center_data)
+    norms = input_row_norms(X)
+    for v in range(10):
+        features, centers = layer.features(v), layer.center_values(v)
+        codes = bottom_codes_sparse(X, layer, v, norms)
+        np.testing.assert_array_equal(codes, layer.clustering_codes(X, v, norms))
+        np.testing.assert_array_equal(
+            codes, bottom_clustering_codes(X, features, centers, metric, norms)
+        )
+        np.testing.assert_array_equal(codes, reference_bottom(dense, features, centers, metric))
+        rows = [bottom_codes_sparse(X[i : i + 1], layer, v, norms[i : i + 1])[0] for i in range(9)]
+        np.testing.assert_array_equal(rows, codes[:9])
 
 
 def test_bottom_codes_do_not_depend_on_the_batch():

@@ -50,11 +50,14 @@ def test_embedding_parity(with_head, exported, X):
 
 
 @pytest.mark.parametrize(
-    ("input_components", "sparse"), [(None, False), (None, True), (16, False)], ids=str
+    ("input_components", "sparse"),
+    [(None, False), (None, True), (16, False), (16, True)],
+    ids=str,
 )
 def test_parity_for_every_input_map(X, input_components, sparse):
-    # Standardised dense input (the scale folded into the first layer), sparse input (scaled,
-    # not centred) and projected input (Sub + MatMul) each export to the same numbers.
+    # Standardised dense input (the scale folded into the first layer), standardised sparse
+    # input (scaled, not centred) and projected input, dense or sparse (Sub + MatMul), each
+    # export to the same numbers.
     data = sp.csr_matrix(X) if sparse else X
     model = fit_model(data, input_components=input_components)
     assert (model.input_map_.projection is not None) == (input_components is not None)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from mbn_core import cli
 from service.config import Settings
 
 
@@ -79,3 +80,35 @@ def test_errors_do_not_echo_secrets(tmp_path: Path, field: str, secret: str) -> 
 def test_upload_limit_not_below_body_limit(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match=r"MBN_MAX_UPLOAD_BYTES \(1000000\) must be at least"):
         Settings(data_dir=tmp_path, max_body_bytes=10_000_000, max_upload_bytes=1_000_000)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--port", "99999"], "a port is 1 to 65535, got 99999"),
+        (["--port", "0"], "a port is 1 to 65535"),
+        (["--port", "http"], "not an integer: 'http'"),
+        (["--workers", "0"], "must be at least 1"),
+    ],
+)
+def test_serve_refuses_bad_arguments(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The socket layer would take port 99999 modulo 65,536 and listen on another port.
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["serve", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_serve_with_a_data_dir_it_cannot_make_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("MBN_DATA_DIR", str(blocker / "data"))
+    # Refused before uvicorn starts (a traceback and "Application startup failed" before).
+    assert cli.main(["serve", "--port", "18999"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mbn serve: error: ") and len(err.splitlines()) == 1
+    assert "Not a directory" in err

@@ -100,6 +100,9 @@ def test_a_damaged_map_is_404_without_paths(mapped_api, tmp_path):
         ({"embeddings": [["1"] * 10]}, 422, "embeddings"),
         ({"embeddings": [[0.0] * 10], "extra": 1}, 422, "extra"),
         ({}, 422, "embeddings"),
+        # Finite JSON numbers that float32 embeddings cannot hold (a 500 before).
+        ({"embeddings": [[1e39] + [0.0] * 9]}, 422, "float32 range"),
+        ({"embeddings": [[-1e300] + [0.0] * 9]}, 422, "float32 range"),
     ],
 )
 def test_locate_refuses_bad_bodies(mapped_api, body, status, fragment):
