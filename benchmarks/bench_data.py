@@ -60,3 +60,48 @@ def _download() -> tuple[np.ndarray, np.ndarray]:
     y = np.asarray(bunch.target).astype(np.uint8)
     order = np.random.default_rng(SHUFFLE_SEED).permutation(len(x))
     return x[order], y[order]
+
+
+def topic_corpus(
+    n_documents: int,
+    vocabulary: int = 30_000,
+    n_topics: int = 10,
+    words_per_document: int = 20,
+    seed: int = 0,
+):
+    """A labelled bag-of-words stand-in: (CSR float32 n x vocabulary, topic labels).
+
+    No text corpus is on this machine (20 newsgroups is a download), so sparse input is
+    measured on documents drawn from ``n_topics`` word distributions: Zipf word frequencies
+    (exponent 1.1) shared by all topics, with 2% of the vocabulary 3 times as likely in each
+    topic and a Gamma(1) draw per word and topic; lengths 1 + Poisson(20) words (short texts:
+    k-means on 10 truncated-SVD dimensions of 2,000 of them scores NMI 0.58, where longer ones
+    approach 1); values log(1 + count). The topic is the label. The draws depend on ``seed``
+    only, and the topics on nothing else, so two calls with different document counts share
+    the topics when their seeds do.
+    """
+    import scipy.sparse as sp
+
+    topics_rng = np.random.RandomState(seed)
+    zipf = 1 / np.arange(1, vocabulary + 1) ** 1.1
+    topics = []
+    for _ in range(n_topics):
+        boost = np.ones(vocabulary)
+        boost[topics_rng.choice(vocabulary, vocabulary // 50, replace=False)] = 3.0
+        weights = zipf * boost * topics_rng.gamma(1.0, 1.0, vocabulary)
+        topics.append(weights / weights.sum())
+    rng = np.random.RandomState(seed + 1)
+    labels = rng.randint(n_topics, size=n_documents)
+    rows, columns, counts = [], [], []
+    for i, topic in enumerate(labels):
+        drawn = rng.multinomial(rng.poisson(words_per_document) + 1, topics[topic])
+        words = np.flatnonzero(drawn)
+        rows.append(np.full(len(words), i))
+        columns.append(words)
+        counts.append(drawn[words])
+    values = np.log1p(np.concatenate(counts)).astype(np.float32)
+    X = sp.csr_matrix(
+        (values, (np.concatenate(rows), np.concatenate(columns))),
+        shape=(n_documents, vocabulary),
+    )
+    return X, labels

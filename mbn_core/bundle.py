@@ -573,7 +573,8 @@ def load_bundle(directory: str | os.PathLike[str], *, threads: int = 1) -> Bundl
         raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
     path = Path(directory)
     if not path.is_dir():
-        raise BundleError(f"{path}: no such bundle directory")
+        what = "a file, not a bundle directory" if path.exists() else "no such bundle directory"
+        raise BundleError(f"{path}: {what}")
     manifest = read_manifest(path)
     for file_name in manifest["files"]:
         _verified_bytes(path, manifest, file_name, keep=False)

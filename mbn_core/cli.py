@@ -370,7 +370,8 @@ def _embed_chunked(args: argparse.Namespace) -> None:
             raise UserError(str(error)) from None
     _say(
         f"Wrote {result.n_rows} x {result.output_dim} {mode} embeddings to {args.out} "
-        f"({result.n_chunks} chunks, {result.rows_per_second:,.0f} rows/s)"
+        f"({result.n_chunks} chunk{'s' if result.n_chunks != 1 else ''}, "
+        f"{result.rows_per_second:,.0f} rows/s)"
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import time
 import warnings
 import zipfile
@@ -122,12 +123,14 @@ class TrainingParams:
         ):
             raise ValueError(f"random_state must be an integer in [0, 2**32) or None, got {seed!r}")
         try:
-            self.estimator()._validate_params()
+            # The pipeline's first: for options both check (n_jobs), its rule is the one
+            # that holds (the estimator's can allow more, e.g. MBN's negative n_jobs).
             try:
                 CompressiveMBN(**self.compressor_kwargs())._validate_params()
             except InvalidParameterError as error:
                 # Every method has these options (the pipeline's), so they are the training's.
                 raise ValueError(str(error).replace("of CompressiveMBN", "of training")) from None
+            self.estimator()._validate_params()
             validate_parameter_constraints(
                 {MAP_POINTS.name: MAP_POINTS.constraints},
                 {MAP_POINTS.name: self.values[MAP_POINTS.name]},
@@ -319,12 +322,41 @@ def _read_csv(path: Path) -> np.ndarray:
         header = 1 if is_header_row(handle.readline()) else 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "no data": reported below, by name
-        X = np.loadtxt(
-            path, delimiter=",", skiprows=header, ndmin=2, dtype=np.float64, encoding="utf-8-sig"
-        )
+        try:
+            X = np.loadtxt(
+                path, delimiter=",", skiprows=header, ndmin=2, dtype=np.float64,
+                encoding="utf-8-sig",
+            )  # fmt: skip
+        except ValueError as error:
+            raise ValueError(_csv_place(str(error))) from None
     if X.size == 0:
         raise ValueError(f"{path}: no data rows")
     return X
+
+
+def _csv_place(message: str) -> str:
+    """numpy's CSV message with one way of counting rows: from 1, data rows only.
+
+    numpy counts a bad cell's row from 0 and a short row from 1, both without the header
+    and blank lines, and suggests its own ``usecols`` argument.
+    """
+    cell = re.fullmatch(
+        r"could not convert string (.*) to float64 at row (\d+), column (\d+)\.", message
+    )
+    if cell:
+        text, row, column = cell.groups()
+        return f"{text} is not a number: data row {int(row) + 1}, column {column}{_COUNTED}"
+    ragged = re.fullmatch(
+        r"the number of columns changed from (\d+) to (\d+) at row (\d+);.*", message
+    )
+    if ragged:
+        before, after, row = ragged.groups()
+        return f"data row {row} has {after} columns where the rows before have {before}{_COUNTED}"
+    return message
+
+
+# How the rows of a CSV message are counted.
+_COUNTED = " (rows count from 1, without the header and blank lines)"
 
 
 def _check_labels(y, n_samples: int, source: str) -> np.ndarray | None:
@@ -339,8 +371,19 @@ def _check_labels(y, n_samples: int, source: str) -> np.ndarray | None:
         raise ValueError(
             f"{source}: labels must be numbers, strings or booleans, got {y.dtype} values"
         )
-    if y.dtype.kind == "f" and not np.isfinite(y).all():
-        raise ValueError(f"{source}: labels contain NaN or infinity")
+    if y.dtype.kind == "f":
+        if not np.isfinite(y).all():
+            raise ValueError(f"{source}: labels contain NaN or infinity")
+        # Labels name classes for the report's NMI: a continuous target would make each row
+        # its own class and every embedding look perfect.
+        fractional = np.flatnonzero(y != np.round(y))
+        if fractional.size:
+            row = int(fractional[0])
+            raise ValueError(
+                f"{source}: labels name classes (whole numbers, strings or booleans); row "
+                f"{row} has {float(y[row])!r}, and {fractional.size} of {len(y)} are not "
+                "whole numbers"
+            )
     return y
 
 

@@ -30,18 +30,19 @@ def training_options() -> str:
     titles = {
         "compressor": "the distilled compressor's",
         "pipeline": "the pipeline's (every method)",
+        "map": "the stored map's (every method)",
     }
-    seen_shared = False
+    shown_shared: set[str] = set()
     # The methods of this repository (not plug-ins a test or a site registered).
     for name in method_names():
         method = get_method(name)
         if method.module not in BUILTIN_MODULES:
             continue
         for group, params in method.option_groups().items():
-            if group == "pipeline":
-                if seen_shared:
+            if group in ("pipeline", "map"):  # every method's: shown once
+                if group in shown_shared:
                     continue
-                seen_shared = True
+                shown_shared.add(group)
             if group == "compressor" and name != "mbn":
                 continue  # the same for every distilled method: shown once, under mbn
             title = titles.get(group, f"`{name}` ({method.summary})")

@@ -108,12 +108,22 @@ def describe_validation(errors: Sequence[Any], *, limit: int = 5) -> str:
     """A short human message from pydantic's error list (location: message; ...)."""
     parts = []
     for err in list(errors)[:limit]:
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        loc = ".".join(_shortened(str(p)) for p in err.get("loc", ()) if p != "body")
         msg = err.get("msg", "invalid value")
         parts.append(f"{loc}: {msg}" if loc else msg)
     if len(errors) > limit:
         parts.append(f"... and {len(errors) - limit} more")
     return "; ".join(parts) or "invalid request"
+
+
+# A location is a client's key: one of megabytes would come back whole in the answer.
+_MAX_LOCATION_CHARS = 80
+
+
+def _shortened(name: str) -> str:
+    if len(name) <= _MAX_LOCATION_CHARS:
+        return name
+    return f"{name[:_MAX_LOCATION_CHARS]}... ({len(name)} characters)"
 
 
 def invalid_from_validation(exc: ValidationError) -> InvalidInput:

@@ -146,7 +146,7 @@ def test_embed_exact_from_sparse_input(trained, workdir, monkeypatch):
     [
         (["train", "nothing.npy", "--out", "m2"], ["nothing.npy: no such file"]),
         (["info", "missing-dir"], ["mbn info: error:", "missing-dir: no such bundle"]),
-        (["info", "digits.npz"], ["no such bundle directory"]),
+        (["info", "digits.npz"], ["digits.npz: a file, not a bundle directory"]),
         (["embed", "model", "digits.txt", "--out", "o.npy"], ["digits.txt: no such file"]),
         (["embed", "model", "queries.npy", "--out", "nodir/o.npy"], ["nodir: no such directory"]),
         (["train", "digits.npz", "--out", "model"], ["model: already exists", "--force"]),

@@ -177,7 +177,13 @@ def test_csv(tmp_path, header, mark):
         ("d.csv", lambda p: p.write_text("1,2\n3\n"), "unreadable .csv"),
         ("d.csv", lambda p: p.write_text("a,b\n"), "no data rows"),
         # A first row with one bad cell is data to report, not a header to drop.
-        ("d.csv", lambda p: p.write_text("1,2x\n3,4\n5,6\n"), "could not convert string '2x'"),
+        ("d.csv", lambda p: p.write_text("1,2x\n3,4\n5,6\n"), "'2x' is not a number: data row 1"),
+        # A short row: counted from 1 as well, and numpy's usecols advice left out.
+        (
+            "e.csv",
+            lambda p: p.write_text("a,b\n1,2\n\n3\n"),
+            r"data row 2 has 1 columns where the rows before have 2 \(rows count from 1",
+        ),
         ("d.csv", lambda p: p.write_text("0x10,2\n3,4\n5,6\n"), "'0x10'"),
         ("d.npz", lambda p: np.savez(p, x=np.ones((3, 2)), y=np.ones(2)), "one label per row"),
     ],
@@ -266,6 +272,8 @@ def test_stopping_writes_nothing(digits, tmp_path, phase):
         # Mixed objects failed the report's NMI with a TypeError; NaN with sklearn's message.
         ("ok", {"y": np.array([None, 1] * 25, dtype=object)}, "numbers, strings or booleans"),
         ("ok", {"y": [np.nan] + [1.0] * 49}, "labels contain NaN"),
+        # A continuous target made every row its own class: the report's NMI read 1.0.
+        ("ok", {"y": [2.0, 0.25] + [1.0] * 48}, r"row 1 has 0.25, and 1 of 50"),
         ("ok", {"y": np.array([None, "a"] * 25, dtype=object)}, "got object values"),
         ("ok", {"params": {**SMALL, "n_clusters": 51}}, "more than the 50 rows"),
         # An exported method's head sees only the rows it was fitted on (sklearn's KMeans

@@ -122,6 +122,16 @@ def test_duplicate_keys_are_refused_on_train(client: httpx.Client) -> None:
     assert "'n_clusterings' twice" in error["message"]
 
 
+def test_a_huge_unknown_key_is_not_echoed_back(client: httpx.Client) -> None:
+    # The 422 names the key, shortened: a 2 MB key came back whole before.
+    key = "k" * 2_000_000
+    body = b'{"inputs": [[0.5]], "' + key.encode() + b'": 1}'
+    response = _post_raw(client, "/embed", body)
+    error = assert_error(response, 422, "invalid_input")
+    assert "(2000000 characters)" in error["message"]
+    assert len(response.content) < 2_000
+
+
 def _npy_header(shape: tuple[int, ...], dtype: str = "<f8") -> bytes:
     """The bytes of an .npy file's header alone: a file that claims ``shape``."""
     buffer = io.BytesIO()

@@ -220,7 +220,7 @@ def test_json_training_data_is_bounded_by_the_body_limit(client: TestClient) -> 
     ("content", "reason"),
     [
         (b"1,nan\n3,4\n5,6\n7,8\n9,10\n", "NaN"),
-        (b"1,2\n3,x\n5,6\n7,8\n9,10\n", "could not convert"),
+        (b"1,2\n3,x\n5,6\n7,8\n9,10\n", "'x' is not a number: data row 2, column 2"),
         (b"1,2\n1,2\n1,2\n1,2\n1,2\n", "every row is the same"),
         (b"1e30,2\n3,4\n5,6\n7,8\n9,10\n", "as large as 1e+30"),
     ],
