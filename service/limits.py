@@ -23,6 +23,7 @@ from service.errors import (
     PayloadTooLarge,
     ServiceError,
     Unavailable,
+    UnsupportedMediaType,
     error_response,
 )
 
@@ -53,7 +54,8 @@ def lower_thread_priority(increment: int) -> None:
 
 class BodyLimitMiddleware:
     """413 for bodies over the limit: at once from Content-Length, or as soon as a streamed
-    body passes it. ``upload_paths`` get the (larger) upload limit.
+    body passes it. ``upload_paths`` get the (larger) upload limit. 415 for a compressed
+    body (a Content-Encoding other than identity).
 
     An answer given before the body was read (401, 429, 415...) waits until the rest of the
     body is read and dropped: closing a connection whose client is still sending makes the
@@ -78,6 +80,16 @@ class BodyLimitMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        coding = _header(scope, b"content-encoding")
+        if coding is not None and coding.strip().lower() not in (b"", b"identity"):
+            # Nothing here inflates bodies: a compressed one would be read as what it is not,
+            # and the limits below would bound its compressed size only.
+            name = coding.decode("latin-1")[:40]
+            error = UnsupportedMediaType(
+                f"Content-Encoding {name!r} is not accepted; send the body uncompressed"
+            )
+            await _send_error(scope, receive, send, error)
             return
         path = scope["path"].rstrip("/") or "/"
         limit = self.max_upload_bytes if path in self.upload_paths else self.max_body_bytes
@@ -132,6 +144,13 @@ MAX_LINGERING = 2
 
 def _has_header(scope: Scope, wanted: bytes) -> bool:
     return any(name == wanted for name, _ in scope.get("headers", ()))
+
+
+def _header(scope: Scope, wanted: bytes) -> bytes | None:
+    for name, value in scope.get("headers", ()):
+        if name == wanted:
+            return value
+    return None
 
 
 def _content_length(scope: Scope) -> int | None:

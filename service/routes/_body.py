@@ -29,17 +29,27 @@ _MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
 def is_json(content_type: str | None) -> bool:
+    """Whether a body of this Content-Type is read as JSON: JSON media types in UTF-8 (the
+    only encoding JSON has, RFC 8259), and no type at all (curl -d without -H)."""
     if not content_type:
-        return True  # curl -d without -H; the body must still parse
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or media.endswith("+json")
+        return True  # the body must still parse
+    media, _, parameters = content_type.partition(";")
+    media = media.strip().lower()
+    if not (media == "application/json" or media.endswith("+json")):
+        return False
+    charsets = [
+        value.strip().strip('"').lower()
+        for name, _, value in (parameter.partition("=") for parameter in parameters.split(";"))
+        if name.strip().lower() == "charset"
+    ]
+    return all(charset in ("utf-8", "utf8", "us-ascii") for charset in charsets)
 
 
 async def read_json_body(request: Request, *, limit: int | None = None) -> bytes:
     """The body of a request that must be JSON (415 for another content type, 422 empty,
     413 over ``limit`` bytes when given: tighter than the middleware's limit of the path)."""
     if not is_json(request.headers.get("content-type")):
-        raise UnsupportedMediaType("send the body as application/json")
+        raise UnsupportedMediaType("send the body as application/json in UTF-8")
     if limit is None:
         body = await request.body()
     else:

@@ -122,6 +122,35 @@ def test_duplicate_keys_are_refused_on_train(client: httpx.Client) -> None:
     assert "'n_clusterings' twice" in error["message"]
 
 
+@pytest.mark.parametrize(
+    ("path", "headers", "fragment"),
+    [
+        # Nothing inflates bodies: taken as they are, compressed ones were read as plain.
+        ("/embed", {"content-type": "application/json", "content-encoding": "gzip"}, "gzip"),
+        (
+            "/train",
+            {"content-type": "multipart/form-data; boundary=x", "content-encoding": "br"},
+            "'br'",
+        ),
+        # JSON is UTF-8: a body declared as another charset was parsed as UTF-8 anyway.
+        ("/embed", {"content-type": "application/json; charset=utf-16"}, "UTF-8"),
+        ("/train", {"content-type": "application/json;charset=latin-1"}, "application/json"),
+    ],
+)
+def test_bodies_the_service_cannot_read_as_sent_are_415(
+    client: httpx.Client, path: str, headers: dict, fragment: str
+) -> None:
+    response = client.post(path, content=b'{"inputs": [[0.5]]}', headers=headers)
+    error = assert_error(response, 415, "unsupported_media_type")
+    assert fragment in error["message"]
+    # What still reads as JSON: no type at all, and UTF-8 named either way.
+    for content_type in ("application/json; charset=UTF-8", 'application/json; charset="utf8"'):
+        ok = client.post(
+            "/embed", content=b'{"inputs": [[0.5]]}', headers={"content-type": content_type}
+        )
+        assert ok.status_code != 415, ok.text
+
+
 def test_a_huge_unknown_key_is_not_echoed_back(client: httpx.Client) -> None:
     # The 422 names the key, shortened: a 2 MB key came back whole before.
     key = "k" * 2_000_000
