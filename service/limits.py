@@ -86,10 +86,10 @@ class BodyLimitMiddleware:
             # Nothing here inflates bodies: a compressed one would be read as what it is not,
             # and the limits below would bound its compressed size only.
             name = coding.decode("latin-1")[:40]
-            error = UnsupportedMediaType(
+            refusal = UnsupportedMediaType(
                 f"Content-Encoding {name!r} is not accepted; send the body uncompressed"
             )
-            await _send_error(scope, receive, send, error)
+            await _send_error(scope, receive, send, refusal)
             return
         path = scope["path"].rstrip("/") or "/"
         limit = self.max_upload_bytes if path in self.upload_paths else self.max_body_bytes
