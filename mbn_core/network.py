@@ -438,16 +438,26 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
     def _fit_bottom(self, X, k, n_chosen, rng, runner, leave_self_out):
         n_samples, n_features = X.shape
         V = self.n_clusterings
-        features = np.zeros((V, n_features), dtype=bool)
-        shifted = np.zeros((V, n_features), dtype=bool) if self.shift_fraction > 0 else None
+        # Packed row by row: a (V, d) boolean matrix is V bytes per input feature, 40 GB for
+        # a sparse vocabulary of 10^8 words at V = 400.
+        packed_width = (n_features + 7) // 8
+        feature_masks = np.zeros((V, packed_width), dtype=np.uint8)
+        shift_masks = (
+            np.zeros((V, packed_width), dtype=np.uint8) if self.shift_fraction > 0 else None
+        )
         centers = np.empty((V, k), dtype=np.int64)
+        row = np.zeros(n_features, dtype=bool)
         for v in range(V):
             chosen = rng.choice(n_features, n_chosen, replace=False)
-            features[v, chosen] = True
+            row[:] = False
+            row[chosen] = True
+            feature_masks[v] = np.packbits(row)
             centers[v] = rng.choice(n_samples, k, replace=False)
-            if shifted is not None:
+            if shift_masks is not None:
                 n_shift = round(self.shift_fraction * n_chosen)
-                shifted[v, rng.choice(chosen, n_shift, replace=False)] = True
+                row[:] = False
+                row[rng.choice(chosen, n_shift, replace=False)] = True
+                shift_masks[v] = np.packbits(row)
         rows, local = np.unique(centers, return_inverse=True)
         if sp.issparse(X):
             center_data = sp.csr_matrix(X[rows], dtype=np.float32)
@@ -455,8 +465,8 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         else:
             center_data = compact_values(X[rows])
         layer = BottomLayer(
-            feature_masks=np.packbits(features, axis=1),
-            shift_masks=None if shifted is None else np.packbits(shifted, axis=1),
+            feature_masks=feature_masks,
+            shift_masks=shift_masks,
             centers=local.reshape(V, k).astype(smallest_uint(len(rows) - 1)),
             center_data=center_data,
             metric=self.metric,
