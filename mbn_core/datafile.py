@@ -57,6 +57,22 @@ class DataShape:
     sparse: bool = False
     has_labels: bool = False
 
+    @property
+    def loaded_bytes(self) -> int:
+        """Bytes the data takes once read for training: its float32 rows when dense (or
+        the file's own arrays, if larger); for sparse data, which training never makes
+        dense, the file's arrays plus ``SPARSE_BYTES_PER_FEATURE`` for each feature."""
+        if self.sparse:
+            return self.data_bytes + self.n_features * SPARSE_BYTES_PER_FEATURE
+        return max(self.data_bytes, self.n_rows * self.n_features * 4)
+
+
+# What training holds per input feature of sparse data besides its nonzeros, rounded up: the
+# V clusterings' chosen features as packed bits (V / 8 bytes; 50 at V = 400), one
+# clustering's mask and draw (about 17 bytes), the input map's mean and 32 projection
+# directions (about 200 bytes with the MLP's copy) and the range checks' sums (16 bytes).
+SPARSE_BYTES_PER_FEATURE = 512
+
 
 @dataclass(frozen=True)
 class _Header:

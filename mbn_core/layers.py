@@ -299,6 +299,11 @@ def bottom_codes_sparse(
         scale, shift = 1.0 / np.where(norms > 0, norms, 1.0), np.zeros_like(norms)
     error_per_norm, error_const = _error_terms(norms, len(features), layer.metric, _FLOAT64_EPS)
     centers_t = sp.csc_matrix(centers.T)
+    # Near ties are re-ranked on the chosen dimensions, as dense vectors in their order:
+    # scattered from the sparse rows through this lookup, not sliced out of CSR by column
+    # (short texts tie often: the same length, no word shared with either center).
+    position = np.full(layer.n_features, -1, dtype=np.int64)
+    position[features] = np.arange(len(features))
     X = sp.csr_matrix(X)
     codes = np.empty(X.shape[0], dtype=np.int32)
     block = _block_rows(len(norms))
@@ -310,12 +315,24 @@ def bottom_codes_sparse(
         _pick_centers(
             scores,
             _tolerance(row_norms[start:stop], error_per_norm, error_const),
-            lambda i, rows=rows: rows[i].toarray().ravel()[features],
-            lambda idx: layer.center_values(clustering, idx).astype(np.float64),
+            lambda i, rows=rows: _chosen_dense(rows, [i], position, len(features))[0],
+            lambda idx: _chosen_dense(centers, idx, position, len(features)),
             layer.metric,
             codes[start:stop],
         )
     return codes
+
+
+def _chosen_dense(matrix: sp.csr_matrix, rows, position: np.ndarray, n_chosen: int) -> np.ndarray:
+    """float64 (len(rows), n_chosen): rows of ``matrix`` on the chosen dimensions, which
+    ``position`` numbers (-1: not chosen)."""
+    out = np.zeros((len(rows), n_chosen), dtype=np.float64)
+    for j, row in enumerate(rows):
+        begin, end = matrix.indptr[row], matrix.indptr[row + 1]
+        at = position[matrix.indices[begin:end]]
+        kept = at >= 0
+        out[j, at[kept]] = matrix.data[begin:end][kept]
+    return out
 
 
 def _exact_best(x: np.ndarray, W: np.ndarray, metric: str) -> int:

@@ -159,11 +159,11 @@ class Submitter:
         if shape.n_rows > limit:
             raise PayloadTooLarge(f"file has {shape.n_rows} rows; at most {limit} per job")
         limit = self.settings.max_train_bytes
-        float32_bytes = shape.n_rows * shape.n_features * 4
-        if max(shape.data_bytes, float32_bytes) > limit:
+        if shape.loaded_bytes > limit:
+            kind = "sparse " if shape.sparse else ""
             raise PayloadTooLarge(
-                f"file holds {shape.n_rows} x {shape.n_features} values "
-                f"({max(shape.data_bytes, float32_bytes)} bytes once read); "
+                f"file holds {shape.n_rows} x {shape.n_features} {kind}values "
+                f"({shape.loaded_bytes} bytes once read); "
                 f"at most {limit} bytes per job (MBN_MAX_TRAIN_BYTES)"
             )
         if shape.n_features < 1:

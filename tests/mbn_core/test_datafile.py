@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from mbn_core.datafile import DataShape, peek_data_file
+from mbn_core.datafile import SPARSE_BYTES_PER_FEATURE, DataShape, peek_data_file
 from mbn_core.training import load_training_data
 
 
@@ -38,6 +38,18 @@ def test_sparse_npz(tmp_path):
     sp.save_npz(tmp_path / "s.npz", sp.random(9, 4, density=0.5, format="csr", random_state=0))
     shape = peek_data_file(tmp_path / "s.npz")
     assert (shape.n_rows, shape.n_features, shape.sparse) == (9, 4, True)
+
+
+def test_loaded_bytes_size_sparse_data_by_its_arrays_not_as_dense(tmp_path):
+    # 1,000 documents over a vocabulary of 200,000 words: 800 MB as float32 rows, a few
+    # hundred kB as the arrays training keeps (it never makes them dense).
+    X = sp.random(1000, 200_000, density=1e-4, format="csr", random_state=0, dtype=np.float32)
+    sp.save_npz(tmp_path / "bag.npz", X, compressed=False)
+    shape = peek_data_file(tmp_path / "bag.npz")
+    assert shape.loaded_bytes == shape.data_bytes + 200_000 * SPARSE_BYTES_PER_FEATURE
+    assert shape.loaded_bytes < 200 * 2**20 < 1000 * 200_000 * 4
+    np.save(tmp_path / "dense.npy", np.zeros((10, 3), dtype=np.uint8))
+    assert peek_data_file(tmp_path / "dense.npy").loaded_bytes == 10 * 3 * 4  # as float32
 
 
 @pytest.mark.parametrize("layout", ["csr", "csc", "bsr", "coo", "dia"])

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from fastapi.testclient import TestClient
 from servicetest import TINY_PARAMS, assert_error, make_settings, running_app, wait_for
 
@@ -206,6 +207,37 @@ def test_bad_uploads(
     assert client.get("/jobs").json() == {"jobs": []}
     jobs_dir = client.app.state.settings.jobs_path  # type: ignore[attr-defined]
     assert not any(p.is_file() for p in jobs_dir.rglob("*"))
+
+
+def test_sparse_uploads_are_sized_by_their_arrays(api: Callable[..., TestClient]) -> None:
+    # 300 documents over 100,000 words: 120 MB as float32 rows, well under 60 MB as what
+    # training holds (it never makes them dense); sized as dense, they were refused (413).
+    client = api(max_train_bytes=60 * 2**20, embedded_worker=False)
+    rng = np.random.default_rng(0)
+    X = sp.csr_matrix(
+        (
+            rng.random(3000, dtype=np.float32),
+            (np.repeat(np.arange(300), 10), rng.integers(0, 100_000, 3000)),
+        ),
+        shape=(300, 100_000),
+    )
+    buffer = io.BytesIO()
+    sp.save_npz(buffer, X)
+    params = json.dumps({"n_clusterings": 5})
+    response = client.post(
+        "/train", files={"file": ("bag.npz", buffer.getvalue())}, data={"params": params}
+    )
+    assert response.status_code == 202, response.text
+    # A vocabulary whose per-word arrays alone pass the limit is still refused at once.
+    buffer = io.BytesIO()
+    sp.save_npz(buffer, sp.csr_matrix((X.data, X.indices % 10, X.indptr), shape=(300, 130_000_000)))
+    error = assert_error(
+        client.post(
+            "/train", files={"file": ("wide.npz", buffer.getvalue())}, data={"params": params}
+        ),
+        413,
+    )
+    assert "sparse values" in error["message"] and "MBN_MAX_TRAIN_BYTES" in error["message"]
 
 
 def test_json_training_data_is_bounded_by_the_body_limit(client: TestClient) -> None:
