@@ -342,12 +342,15 @@ def _embed_block(
 ) -> np.ndarray:
     """One chunk: embeddings (and the cluster id as a last float32 column)."""
     first = block_info[0]["array-location"][0][0] if block_info else 0
-    values = np.asarray(block, dtype=np.float32)
+    with np.errstate(over="ignore"):  # beyond float32's range: refused just below, by row
+        values = np.asarray(block, dtype=np.float32)
     if block.dtype.kind == "f":  # integers are always finite (and convert to finite floats)
         bad = ~np.isfinite(values).all(axis=1)
         if bad.any():
             row = first + int(np.flatnonzero(bad)[0])
-            raise ValueError(f"{source}: row {row} contains NaN or infinity")
+            raise ValueError(
+                f"{source}: row {row} contains NaN, infinity or a value beyond the float32 range"
+            )
     bundle = _bundle(bundle_dir)
     try:
         embedding, clusters = bundle.embed_with_clusters(values, mode)

@@ -1,6 +1,7 @@
 """Chunked embedding of files with dask.array (mbn_core/bulk.py) and `mbn embed` on it."""
 
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -75,12 +76,18 @@ def test_a_row_whose_embedding_overflows_is_named_by_its_place_in_the_file(workd
     assert leftovers(workdir) == []
 
 
-def test_a_bad_row_is_named_and_nothing_is_left(workdir):
-    X = np.load(workdir / "rows.npy").astype(np.float32)
-    X[333, 5] = np.nan
+@pytest.mark.parametrize("value", [np.nan, 1e39])  # 1e39: finite, beyond float32's range
+def test_a_bad_row_is_named_and_nothing_is_left(workdir, value):
+    X = np.load(workdir / "rows.npy").astype(np.float64)
+    X[333, 5] = value
     np.save(workdir / "bad.npy", X)
-    with pytest.raises(ValueError, match=r"bad\.npy: row 333 contains NaN"):
-        embed_file(workdir / "model", workdir / "bad.npy", workdir / "bad-out.npy", chunk_rows=100)
+    message = r"bad\.npy: row 333 contains NaN, infinity or a value beyond the float32 range"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's overflow warning named the file's path
+        with pytest.raises(ValueError, match=message):
+            embed_file(
+                workdir / "model", workdir / "bad.npy", workdir / "bad-out.npy", chunk_rows=100
+            )
     assert not (workdir / "bad-out.npy").exists()
     assert leftovers(workdir) == []
 
