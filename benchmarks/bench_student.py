@@ -371,8 +371,8 @@ def main(argv=None) -> None:
     parser.add_argument("--data", help="MNIST .npz (default: bench_data.load_mnist's search)")
     args = parser.parse_args(argv)
     print(f"`{command_line('bench_student.py', argv)}`\n")
-    run = {"cache": cache, "calibrate": calibrate, "students": students, "kernel": kernel}
-    run = run[args.command]
+    commands = {"cache": cache, "calibrate": calibrate, "students": students, "kernel": kernel}
+    run = commands[args.command]
     for name in args.sets.split(","):
         run(name, args)
 

@@ -129,7 +129,8 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
     input_noise : float >= 0, default=0.3
         Standard deviation of Gaussian noise added to the MLP's input rows in each epoch (in
         the units the MLP sees: standardised or projected input; a fresh draw per epoch; the
-        targets are unchanged; dense input only). 0 trains on the rows as they are. The exact
+        targets are unchanged; not for standardised sparse input, which stays sparse). 0
+        trains on the rows as they are. The exact
         embedding hardly moves under small input noise (R^2 0.9997 at 1% of the data's
         spread), so the noise asks the MLP for the same local invariance and keeps it from
         fitting its few training rows too closely. With a step size of 3e-3 it is neutral

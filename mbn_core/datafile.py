@@ -68,10 +68,13 @@ class DataShape:
 
 
 # What training holds per input feature of sparse data besides its nonzeros, rounded up: the
-# V clusterings' chosen features as packed bits (V / 8 bytes; 50 at V = 400), one
-# clustering's mask and draw (about 17 bytes), the input map's mean and 32 projection
-# directions (about 200 bytes with the MLP's copy) and the range checks' sums (16 bytes).
-SPARSE_BYTES_PER_FEATURE = 512
+# V clusterings' chosen features as packed bits (V / 8 bytes; 50 at V = 400), per thread one
+# clustering's draw and position lookup (about 13 bytes), the input map's fit (a peak of
+# about 400 bytes, measured with tracemalloc; ARPACK's workspace besides) and the range
+# checks' sums (16 bytes). Not covered: ``targets="leave-self-out"``, whose bottom layer
+# still gathers each clustering's centers dense (about 2,000 bytes per feature per thread
+# at k1 = 1,000).
+SPARSE_BYTES_PER_FEATURE = 1024
 
 
 @dataclass(frozen=True)

@@ -115,8 +115,12 @@ class InputMap:
                 assert self.scale is not None
                 return sp.csr_matrix(X.multiply(1.0 / self.scale).astype(np.float32))
             if self.projection is not None:
-                projected = np.asarray(X.astype(np.float32) @ self.projection)
-                return projected - self.mean @ self.projection
+                # In float64: X @ P and mean @ P can be large and nearly equal (a column
+                # with a large mean), and float32 would lose their difference.
+                projection = self.projection.astype(np.float64)
+                projected = np.asarray(X.astype(np.float64) @ projection)
+                projected -= self.mean.astype(np.float64) @ projection
+                return projected.astype(np.float32)
             X = X.toarray()
         X = np.asarray(X, dtype=np.float32)
         if self.mean is not None:

@@ -27,6 +27,7 @@ from mbn_core.layers import (
     Postings,
     UpperLayer,
     bottom_codes_leave_self_out,
+    canonical_sparse,
     compact_values,
     input_row_norms,
     smallest_uint,
@@ -307,6 +308,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             ensure_min_samples=2,
             reset=True,
         )
+        X = canonical_sparse(X)
         check_magnitude(X)  # beyond it, float32 center scores overflow
         n_samples = X.shape[0]
         ks = self.layer_sizes(n_samples)
@@ -553,6 +555,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         """The bottom layer's codes of X and those of layer ``depth - 1``."""
         check_is_fitted(self)
         X = validate_data(self, X, accept_sparse="csr", dtype=[np.float64, np.float32], reset=False)
+        X = canonical_sparse(X)
         n_samples = X.shape[0]
         bottom = self.bottom_layer_
         if n_samples <= FEW_ROWS and not sp.issparse(X) and bottom.few_rows_supported:

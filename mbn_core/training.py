@@ -351,7 +351,8 @@ def _csv_place(message: str) -> str:
     )
     if ragged:
         before, after, row = ragged.groups()
-        return f"data row {row} has {after} columns where the rows before have {before}{_COUNTED}"
+        columns = "column" if after == "1" else "columns"
+        return f"data row {row} has {after} {columns} where the rows before have {before}{_COUNTED}"
     return message
 
 
@@ -659,7 +660,8 @@ class _Tracker:
             values = params.values
             hidden = tuple(values["hidden_layer_sizes"])
             n_out = getattr(estimator, "n_components", None) or getattr(estimator, "n_classes", 10)
-            # Dense input wider than input_components is projected first (mbn_core.input_map).
+            # Input wider than input_components is projected first (mbn_core.input_map); for
+            # sparse input the projection costs nonzeros x width, counted here as dense.
             width = projected_width(d, values["input_components"])
             first = d if width is None else width
             mlp_macs = (0 if width is None else d * width) + sum(

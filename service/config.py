@@ -111,7 +111,7 @@ class Settings(BaseSettings):
         le=1024 * GIB,
         description="Most bytes a training job's data may take once read (rows x features x "
         "4, and the arrays a file declares, decompressed; a scipy sparse file is never made "
-        "dense: its arrays and 512 bytes per feature): checked from the file's headers "
+        "dense: its arrays and 1,024 bytes per feature): checked from the file's headers "
         "before anything is read, so a decompression bomb is refused at once (413).",
     )
     min_free_bytes: int = Field(

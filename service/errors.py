@@ -108,7 +108,7 @@ def describe_validation(errors: Sequence[Any], *, limit: int = 5) -> str:
     """A short human message from pydantic's error list (location: message; ...)."""
     parts = []
     for err in list(errors)[:limit]:
-        loc = ".".join(_shortened(str(p)) for p in err.get("loc", ()) if p != "body")
+        loc = ".".join(shortened(str(p)) for p in err.get("loc", ()) if p != "body")
         msg = err.get("msg", "invalid value")
         parts.append(f"{loc}: {msg}" if loc else msg)
     if len(errors) > limit:
@@ -120,7 +120,8 @@ def describe_validation(errors: Sequence[Any], *, limit: int = 5) -> str:
 _MAX_LOCATION_CHARS = 80
 
 
-def _shortened(name: str) -> str:
+def shortened(name: str) -> str:
+    """``name`` as an answer may quote it: a client's key can be megabytes long."""
     if len(name) <= _MAX_LOCATION_CHARS:
         return name
     return f"{name[:_MAX_LOCATION_CHARS]}... ({len(name)} characters)"

@@ -81,16 +81,6 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        coding = _header(scope, b"content-encoding")
-        if coding is not None and coding.strip().lower() not in (b"", b"identity"):
-            # Nothing here inflates bodies: a compressed one would be read as what it is not,
-            # and the limits below would bound its compressed size only.
-            name = coding.decode("latin-1")[:40]
-            refusal = UnsupportedMediaType(
-                f"Content-Encoding {name!r} is not accepted; send the body uncompressed"
-            )
-            await _send_error(scope, receive, send, refusal)
-            return
         path = scope["path"].rstrip("/") or "/"
         limit = self.max_upload_bytes if path in self.upload_paths else self.max_body_bytes
         length = _content_length(scope)
@@ -130,6 +120,16 @@ class BodyLimitMiddleware:
                     self.lingering -= 1
             await send(message)
 
+        coding = _content_coding(scope)
+        if coding is not None and not body_done:
+            # Nothing here inflates bodies: a compressed one would be read as what it is not,
+            # and the limits above would bound its compressed size only. Answered like any
+            # early refusal: after the rest of the body is drained.
+            refusal = UnsupportedMediaType(
+                f"Content-Encoding {coding!r} is not accepted; send the body uncompressed"
+            )
+            await error_response(refusal)(scope, limited_receive, lingering_send)
+            return
         await self.app(scope, limited_receive, lingering_send)
 
 
@@ -146,10 +146,14 @@ def _has_header(scope: Scope, wanted: bytes) -> bool:
     return any(name == wanted for name, _ in scope.get("headers", ()))
 
 
-def _header(scope: Scope, wanted: bytes) -> bytes | None:
+def _content_coding(scope: Scope) -> str | None:
+    """The first coding other than identity in the request's Content-Encoding lines."""
     for name, value in scope.get("headers", ()):
-        if name == wanted:
-            return value
+        if name == b"content-encoding":
+            for coding in value.decode("latin-1").split(","):
+                coding = coding.strip()
+                if coding and coding.lower() != "identity":
+                    return coding[:40]
     return None
 
 

@@ -20,6 +20,7 @@ from service.errors import (
     PayloadTooLarge,
     UnsupportedMediaType,
     invalid_from_validation,
+    shortened,
 )
 
 M = TypeVar("M", bound=BaseModel)
@@ -42,7 +43,7 @@ def is_json(content_type: str | None) -> bool:
         for name, _, value in (parameter.partition("=") for parameter in parameters.split(";"))
         if name.strip().lower() == "charset"
     ]
-    return all(charset in ("utf-8", "utf8", "us-ascii") for charset in charsets)
+    return all(charset in ("utf-8", "utf8", "us-ascii", "ascii") for charset in charsets)
 
 
 async def read_json_body(request: Request, *, limit: int | None = None) -> bytes:
@@ -118,7 +119,8 @@ def check_structure(
         json.loads(skeleton, object_pairs_hook=_no_duplicates)
     except _DuplicateKey as exc:
         raise InvalidInput(
-            f"{what} has the key {exc.args[0]!r} twice in one object; keys must be unique"
+            f"{what} has the key {shortened(exc.args[0])!r} twice in one object; keys must be "
+            "unique"
         ) from None
     except RecursionError:
         raise InvalidInput(f"{what} is nested too deeply") from None

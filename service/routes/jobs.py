@@ -84,7 +84,7 @@ async def train(
             )
         )
     else:
-        raise UnsupportedMediaType("send application/json or multipart/form-data")
+        raise UnsupportedMediaType("send application/json (in UTF-8) or multipart/form-data")
     response.headers["Location"] = f"/jobs/{job.id}"
     return JobOut.from_job(job)
 

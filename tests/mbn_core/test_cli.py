@@ -157,7 +157,8 @@ def test_embed_exact_from_sparse_input(trained, workdir, monkeypatch):
         (["train", "digits.npz", "--out", "bad id"], ["model id 'bad id'"]),
         # Sizes no machine holds: numpy's MemoryError, not a traceback (nothing written).
         (
-            ["train", "digits.npz", "--out", "m4", "--hidden-layer-sizes", "1000000,1000000"],
+            # 10^16 weights: beyond any address space, so refused even with overcommit.
+            ["train", "digits.npz", "--out", "m4", "--hidden-layer-sizes", "100000000,100000000"],
             ["out of memory", "Unable to allocate", "hidden_layer_sizes"],
         ),
     ],

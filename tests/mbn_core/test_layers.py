@@ -117,6 +117,39 @@ def test_sparse_bottom_codes_equal_the_gemm_path(metric):
         np.testing.assert_array_equal(rows, codes[:9])
 
 
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_sparse_input_that_lists_an_entry_twice_means_their_sum(metric):
+    # A CSR matrix may store (row, column) twice and explicit zeros; both mean what the
+    # dense matrix holds. Re-ranking read entries one by one: 129 of 10,000 codes differed.
+    rng = np.random.default_rng(8)
+    dense = rng.poisson(1.0, size=(400, 30)).astype(np.float32)
+    canonical_csr = sp.csr_matrix(dense)
+    data, indices, indptr = [], [], [0]
+    for i in range(len(dense)):  # each entry as two halves, then one explicit zero
+        row = canonical_csr[i]
+        halves = row.data / 2
+        data += [halves, halves, np.zeros(1, np.float32)]
+        indices += [row.indices, row.indices, row.indices[:1]]
+        indptr.append(indptr[-1] + 2 * row.nnz + min(row.nnz, 1))
+    doubled = sp.csr_matrix(
+        (np.concatenate(data), np.concatenate(indices), np.array(indptr)), shape=dense.shape
+    )
+    assert not doubled.has_canonical_format
+    params = {"n_clusterings": 20, "ks": [80, 10], "metric": metric, "random_state": 0}
+    canonical = MBN(**params).fit(canonical_csr)
+    layer, norms = canonical.bottom_layer_, input_row_norms(canonical_csr)
+    for v in range(20):
+        np.testing.assert_array_equal(
+            bottom_codes_sparse(doubled, layer, v, norms),
+            reference_bottom(dense, layer.features(v), layer.center_values(v), metric),
+        )
+    listed_twice = MBN(**params).fit(doubled)
+    np.testing.assert_array_equal(
+        listed_twice.encode(doubled, layer=0), canonical.encode(canonical_csr, layer=0)
+    )
+    np.testing.assert_array_equal(listed_twice.transform(doubled), canonical.transform(dense))
+
+
 def test_bottom_codes_do_not_depend_on_the_batch():
     rng = np.random.default_rng(3)
     X = rng.integers(0, 4, size=(150, 6)).astype(np.float32)  # many exact ties

@@ -182,7 +182,7 @@ def test_csv(tmp_path, header, mark):
         (
             "e.csv",
             lambda p: p.write_text("a,b\n1,2\n\n3\n"),
-            r"data row 2 has 1 columns where the rows before have 2 \(rows count from 1",
+            r"data row 2 has 1 column where the rows before have 2 \(rows count from 1",
         ),
         ("d.csv", lambda p: p.write_text("0x10,2\n3,4\n5,6\n"), "'0x10'"),
         ("d.npz", lambda p: np.savez(p, x=np.ones((3, 2)), y=np.ones(2)), "one label per row"),

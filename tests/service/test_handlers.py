@@ -335,7 +335,9 @@ def test_locate_refuses_what_does_not_fit(maps) -> None:
         maps(max_rows=2).locate("m-mapped", good * 3)
     with pytest.raises(InvalidInput, match="must have 10 numbers"):
         maps().locate("m-mapped", [[0.0] * 9])
-    with pytest.raises(InvalidInput, match="NaN or infinity"):
+    with pytest.raises(InvalidInput, match="NaN, infinity or a value beyond the float32 range"):
         maps().locate("m-mapped", [[float("nan")] * 10])
+    with pytest.raises(InvalidInput, match="beyond the float32 range"):
+        maps().locate("m-mapped", [[1e39] * 10])
     with pytest.raises(NotFound, match="has no stored map"):
         maps().locate("m-other", good)

@@ -143,12 +143,39 @@ def test_bodies_the_service_cannot_read_as_sent_are_415(
     response = client.post(path, content=b'{"inputs": [[0.5]]}', headers=headers)
     error = assert_error(response, 415, "unsupported_media_type")
     assert fragment in error["message"]
-    # What still reads as JSON: no type at all, and UTF-8 named either way.
-    for content_type in ("application/json; charset=UTF-8", 'application/json; charset="utf8"'):
+    # What still reads as JSON: UTF-8 named either way, and ASCII (a subset).
+    for content_type in (
+        "application/json; charset=UTF-8",
+        'application/json; charset="utf8"',
+        "application/json; charset=us-ascii",
+    ):
         ok = client.post(
             "/embed", content=b'{"inputs": [[0.5]]}', headers={"content-type": content_type}
         )
         assert ok.status_code != 415, ok.text
+
+
+def test_content_encoding_is_refused_after_the_body_and_only_with_one(
+    client: httpx.Client,
+) -> None:
+    # Every Content-Encoding line is read ("identity" first hid a second "gzip" line).
+    body = b'{"inputs": [[0.5]]}'
+    headers = [("content-type", "application/json"), ("content-encoding", "identity"),
+               ("content-encoding", "gzip")]  # fmt: skip
+    error = assert_error(client.post("/embed", content=body, headers=headers), 415)
+    assert "'gzip'" in error["message"]
+    # Identity is no coding, and a request without a body has nothing to decode.
+    plain = client.post("/embed", content=body, headers={**dict(headers[:2])})
+    assert plain.status_code != 415, plain.text
+    assert client.get("/health/live", headers={"content-encoding": "gzip"}).status_code == 200
+    # A large refused body is read to its end first: the 415 arrives whole, no reset.
+    large = b"x" * 3_000_000
+    refused = client.post(
+        "/embed",
+        content=large,
+        headers={"content-type": "application/json", "content-encoding": "br"},
+    )
+    assert refused.status_code == 415
 
 
 def test_a_huge_unknown_key_is_not_echoed_back(client: httpx.Client) -> None:
