@@ -210,17 +210,19 @@ def test_bad_uploads(
 
 
 def test_sparse_uploads_are_sized_by_their_arrays(api: Callable[..., TestClient]) -> None:
-    # 300 documents over 100,000 words: 120 MB as float32 rows, well under 60 MB as what
+    # 900 documents over 100,000 words: 360 MB as float32 rows, about 100 MB as what
     # training holds (it never makes them dense); sized as dense, they were refused (413).
-    client = api(max_train_bytes=60 * 2**20, embedded_worker=False)
+    limit = 200 * 2**20
+    client = api(max_train_bytes=limit, embedded_worker=False)
     rng = np.random.default_rng(0)
     X = sp.csr_matrix(
         (
-            rng.random(3000, dtype=np.float32),
-            (np.repeat(np.arange(300), 10), rng.integers(0, 100_000, 3000)),
+            rng.random(9000, dtype=np.float32),
+            (np.repeat(np.arange(900), 10), rng.integers(0, 100_000, 9000)),
         ),
-        shape=(300, 100_000),
+        shape=(900, 100_000),
     )
+    assert limit < 900 * 100_000 * 4
     buffer = io.BytesIO()
     sp.save_npz(buffer, X)
     params = json.dumps({"n_clusterings": 5})
@@ -230,7 +232,7 @@ def test_sparse_uploads_are_sized_by_their_arrays(api: Callable[..., TestClient]
     assert response.status_code == 202, response.text
     # A vocabulary whose per-word arrays alone pass the limit is still refused at once.
     buffer = io.BytesIO()
-    sp.save_npz(buffer, sp.csr_matrix((X.data, X.indices % 10, X.indptr), shape=(300, 130_000_000)))
+    sp.save_npz(buffer, sp.csr_matrix((X.data, X.indices % 10, X.indptr), shape=(900, 130_000_000)))
     error = assert_error(
         client.post(
             "/train", files={"file": ("wide.npz", buffer.getvalue())}, data={"params": params}
