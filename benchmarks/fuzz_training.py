@@ -11,7 +11,8 @@ signal, a timeout, NaN in an embedding) is a defect, and the exit status is 1.
 
 - ``data``: fixed degenerate training sets (too few rows, one column, constant rows, rows that
   differ below float32's precision, values near float32's limits, one-hot rows, duplicates,
-  integer, boolean and float16 dtypes, NaN) for every method, with default parameters.
+  integer, boolean and float16 dtypes, NaN; sparse matrices: empty rows, all zeros, entries
+  listed twice, 100,000 columns) for every method, with default parameters.
 - ``params``: random data shapes (4 to 120 rows, 1 to 20 columns) with one to four
   parameters set to edge values, for every method; ``--seeds`` cases per method.
 
@@ -30,6 +31,7 @@ import tempfile
 from collections.abc import Callable
 
 import numpy as np
+import scipy.sparse as sp
 
 METHODS = ("mbn", "modular_kpca", "multilevel")
 CASE_TIMEOUT_SECONDS = 300
@@ -63,7 +65,40 @@ DEGENERATE_SETS: dict[str, Callable[[], np.ndarray]] = {
     "wide (12 x 3,000)": lambda: np.random.default_rng(1).normal(size=(12, 3000)),
     "NaN": lambda: np.where(_BASE > 2, np.nan, _BASE),
     "infinity": lambda: np.where(_BASE > 2, np.inf, _BASE),
+    # Sparse input (MBN takes it; the other methods must refuse it by name).
+    "sparse": lambda: _sparse(60, 200),
+    "sparse, empty rows": lambda: _sparse(60, 200, empty_rows=20),
+    "sparse, all zeros": lambda: sp.csr_matrix((60, 50)),
+    "sparse, one column set": lambda: sp.csr_matrix(
+        np.column_stack([_BASE[:, 0], np.zeros((60, 49))])
+    ),
+    "sparse, entries listed twice and explicit zeros": lambda: _listed_twice(_sparse(60, 200)),
+    "sparse, wide (40 x 100,000)": lambda: _sparse(40, 100_000),
 }
+
+
+def _sparse(n_rows: int, n_columns: int, empty_rows: int = 0) -> sp.csr_matrix:
+    """Random counts, 5 or so a row, as a bag-of-words has; the first ``empty_rows`` empty."""
+    rng = np.random.default_rng(2)
+    counts = np.where(np.arange(n_rows) < empty_rows, 0, rng.poisson(5, n_rows) + 1)
+    rows = np.repeat(np.arange(n_rows), counts)
+    columns = rng.integers(0, n_columns, len(rows))
+    return sp.csr_matrix((np.ones(len(rows)), (rows, columns)), shape=(n_rows, n_columns))
+
+
+def _listed_twice(X: sp.csr_matrix) -> sp.csr_matrix:
+    """The same matrix with every entry stored as two halves and an explicit zero per row."""
+    data, indices, indptr = [], [], [0]
+    for i in range(X.shape[0]):
+        begin, end = X.indptr[i], X.indptr[i + 1]
+        extra = X.indices[begin : begin + 1]
+        data += [X.data[begin:end] / 2, X.data[begin:end] / 2, np.zeros(len(extra))]
+        indices += [X.indices[begin:end], X.indices[begin:end], extra]
+        indptr.append(indptr[-1] + 2 * (end - begin) + len(extra))
+    return sp.csr_matrix(
+        (np.concatenate(data), np.concatenate(indices), np.array(indptr)), shape=X.shape
+    )
+
 
 # Values at or beyond each parameter's edge (some valid, some not: both must end cleanly).
 EDGE_VALUES: dict[str, list] = {
@@ -115,7 +150,7 @@ def run_case(X, params: dict) -> str:
         except ValueError as error:
             return f"ValueError: {error}".replace("\n", " ")[:200]
         bundle = load_bundle(path)
-        rows = np.asarray(X[:3], dtype=np.float64)
+        rows = X[:3].astype(np.float64) if sp.issparse(X) else np.asarray(X[:3], np.float64)
         for mode in ("fast", "exact"):
             try:
                 embedding = bundle.embed(rows, mode=mode)
