@@ -71,9 +71,7 @@ class DataShape:
 # V clusterings' chosen features as packed bits (V / 8 bytes; 50 at V = 400), per thread one
 # clustering's draw and position lookup (about 13 bytes), the input map's fit (a peak of
 # about 400 bytes, measured with tracemalloc; ARPACK's workspace besides) and the range
-# checks' sums (16 bytes). Not covered: ``targets="leave-self-out"``, whose bottom layer
-# still gathers each clustering's centers dense (about 2,000 bytes per feature per thread
-# at k1 = 1,000).
+# checks' sums (16 bytes).
 SPARSE_BYTES_PER_FEATURE = 1024
 
 

@@ -178,13 +178,13 @@ def _bottom_codes(X, features, center_values, metric, row_norms, exclude):
         if exclude is not None and left_out is not None:
             left_out[start:stop] = best
             _pick_left_out(
-                scores, tolerance, exclude[start:stop], chosen_row, center_values, metric,
-                left_out[start:stop],
+                scores, tolerance, exclude[start:stop], chosen_row,
+                lambda idx: center_values[idx].astype(np.float64), metric, left_out[start:stop],
             )  # fmt: skip
     return codes, left_out
 
 
-def _pick_left_out(scores, tolerance, exclude, chosen_row, center_values, metric, out) -> None:
+def _pick_left_out(scores, tolerance, exclude, chosen_row, candidate_values, metric, out) -> None:
     """``_pick_centers`` again for the rows with an excluded center, that center scored out."""
     rows = np.flatnonzero(exclude >= 0)
     if rows.size == 0 or scores.shape[1] < 2:
@@ -196,7 +196,7 @@ def _pick_left_out(scores, tolerance, exclude, chosen_row, center_values, metric
         masked,
         tolerance[rows],
         lambda i: chosen_row(rows[i]),
-        lambda idx: center_values[idx].astype(np.float64),
+        candidate_values,
         metric,
         best,
     )
@@ -290,6 +290,31 @@ def canonical_sparse(X):
 def bottom_codes_sparse(
     X: sp.csr_matrix, layer: BottomLayer, clustering: int, row_norms: np.ndarray
 ) -> np.ndarray:
+    """``layer.clustering_codes`` for sparse rows and sparse centers (``_sparse_codes``)."""
+    return _sparse_codes(X, layer, clustering, row_norms, None)[0]
+
+
+def bottom_codes_sparse_leave_self_out(
+    X: sp.csr_matrix,
+    layer: BottomLayer,
+    clustering: int,
+    row_norms: np.ndarray,
+    exclude: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``bottom_codes_leave_self_out`` for sparse rows and sparse centers: the codes and,
+    from the same scores, those with center ``exclude[i]`` left out for row i (-1: none)."""
+    codes, left_out = _sparse_codes(X, layer, clustering, row_norms, exclude)
+    assert left_out is not None
+    return codes, left_out
+
+
+def _sparse_codes(
+    X: sp.csr_matrix,
+    layer: BottomLayer,
+    clustering: int,
+    row_norms: np.ndarray,
+    exclude: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """``layer.clustering_codes`` for sparse rows and sparse centers: same codes, nothing
     made dense but the (rows, k) scores.
 
@@ -319,7 +344,12 @@ def bottom_codes_sparse(
     # are re-ranked from dense vectors scattered through ``position``, not CSR column slices.
     X = canonical_sparse(sp.csr_matrix(X))
     codes = np.empty(X.shape[0], dtype=np.int32)
+    left_out = None if exclude is None else np.empty(X.shape[0], dtype=np.int32)
     block = _block_rows(len(norms))
+
+    def candidate_values(idx):
+        return _chosen_dense(centers, idx, position, len(features))
+
     for start in range(0, X.shape[0], block):
         stop = min(start + block, X.shape[0])
         rows = sp.csr_matrix(X[start:stop], dtype=np.float64)
@@ -327,15 +357,20 @@ def bottom_codes_sparse(
         products *= scale
         products += shift
         scores = products.astype(np.float32)
-        _pick_centers(
-            scores,
-            _tolerance(row_norms[start:stop], error_per_norm, error_const),
-            lambda i, rows=rows: _chosen_dense(rows, [i], position, len(features))[0],
-            lambda idx: _chosen_dense(centers, idx, position, len(features)),
-            layer.metric,
-            codes[start:stop],
-        )
-    return codes
+        tolerance = _tolerance(row_norms[start:stop], error_per_norm, error_const)
+
+        def chosen_row(i: int, rows=rows) -> np.ndarray:
+            return _chosen_dense(rows, [i], position, len(features))[0]
+
+        best = codes[start:stop]
+        _pick_centers(scores, tolerance, chosen_row, candidate_values, layer.metric, best)
+        if exclude is not None and left_out is not None:
+            left_out[start:stop] = best
+            _pick_left_out(
+                scores, tolerance, exclude[start:stop], chosen_row, candidate_values,
+                layer.metric, left_out[start:stop],
+            )  # fmt: skip
+    return codes, left_out
 
 
 def _chosen_dense(matrix: sp.csr_matrix, rows, position: np.ndarray, n_chosen: int) -> np.ndarray:

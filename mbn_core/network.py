@@ -27,6 +27,7 @@ from mbn_core.layers import (
     Postings,
     UpperLayer,
     bottom_codes_leave_self_out,
+    bottom_codes_sparse_leave_self_out,
     canonical_sparse,
     compact_values,
     input_row_norms,
@@ -722,9 +723,18 @@ class _LayerRunner:
         n_rows, (n_clusterings, k) = X.shape[0], centers.shape
         left = np.empty((n_rows, n_clusterings), dtype=code_dtype)
 
+        # Sparse rows against sparse centers take the masked route, as bottom_codes does.
+        sparse = sp.issparse(X_work) and sp.issparse(layer.center_data)
+        sparse = sparse and layer.shift_masks is None
+
         def encode(v: int) -> np.ndarray:
             exclude = np.full(n_rows, -1, dtype=np.int64)
             exclude[centers[v]] = np.arange(k)
+            if sparse:
+                codes, left[:, v] = bottom_codes_sparse_leave_self_out(
+                    X_work, layer, v, norms, exclude
+                )
+                return codes
             codes, left[:, v] = bottom_codes_leave_self_out(
                 X_work, layer.features(v), layer.center_values(v), layer.metric, norms, exclude
             )

@@ -17,6 +17,7 @@ from mbn_core.layers import (
     bottom_codes_direct,
     bottom_codes_leave_self_out,
     bottom_codes_sparse,
+    bottom_codes_sparse_leave_self_out,
     compact_values,
     input_row_norms,
     keep_threshold,
@@ -426,6 +427,27 @@ def test_bottom_leave_self_out_skips_only_the_excluded_center(metric):
         others = np.delete(np.arange(30), exclude[i]) if exclude[i] >= 0 else np.arange(30)
         best = reference_bottom(X[i : i + 1], features, centers[others], metric)[0]
         assert left_out[i] == others[best]
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_sparse_leave_self_out_equals_the_dense_centers_route(metric):
+    # The sparse route's left-out codes (targets="leave-self-out" on bag-of-words) are the
+    # ones the dense-centers route gives, exact ties included.
+    rng = np.random.default_rng(16)
+    dense = rng.poisson(0.5, size=(200, 40)).astype(np.float32)
+    X = sp.csr_matrix(dense)
+    model = MBN(n_clusterings=6, ks=[30, 8], metric=metric, random_state=0).fit(X)
+    layer, norms = model.bottom_layer_, input_row_norms(X)
+    for v in range(6):
+        exclude = np.full(200, -1)
+        exclude[rng.choice(200, 30, replace=False)] = rng.integers(0, 30, 30)
+        want = bottom_codes_leave_self_out(
+            X, layer.features(v), layer.center_values(v), metric, norms, exclude
+        )
+        got = bottom_codes_sparse_leave_self_out(X, layer, v, norms, exclude)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        assert not np.any(got[1][exclude >= 0] == exclude[exclude >= 0])
 
 
 @pytest.mark.parametrize("inline", [True, False])
