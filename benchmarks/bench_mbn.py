@@ -251,6 +251,9 @@ MBN_VARIANTS: dict[str, Callable] = {
     "MBN, delta 0.9": lambda c, seed: MBN(n_classes=c, delta=0.9, random_state=seed),
     "MBN, V 800": lambda c, seed: MBN(n_classes=c, n_clusterings=800, random_state=seed),
     "MBN, V 1600": lambda c, seed: MBN(n_classes=c, n_clusterings=1600, random_state=seed),
+    "MBN, V 1600, delta 0.7": lambda c, seed: MBN(
+        n_classes=c, n_clusterings=1600, delta=0.7, random_state=seed
+    ),
     "MBN, 4 networks x V 100": lambda c, seed: NetworkEnsemble(4, 100, c, seed),
     "MBN, 4 networks x V 400": lambda c, seed: NetworkEnsemble(4, 400, c, seed),
     "MBN, r 0.5": lambda c, seed: MBN(n_classes=c, shift_fraction=0.5, random_state=seed),

@@ -141,9 +141,9 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         the smallest of 0.5, 0.7 and 0.9 whose second layer leaves at most 1% of the
         points sharing no code with any of its centers (a point that shares nothing gets
         an arbitrary code, which glues distant points together in every layer above). It
-        is measured on the bottom layer's codes of the training data, never on labels:
-        images and text keep the paper's 0.5, thin manifolds get more (see
-        ``mbn_core.auto``).
+        is measured on the bottom layer's codes of the training data (over 400 of its
+        clusterings when there are more), never on labels: images and text keep the
+        paper's 0.5, thin manifolds get more (see ``mbn_core.auto``).
     shift_fraction : float in [0, 1), default=0.0
         Random reconstruction (r, arXiv version): for this fraction of each bottom
         clustering's chosen dimensions, the centers' values are shifted cyclically by one

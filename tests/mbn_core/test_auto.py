@@ -10,6 +10,8 @@ from mbn_core import MBN
 from mbn_core.auto import (
     DELTAS,
     FRACTIONS,
+    MAX_ORPHANS,
+    ORPHAN_CLUSTERINGS,
     ORPHAN_ROWS,
     ORPHAN_TRIALS,
     choose_delta,
@@ -95,6 +97,42 @@ def test_a_thin_manifold_gets_the_same_delta_on_every_seed():
         codes = MBN(ks=[500, 3], n_classes=2, random_state=seed).fit(X).encode(X, layer=0)
         chosen.add(choose_delta(codes, 500, 0.5, 3.0, np.random.RandomState(seed)))
     assert chosen == {0.7}
+
+
+@pytest.fixture(scope="module")
+def moons_codes_1600():
+    """Bottom-layer codes of two moons from a network of 1,600 clusterings."""
+    X, _ = make_moons(1000, noise=0.06, random_state=7)
+    mbn = MBN(ks=[500, 3], n_classes=2, n_clusterings=1600, random_state=0).fit(X)
+    return mbn.encode(X, layer=0)
+
+
+def rule_on(codes, k1, rng):
+    """The rule spelled out: the first delta whose orphan rate passes, drawn from ``rng``."""
+    for delta in DELTAS:
+        if orphan_rate(codes, int(delta * k1), 0.5, rng) <= MAX_ORPHANS:
+            return delta
+    return DELTAS[-1]
+
+
+def test_more_clusterings_do_not_turn_a_thin_manifold_into_dense_data(moons_codes_1600):
+    # Over all of 1,600 clusterings two moons leave under 1% orphaned at 0.5 (each clustering
+    # is one more chance to share a code), and at 0.5 the network merges the moons. The rate
+    # is taken over 400 of them, where the bound was measured.
+    codes = moons_codes_1600
+    assert rule_on(codes, 500, np.random.RandomState(0)) == 0.5
+    assert choose_delta(codes, 500, 0.5, 3.0, np.random.RandomState(0)) == 0.7
+    # The subset is choose_delta's first draw; the rates are then drawn as for 400.
+    rng = np.random.RandomState(0)
+    subset = np.sort(rng.choice(codes.shape[1], ORPHAN_CLUSTERINGS, replace=False))
+    assert rule_on(codes[:, subset], 500, rng) == 0.7
+
+
+def test_networks_up_to_the_reference_size_are_measured_whole(moons_codes_1600):
+    codes = moons_codes_1600[:, :ORPHAN_CLUSTERINGS]
+    for seed in range(2):
+        delta = choose_delta(codes, 500, 0.5, 3.0, np.random.RandomState(seed))
+        assert delta == rule_on(codes, 500, np.random.RandomState(seed)) == 0.7
 
 
 def test_choose_delta_leaves_the_callers_stream_alone():
