@@ -487,6 +487,16 @@ def spectral_embedding(K, c: int) -> tuple[np.ndarray, float]:
     return U / np.linalg.norm(U, axis=1, keepdims=True), float(values[c - 1] - values[c])
 
 
+def coassociations(model: MBN, X: np.ndarray) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+    """The share of a fitted network's bottom clusterings that put each pair of rows in one
+    cell, and its elementwise product with the same share at the top layer."""
+    V = model.n_clusterings
+    bottom = one_hot(model.encode(X, layer=0), model.ks_[0])
+    top = one_hot(model.encode(X), model.ks_[-1])
+    K_bottom = ((bottom @ bottom.T) / V).tocsr()
+    return K_bottom, K_bottom.multiply((top @ top.T) / V).tocsr()
+
+
 def affinities(args) -> None:
     print(f"MBN(n_classes=c, random_state=s), s = 0..{args.seeds - 1}; NMI mean ± sd")
     print()
@@ -499,11 +509,7 @@ def affinities(args) -> None:
             c = len(np.unique(y))
             model = MBN(n_classes=c, random_state=seed)
             Z = model.fit_transform(X)
-            V = model.n_clusterings
-            bottom = one_hot(model.encode(X, layer=0), model.ks_[0])
-            top = one_hot(model.encode(X), model.ks_[-1])
-            K_bottom = (bottom @ bottom.T) / V
-            K_product = K_bottom.multiply((top @ top.T) / V).tocsr()
+            K_bottom, K_product = coassociations(model, X)
             outputs = (Z, spectral_embedding(K_bottom, c)[0], spectral_embedding(K_product, c)[0])
             scores.append([kmeans_nmi(out, y, seed, n_init=20) for out in outputs])
             print(
