@@ -349,6 +349,12 @@ HELDOUT_METHODS: dict[str, Callable] = {
 }
 
 
+def split_rows(n_rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A random 80% of the rows to fit, and the other 20% as new rows."""
+    order = np.random.default_rng(seed).permutation(n_rows)
+    return order[: int(0.8 * n_rows)], order[int(0.8 * n_rows) :]
+
+
 def heldout(args) -> None:
     print(
         f"{args.seeds} seeds, 80/20 split per seed; cell: held-out NMI mean ± sd "
@@ -366,8 +372,7 @@ def heldout(args) -> None:
                 X, y = quality_data(name, seed)
                 X = np.asarray(X, np.float32)
                 c = len(np.unique(y))
-                order = np.random.default_rng(seed).permutation(len(X))
-                fit_rows, new_rows = order[: int(0.8 * len(X))], order[int(0.8 * len(X)) :]
+                fit_rows, new_rows = split_rows(len(X), seed)
                 try:
                     model = make(min(c, X.shape[1]) if method == "PCA" else c, seed)
                 except ImportError:

@@ -40,6 +40,7 @@ from bench_mbn import (
     kmeans_nmi,
     mean_sd,
     quality_data,
+    split_rows,
 )
 from sklearn.cluster import KMeans
 from sklearn.metrics import normalized_mutual_info_score
@@ -137,46 +138,66 @@ def place(K_new: sp.csr_matrix, fallback: sp.csr_matrix, Y_fit: np.ndarray) -> n
     return placed
 
 
-def heldout(args: argparse.Namespace) -> None:
-    columns = [
-        "PCA of the top codes (today)",
-        "UMAP, bottom",
-        "UMAP, bottom x top",
-        "UMAP (Euclidean)",
-    ]
-    print(f"80/20 split per seed, s = 0..{args.seeds - 1}; held-out NMI mean ± sd\n")
+FITTED_COLUMNS = [
+    "PCA of the top codes (today)",
+    "layout, bottom",
+    "layout, bottom x top",
+    "UMAP, bottom",
+    "UMAP, bottom x top",
+    "UMAP (Euclidean)",
+]
+HELDOUT_COLUMNS = [
+    "PCA of the top codes (today)",
+    "UMAP, bottom",
+    "UMAP, bottom x top",
+    "UMAP (Euclidean)",
+]
+
+
+def fitted_scores(X: np.ndarray, y: np.ndarray, seed: int) -> list[float]:
+    """NMI of each of ``FITTED_COLUMNS`` on the rows it was fitted on."""
+    c = len(np.unique(y))
+    model = MBN(n_classes=c, random_state=seed)
+    embeddings = [model.fit_transform(X)]
+    graphs = coassociations(model, X)
+    embeddings += [layout(graph_of_weights(K, N_NEIGHBORS), c, seed) for K in graphs]
+    embeddings += [layout(fuzzy_graph(K, N_NEIGHBORS, seed), c, seed) for K in graphs]
+    embeddings.append(issue17_umap(X, c, seed))
+    return [kmeans_nmi(Z, y, seed, n_init=20) for Z in embeddings]
+
+
+def heldout_scores(X: np.ndarray, y: np.ndarray, seed: int) -> list[float]:
+    """NMI of each of ``HELDOUT_COLUMNS`` on rows new to it (``bench_mbn.split_rows``)."""
+    import umap
+
+    X = np.asarray(X, np.float32)
+    c = len(np.unique(y))
+    fit_rows, new_rows = split_rows(len(X), seed)
+    X_fit, X_new = X[fit_rows], X[new_rows]
+    model = MBN(n_classes=c, random_state=seed)
+    reference = umap.UMAP(n_components=c, random_state=seed)
+    pairs = [(model.fit_transform(X_fit), model.transform(X_new))]
+    K_bottom_new, K_product_new = cross_coassociations(model, X_new, X_fit)
+    for K, K_new in zip(coassociations(model, X_fit), (K_bottom_new, K_product_new), strict=True):
+        Y_fit = layout(fuzzy_graph(K, N_NEIGHBORS, seed), c, seed)
+        pairs.append((Y_fit, place(K_new, K_bottom_new, Y_fit)))
+    pairs.append((reference.fit_transform(X_fit), reference.transform(X_new)))
+    scores = []
+    for Y_fit, Y_new in pairs:
+        kmeans = KMeans(c, n_init=20, random_state=seed).fit(np.float64(Y_fit))
+        scores.append(normalized_mutual_info_score(y[new_rows], kmeans.predict(np.float64(Y_new))))
+    return scores
+
+
+def print_table(heading: str, columns: list[str], args: argparse.Namespace, scores_of) -> None:
+    print(f"{heading}; NMI mean ± sd over seeds 0..{args.seeds - 1}\n")
     print(f"| data | {' | '.join(columns)} |")
     print(f"|---|{'---|' * len(columns)}")
     for name in args.datasets:
         scores: list[list[float]] = []
         for seed in range(args.seeds):
-            X, y = quality_data(name, seed)
-            X = np.asarray(X, np.float32)
-            c = len(np.unique(y))
-            order = np.random.default_rng(seed).permutation(len(X))
-            fit_rows, new_rows = order[: int(0.8 * len(X))], order[int(0.8 * len(X)) :]
-            X_fit, X_new = X[fit_rows], X[new_rows]
-            model = MBN(n_classes=c, random_state=seed)
-            pairs: list[tuple[np.ndarray, np.ndarray | None]] = [(model.fit_transform(X_fit), None)]
-            K_bottom_new, K_product_new = cross_coassociations(model, X_new, X_fit)
-            for K, K_new in zip(
-                coassociations(model, X_fit), (K_bottom_new, K_product_new), strict=True
-            ):
-                Y_fit = layout(fuzzy_graph(K, N_NEIGHBORS, seed), c, seed)
-                pairs.append((Y_fit, place(K_new, K_bottom_new, Y_fit)))
-            import umap
-
-            reference = umap.UMAP(n_components=c, random_state=seed)
-            pairs.append((reference.fit_transform(X_fit), None))
-            results = []
-            for index, (Y_fit, Y_new) in enumerate(pairs):
-                if Y_new is None:
-                    Y_new = (model if index == 0 else reference).transform(X_new)
-                kmeans = KMeans(c, n_init=20, random_state=seed).fit(np.float64(Y_fit))
-                assigned = kmeans.predict(np.float64(Y_new))
-                results.append(normalized_mutual_info_score(y[new_rows], assigned))
-            scores.append(results)
-            print(f"{name} seed {seed}: {np.round(results, 4)}", file=sys.stderr, flush=True)
+            scores.append(scores_of(*quality_data(name, seed), seed))
+            print(f"{name} seed {seed}: {np.round(scores[-1], 4)}", file=sys.stderr, flush=True)
         cells = " | ".join(mean_sd(column) for column in zip(*scores, strict=True))
         print(f"| {name} | {cells} |", flush=True)
 
@@ -188,34 +209,9 @@ def main() -> None:
     parser.add_argument("--heldout", action="store_true", help="new rows, not fitted ones")
     args = parser.parse_args()
     if args.heldout:
-        heldout(args)
-        return
-    columns = [
-        "PCA of the top codes (today)",
-        "layout, bottom",
-        "layout, bottom x top",
-        "UMAP, bottom",
-        "UMAP, bottom x top",
-        "UMAP (Euclidean)",
-    ]
-    print(f"MBN(n_classes=c, random_state=s), s = 0..{args.seeds - 1}; NMI mean ± sd\n")
-    print(f"| data | {' | '.join(columns)} |")
-    print(f"|---|{'---|' * len(columns)}")
-    for name in args.datasets:
-        scores: list[list[float]] = []
-        for seed in range(args.seeds):
-            X, y = quality_data(name, seed)
-            c = len(np.unique(y))
-            model = MBN(n_classes=c, random_state=seed)
-            embeddings = [model.fit_transform(X)]
-            graphs = coassociations(model, X)
-            embeddings += [layout(graph_of_weights(K, N_NEIGHBORS), c, seed) for K in graphs]
-            embeddings += [layout(fuzzy_graph(K, N_NEIGHBORS, seed), c, seed) for K in graphs]
-            embeddings.append(issue17_umap(X, c, seed))
-            scores.append([kmeans_nmi(Z, y, seed, n_init=20) for Z in embeddings])
-            print(f"{name} seed {seed}: {np.round(scores[-1], 4)}", file=sys.stderr, flush=True)
-        cells = " | ".join(mean_sd(column) for column in zip(*scores, strict=True))
-        print(f"| {name} | {cells} |", flush=True)
+        print_table("New rows (80/20 split per seed)", HELDOUT_COLUMNS, args, heldout_scores)
+    else:
+        print_table("Fitted rows", FITTED_COLUMNS, args, fitted_scores)
 
 
 if __name__ == "__main__":
