@@ -221,6 +221,7 @@ MBN_MODELS: dict[str, Callable] = {
     "MBN, old defaults": lambda c, seed: OldDefaultsMBN(n_classes=c, delta=0.5, random_state=seed),
     "MBN, new defaults": lambda c, seed: MBN(n_classes=c, random_state=seed),
     "MBN, spectral output": lambda c, seed: MBN(n_classes=c, output="spectral", random_state=seed),
+    "MBN, UMAP output": lambda c, seed: MBN(n_classes=c, output="umap", random_state=seed),
     "MBN, cosine": lambda c, seed: MBN(n_classes=c, metric="cosine", random_state=seed),
 }
 
@@ -343,6 +344,7 @@ def quality(args) -> None:
 HELDOUT_METHODS: dict[str, Callable] = {
     "MBN, PCA output": MBN_MODELS["MBN, new defaults"],
     "MBN, spectral output": MBN_MODELS["MBN, spectral output"],
+    "MBN, UMAP output": MBN_MODELS["MBN, UMAP output"],
     "MBN, cosine": MBN_MODELS["MBN, cosine"],
     "UMAP": lambda c, seed: __import__("umap").UMAP(n_components=c, random_state=seed),
     "PCA": lambda c, seed: PCA(n_components=c, random_state=seed),

@@ -105,7 +105,7 @@ EDGE_VALUES: dict[str, list] = {
     "n_components": [1, 2, 3, 5, 50], "n_clusterings": [1, 2, 3],
     "feature_fraction": [1e-6, 0.01, 1.0, "auto"], "k1": [1, 2, 0.01, 0.99, 1.0, "auto"],
     "delta": [0.01, 0.99, "auto"], "n_classes": [1, 2, 50], "k_max": [1, 2],
-    "metric": ["cosine"], "output": ["spectral"], "shift_fraction": [0.99, 1.0],
+    "metric": ["cosine"], "output": ["spectral", "umap"], "shift_fraction": [0.99, 1.0],
     "hidden_layer_sizes": [[1], [1, 1, 1], []], "max_epochs": [1], "batch_size": [1, 10**6],
     "learning_rate": [1e-9, 10.0], "alpha": [0.0, 100.0], "n_iter_no_change": [1],
     "input_noise": [0.0, 100.0], "input_components": [1, 1000], "tol": [0.0, 1e9],

@@ -44,11 +44,12 @@ from mbn_core.spectral import (
     fit_spectral,
     one_hot,
 )
+from mbn_core.umap_output import UmapTop, fit_umap, require_umap
 
 ProgressCallback = Callable[[int, int, int], object]
 
 METRICS = ("euclidean", "cosine")
-OUTPUTS = ("pca", "spectral")
+OUTPUTS = ("pca", "spectral", "umap")
 # Requests of up to this many dense rows are encoded row by row over the stored centers
 # (``BottomLayer.codes_few``, ``UpperLayer.codes_few``); larger batches share GEMMs and
 # posting lists between their rows.
@@ -124,15 +125,19 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         chosen dimensions (for bag-of-words text, and for images whose rows differ in overall
         intensity: NMI +0.03 on 5,000 MNIST digits, +0.013 on 70,000). Upper layers always
         count shared codes.
-    output : {"pca", "spectral"}, default="pca"
+    output : {"pca", "spectral", "umap"}, default="pca"
         How the top of the network becomes the embedding. "pca": PCA of the top layer's
         one-hot codes (the paper). "spectral": the leading eigenvectors of the bottom x top
         co-association (rows alike when they share fine bottom cells and coarse top
         clusters), new rows placed by the Nystrom extension (see ``mbn_core.spectral``).
         It suits clustering more than maps: it separates thin manifolds (two moons) but
-        pulls each cluster together, which lowers continuity. It keeps the training rows'
-        codes, and refuses training sets whose co-association would hold more than 20
-        million pairs (about 25,000 rows at k1 = n / 2; 10,000 at k1 = 2,000).
+        pulls each cluster together, which lowers continuity. "umap": UMAP's layout of the
+        same co-association (umap-learn, the "umap" extra), every row placed at the
+        weighted mean of its 15 most co-associated training rows' layout (see
+        ``mbn_core.umap_output``); it separates thin manifolds and keeps neighbourhoods.
+        Both keep the training rows' codes, and refuse training sets whose co-association
+        would hold more than 20 million pairs (about 25,000 rows at k1 = n / 2; 10,000 at
+        k1 = 2,000).
     k1 : int, float in (0, 1] or "auto", default="auto"
         Centers per clustering in the bottom layer. "auto" is ``0.5 * n_samples``; a float is
         that fraction of ``n_samples``. Capped by ``k_max``.
@@ -320,11 +325,13 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 f"n_components={n_components} must be <= min(n_samples, n_clusterings * "
                 f"ks[-1]) = {min(n_samples, n_top)}"
             )
-        if self.output == "spectral":
+        if self.output in ("spectral", "umap"):
+            if self.output == "umap":
+                require_umap()
             pairs = expected_pairs(n_samples, self.n_clusterings, ks[0])
             if pairs > MAX_COASSOCIATION_PAIRS:
                 raise ValueError(
-                    f'output="spectral" would store about {pairs:,} co-association pairs for '
+                    f"output={self.output!r} would store about {pairs:,} co-association pairs for "
                     f"{n_samples} rows with k1={ks[0]} and n_clusterings={self.n_clusterings} "
                     f'(the limit is {MAX_COASSOCIATION_PAIRS:,}); use output="pca", fewer '
                     "rows, more bottom centers or fewer clusterings"
@@ -357,10 +364,11 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                     codes, left_codes, ks[index - 1], k, rng, runner, index
                 )
                 upper.append(layer)
-            top: _Top | SpectralTop
-            if self.output == "spectral":
+            top: _Top | SpectralTop | UmapTop
+            if self.output in ("spectral", "umap"):
                 seed = rng.randint(np.iinfo(np.int32).max)
-                top, embedding = fit_spectral(bottom_codes, codes, ks[0], n_components, seed)
+                fit_top = fit_spectral if self.output == "spectral" else fit_umap
+                top, embedding = fit_top(bottom_codes, codes, ks[0], n_components, seed)
                 left_out = None
                 if left_codes is not None:
                     left_out = top.embed(bottom_left_codes, left_codes, exclude_self=True)
@@ -386,6 +394,8 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         self.eigenvalues_: np.ndarray | None
         if isinstance(top, SpectralTop):
             self.explained_variance_ratio_, self.eigenvalues_ = None, top.eigenvalues
+        elif isinstance(top, UmapTop):
+            self.explained_variance_ratio_, self.eigenvalues_ = None, None
         else:
             self.explained_variance_ratio_, self.eigenvalues_ = top.explained_variance_ratio, None
 
@@ -523,7 +533,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         embedding : ndarray of shape (n_samples, n_components_), float64
         """
         check_is_fitted(self)
-        if isinstance(self.top_, SpectralTop):
+        if isinstance(self.top_, SpectralTop | UmapTop):
             bottom_codes, codes = self._encode_layers(X, len(self.ks_))
             return self.top_.embed(bottom_codes, codes)
         codes = self._encode(X, len(self.ks_))
@@ -912,6 +922,10 @@ def model_to_arrays(model: MBN) -> dict[str, np.ndarray]:
         arrays["spectral.top_codes"] = top.top_codes
         arrays["spectral.basis"] = top.basis
         arrays["spectral.eigenvalues"] = top.eigenvalues
+    elif isinstance(top, UmapTop):
+        arrays["umap.bottom_codes"] = top.bottom_codes
+        arrays["umap.top_codes"] = top.top_codes
+        arrays["umap.anchors"] = top.anchors
     else:
         arrays["top.table"] = top.table
         arrays["top.offset"] = top.offset
@@ -982,7 +996,13 @@ def model_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MBN:
             feature_fraction=float(get(f"layer{index}.feature_fraction")),
         )
         upper.append(layer)
-    top = (_spectral_top if model.output == "spectral" else _pca_top)(get, ks, V)
+    top: _Top | SpectralTop | UmapTop
+    if model.output == "spectral":
+        top = _spectral_top(get, ks, V)
+    elif model.output == "umap":
+        top = _umap_top(get, ks, V)
+    else:
+        top = _pca_top(get, ks, V)
     model.ks_ = ks
     model.n_features_in_ = n_features
     model.n_components_ = top.n_components
@@ -1029,6 +1049,23 @@ def _spectral_top(get: Callable[[str], np.ndarray], ks: list[int], V: int) -> Sp
         basis=basis,
         eigenvalues=eigenvalues,
     )
+
+
+def _umap_top(get: Callable[[str], np.ndarray], ks: list[int], V: int) -> UmapTop:
+    bottom_codes = get("umap.bottom_codes")
+    top_codes = get("umap.top_codes")
+    anchors = np.ascontiguousarray(get("umap.anchors"), dtype=np.float64)
+    if bottom_codes.ndim != 2 or bottom_codes.shape[1] != V or bottom_codes.shape[0] < 2:
+        raise ValueError(f"model array 'umap.bottom_codes' has shape {bottom_codes.shape}")
+    n_rows = bottom_codes.shape[0]
+    _expect_shape("umap.top_codes", top_codes, (n_rows, V))
+    _expect_index("umap.bottom_codes", bottom_codes, ks[0])
+    _expect_index("umap.top_codes", top_codes, ks[-1])
+    if anchors.ndim != 2 or anchors.shape[0] != n_rows or anchors.shape[1] < 1:
+        raise ValueError(f"model array 'umap.anchors' has shape {anchors.shape}")
+    if not np.isfinite(anchors).all():
+        raise ValueError("model array 'umap.anchors' must be finite")
+    return UmapTop.restore(bottom_codes, top_codes, ks[0], anchors)
 
 
 def _expect_shape(name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:

@@ -144,8 +144,10 @@ def test_too_large_a_coassociation_is_refused_before_fitting():
     V = MAX_COASSOCIATION_PAIRS  # 30 rows x V clusterings x 15 rows per cell: far over
     with pytest.raises(ValueError, match="co-association pairs"):
         MBN(n_clusterings=V, output="spectral").fit(X)
+    with pytest.raises(ValueError, match="co-association pairs"):
+        MBN(n_clusterings=V, output="umap").fit(X)
     with pytest.raises(ValueError, match="output"):
-        MBN(output="umap").fit(X)
+        MBN(output="tsne").fit(X)
 
 
 def test_a_row_sharing_no_top_cluster_falls_back_to_its_bottom_share():

@@ -1,0 +1,188 @@
+"""UMAP output of an MBN: UMAP's layout of the network's own similarity.
+
+The similarity is the spectral output's affinity (``mbn_core.spectral``): the share of bottom
+clusterings that put two rows in one cell times the share of top clusterings that do. PCA of
+the top codes keeps the coarse layers' merges (two moons in one cluster), and the spectral
+output pulls each cluster to a point; UMAP's fuzzy simplicial set and layout keep local
+neighbourhoods and separate clusters. So the network supplies the similarity and umap-learn
+only the layout (its per-row scaling is what makes the layout work: the raw affinities laid
+out directly fall apart in sparse regions).
+
+Fitting: each training row's ``N_NEIGHBORS`` most similar other rows, at distance
+1 - affinity, become UMAP's fuzzy simplicial set, laid out into ``n_components`` dimensions
+(spectral start, seeded): the *anchors*. Every row, training row or new, is then embedded the
+same way: at the affinity-weighted mean of the anchors of its ``N_NEIGHBORS`` most similar
+training rows (a training row is among its own). That is deterministic and looks at one row
+at a time, so ``transform`` is batch independent and reproduces ``fit_transform``.
+
+Measured by ``benchmarks/probe_layouts.py`` (benchmarks/RESULTS.md, issue 17): at or above
+plain UMAP's k-means NMI on moons, circles, digits, iris, wine, breast cancer and MNIST-5k,
+below it on the swiss roll (0.852 against 0.881).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+from mbn_core.spectral import _affinity, _cells
+
+# Neighbours per row, in the fuzzy simplicial set and in the placement (UMAP's default).
+N_NEIGHBORS = 15
+# UMAP's defaults for the layout's curve (spread, min_dist), its repulsion and its epochs.
+SPREAD = 1.0
+MIN_DIST = 0.1
+NEGATIVE_SAMPLE_RATE = 5
+N_EPOCHS = 500
+
+INSTALL_HINT = (
+    'output="umap" needs umap-learn, which the "umap" extra installs: pip install "mbn[umap]"'
+)
+
+
+def _umap_internals():
+    """umap-learn's module of the fuzzy simplicial set and the layout. Its package warns on
+    import that TensorFlow (for ParametricUMAP, unused here) is missing: not ours to show."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ImportWarning)
+        try:
+            import umap.umap_ as umap_internals
+        except ImportError as error:
+            raise ImportError(INSTALL_HINT) from error
+    return umap_internals
+
+
+def require_umap() -> None:
+    """Raise ImportError with the install command when umap-learn is missing."""
+    _umap_internals()
+
+
+@dataclass(frozen=True)
+class UmapTop:
+    """What the UMAP output needs to embed any row: the training rows' codes and anchors."""
+
+    bottom_codes: np.ndarray  # (n, V) training rows' bottom-layer codes
+    top_codes: np.ndarray  # (n, V) training rows' top-layer codes
+    n_bottom_values: int  # k1
+    anchors: np.ndarray  # (n, n_components) float64: the training rows' layout
+    # (V * k1, n): the training rows in each bottom cell, from bottom_codes (see ``restore``).
+    cells: sp.csr_matrix = field(repr=False, compare=False)
+
+    @classmethod
+    def restore(
+        cls,
+        bottom_codes: np.ndarray,
+        top_codes: np.ndarray,
+        n_bottom_values: int,
+        anchors: np.ndarray,
+    ) -> UmapTop:
+        """The top of a stored model: its cells index is rebuilt from the bottom codes."""
+        cells = _cells(bottom_codes, n_bottom_values)
+        return cls(bottom_codes, top_codes, n_bottom_values, anchors, cells)
+
+    @property
+    def n_components(self) -> int:
+        return int(self.anchors.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return self.bottom_codes.nbytes + self.top_codes.nbytes + self.anchors.nbytes
+
+    def embed(
+        self, bottom_codes: np.ndarray, top_codes: np.ndarray, exclude_self: bool = False
+    ) -> np.ndarray:
+        """(m, n_components) embedding of rows with these bottom and top codes.
+
+        ``exclude_self``: the rows are the training rows (in order), coded as new rows
+        (leave-self-out); each row's affinity to itself is dropped.
+        """
+        affinity = _affinity(bottom_codes, top_codes, self.cells, self.top_codes, exclude_self)
+        return place(affinity, self.anchors)
+
+
+def fit_umap(
+    bottom_codes: np.ndarray,
+    top_codes: np.ndarray,
+    n_bottom_values: int,
+    n_components: int,
+    seed: int,
+) -> tuple[UmapTop, np.ndarray]:
+    """The UMAP output of the training rows' codes, and their embedding."""
+    require_umap()
+    cells = _cells(bottom_codes, n_bottom_values)
+    affinity = _affinity(bottom_codes, top_codes, cells, top_codes, exclude_self=False)
+    anchors = _layout(affinity, n_components, seed)
+    top = UmapTop(bottom_codes, top_codes, n_bottom_values, anchors, cells)
+    return top, place(affinity, anchors)
+
+
+def strongest(affinity: sp.csr_matrix, row: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(columns, values) of a row's ``count`` largest affinities, largest first; ties go to
+    the lower column, so the choice does not depend on the order pairs were stored in."""
+    start, end = affinity.indptr[row], affinity.indptr[row + 1]
+    columns, values = affinity.indices[start:end], affinity.data[start:end]
+    order = np.lexsort((columns, -values))[:count]
+    return columns[order], values[order]
+
+
+def place(affinity: sp.csr_matrix, anchors: np.ndarray) -> np.ndarray:
+    """Each row at the affinity-weighted mean of its ``N_NEIGHBORS`` nearest anchors.
+
+    Every row has a positive affinity to some training row (it shares a bottom cell with
+    that cell's center, and ``_affinity`` falls back to the bottom share when no top cluster
+    is shared), except leave-self-out rows alone in all their cells: those take the mean
+    anchor.
+    """
+    placed = np.empty((affinity.shape[0], anchors.shape[1]))
+    for row in range(affinity.shape[0]):
+        columns, weights = strongest(affinity, row, N_NEIGHBORS)
+        total = weights.sum()
+        placed[row] = weights @ anchors[columns] / total if total > 0 else anchors.mean(axis=0)
+    return placed
+
+
+def _neighbours(affinity: sp.csr_matrix, n_neighbors: int) -> tuple[np.ndarray, np.ndarray]:
+    """UMAP's (knn_indices, knn_dists): each row itself first at distance 0, then its most
+    similar other rows at 1 - affinity; rows with too few padded with themselves at 1."""
+    n_rows = affinity.shape[0]
+    indices = np.repeat(np.arange(n_rows)[:, None], n_neighbors, axis=1)
+    distances = np.ones((n_rows, n_neighbors))
+    distances[:, 0] = 0.0
+    others = affinity.copy()
+    others.setdiag(0)  # every row's own pair is stored: it shares its cells with itself
+    others.eliminate_zeros()
+    if others.nnz == 0:
+        raise ValueError(
+            'output="umap" found no two training rows that share a bottom cell, so there is '
+            "nothing to lay out; use fewer bottom centers (k1) or more rows"
+        )
+    for row in range(n_rows):
+        columns, values = strongest(others, row, n_neighbors - 1)
+        indices[row, 1 : 1 + columns.size] = columns
+        distances[row, 1 : 1 + columns.size] = 1.0 - values
+    return indices, distances
+
+
+def _layout(affinity: sp.csr_matrix, n_components: int, seed: int) -> np.ndarray:
+    """UMAP's fuzzy simplicial set of the affinity's neighbours, laid out (float64)."""
+    umap_internals = _umap_internals()
+    n_rows = affinity.shape[0]
+    n_neighbors = min(N_NEIGHBORS, n_rows)
+    indices, distances = _neighbours(affinity, n_neighbors)
+    graph, _, _ = umap_internals.fuzzy_simplicial_set(
+        np.zeros((n_rows, 1)),
+        n_neighbors,
+        np.random.RandomState(seed),
+        "euclidean",
+        knn_indices=indices,
+        knn_dists=distances,
+    )
+    a, b = umap_internals.find_ab_params(SPREAD, MIN_DIST)
+    embedding, _ = umap_internals.simplicial_set_embedding(
+        None, graph, n_components, 1.0, a, b, 1.0, NEGATIVE_SAMPLE_RATE, N_EPOCHS,
+        "spectral", np.random.RandomState(seed), "euclidean", {}, False, {}, False,
+    )  # fmt: skip
+    return np.asarray(embedding, dtype=np.float64)

@@ -1,0 +1,160 @@
+"""MBN's UMAP output: UMAP's layout of the co-association, every row placed the same way."""
+
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.cluster import KMeans
+from sklearn.datasets import load_digits, make_circles, make_moons
+from sklearn.metrics import normalized_mutual_info_score
+
+from mbn_core import MBN, model_from_arrays, model_to_arrays
+from mbn_core.umap_output import N_NEIGHBORS, place
+
+
+@pytest.fixture(scope="module")
+def digits():
+    X, y = load_digits(return_X_y=True)
+    return X[:500], y[:500], X[500:700], y[500:700]
+
+
+@pytest.fixture(scope="module")
+def fitted(digits):
+    X, _, _, _ = digits
+    model = MBN(n_clusterings=40, delta=0.5, output="umap", random_state=0)
+    embedding, left_out = model.fit_transform_leave_self_out(X)
+    return model, embedding, left_out
+
+
+def _params(model: MBN) -> dict:
+    return {k: v for k, v in model.get_params().items() if k != "callback"}
+
+
+def test_transform_reproduces_fit_and_is_batch_independent(digits, fitted):
+    X, _, X_new, _ = digits
+    model, embedding, _ = fitted
+    assert embedding.shape == (500, 10) and model.n_components_ == 10
+    np.testing.assert_array_equal(model.transform(X), embedding)
+    batch = model.transform(X_new)
+    singles = np.vstack([model.transform(X_new[i : i + 1]) for i in range(0, 200, 23)])
+    np.testing.assert_array_equal(singles, batch[::23])
+    assert model.explained_variance_ratio_ is None and model.eigenvalues_ is None
+
+
+def brute_force_place(affinity, anchors):
+    """The definition: each row's 15 largest affinities (ties to the lower column), and
+    their weighted mean of anchors."""
+    dense = affinity.toarray()
+    placed = []
+    for row in dense:
+        nonzero = np.flatnonzero(row)
+        ranked = sorted(nonzero, key=lambda j: (-row[j], j))[:N_NEIGHBORS]
+        weights = row[ranked]
+        placed.append(weights @ anchors[ranked] / weights.sum())
+    return np.array(placed)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_placement_is_the_weighted_mean_of_the_strongest_rows(seed):
+    rng = np.random.default_rng(seed)
+    n_rows, n_train = 12, 40
+    # Few distinct values, so that ties at the 15th neighbour occur.
+    dense = rng.integers(0, 4, size=(n_rows, n_train)) * (rng.random((n_rows, n_train)) < 0.7)
+    affinity = sp.csr_matrix(dense / 4.0)
+    anchors = rng.normal(size=(n_train, 3))
+    np.testing.assert_allclose(place(affinity, anchors), brute_force_place(affinity, anchors))
+
+
+def test_leave_self_out_rows_are_coded_as_new_rows(fitted):
+    _, embedding, left_out = fitted
+    assert left_out.shape == embedding.shape and np.isfinite(left_out).all()
+    # Seen as new data, a training row moves, but far less than the embedding's spread.
+    moved = np.linalg.norm(left_out - embedding, axis=1)
+    assert not np.allclose(left_out, embedding)
+    assert np.median(moved) < 0.2 * np.linalg.norm(embedding.std(axis=0))
+
+
+def test_new_rows_cluster_like_the_training_rows(digits, fitted):
+    _, y, X_new, y_new = digits
+    model, embedding, _ = fitted
+    kmeans = KMeans(10, n_init=10, random_state=0).fit(embedding)
+    assert normalized_mutual_info_score(y, kmeans.labels_) > 0.8
+    assert normalized_mutual_info_score(y_new, kmeans.predict(model.transform(X_new))) > 0.75
+
+
+@pytest.mark.parametrize(
+    "data",
+    [make_moons(400, noise=0.06, random_state=7), make_circles(400, factor=0.5, noise=0.04,
+                                                               random_state=7)],
+    ids=["moons", "circles"],
+)  # fmt: skip
+def test_separates_thin_manifolds(data):
+    # With the default 400 clusterings (100 leave the co-association too coarse: one seed
+    # of two merges the moons).
+    X, y = data
+    model = MBN(n_classes=2, output="umap", random_state=0)
+    labels = KMeans(2, n_init=10, random_state=0).fit_predict(model.fit_transform(X))
+    assert normalized_mutual_info_score(y, labels) > 0.9
+
+
+def test_arrays_round_trip_and_corruption_is_named(digits, fitted):
+    X, _, X_new, _ = digits
+    model, _, _ = fitted
+    arrays = model_to_arrays(model)
+    assert "top.table" not in arrays and "umap.anchors" in arrays
+    restored = model_from_arrays(arrays, _params(model))
+    np.testing.assert_array_equal(restored.transform(X_new), model.transform(X_new))
+    with pytest.raises(ValueError, match=r"umap.anchors"):
+        model_from_arrays(dict(arrays, **{"umap.anchors": arrays["umap.anchors"][:-1]}),
+                          _params(model))  # fmt: skip
+    bad_codes = arrays["umap.top_codes"].astype(np.int64) + 1000
+    with pytest.raises(ValueError, match=r"umap.top_codes"):
+        model_from_arrays(dict(arrays, **{"umap.top_codes": bad_codes}), _params(model))
+    nan_anchors = arrays["umap.anchors"].copy()
+    nan_anchors[0, 0] = np.nan
+    with pytest.raises(ValueError, match="finite"):
+        model_from_arrays(dict(arrays, **{"umap.anchors": nan_anchors}), _params(model))
+    # Neither a PCA nor a spectral model's arrays load as a UMAP one.
+    spectral = MBN(n_clusterings=10, delta=0.5, output="spectral", random_state=0).fit(X[:100])
+    with pytest.raises(ValueError, match=r"umap.bottom_codes"):
+        model_from_arrays(model_to_arrays(spectral), dict(_params(spectral), output="umap"))
+
+
+def test_deterministic_for_a_seed(digits):
+    X, _, _, _ = digits
+    runs = [
+        MBN(n_clusterings=15, output="umap", random_state=3).fit_transform(X[:300])
+        for _ in range(2)
+    ]
+    np.testing.assert_array_equal(*runs)
+
+
+@pytest.mark.parametrize(("n", "d"), [(10, 1), (12, 3), (40, 1), (60, 7)])
+def test_any_small_shape(n, d):
+    X = np.random.default_rng(n + d).normal(size=(n, d))
+    model = MBN(n_classes=2, n_clusterings=20, output="umap", random_state=0)
+    Z = model.fit_transform(X)
+    assert Z.shape == (n, 2) and np.isfinite(Z).all()
+    assert np.isfinite(model.transform(X[:3] + 0.01)).all()
+
+
+def test_constant_and_duplicate_rows():
+    X = np.vstack([np.zeros((20, 3)), np.ones((5, 3))])
+    Z = MBN(n_classes=2, n_clusterings=10, output="umap", random_state=0).fit_transform(X)
+    assert np.isfinite(Z).all()
+
+
+def test_rows_that_share_no_cell_are_named():
+    # Every row is a center of every bottom clustering: no two rows share a cell.
+    X = np.random.default_rng(0).normal(size=(12, 3))
+    with pytest.raises(ValueError, match="no two training rows that share a bottom cell"):
+        MBN(n_classes=2, n_clusterings=10, ks=[12, 3], output="umap", random_state=0).fit(X)
+
+
+def test_a_missing_umap_learn_names_the_extra(monkeypatch):
+    # None in sys.modules makes the import fail as a missing package does.
+    monkeypatch.setitem(sys.modules, "umap", None)
+    monkeypatch.setitem(sys.modules, "umap.umap_", None)
+    with pytest.raises(ImportError, match=r'pip install "mbn\[umap\]"'):
+        MBN(n_classes=2, n_clusterings=10, output="umap").fit(np.eye(12))
