@@ -38,6 +38,7 @@ from mbn_core.training import (
     load_training_data,
     train_bundle,
 )
+from mbn_core.umap_output import UmapNotInstalled
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +275,14 @@ def main(argv: Sequence[str] | None = None, commands: Mapping[str, Command] | No
     except KeyboardInterrupt:
         print("mbn: interrupted; nothing was written", file=sys.stderr)  # noqa: T201
         return EXIT_INTERRUPTED
-    except (UserError, BundleError, ValueError, OSError, TrainingStopped) as error:
+    except (
+        UserError,
+        BundleError,
+        ValueError,
+        OSError,
+        TrainingStopped,
+        UmapNotInstalled,
+    ) as error:
         message = str(error) if not isinstance(error, OSError) else _os_message(error)
         print(f"mbn {args.command}: error: {message}", file=sys.stderr)  # noqa: T201
         return EXIT_USAGE

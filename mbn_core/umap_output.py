@@ -43,6 +43,10 @@ INSTALL_HINT = (
 )
 
 
+class UmapNotInstalled(ImportError):
+    """umap-learn is missing: a setup to fix, told as such by ``mbn train``."""
+
+
 def _umap_internals():
     """umap-learn's module of the fuzzy simplicial set and the layout. Its package warns on
     import that TensorFlow (for ParametricUMAP, unused here) is missing: not ours to show."""
@@ -51,12 +55,12 @@ def _umap_internals():
         try:
             import umap.umap_ as umap_internals
         except ImportError as error:
-            raise ImportError(INSTALL_HINT) from error
+            raise UmapNotInstalled(INSTALL_HINT) from error
     return umap_internals
 
 
 def require_umap() -> None:
-    """Raise ImportError with the install command when umap-learn is missing."""
+    """Raise ``UmapNotInstalled`` with the install command when umap-learn is missing."""
     _umap_internals()
 
 

@@ -15,6 +15,7 @@ from sklearn.datasets import load_digits
 
 from mbn_core import cli
 from mbn_core.bundle import load_bundle
+from mbn_core.umap_output import INSTALL_HINT
 
 SMALL = [
     "--n-clusterings", "20", "--k1", "0.1", "--hidden-layer-sizes", "32",
@@ -171,6 +172,16 @@ def test_errors_in_process(trained, workdir, monkeypatch, capsys, argv, fragment
     for fragment in fragments:
         assert fragment in err
     assert not (workdir / "m4").exists()
+
+
+def test_a_missing_extra_is_named_without_a_traceback(workdir, monkeypatch, capsys):
+    # None in sys.modules makes the import fail as a missing package does.
+    monkeypatch.setitem(sys.modules, "umap", None)
+    monkeypatch.setitem(sys.modules, "umap.umap_", None)
+    monkeypatch.chdir(workdir)
+    assert cli.main(["train", "digits.npz", "--out", "u", "--output", "umap"]) == cli.EXIT_USAGE
+    assert capsys.readouterr().err.strip() == f"mbn train: error: {INSTALL_HINT}"
+    assert not (workdir / "u").exists()
 
 
 def test_bad_option_syntax_is_a_usage_error(capsys):
