@@ -65,7 +65,7 @@ class SpectralTop:
         eigenvalues: np.ndarray,
     ) -> SpectralTop:
         """The top of a stored model: its cells index is rebuilt from the bottom codes."""
-        cells = _cells(bottom_codes, n_bottom_values)
+        cells = cell_index(bottom_codes, n_bottom_values)
         return cls(bottom_codes, top_codes, n_bottom_values, basis, eigenvalues, cells)
 
     @property
@@ -89,7 +89,7 @@ class SpectralTop:
         ``exclude_self``: the rows are the training rows (in order), coded as new rows
         (leave-self-out); each row's affinity to itself is dropped.
         """
-        affinity = _affinity(bottom_codes, top_codes, self.cells, self.top_codes, exclude_self)
+        affinity = coassociation(bottom_codes, top_codes, self.cells, self.top_codes, exclude_self)
         return _unit_rows(affinity @ self.basis)
 
 
@@ -102,8 +102,8 @@ def fit_spectral(
 ) -> tuple[SpectralTop, np.ndarray]:
     """The spectral output of the training rows' codes, and their embedding."""
     n_samples = bottom_codes.shape[0]
-    cells = _cells(bottom_codes, n_bottom_values)
-    affinity = _affinity(bottom_codes, top_codes, cells, top_codes, exclude_self=False)
+    cells = cell_index(bottom_codes, n_bottom_values)
+    affinity = coassociation(bottom_codes, top_codes, cells, top_codes, exclude_self=False)
     degrees = np.asarray(affinity.sum(axis=1)).ravel()  # >= 1: each row meets itself
     inverse_root = 1.0 / np.sqrt(degrees)
     normalised = sp.diags(inverse_root) @ affinity @ sp.diags(inverse_root)
@@ -141,12 +141,14 @@ def one_hot(codes: np.ndarray, n_values: int, dtype=np.float32) -> sp.csr_matrix
     )
 
 
-def _cells(bottom_codes: np.ndarray, n_values: int) -> sp.csr_matrix:
+def cell_index(bottom_codes: np.ndarray, n_values: int) -> sp.csr_matrix:
+    """(V * n_values, n): the training rows in each bottom cell."""
     return one_hot(bottom_codes, n_values).T.tocsr()
 
 
-def _affinity(bottom_codes, top_codes, cells, train_top_codes, exclude_self: bool):
-    """(m, n) CSR of K(x, j) for query rows x against the training rows j."""
+def coassociation(bottom_codes, top_codes, cells, train_top_codes, exclude_self: bool):
+    """(m, n) CSR of K(x, j) for query rows x against the training rows j (``cells``:
+    ``cell_index`` of the training rows' bottom codes). Shared by the UMAP output."""
     n_clusterings = bottom_codes.shape[1]
     n_values = cells.shape[0] // n_clusterings
     shared_bottom = (one_hot(bottom_codes, n_values) @ cells).tocsr()

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from mbn_core.spectral import _affinity, _cells
+from mbn_core.spectral import cell_index, coassociation
 
 # Neighbours per row, in the fuzzy simplicial set and in the placement (UMAP's default).
 N_NEIGHBORS = 15
@@ -84,7 +84,7 @@ class UmapTop:
         anchors: np.ndarray,
     ) -> UmapTop:
         """The top of a stored model: its cells index is rebuilt from the bottom codes."""
-        cells = _cells(bottom_codes, n_bottom_values)
+        cells = cell_index(bottom_codes, n_bottom_values)
         return cls(bottom_codes, top_codes, n_bottom_values, anchors, cells)
 
     @property
@@ -103,7 +103,7 @@ class UmapTop:
         ``exclude_self``: the rows are the training rows (in order), coded as new rows
         (leave-self-out); each row's affinity to itself is dropped.
         """
-        affinity = _affinity(bottom_codes, top_codes, self.cells, self.top_codes, exclude_self)
+        affinity = coassociation(bottom_codes, top_codes, self.cells, self.top_codes, exclude_self)
         return place(affinity, self.anchors)
 
 
@@ -116,8 +116,8 @@ def fit_umap(
 ) -> tuple[UmapTop, np.ndarray]:
     """The UMAP output of the training rows' codes, and their embedding."""
     require_umap()
-    cells = _cells(bottom_codes, n_bottom_values)
-    affinity = _affinity(bottom_codes, top_codes, cells, top_codes, exclude_self=False)
+    cells = cell_index(bottom_codes, n_bottom_values)
+    affinity = coassociation(bottom_codes, top_codes, cells, top_codes, exclude_self=False)
     anchors = _layout(affinity, n_components, seed)
     top = UmapTop(bottom_codes, top_codes, n_bottom_values, anchors, cells)
     return top, place(affinity, anchors)
@@ -136,7 +136,7 @@ def place(affinity: sp.csr_matrix, anchors: np.ndarray) -> np.ndarray:
     """Each row at the affinity-weighted mean of its ``N_NEIGHBORS`` nearest anchors.
 
     Every row has a positive affinity to some training row (it shares a bottom cell with
-    that cell's center, and ``_affinity`` falls back to the bottom share when no top cluster
+    that cell's center, and ``coassociation`` falls back to the bottom share when no top cluster
     is shared), except leave-self-out rows alone in all their cells: those take the mean
     anchor.
     """
