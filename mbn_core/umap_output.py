@@ -185,8 +185,19 @@ def _layout(affinity: sp.csr_matrix, n_components: int, seed: int) -> np.ndarray
         knn_dists=distances,
     )
     a, b = umap_internals.find_ab_params(SPREAD, MIN_DIST)
-    embedding, _ = umap_internals.simplicial_set_embedding(
-        None, graph, n_components, 1.0, a, b, 1.0, NEGATIVE_SAMPLE_RATE, N_EPOCHS,
-        "spectral", np.random.RandomState(seed), "euclidean", {}, False, {}, False,
-    )  # fmt: skip
+    # The spectral start asks for n_components + 1 eigenvectors, which scipy refuses (with a
+    # TypeError) for graphs of no more rows; there the seeded random start serves.
+    init = "spectral" if n_components + 1 < n_rows else "random"
+    # umap-learn (0.5.12) places a graph's separate pieces with numpy's global generator when
+    # it is given no data (multi_component_layout): seed that for the call, so one seed gives
+    # one embedding, and give the caller's generator its state back.
+    global_state = np.random.get_state()  # noqa: NPY002 - the generator umap-learn uses
+    np.random.seed(seed)  # noqa: NPY002
+    try:
+        embedding, _ = umap_internals.simplicial_set_embedding(
+            None, graph, n_components, 1.0, a, b, 1.0, NEGATIVE_SAMPLE_RATE, N_EPOCHS,
+            init, np.random.RandomState(seed), "euclidean", {}, False, {}, False,
+        )  # fmt: skip
+    finally:
+        np.random.set_state(global_state)  # noqa: NPY002
     return np.asarray(embedding, dtype=np.float64)

@@ -130,6 +130,28 @@ def test_deterministic_for_a_seed(digits):
     np.testing.assert_array_equal(*runs)
 
 
+def test_deterministic_when_the_graph_falls_into_pieces(digits):
+    # Groups of duplicates: the co-association graph has more pieces than UMAP's spectral
+    # start can place, and umap-learn places them with numpy's global generator.
+    X = np.vstack([digits[0][:5]] * 20)
+    before = np.random.get_state()[1].copy()  # noqa: NPY002 - what umap-learn draws from
+    runs = [
+        MBN(n_components=2, n_clusterings=20, output="umap", random_state=0).fit_transform(X)
+        for _ in range(2)
+    ]
+    np.testing.assert_array_equal(*runs)
+    np.testing.assert_array_equal(np.random.get_state()[1], before)  # noqa: NPY002
+
+
+@pytest.mark.parametrize(("n", "n_components"), [(3, 2), (6, 6), (10, 9)])
+def test_as_many_components_as_rows(n, n_components):
+    # UMAP's spectral start cannot ask for n_components + 1 eigenvectors of n rows.
+    X = np.random.default_rng(n).normal(size=(n, 2))
+    model = MBN(n_components=n_components, n_clusterings=20, output="umap", random_state=0)
+    Z = model.fit_transform(X)
+    assert Z.shape == (n, n_components) and np.isfinite(Z).all()
+
+
 @pytest.mark.parametrize(("n", "d"), [(10, 1), (12, 3), (40, 1), (60, 7)])
 def test_any_small_shape(n, d):
     X = np.random.default_rng(n + d).normal(size=(n, d))
