@@ -1026,20 +1026,27 @@ def _pca_top(get: Callable[[str], np.ndarray], ks: list[int], V: int) -> _Top:
     return top
 
 
+def _training_codes(
+    get: Callable[[str], np.ndarray], prefix: str, ks: list[int], V: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The training rows' bottom and top codes that the spectral and UMAP outputs keep."""
+    bottom_codes = get(f"{prefix}.bottom_codes")
+    top_codes = get(f"{prefix}.top_codes")
+    if bottom_codes.ndim != 2 or bottom_codes.shape[1] != V or bottom_codes.shape[0] < 2:
+        raise ValueError(f"model array '{prefix}.bottom_codes' has shape {bottom_codes.shape}")
+    _expect_shape(f"{prefix}.top_codes", top_codes, bottom_codes.shape)
+    _expect_index(f"{prefix}.bottom_codes", bottom_codes, ks[0])
+    _expect_index(f"{prefix}.top_codes", top_codes, ks[-1])
+    return bottom_codes, top_codes
+
+
 def _spectral_top(get: Callable[[str], np.ndarray], ks: list[int], V: int) -> SpectralTop:
-    bottom_codes = get("spectral.bottom_codes")
-    top_codes = get("spectral.top_codes")
+    bottom_codes, top_codes = _training_codes(get, "spectral", ks, V)
     basis = np.ascontiguousarray(get("spectral.basis"), dtype=np.float64)
     eigenvalues = np.asarray(get("spectral.eigenvalues"), dtype=np.float64)
-    if bottom_codes.ndim != 2 or bottom_codes.shape[1] != V or bottom_codes.shape[0] < 2:
-        raise ValueError(f"model array 'spectral.bottom_codes' has shape {bottom_codes.shape}")
-    n_rows = bottom_codes.shape[0]
-    _expect_shape("spectral.top_codes", top_codes, (n_rows, V))
-    _expect_index("spectral.bottom_codes", bottom_codes, ks[0])
-    _expect_index("spectral.top_codes", top_codes, ks[-1])
     if eigenvalues.ndim != 1 or eigenvalues.size < 1:
         raise ValueError(f"model array 'spectral.eigenvalues' has shape {eigenvalues.shape}")
-    _expect_shape("spectral.basis", basis, (n_rows, eigenvalues.size))
+    _expect_shape("spectral.basis", basis, (len(bottom_codes), eigenvalues.size))
     if not (np.isfinite(basis).all() and np.isfinite(eigenvalues).all()):
         raise ValueError("model arrays 'spectral.basis' and 'spectral.eigenvalues' must be finite")
     return SpectralTop.restore(
@@ -1052,16 +1059,9 @@ def _spectral_top(get: Callable[[str], np.ndarray], ks: list[int], V: int) -> Sp
 
 
 def _umap_top(get: Callable[[str], np.ndarray], ks: list[int], V: int) -> UmapTop:
-    bottom_codes = get("umap.bottom_codes")
-    top_codes = get("umap.top_codes")
+    bottom_codes, top_codes = _training_codes(get, "umap", ks, V)
     anchors = np.ascontiguousarray(get("umap.anchors"), dtype=np.float64)
-    if bottom_codes.ndim != 2 or bottom_codes.shape[1] != V or bottom_codes.shape[0] < 2:
-        raise ValueError(f"model array 'umap.bottom_codes' has shape {bottom_codes.shape}")
-    n_rows = bottom_codes.shape[0]
-    _expect_shape("umap.top_codes", top_codes, (n_rows, V))
-    _expect_index("umap.bottom_codes", bottom_codes, ks[0])
-    _expect_index("umap.top_codes", top_codes, ks[-1])
-    if anchors.ndim != 2 or anchors.shape[0] != n_rows or anchors.shape[1] < 1:
+    if anchors.ndim != 2 or anchors.shape[0] != len(bottom_codes) or anchors.shape[1] < 1:
         raise ValueError(f"model array 'umap.anchors' has shape {anchors.shape}")
     if not np.isfinite(anchors).all():
         raise ValueError("model array 'umap.anchors' must be finite")
