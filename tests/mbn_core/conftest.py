@@ -1,4 +1,4 @@
-"""Faults injected into LAPACK, for the tests of the fallbacks around it.
+"""Shared fixtures: faults injected into LAPACK, and a digits split for the output tests.
 
 Whether LAPACK's SVD reports non-convergence on a given matrix depends on the BLAS build and
 its thread count (it struck SciPy 1.17.1's OpenBLAS with one thread), so the tests make it
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 import sklearn.decomposition._pca
+from sklearn.datasets import load_digits
 
 
 def _no_convergence(*args, **kwargs):
@@ -24,3 +25,10 @@ def svd_fails(monkeypatch):
 def svds_fails(monkeypatch):
     # PCA's ARPACK route runs an SVD of its own inside svds.
     monkeypatch.setattr(sklearn.decomposition._pca, "svds", _no_convergence)
+
+
+@pytest.fixture(scope="session")
+def digits_split():
+    """500 digits to fit and 200 new ones: (X, y, X_new, y_new)."""
+    X, y = load_digits(return_X_y=True)
+    return X[:500], y[:500], X[500:700], y[500:700]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from sklearn.cluster import KMeans
-from sklearn.datasets import load_digits, make_moons
+from sklearn.datasets import make_moons
 from sklearn.metrics import normalized_mutual_info_score
 
 from mbn_core import MBN, model_from_arrays, model_to_arrays
@@ -11,24 +11,14 @@ from mbn_core.spectral import MAX_COASSOCIATION_PAIRS, fit_spectral, one_hot
 
 
 @pytest.fixture(scope="module")
-def digits():
-    X, y = load_digits(return_X_y=True)
-    return X[:500], y[:500], X[500:700], y[500:700]
-
-
-@pytest.fixture(scope="module")
-def fitted(digits):
-    X, _, _, _ = digits
+def fitted(digits_split):
+    X, _, _, _ = digits_split
     model = MBN(n_clusterings=40, delta=0.5, output="spectral", random_state=0)
     embedding, left_out = model.fit_transform_leave_self_out(X)
     return model, embedding, left_out
 
 
-def _params(model: MBN) -> dict:
-    return {k: v for k, v in model.get_params().items() if k != "callback"}
-
-
-def test_training_rows_get_unit_rows_of_the_weighted_eigenvectors(digits, fitted):
+def test_training_rows_get_unit_rows_of_the_weighted_eigenvectors(digits_split, fitted):
     model, embedding, _ = fitted
     assert embedding.shape == (500, 10)
     np.testing.assert_allclose(np.linalg.norm(embedding, axis=1), 1.0)
@@ -57,8 +47,8 @@ def test_affinity_is_the_product_of_shared_bottom_and_top_codes():
     assert one_hot(bottom, 4).shape == (30, 24)
 
 
-def test_transform_reproduces_fit_and_is_batch_independent(digits, fitted):
-    X, _, X_new, _ = digits
+def test_transform_reproduces_fit_and_is_batch_independent(digits_split, fitted):
+    X, _, X_new, _ = digits_split
     model, embedding, _ = fitted
     np.testing.assert_array_equal(model.transform(X), embedding)
     batch = model.transform(X_new)
@@ -76,8 +66,8 @@ def test_leave_self_out_rows_are_coded_as_new_rows(fitted):
     assert np.median(cosine) > 0.8
 
 
-def test_new_rows_cluster_like_the_training_rows(digits, fitted):
-    _, y, X_new, y_new = digits
+def test_new_rows_cluster_like_the_training_rows(digits_split, fitted):
+    _, y, X_new, y_new = digits_split
     model, embedding, _ = fitted
     kmeans = KMeans(10, n_init=10, random_state=0).fit(embedding)
     assert normalized_mutual_info_score(y, kmeans.labels_) > 0.75
@@ -91,32 +81,32 @@ def test_separates_the_two_moons():
     assert normalized_mutual_info_score(y, labels) > 0.9
 
 
-def test_arrays_round_trip_and_corruption_is_named(digits, fitted):
-    X, _, X_new, _ = digits
+def test_arrays_round_trip_and_corruption_is_named(digits_split, fitted):
+    X, _, X_new, _ = digits_split
     model, _, _ = fitted
     arrays = model_to_arrays(model)
     assert "top.table" not in arrays and "spectral.basis" in arrays
-    restored = model_from_arrays(arrays, _params(model))
+    restored = model_from_arrays(arrays, model.get_params())
     np.testing.assert_array_equal(restored.transform(X_new), model.transform(X_new))
     np.testing.assert_array_equal(restored.eigenvalues_, model.eigenvalues_)
     with pytest.raises(ValueError, match=r"spectral.basis"):
         model_from_arrays(dict(arrays, **{"spectral.basis": arrays["spectral.basis"][:, :3]}),
-                          _params(model))  # fmt: skip
+                          model.get_params())  # fmt: skip
     bad_codes = arrays["spectral.top_codes"].astype(np.int64) + 1000
     with pytest.raises(ValueError, match=r"spectral.top_codes"):
-        model_from_arrays(dict(arrays, **{"spectral.top_codes": bad_codes}), _params(model))
+        model_from_arrays(dict(arrays, **{"spectral.top_codes": bad_codes}), model.get_params())
     nan_basis = arrays["spectral.basis"].copy()
     nan_basis[0, 0] = np.nan
     with pytest.raises(ValueError, match="finite"):
-        model_from_arrays(dict(arrays, **{"spectral.basis": nan_basis}), _params(model))
+        model_from_arrays(dict(arrays, **{"spectral.basis": nan_basis}), model.get_params())
     # A PCA model's arrays do not load as a spectral one.
     with pytest.raises(ValueError, match=r"spectral.bottom_codes"):
         pca = MBN(n_clusterings=10, delta=0.5, random_state=0).fit(X[:100])
-        model_from_arrays(model_to_arrays(pca), dict(_params(pca), output="spectral"))
+        model_from_arrays(model_to_arrays(pca), dict(pca.get_params(), output="spectral"))
 
 
-def test_deterministic_for_a_seed(digits):
-    X, _, _, _ = digits
+def test_deterministic_for_a_seed(digits_split):
+    X, _, _, _ = digits_split
     runs = [
         MBN(n_clusterings=15, output="spectral", random_state=3).fit_transform(X[:300])
         for _ in range(2)
@@ -124,18 +114,24 @@ def test_deterministic_for_a_seed(digits):
     np.testing.assert_array_equal(*runs)
 
 
+# Both outputs that keep the training rows' codes (this one and mbn_core.umap_output).
+CODES_OUTPUTS = ["spectral", "umap"]
+
+
+@pytest.mark.parametrize("output", CODES_OUTPUTS)
 @pytest.mark.parametrize(("n", "d"), [(10, 1), (12, 3), (40, 1), (60, 7)])
-def test_any_small_shape(n, d):
+def test_any_small_shape(n, d, output):
     X = np.random.default_rng(n + d).normal(size=(n, d))
-    model = MBN(n_classes=2, n_clusterings=20, output="spectral", random_state=0)
+    model = MBN(n_classes=2, n_clusterings=20, output=output, random_state=0)
     Z = model.fit_transform(X)
     assert Z.shape == (n, 2) and np.isfinite(Z).all()
     assert np.isfinite(model.transform(X[:3] + 0.01)).all()
 
 
-def test_constant_and_duplicate_rows():
+@pytest.mark.parametrize("output", CODES_OUTPUTS)
+def test_constant_and_duplicate_rows(output):
     X = np.vstack([np.zeros((20, 3)), np.ones((5, 3))])
-    Z = MBN(n_classes=2, n_clusterings=10, output="spectral", random_state=0).fit_transform(X)
+    Z = MBN(n_classes=2, n_clusterings=10, output=output, random_state=0).fit_transform(X)
     assert np.isfinite(Z).all()
 
 
