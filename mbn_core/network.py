@@ -135,9 +135,10 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         same co-association (umap-learn, the "umap" extra), every row placed at the
         weighted mean of its 15 most co-associated training rows' layout (see
         ``mbn_core.umap_output``); it separates thin manifolds and keeps neighbourhoods.
-        Both keep the training rows' codes, and refuse training sets whose co-association
-        would hold more than 20 million pairs (about 25,000 rows at k1 = n / 2; 10,000 at
-        k1 = 2,000).
+        Both keep the training rows' codes. "spectral" solves an eigenproblem over the whole
+        co-association and refuses training sets whose co-association would hold more than
+        20 million pairs (about 25,000 rows at k1 = n / 2; 10,000 at k1 = 2,000); "umap"
+        keeps only each row's strongest pairs and takes any size.
     k1 : int, float in (0, 1] or "auto", default="auto"
         Centers per clustering in the bottom layer. "auto" is ``0.5 * n_samples``; a float is
         that fraction of ``n_samples``. Capped by ``k_max``.
@@ -325,16 +326,16 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 f"n_components={n_components} must be <= min(n_samples, n_clusterings * "
                 f"ks[-1]) = {min(n_samples, n_top)}"
             )
-        if self.output in ("spectral", "umap"):
-            if self.output == "umap":
-                require_umap()
+        if self.output == "umap":
+            require_umap()
+        if self.output == "spectral":
             pairs = expected_pairs(n_samples, self.n_clusterings, ks[0])
             if pairs > MAX_COASSOCIATION_PAIRS:
                 raise ValueError(
-                    f"output={self.output!r} would store about {pairs:,} co-association pairs for "
+                    f"output='spectral' would store about {pairs:,} co-association pairs for "
                     f"{n_samples} rows with k1={ks[0]} and n_clusterings={self.n_clusterings} "
-                    f'(the limit is {MAX_COASSOCIATION_PAIRS:,}); use output="pca", fewer '
-                    "rows, more bottom centers or fewer clusterings"
+                    f'(the limit is {MAX_COASSOCIATION_PAIRS:,}); use output="umap" or "pca", '
+                    "fewer rows, more bottom centers or fewer clusterings"
                 )
         rng = check_random_state(self.random_state)
         n_chosen = self._n_bottom_features(X, rng)

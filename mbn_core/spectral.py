@@ -22,6 +22,7 @@ share alone is its affinity (the product would be zero).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,10 +32,13 @@ from scipy.sparse.linalg import eigsh
 
 # Below this many training rows the eigenproblem is solved dense (exact, all eigenvalues).
 _DENSE_EIGEN_MAX_ROWS = 1500
-# "auto" output stays with PCA when the co-association would hold more (row, row) pairs than
-# this (about 12 bytes each while fitting): at MNIST's 70,000 rows with k1 = 8,000 it would be
-# about 250 million.
+# The spectral output's eigenproblem holds the whole co-association: refused above this many
+# (row, row) pairs (about 12 bytes each while fitting); at MNIST's 70,000 rows with k1 = 8,000
+# the bound would be about 250 million.
 MAX_COASSOCIATION_PAIRS = 20_000_000
+# Embedding computes the co-association a block of query rows at a time, blocks of about this
+# many pairs (by ``expected_pairs``' bound), so memory does not grow with the batch.
+BLOCK_PAIRS = 4_000_000
 
 
 def expected_pairs(n_samples: int, n_clusterings: int, k1: int) -> int:
@@ -89,8 +93,11 @@ class SpectralTop:
         ``exclude_self``: the rows are the training rows (in order), coded as new rows
         (leave-self-out); each row's affinity to itself is dropped.
         """
-        affinity = coassociation(bottom_codes, top_codes, self.cells, self.top_codes, exclude_self)
-        return _unit_rows(affinity @ self.basis)
+        blocks = coassociation_blocks(
+            bottom_codes, top_codes, self.cells, self.top_codes, exclude_self
+        )
+        embedded = [_unit_rows(affinity @ self.basis) for _, affinity in blocks]
+        return np.vstack(embedded) if embedded else np.empty((0, self.n_components))
 
 
 def fit_spectral(
@@ -146,14 +153,19 @@ def cell_index(bottom_codes: np.ndarray, n_values: int) -> sp.csr_matrix:
     return one_hot(bottom_codes, n_values).T.tocsr()
 
 
-def coassociation(bottom_codes, top_codes, cells, train_top_codes, exclude_self: bool):
+def coassociation(
+    bottom_codes, top_codes, cells, train_top_codes, exclude_self: bool, first_row: int = 0
+):
     """(m, n) CSR of K(x, j) for query rows x against the training rows j (``cells``:
-    ``cell_index`` of the training rows' bottom codes). Shared by the UMAP output."""
+    ``cell_index`` of the training rows' bottom codes). Shared by the UMAP output.
+
+    ``exclude_self``: query row i is training row ``first_row + i``; that pair is dropped.
+    """
     n_clusterings = bottom_codes.shape[1]
     n_values = cells.shape[0] // n_clusterings
     shared_bottom = (one_hot(bottom_codes, n_values) @ cells).tocsr()
     if exclude_self:
-        shared_bottom.setdiag(0)
+        shared_bottom.setdiag(0, k=first_row)
         shared_bottom.eliminate_zeros()
     shared_top = np.empty(shared_bottom.nnz, dtype=np.float64)
     _shared_codes(
@@ -165,6 +177,24 @@ def coassociation(bottom_codes, top_codes, cells, train_top_codes, exclude_self:
     return sp.csr_matrix(
         (data, shared_bottom.indices, shared_bottom.indptr), shape=shared_bottom.shape
     )
+
+
+def coassociation_blocks(
+    bottom_codes, top_codes, cells, train_top_codes, exclude_self: bool
+) -> Iterator[tuple[int, sp.csr_matrix]]:
+    """``coassociation`` of consecutive blocks of query rows: (first row, block). Each row's
+    affinities do not depend on the other rows, so blocking changes no value."""
+    n_clusterings = bottom_codes.shape[1]
+    n_values = cells.shape[0] // n_clusterings
+    # A query row meets about n / k1 training rows per bottom clustering, as in expected_pairs.
+    per_row = n_clusterings * max(1.0, cells.shape[1] / n_values)
+    block_rows = max(1, int(BLOCK_PAIRS // per_row))
+    for start in range(0, bottom_codes.shape[0], block_rows):
+        stop = start + block_rows
+        yield start, coassociation(
+            bottom_codes[start:stop], top_codes[start:stop], cells, train_top_codes,
+            exclude_self, first_row=start,
+        )  # fmt: skip
 
 
 def _unit_rows(Z: np.ndarray) -> np.ndarray:

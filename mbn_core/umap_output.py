@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from mbn_core.spectral import cell_index, coassociation
+from mbn_core.spectral import cell_index, coassociation_blocks
 
 # Neighbours per row, in the fuzzy simplicial set and in the placement (UMAP's default).
 N_NEIGHBORS = 15
@@ -36,7 +36,8 @@ N_NEIGHBORS = 15
 SPREAD = 1.0
 MIN_DIST = 0.1
 NEGATIVE_SAMPLE_RATE = 5
-N_EPOCHS = 500
+# UMAP's epochs: 500 for graphs of up to 10,000 rows, 200 above (each epoch costs more).
+SMALL_GRAPH_EPOCHS, LARGE_GRAPH_EPOCHS, LARGE_GRAPH_ROWS = 500, 200, 10_000
 
 INSTALL_HINT = (
     'output="umap" needs umap-learn, which the "umap" extra installs: pip install "mbn[umap]"'
@@ -103,8 +104,11 @@ class UmapTop:
         ``exclude_self``: the rows are the training rows (in order), coded as new rows
         (leave-self-out); each row's affinity to itself is dropped.
         """
-        affinity = coassociation(bottom_codes, top_codes, self.cells, self.top_codes, exclude_self)
-        return place(affinity, self.anchors)
+        blocks = coassociation_blocks(
+            bottom_codes, top_codes, self.cells, self.top_codes, exclude_self
+        )
+        placed = [place(affinity, self.anchors) for _, affinity in blocks]
+        return np.vstack(placed) if placed else np.empty((0, self.n_components))
 
 
 def fit_umap(
@@ -114,22 +118,65 @@ def fit_umap(
     n_components: int,
     seed: int,
 ) -> tuple[UmapTop, np.ndarray]:
-    """The UMAP output of the training rows' codes, and their embedding."""
+    """The UMAP output of the training rows' codes, and their embedding.
+
+    The co-association is visited a block of rows at a time and only each row's strongest
+    pairs are kept, so memory grows with n, not with the pairs (about 56 million on all of
+    MNIST).
+    """
     require_umap()
     cells = cell_index(bottom_codes, n_bottom_values)
-    affinity = coassociation(bottom_codes, top_codes, cells, top_codes, exclude_self=False)
-    anchors = _layout(affinity, n_components, seed)
+    n_rows = bottom_codes.shape[0]
+    n_neighbors = min(N_NEIGHBORS, n_rows)
+    # UMAP's (knn_indices, knn_dists): each row itself first at distance 0, then its most
+    # similar other rows at 1 - affinity; rows with too few padded with themselves at 1.
+    indices = np.repeat(np.arange(n_rows)[:, None], n_neighbors, axis=1)
+    distances = np.ones((n_rows, n_neighbors))
+    distances[:, 0] = 0.0
+    nearest = []  # each row's placement: (columns, weights), the row itself among them
+    blocks = coassociation_blocks(bottom_codes, top_codes, cells, top_codes, exclude_self=False)
+    for start, affinity in blocks:
+        for local in range(affinity.shape[0]):
+            row = start + local
+            nearest.append(strongest(affinity, local, N_NEIGHBORS))
+            # Every row's own pair is stored (it shares its cells with itself), and a pair
+            # sharing no top cluster is stored at 0: neither is a neighbour.
+            columns, values = strongest(affinity, local, n_neighbors - 1, skip=row)
+            indices[row, 1 : 1 + columns.size] = columns
+            distances[row, 1 : 1 + columns.size] = 1.0 - values
+    if (indices[:, 1:] == np.arange(n_rows)[:, None]).all():
+        raise ValueError(
+            'output="umap" found no two training rows that share a bottom cell, so there is '
+            "nothing to lay out; use fewer bottom centers (k1) or more rows"
+        )
+    anchors = _layout(indices, distances, n_components, seed)
     top = UmapTop(bottom_codes, top_codes, n_bottom_values, anchors, cells)
-    return top, place(affinity, anchors)
+    placed = np.array([weighted_anchor(columns, weights, anchors) for columns, weights in nearest])
+    return top, placed
 
 
-def strongest(affinity: sp.csr_matrix, row: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+def strongest(
+    affinity: sp.csr_matrix, row: int, count: int, skip: int = -1
+) -> tuple[np.ndarray, np.ndarray]:
     """(columns, values) of a row's ``count`` largest affinities, largest first; ties go to
-    the lower column, so the choice does not depend on the order pairs were stored in."""
+    the lower column, so the choice does not depend on the order pairs were stored in.
+
+    ``skip``: a column left out, with every zero affinity (UMAP's neighbours of a training
+    row: other rows with something in common).
+    """
     start, end = affinity.indptr[row], affinity.indptr[row + 1]
     columns, values = affinity.indices[start:end], affinity.data[start:end]
+    if skip >= 0:
+        kept = (columns != skip) & (values > 0)
+        columns, values = columns[kept], values[kept]
     order = np.lexsort((columns, -values))[:count]
     return columns[order], values[order]
+
+
+def weighted_anchor(columns: np.ndarray, weights: np.ndarray, anchors: np.ndarray) -> np.ndarray:
+    """The weights' mean of these anchors; the mean anchor when no weight is positive."""
+    total = weights.sum()
+    return weights @ anchors[columns] / total if total > 0 else anchors.mean(axis=0)
 
 
 def place(affinity: sp.csr_matrix, anchors: np.ndarray) -> np.ndarray:
@@ -142,40 +189,14 @@ def place(affinity: sp.csr_matrix, anchors: np.ndarray) -> np.ndarray:
     """
     placed = np.empty((affinity.shape[0], anchors.shape[1]))
     for row in range(affinity.shape[0]):
-        columns, weights = strongest(affinity, row, N_NEIGHBORS)
-        total = weights.sum()
-        placed[row] = weights @ anchors[columns] / total if total > 0 else anchors.mean(axis=0)
+        placed[row] = weighted_anchor(*strongest(affinity, row, N_NEIGHBORS), anchors)
     return placed
 
 
-def _neighbours(affinity: sp.csr_matrix, n_neighbors: int) -> tuple[np.ndarray, np.ndarray]:
-    """UMAP's (knn_indices, knn_dists): each row itself first at distance 0, then its most
-    similar other rows at 1 - affinity; rows with too few padded with themselves at 1."""
-    n_rows = affinity.shape[0]
-    indices = np.repeat(np.arange(n_rows)[:, None], n_neighbors, axis=1)
-    distances = np.ones((n_rows, n_neighbors))
-    distances[:, 0] = 0.0
-    others = affinity.copy()
-    others.setdiag(0)  # every row's own pair is stored: it shares its cells with itself
-    others.eliminate_zeros()
-    if others.nnz == 0:
-        raise ValueError(
-            'output="umap" found no two training rows that share a bottom cell, so there is '
-            "nothing to lay out; use fewer bottom centers (k1) or more rows"
-        )
-    for row in range(n_rows):
-        columns, values = strongest(others, row, n_neighbors - 1)
-        indices[row, 1 : 1 + columns.size] = columns
-        distances[row, 1 : 1 + columns.size] = 1.0 - values
-    return indices, distances
-
-
-def _layout(affinity: sp.csr_matrix, n_components: int, seed: int) -> np.ndarray:
-    """UMAP's fuzzy simplicial set of the affinity's neighbours, laid out (float64)."""
+def _layout(indices: np.ndarray, distances: np.ndarray, n_components: int, seed: int) -> np.ndarray:
+    """UMAP's fuzzy simplicial set of these neighbours, laid out (float64)."""
     umap_internals = _umap_internals()
-    n_rows = affinity.shape[0]
-    n_neighbors = min(N_NEIGHBORS, n_rows)
-    indices, distances = _neighbours(affinity, n_neighbors)
+    n_rows, n_neighbors = indices.shape
     graph, _, _ = umap_internals.fuzzy_simplicial_set(
         np.zeros((n_rows, 1)),
         n_neighbors,
@@ -188,6 +209,7 @@ def _layout(affinity: sp.csr_matrix, n_components: int, seed: int) -> np.ndarray
     # The spectral start asks for n_components + 1 eigenvectors, which scipy refuses (with a
     # TypeError) for graphs of no more rows; there the seeded random start serves.
     init = "spectral" if n_components + 1 < n_rows else "random"
+    n_epochs = SMALL_GRAPH_EPOCHS if n_rows <= LARGE_GRAPH_ROWS else LARGE_GRAPH_EPOCHS
     # umap-learn (0.5.12) places a graph's separate pieces with numpy's global generator when
     # it is given no data (multi_component_layout): seed that for the call, so one seed gives
     # one embedding, and give the caller's generator its state back.
@@ -195,7 +217,7 @@ def _layout(affinity: sp.csr_matrix, n_components: int, seed: int) -> np.ndarray
     np.random.seed(seed)  # noqa: NPY002
     try:
         embedding, _ = umap_internals.simplicial_set_embedding(
-            None, graph, n_components, 1.0, a, b, 1.0, NEGATIVE_SAMPLE_RATE, N_EPOCHS,
+            None, graph, n_components, 1.0, a, b, 1.0, NEGATIVE_SAMPLE_RATE, n_epochs,
             init, np.random.RandomState(seed), "euclidean", {}, False, {}, False,
         )  # fmt: skip
     finally:

@@ -6,7 +6,7 @@ from sklearn.cluster import KMeans
 from sklearn.datasets import make_moons
 from sklearn.metrics import normalized_mutual_info_score
 
-from mbn_core import MBN, model_from_arrays, model_to_arrays
+from mbn_core import MBN, model_from_arrays, model_to_arrays, spectral
 from mbn_core.spectral import MAX_COASSOCIATION_PAIRS, fit_spectral, one_hot
 
 
@@ -140,8 +140,6 @@ def test_too_large_a_coassociation_is_refused_before_fitting():
     V = MAX_COASSOCIATION_PAIRS  # 30 rows x V clusterings x 15 rows per cell: far over
     with pytest.raises(ValueError, match="co-association pairs"):
         MBN(n_clusterings=V, output="spectral").fit(X)
-    with pytest.raises(ValueError, match="co-association pairs"):
-        MBN(n_clusterings=V, output="umap").fit(X)
     with pytest.raises(ValueError, match="output"):
         MBN(output="tsne").fit(X)
 
@@ -157,3 +155,19 @@ def test_a_row_sharing_no_top_cluster_falls_back_to_its_bottom_share():
     shared_bottom = (bottom[:1] == bottom).mean(axis=1)
     expected = shared_bottom @ spectral.basis
     np.testing.assert_allclose(Z[0], expected / np.linalg.norm(expected), atol=1e-12)
+
+
+@pytest.mark.parametrize("output", CODES_OUTPUTS)
+def test_blocks_of_rows_change_no_value(digits_split, output, monkeypatch):
+    # The co-association read a few rows at a time (as on all of MNIST) gives the same fit,
+    # leave-self-out rows and new rows as in one block.
+    X, _, X_new, _ = digits_split
+    model = MBN(n_clusterings=20, delta=0.5, output=output, random_state=0)
+    embedding, left_out = model.fit_transform_leave_self_out(X)
+    # 500 rows, k1 = 250: each row meets about 2 rows per clustering, so blocks of 3 rows.
+    monkeypatch.setattr(spectral, "BLOCK_PAIRS", 3 * 20 * 2)
+    blocked = MBN(**model.get_params())
+    blocked_embedding, blocked_left_out = blocked.fit_transform_leave_self_out(X)
+    np.testing.assert_array_equal(blocked_embedding, embedding)
+    np.testing.assert_array_equal(blocked_left_out, left_out)
+    np.testing.assert_array_equal(blocked.transform(X_new), model.transform(X_new))
