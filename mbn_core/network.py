@@ -20,6 +20,7 @@ from threadpoolctl import threadpool_limits
 
 from mbn_core import _kernels
 from mbn_core.auto import bottom_feature_count, choose_delta
+from mbn_core.coassociation import CodesTop, expected_pairs, one_hot
 from mbn_core.data_range import check_magnitude
 from mbn_core.layers import (
     BottomLayer,
@@ -37,13 +38,7 @@ from mbn_core.layers import (
 )
 from mbn_core.params import CheckedParams, check_int_items
 from mbn_core.pca import fit_pca
-from mbn_core.spectral import (
-    MAX_COASSOCIATION_PAIRS,
-    SpectralTop,
-    expected_pairs,
-    fit_spectral,
-    one_hot,
-)
+from mbn_core.spectral import MAX_COASSOCIATION_PAIRS, SpectralTop, fit_spectral
 from mbn_core.umap_output import UmapTop, fit_umap, require_umap
 
 ProgressCallback = Callable[[int, int, int], object]
@@ -534,7 +529,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         embedding : ndarray of shape (n_samples, n_components_), float64
         """
         check_is_fitted(self)
-        if isinstance(self.top_, SpectralTop | UmapTop):
+        if isinstance(self.top_, CodesTop):
             bottom_codes, codes = self._encode_layers(X, len(self.ks_))
             return self.top_.embed(bottom_codes, codes)
         codes = self._encode(X, len(self.ks_))
@@ -1066,7 +1061,7 @@ def _umap_top(get: Callable[[str], np.ndarray], ks: list[int], V: int) -> UmapTo
         raise ValueError(f"model array 'umap.anchors' has shape {anchors.shape}")
     if not np.isfinite(anchors).all():
         raise ValueError("model array 'umap.anchors' must be finite")
-    return UmapTop.restore(bottom_codes, top_codes, ks[0], anchors)
+    return UmapTop.restore(bottom_codes, top_codes, ks[0], anchors=anchors)
 
 
 def _expect_shape(name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:

@@ -1,6 +1,6 @@
 """UMAP output of an MBN: UMAP's layout of the network's own similarity.
 
-The similarity is the spectral output's affinity (``mbn_core.spectral``): the share of bottom
+The similarity is the spectral output's affinity (``mbn_core.coassociation``): the share of bottom
 clusterings that put two rows in one cell times the share of top clusterings that do. PCA of
 the top codes keeps the coarse layers' merges (two moons in one cluster), and the spectral
 output pulls each cluster to a point; UMAP's fuzzy simplicial set and layout keep local
@@ -23,12 +23,12 @@ below it on the swiss roll (0.852 against 0.881).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
-from mbn_core.spectral import cell_index, coassociation_blocks
+from mbn_core.coassociation import CodesTop, cell_index, coassociation_blocks
 
 # Neighbours per row, in the fuzzy simplicial set and in the placement (UMAP's default).
 N_NEIGHBORS = 15
@@ -66,27 +66,10 @@ def require_umap() -> None:
 
 
 @dataclass(frozen=True)
-class UmapTop:
+class UmapTop(CodesTop):
     """What the UMAP output needs to embed any row: the training rows' codes and anchors."""
 
-    bottom_codes: np.ndarray  # (n, V) training rows' bottom-layer codes
-    top_codes: np.ndarray  # (n, V) training rows' top-layer codes
-    n_bottom_values: int  # k1
     anchors: np.ndarray  # (n, n_components) float64: the training rows' layout
-    # (V * k1, n): the training rows in each bottom cell, from bottom_codes (see ``restore``).
-    cells: sp.csr_matrix = field(repr=False, compare=False)
-
-    @classmethod
-    def restore(
-        cls,
-        bottom_codes: np.ndarray,
-        top_codes: np.ndarray,
-        n_bottom_values: int,
-        anchors: np.ndarray,
-    ) -> UmapTop:
-        """The top of a stored model: its cells index is rebuilt from the bottom codes."""
-        cells = cell_index(bottom_codes, n_bottom_values)
-        return cls(bottom_codes, top_codes, n_bottom_values, anchors, cells)
 
     @property
     def n_components(self) -> int:
@@ -94,21 +77,10 @@ class UmapTop:
 
     @property
     def nbytes(self) -> int:
-        return self.bottom_codes.nbytes + self.top_codes.nbytes + self.anchors.nbytes
+        return super().nbytes + self.anchors.nbytes
 
-    def embed(
-        self, bottom_codes: np.ndarray, top_codes: np.ndarray, exclude_self: bool = False
-    ) -> np.ndarray:
-        """(m, n_components) embedding of rows with these bottom and top codes.
-
-        ``exclude_self``: the rows are the training rows (in order), coded as new rows
-        (leave-self-out); each row's affinity to itself is dropped.
-        """
-        blocks = coassociation_blocks(
-            bottom_codes, top_codes, self.cells, self.top_codes, exclude_self
-        )
-        placed = [place(affinity, self.anchors) for _, affinity in blocks]
-        return np.vstack(placed) if placed else np.empty((0, self.n_components))
+    def embed_affinities(self, affinity: sp.csr_matrix) -> np.ndarray:
+        return place(affinity, self.anchors)
 
 
 def fit_umap(
@@ -150,7 +122,13 @@ def fit_umap(
             "nothing to lay out; use fewer bottom centers (k1) or more rows"
         )
     anchors = _layout(indices, distances, n_components, seed)
-    top = UmapTop(bottom_codes, top_codes, n_bottom_values, anchors, cells)
+    top = UmapTop(
+        bottom_codes=bottom_codes,
+        top_codes=top_codes,
+        n_bottom_values=n_bottom_values,
+        cells=cells,
+        anchors=anchors,
+    )
     placed = np.array([weighted_anchor(columns, weights, anchors) for columns, weights in nearest])
     return top, placed
 

@@ -6,8 +6,9 @@ from sklearn.cluster import KMeans
 from sklearn.datasets import make_moons
 from sklearn.metrics import normalized_mutual_info_score
 
-from mbn_core import MBN, model_from_arrays, model_to_arrays, spectral
-from mbn_core.spectral import MAX_COASSOCIATION_PAIRS, fit_spectral, one_hot
+from mbn_core import MBN, coassociation, model_from_arrays, model_to_arrays
+from mbn_core.coassociation import one_hot
+from mbn_core.spectral import MAX_COASSOCIATION_PAIRS, fit_spectral
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +166,7 @@ def test_blocks_of_rows_change_no_value(digits_split, output, monkeypatch):
     model = MBN(n_clusterings=20, delta=0.5, output=output, random_state=0)
     embedding, left_out = model.fit_transform_leave_self_out(X)
     # 500 rows, k1 = 250: each row meets about 2 rows per clustering, so blocks of 3 rows.
-    monkeypatch.setattr(spectral, "BLOCK_PAIRS", 3 * 20 * 2)
+    monkeypatch.setattr(coassociation, "BLOCK_PAIRS", 3 * 20 * 2)
     blocked = MBN(**model.get_params())
     blocked_embedding, blocked_left_out = blocked.fit_transform_leave_self_out(X)
     np.testing.assert_array_equal(blocked_embedding, embedding)
