@@ -565,9 +565,12 @@ def cell_statistics(codes: np.ndarray, X: np.ndarray, y: np.ndarray) -> tuple[fl
     return float(np.mean(within)), float(np.mean(purity))
 
 
-def scale_one(n: int, k_max: int, metric: str, seed: int, output: str) -> dict:
-    X, y = load_mnist()
-    X, y = X[:n], y[:n]
+def scale_one(n: int, k_max: int, metric: str, seed: int, output: str, new_rows: int) -> dict:
+    """Fit on MNIST's first n images; with ``new_rows``, also embed its last ``new_rows``
+    images (never fitted when n + new_rows <= 70,000) and score them with the fitted rows'
+    k-means centroids."""
+    X_all, y_all = load_mnist()
+    X, y = X_all[:n], y_all[:n]
     layer_ends: list[float] = []
 
     def on_progress(layer: int, done: int, total: int) -> bool:
@@ -579,7 +582,8 @@ def scale_one(n: int, k_max: int, metric: str, seed: int, output: str) -> dict:
     start = time.perf_counter()
     Z = model.fit_transform(X)
     end = time.perf_counter()
-    return {
+    kmeans = KMeans(10, n_init=50, random_state=seed).fit(Z)
+    result = {
         "n": n,
         "ks": model.ks_,
         "fit_s": end - start,
@@ -588,21 +592,31 @@ def scale_one(n: int, k_max: int, metric: str, seed: int, output: str) -> dict:
         "output_s": end - layer_ends[-1],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "model_mb": model.nbytes / 1e6,
-        "nmi": kmeans_nmi(Z, y, seed),
+        "nmi": float(normalized_mutual_info_score(y, kmeans.labels_)),
     }
+    if new_rows:
+        if n + new_rows > len(X_all):
+            raise ValueError(f"{n} fitted + {new_rows} new rows > {len(X_all)} images")
+        start = time.perf_counter()
+        Z_new = model.transform(X_all[-new_rows:])
+        result["new_ms_per_row"] = 1000 * (time.perf_counter() - start) / new_rows
+        labels = kmeans.predict(Z_new)
+        result["new_nmi"] = float(normalized_mutual_info_score(y_all[-new_rows:], labels))
+    return result
 
 
 def scale(args) -> None:
     print(
         f"MNIST first n images, defaults with k_max={args.k_max}, V=400, metric={args.metric}, "
         f"output={args.output}, random_state={args.seed}, one process per size"
+        + (f"; new rows: MNIST's last {args.new_rows:,}" if args.new_rows else "")
     )
     print()
     print(
         "| n | ks | fit (bottom layer / upper layers / output) | peak RSS | model size "
-        "| NMI (k-means, 10 clusters) |"
+        "| NMI (k-means, 10 clusters) | new rows: NMI (fitted rows' centroids), ms per row |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for n in args.sizes:
         out = subprocess.run(
             [
@@ -614,16 +628,18 @@ def scale(args) -> None:
                 args.metric,
                 str(args.seed),
                 args.output,
+                str(args.new_rows),
             ],
             check=True,
             capture_output=True,
             text=True,
         ).stdout
         r = json.loads(out.strip().splitlines()[-1])
+        new = f"{r['new_nmi']:.4f}, {r['new_ms_per_row']:.2f} ms" if "new_nmi" in r else ""
         print(
             f"| {r['n']:,} | {'-'.join(map(str, r['ks']))} | {r['fit_s']:.0f} s "
             f"({r['layer_s'][0]:.0f} s / {sum(r['layer_s'][1:]):.0f} s / {r['output_s']:.0f} s) | "
-            f"{r['peak_rss_mb']:.0f} MB | {r['model_mb']:.0f} MB | {r['nmi']:.4f} |",
+            f"{r['peak_rss_mb']:.0f} MB | {r['model_mb']:.0f} MB | {r['nmi']:.4f} | {new} |",
             flush=True,
         )
 
@@ -690,6 +706,7 @@ def main() -> None:
     c.add_argument("--metric", choices=METRICS, default="euclidean")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--output", choices=OUTPUTS, default="pca")
+    c.add_argument("--new-rows", type=int, default=0)
     r = sub.add_parser("restarts")
     r.add_argument("--datasets", nargs="+", default=list(QUALITY_DATA))
     r.add_argument("--seeds", type=int, default=15)
@@ -715,6 +732,7 @@ def main() -> None:
     one.add_argument("metric", choices=METRICS)
     one.add_argument("seed", type=int)
     one.add_argument("output", choices=OUTPUTS)
+    one.add_argument("new_rows", type=int)
     args = parser.parse_args()
     if args.command == "quality":
         quality(args)
@@ -736,7 +754,10 @@ def main() -> None:
         orphans(args)
     else:
         with threadpool_limits(limits=None):
-            print(json.dumps(scale_one(args.n, args.k_max, args.metric, args.seed, args.output)))
+            result = scale_one(
+                args.n, args.k_max, args.metric, args.seed, args.output, args.new_rows
+            )
+            print(json.dumps(result))
 
 
 if __name__ == "__main__":

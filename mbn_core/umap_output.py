@@ -93,8 +93,8 @@ def fit_umap(
     """The UMAP output of the training rows' codes, and their embedding.
 
     The co-association is visited a block of rows at a time and only each row's strongest
-    pairs are kept, so memory grows with n, not with the pairs (about 56 million on all of
-    MNIST).
+    pairs are kept, so memory grows with the rows, not with the pairs (``expected_pairs``
+    bounds them by 245 million on all of MNIST at k1 = 8,000).
     """
     require_umap()
     cells = cell_index(bottom_codes, n_bottom_values)
