@@ -10,6 +10,8 @@ from sklearn.datasets import make_circles, make_moons
 from sklearn.metrics import normalized_mutual_info_score
 
 from mbn_core import MBN, model_from_arrays, model_to_arrays
+from mbn_core.coassociation import expected_pairs
+from mbn_core.spectral import MAX_COASSOCIATION_PAIRS
 from mbn_core.umap_output import N_NEIGHBORS, place
 
 
@@ -155,3 +157,19 @@ def test_a_missing_umap_learn_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "umap.umap_", None)
     with pytest.raises(ImportError, match=r'pip install "mbn\[umap\]"'):
         MBN(n_classes=2, n_clusterings=10, output="umap").fit(np.eye(12))
+
+
+def test_fits_a_co_association_beyond_the_spectral_limit():
+    # 1,000 rows in 10 bottom cells over 400 clusterings: expected_pairs' bound is 40 million,
+    # twice the spectral output's limit; the UMAP output reads it in blocks of 100 rows.
+    X, y = make_moons(1000, noise=0.06, random_state=7)
+    params = dict(n_classes=2, ks=[10, 5], n_clusterings=400, random_state=0)
+    assert expected_pairs(1000, 400, 10) == 2 * MAX_COASSOCIATION_PAIRS
+    with pytest.raises(ValueError, match="co-association pairs"):
+        MBN(output="spectral", **params).fit(X)
+    model = MBN(output="umap", **params)
+    Z = model.fit_transform(X)
+    assert Z.shape == (1000, 2) and np.isfinite(Z).all()
+    np.testing.assert_array_equal(model.transform(X[::97]), Z[::97])
+    labels = KMeans(2, n_init=10, random_state=0).fit_predict(Z)
+    assert normalized_mutual_info_score(y, labels) > 0.99  # the moons still apart
