@@ -570,6 +570,8 @@ def scale_one(n: int, k_max: int, metric: str, seed: int, output: str, new_rows:
     images (never fitted when n + new_rows <= 70,000) and score them with the fitted rows'
     k-means centroids."""
     X_all, y_all = load_mnist()
+    if new_rows and n + new_rows > len(X_all):
+        raise ValueError(f"{n} fitted + {new_rows} new rows > {len(X_all)} images")
     X, y = X_all[:n], y_all[:n]
     layer_ends: list[float] = []
 
@@ -595,8 +597,6 @@ def scale_one(n: int, k_max: int, metric: str, seed: int, output: str, new_rows:
         "nmi": float(normalized_mutual_info_score(y, kmeans.labels_)),
     }
     if new_rows:
-        if n + new_rows > len(X_all):
-            raise ValueError(f"{n} fitted + {new_rows} new rows > {len(X_all)} images")
         start = time.perf_counter()
         Z_new = model.transform(X_all[-new_rows:])
         result["new_ms_per_row"] = 1000 * (time.perf_counter() - start) / new_rows

@@ -13,7 +13,8 @@ same network (``MBN(n_classes=c, random_state=seed)``, or ``--k1``):
   (``mbn_core.coassociation``) at distance 1 - K;
 - "filled": the same, but a row with fewer than 14 such rows takes the rest from layer
   ``--fill-layer``'s co-association (larger cells: more rows meet), ranked by it, at distance
-  1 (they share no bottom cell, so K is 0; the upper layer only picks which rows).
+  1 (K is 0 for them: they share no bottom cell, or no top cluster; the upper layer only
+  picks which rows).
 
 Both are laid out by the UMAP output's own ``_layout`` into c dimensions and scored as in
 ``bench_mbn.py quality`` (k-means with c clusters, best of 20, NMI, mean ± sd over seeds), on

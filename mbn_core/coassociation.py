@@ -25,14 +25,16 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit
 
-# Affinities are computed a block of query rows at a time, blocks of about this many pairs
-# (by ``expected_pairs``' bound, about 16 bytes each), so memory does not grow with the batch.
+# Affinities are computed a block of query rows at a time, blocks of at most about this many
+# pairs by ``expected_pairs``' estimate (30-40 bytes each while computed; the estimate counts
+# every shared cell, so real blocks hold several times fewer), so memory does not grow with
+# the batch.
 BLOCK_PAIRS = 4_000_000
 
 
 def expected_pairs(n_samples: int, n_clusterings: int, k1: int) -> int:
-    """Upper bound on the co-association's stored pairs: each row meets ``n / k1`` rows per
-    bottom clustering on average."""
+    """Estimate of the co-association's stored pairs, in practice far above them: each row
+    meets ``n / k1`` rows per bottom clustering on average, counted once per clustering."""
     return int(n_samples * n_clusterings * max(1.0, n_samples / k1))
 
 

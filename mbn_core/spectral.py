@@ -23,8 +23,8 @@ from mbn_core.coassociation import CodesTop, cell_index, coassociation
 # Below this many training rows the eigenproblem is solved dense (exact, all eigenvalues).
 _DENSE_EIGEN_MAX_ROWS = 1500
 # The eigenproblem holds the whole co-association: refused above this many (row, row) pairs
-# (about 12 bytes each while fitting); at MNIST's 70,000 rows with k1 = 8,000 the bound
-# (``expected_pairs``) would be about 250 million.
+# (about 12 bytes each while fitting); at MNIST's 70,000 rows with k1 = 8,000 the estimate
+# (``expected_pairs``) is 245 million.
 MAX_COASSOCIATION_PAIRS = 20_000_000
 
 

@@ -94,7 +94,7 @@ def fit_umap(
 
     The co-association is visited a block of rows at a time and only each row's strongest
     pairs are kept, so memory grows with the rows, not with the pairs (``expected_pairs``
-    bounds them by 245 million on all of MNIST at k1 = 8,000).
+    estimates 245 million on all of MNIST at k1 = 8,000).
     """
     require_umap()
     cells = cell_index(bottom_codes, n_bottom_values)
