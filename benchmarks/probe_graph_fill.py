@@ -35,6 +35,14 @@ from mbn_core import MBN, umap_output
 from mbn_core.coassociation import cell_index, coassociation, one_hot
 
 
+def others(K: sp.csr_matrix, row: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """A row's ``count`` strongest positive affinities to other rows, as the UMAP output
+    ranks them (``umap_output.ranked``)."""
+    columns, values = umap_output.ranked(K, row)
+    kept = (columns != row) & (values > 0)
+    return columns[kept][:count], values[kept][:count]
+
+
 def neighbour_lists(
     K: sp.csr_matrix, fill: sp.csr_matrix | None, n_neighbors: int = umap_output.N_NEIGHBORS
 ) -> tuple[np.ndarray, np.ndarray, float]:
@@ -46,12 +54,12 @@ def neighbour_lists(
     distances[:, 0] = 0.0
     padded = 0
     for row in range(n_rows):
-        columns, values = umap_output.strongest(K, row, n_neighbors - 1, skip=row)
+        columns, values = others(K, row, n_neighbors - 1)
         indices[row, 1 : 1 + columns.size] = columns
         distances[row, 1 : 1 + columns.size] = 1.0 - values
         missing = n_neighbors - 1 - columns.size
         if missing and fill is not None:
-            extra, _ = umap_output.strongest(fill, row, n_neighbors - 1, skip=row)
+            extra, _ = others(fill, row, n_neighbors - 1)
             extra = extra[~np.isin(extra, columns)][:missing]
             indices[row, 1 + columns.size : 1 + columns.size + extra.size] = extra
             missing -= extra.size

@@ -136,10 +136,8 @@ def coassociation_blocks(
 ) -> Iterator[tuple[int, sp.csr_matrix]]:
     """``coassociation`` of consecutive blocks of query rows: (first row, block). Each row's
     affinities do not depend on the other rows, so blocking changes no value."""
-    n_clusterings = bottom_codes.shape[1]
-    n_values = cells.shape[0] // n_clusterings
-    # A query row meets about n / k1 training rows per bottom clustering, as in expected_pairs.
-    per_row = n_clusterings * max(1.0, cells.shape[1] / n_values)
+    n_clusterings, n_train = bottom_codes.shape[1], cells.shape[1]
+    per_row = expected_pairs(n_train, n_clusterings, cells.shape[0] // n_clusterings) / n_train
     block_rows = max(1, int(BLOCK_PAIRS // per_row))
     for start in range(0, bottom_codes.shape[0], block_rows):
         stop = start + block_rows

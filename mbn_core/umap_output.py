@@ -110,10 +110,12 @@ def fit_umap(
     for start, affinity in blocks:
         for local in range(affinity.shape[0]):
             row = start + local
-            nearest.append(strongest(affinity, local, N_NEIGHBORS))
+            columns, values = ranked(affinity, local)
+            nearest.append((columns[:N_NEIGHBORS], values[:N_NEIGHBORS]))
             # Every row's own pair is stored (it shares its cells with itself), and a pair
             # sharing no top cluster is stored at 0: neither is a neighbour.
-            columns, values = strongest(affinity, local, n_neighbors - 1, skip=row)
+            others = (columns != row) & (values > 0)
+            columns, values = columns[others][: n_neighbors - 1], values[others][: n_neighbors - 1]
             indices[row, 1 : 1 + columns.size] = columns
             distances[row, 1 : 1 + columns.size] = 1.0 - values
     if (indices[:, 1:] == np.arange(n_rows)[:, None]).all():
@@ -133,21 +135,12 @@ def fit_umap(
     return top, placed
 
 
-def strongest(
-    affinity: sp.csr_matrix, row: int, count: int, skip: int = -1
-) -> tuple[np.ndarray, np.ndarray]:
-    """(columns, values) of a row's ``count`` largest affinities, largest first; ties go to
-    the lower column, so the choice does not depend on the order pairs were stored in.
-
-    ``skip``: a column left out, with every zero affinity (UMAP's neighbours of a training
-    row: other rows with something in common).
-    """
+def ranked(affinity: sp.csr_matrix, row: int) -> tuple[np.ndarray, np.ndarray]:
+    """(columns, values) of a row's stored affinities, largest first; ties go to the lower
+    column, so the order does not depend on the order pairs were stored in."""
     start, end = affinity.indptr[row], affinity.indptr[row + 1]
     columns, values = affinity.indices[start:end], affinity.data[start:end]
-    if skip >= 0:
-        kept = (columns != skip) & (values > 0)
-        columns, values = columns[kept], values[kept]
-    order = np.lexsort((columns, -values))[:count]
+    order = np.lexsort((columns, -values))
     return columns[order], values[order]
 
 
@@ -167,7 +160,8 @@ def place(affinity: sp.csr_matrix, anchors: np.ndarray) -> np.ndarray:
     """
     placed = np.empty((affinity.shape[0], anchors.shape[1]))
     for row in range(affinity.shape[0]):
-        placed[row] = weighted_anchor(*strongest(affinity, row, N_NEIGHBORS), anchors)
+        columns, weights = ranked(affinity, row)
+        placed[row] = weighted_anchor(columns[:N_NEIGHBORS], weights[:N_NEIGHBORS], anchors)
     return placed
 
 

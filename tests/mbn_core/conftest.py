@@ -1,4 +1,5 @@
-"""Shared fixtures: faults injected into LAPACK, and a digits split for the output tests.
+"""Shared fixtures: faults injected into LAPACK, a digits split for the output tests, and
+the models those tests share.
 
 Whether LAPACK's SVD reports non-convergence on a given matrix depends on the BLAS build and
 its thread count (it struck SciPy 1.17.1's OpenBLAS with one thread), so the tests make it
@@ -10,6 +11,8 @@ import pytest
 import scipy.linalg
 import sklearn.decomposition._pca
 from sklearn.datasets import load_digits
+
+from mbn_core import MBN
 
 
 def _no_convergence(*args, **kwargs):
@@ -32,3 +35,18 @@ def digits_split():
     """500 digits to fit and 200 new ones: (X, y, X_new, y_new)."""
     X, y = load_digits(return_X_y=True)
     return X[:500], y[:500], X[500:700], y[500:700]
+
+
+@pytest.fixture(scope="session")
+def codes_output_fit(digits_split):
+    """``fit(output)``: a model with that output fitted (leave-self-out) on the digits split,
+    as (model, embedding, left_out); one per output and test process."""
+    fits = {}
+
+    def fit(output):
+        if output not in fits:
+            model = MBN(n_clusterings=40, delta=0.5, output=output, random_state=0)
+            fits[output] = (model, *model.fit_transform_leave_self_out(digits_split[0]))
+        return fits[output]
+
+    return fit

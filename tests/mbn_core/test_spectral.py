@@ -12,11 +12,8 @@ from mbn_core.spectral import MAX_COASSOCIATION_PAIRS, fit_spectral
 
 
 @pytest.fixture(scope="module")
-def fitted(digits_split):
-    X, _, _, _ = digits_split
-    model = MBN(n_clusterings=40, delta=0.5, output="spectral", random_state=0)
-    embedding, left_out = model.fit_transform_leave_self_out(X)
-    return model, embedding, left_out
+def fitted(codes_output_fit):
+    return codes_output_fit("spectral")
 
 
 def test_training_rows_get_unit_rows_of_the_weighted_eigenvectors(digits_split, fitted):
@@ -82,30 +79,6 @@ def test_separates_the_two_moons():
     assert normalized_mutual_info_score(y, labels) > 0.9
 
 
-def test_arrays_round_trip_and_corruption_is_named(digits_split, fitted):
-    X, _, X_new, _ = digits_split
-    model, _, _ = fitted
-    arrays = model_to_arrays(model)
-    assert "top.table" not in arrays and "spectral.basis" in arrays
-    restored = model_from_arrays(arrays, model.get_params())
-    np.testing.assert_array_equal(restored.transform(X_new), model.transform(X_new))
-    np.testing.assert_array_equal(restored.eigenvalues_, model.eigenvalues_)
-    with pytest.raises(ValueError, match=r"spectral.basis"):
-        model_from_arrays(dict(arrays, **{"spectral.basis": arrays["spectral.basis"][:, :3]}),
-                          model.get_params())  # fmt: skip
-    bad_codes = arrays["spectral.top_codes"].astype(np.int64) + 1000
-    with pytest.raises(ValueError, match=r"spectral.top_codes"):
-        model_from_arrays(dict(arrays, **{"spectral.top_codes": bad_codes}), model.get_params())
-    nan_basis = arrays["spectral.basis"].copy()
-    nan_basis[0, 0] = np.nan
-    with pytest.raises(ValueError, match="finite"):
-        model_from_arrays(dict(arrays, **{"spectral.basis": nan_basis}), model.get_params())
-    # A PCA model's arrays do not load as a spectral one.
-    with pytest.raises(ValueError, match=r"spectral.bottom_codes"):
-        pca = MBN(n_clusterings=10, delta=0.5, random_state=0).fit(X[:100])
-        model_from_arrays(model_to_arrays(pca), dict(pca.get_params(), output="spectral"))
-
-
 def test_deterministic_for_a_seed(digits_split):
     X, _, _, _ = digits_split
     runs = [
@@ -117,6 +90,40 @@ def test_deterministic_for_a_seed(digits_split):
 
 # Both outputs that keep the training rows' codes (this one and mbn_core.umap_output).
 CODES_OUTPUTS = ["spectral", "umap"]
+
+
+@pytest.mark.parametrize(
+    ("output", "own_array", "misshapen", "other_output"),
+    [
+        ("spectral", "spectral.basis", lambda basis: basis[:, :3], "pca"),
+        ("umap", "umap.anchors", lambda anchors: anchors[:-1], "spectral"),
+    ],
+    ids=CODES_OUTPUTS,
+)
+def test_arrays_round_trip_and_corruption_is_named(
+    digits_split, codes_output_fit, output, own_array, misshapen, other_output
+):
+    X, _, X_new, _ = digits_split
+    model, _, _ = codes_output_fit(output)
+    params = model.get_params()
+    arrays = model_to_arrays(model)
+    assert "top.table" not in arrays and own_array in arrays
+    restored = model_from_arrays(arrays, params)
+    np.testing.assert_array_equal(restored.transform(X_new), model.transform(X_new))
+    np.testing.assert_array_equal(restored.eigenvalues_, model.eigenvalues_)  # None for umap
+    with pytest.raises(ValueError, match=own_array):
+        model_from_arrays(dict(arrays, **{own_array: misshapen(arrays[own_array])}), params)
+    bad_codes = arrays[f"{output}.top_codes"].astype(np.int64) + 1000
+    with pytest.raises(ValueError, match=rf"{output}.top_codes"):
+        model_from_arrays(dict(arrays, **{f"{output}.top_codes": bad_codes}), params)
+    not_finite = arrays[own_array].copy()
+    not_finite[0, 0] = np.nan
+    with pytest.raises(ValueError, match="finite"):
+        model_from_arrays(dict(arrays, **{own_array: not_finite}), params)
+    # Another output's arrays do not load as this one's.
+    other = MBN(n_clusterings=10, delta=0.5, output=other_output, random_state=0).fit(X[:100])
+    with pytest.raises(ValueError, match=rf"{output}.bottom_codes"):
+        model_from_arrays(model_to_arrays(other), dict(other.get_params(), output=output))
 
 
 @pytest.mark.parametrize("output", CODES_OUTPUTS)
@@ -159,14 +166,13 @@ def test_a_row_sharing_no_top_cluster_falls_back_to_its_bottom_share():
 
 
 @pytest.mark.parametrize("output", CODES_OUTPUTS)
-def test_blocks_of_rows_change_no_value(digits_split, output, monkeypatch):
+def test_blocks_of_rows_change_no_value(digits_split, codes_output_fit, output, monkeypatch):
     # The co-association read a few rows at a time (as on all of MNIST) gives the same fit,
     # leave-self-out rows and new rows as in one block.
     X, _, X_new, _ = digits_split
-    model = MBN(n_clusterings=20, delta=0.5, output=output, random_state=0)
-    embedding, left_out = model.fit_transform_leave_self_out(X)
+    model, embedding, left_out = codes_output_fit(output)
     # 500 rows, k1 = 250: each row meets about 2 rows per clustering, so blocks of 3 rows.
-    monkeypatch.setattr(coassociation, "BLOCK_PAIRS", 3 * 20 * 2)
+    monkeypatch.setattr(coassociation, "BLOCK_PAIRS", 3 * model.n_clusterings * 2)
     blocked = MBN(**model.get_params())
     blocked_embedding, blocked_left_out = blocked.fit_transform_leave_self_out(X)
     np.testing.assert_array_equal(blocked_embedding, embedding)

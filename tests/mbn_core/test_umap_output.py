@@ -9,18 +9,15 @@ from sklearn.cluster import KMeans
 from sklearn.datasets import make_circles, make_moons
 from sklearn.metrics import normalized_mutual_info_score
 
-from mbn_core import MBN, model_from_arrays, model_to_arrays
+from mbn_core import MBN
 from mbn_core.coassociation import expected_pairs
 from mbn_core.spectral import MAX_COASSOCIATION_PAIRS
 from mbn_core.umap_output import N_NEIGHBORS, place
 
 
 @pytest.fixture(scope="module")
-def fitted(digits_split):
-    X, _, _, _ = digits_split
-    model = MBN(n_clusterings=40, delta=0.5, output="umap", random_state=0)
-    embedding, left_out = model.fit_transform_leave_self_out(X)
-    return model, embedding, left_out
+def fitted(codes_output_fit):
+    return codes_output_fit("umap")
 
 
 def test_transform_reproduces_fit_and_is_batch_independent(digits_split, fitted):
@@ -88,29 +85,6 @@ def test_separates_thin_manifolds(data):
     model = MBN(n_classes=2, output="umap", random_state=0)
     labels = KMeans(2, n_init=10, random_state=0).fit_predict(model.fit_transform(X))
     assert normalized_mutual_info_score(y, labels) > 0.9
-
-
-def test_arrays_round_trip_and_corruption_is_named(digits_split, fitted):
-    X, _, X_new, _ = digits_split
-    model, _, _ = fitted
-    arrays = model_to_arrays(model)
-    assert "top.table" not in arrays and "umap.anchors" in arrays
-    restored = model_from_arrays(arrays, model.get_params())
-    np.testing.assert_array_equal(restored.transform(X_new), model.transform(X_new))
-    with pytest.raises(ValueError, match=r"umap.anchors"):
-        model_from_arrays(dict(arrays, **{"umap.anchors": arrays["umap.anchors"][:-1]}),
-                          model.get_params())  # fmt: skip
-    bad_codes = arrays["umap.top_codes"].astype(np.int64) + 1000
-    with pytest.raises(ValueError, match=r"umap.top_codes"):
-        model_from_arrays(dict(arrays, **{"umap.top_codes": bad_codes}), model.get_params())
-    nan_anchors = arrays["umap.anchors"].copy()
-    nan_anchors[0, 0] = np.nan
-    with pytest.raises(ValueError, match="finite"):
-        model_from_arrays(dict(arrays, **{"umap.anchors": nan_anchors}), model.get_params())
-    # Neither a PCA nor a spectral model's arrays load as a UMAP one.
-    spectral = MBN(n_clusterings=10, delta=0.5, output="spectral", random_state=0).fit(X[:100])
-    with pytest.raises(ValueError, match=r"umap.bottom_codes"):
-        model_from_arrays(model_to_arrays(spectral), dict(spectral.get_params(), output="umap"))
 
 
 def test_deterministic_for_a_seed(digits_split):
