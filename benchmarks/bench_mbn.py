@@ -68,8 +68,12 @@ from sklearn.datasets import (
     load_digits,
     load_iris,
     load_wine,
+    make_blobs,
     make_circles,
+    make_classification,
+    make_gaussian_quantiles,
     make_moons,
+    make_s_curve,
     make_swiss_roll,
 )
 from sklearn.decomposition import PCA
@@ -77,7 +81,7 @@ from sklearn.metrics import normalized_mutual_info_score
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
-from mbn_core import MBN, auto
+from mbn_core import MBN, auto, umap_output
 from mbn_core.coassociation import one_hot
 from mbn_core.network import METRICS, OUTPUTS
 from mbn_core.quality import neighbourhood_scores
@@ -199,12 +203,41 @@ QUALITY_DATA: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {
 }
 
 
+def _quartiles(X: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return X, np.digitize(t, np.quantile(t, [0.25, 0.5, 0.75]))
+
+
+def _stretched_blobs() -> tuple[np.ndarray, np.ndarray]:
+    X, y = make_blobs(1000, centers=4, cluster_std=[1.0, 2.0, 0.5, 1.5], random_state=7)
+    return X @ np.array([[0.6, -0.6], [-0.4, 0.8]]), y
+
+
+# Data sets kept out of every choice of a default (issue 17): a rule chosen on QUALITY_DATA is
+# checked here, on shapes the choice never saw. Fixed sets, as QUALITY_DATA.
+VALIDATION_DATA: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {
+    "s-curve": lambda: _quartiles(*make_s_curve(2000, noise=0.1, random_state=7)),
+    "swiss-roll-noisy": lambda: _quartiles(*make_swiss_roll(2000, noise=0.6, random_state=11)),
+    "moons-noisy": lambda: make_moons(1000, noise=0.12, random_state=11),
+    "circles-close": lambda: make_circles(1000, factor=0.7, noise=0.05, random_state=11),
+    "gaussian-quantiles": lambda: make_gaussian_quantiles(
+        n_samples=1000, n_features=3, n_classes=3, random_state=7
+    ),
+    "blobs-stretched": _stretched_blobs,
+    "classification": lambda: make_classification(
+        1000, n_features=20, n_informative=5, n_redundant=5, n_classes=4,
+        n_clusters_per_class=1, random_state=7,
+    ),  # fmt: skip
+    "wine-standardised": lambda: (StandardScaler().fit_transform(load_wine().data), load_wine().target),
+}
+
+
 def quality_data(name: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
     if name == "mnist5k":
         return mnist_subset(seed)
-    if name not in QUALITY_DATA:
-        raise SystemExit(f"unknown dataset {name!r}; known: mnist5k {' '.join(QUALITY_DATA)}")
-    X, y = QUALITY_DATA[name]()
+    known = {**QUALITY_DATA, **VALIDATION_DATA}
+    if name not in known:
+        raise SystemExit(f"unknown dataset {name!r}; known: mnist5k {' '.join(known)}")
+    X, y = known[name]()
     return np.asarray(X, dtype=np.float64), y
 
 
@@ -246,6 +279,23 @@ class NetworkEnsemble:
         return PCA(n_components=self.c, svd_solver="full").fit_transform(codes)
 
 
+class GraphNeighborsMBN(MBN):
+    """``MBN(output="umap")`` whose UMAP graph asks for another number of neighbours per row
+    than ``umap_output.GRAPH_NEIGHBORS`` (the product's constant, set for this fit only)."""
+
+    def __init__(self, graph_neighbors: int, **params) -> None:
+        super().__init__(output="umap", **params)
+        self.graph_neighbors = graph_neighbors
+
+    def fit_transform(self, X, y=None):
+        product = umap_output.GRAPH_NEIGHBORS
+        umap_output.GRAPH_NEIGHBORS = self.graph_neighbors
+        try:
+            return super().fit_transform(X)
+        finally:
+            umap_output.GRAPH_NEIGHBORS = product
+
+
 # Exploratory variants for ``quality --methods`` (not in its default list).
 MBN_VARIANTS: dict[str, Callable] = {
     "MBN, delta 0.7": lambda c, seed: MBN(n_classes=c, delta=0.7, random_state=seed),
@@ -259,6 +309,9 @@ MBN_VARIANTS: dict[str, Callable] = {
     "MBN, 4 networks x V 400": lambda c, seed: NetworkEnsemble(4, 400, c, seed),
     "MBN, r 0.5": lambda c, seed: MBN(n_classes=c, shift_fraction=0.5, random_state=seed),
     "MBN, r 0.25": lambda c, seed: MBN(n_classes=c, shift_fraction=0.25, random_state=seed),
+    "MBN, UMAP output, 15-neighbour graph": lambda c, seed: GraphNeighborsMBN(
+        15, n_classes=c, random_state=seed
+    ),
 }
 
 

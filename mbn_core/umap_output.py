@@ -30,8 +30,9 @@ import scipy.sparse as sp
 
 from mbn_core.coassociation import CodesTop, cell_index, coassociation_blocks
 
-# Neighbours per row, in the fuzzy simplicial set and in the placement (UMAP's default).
+# Neighbours per row in the placement (UMAP's default), and in the fuzzy simplicial set.
 N_NEIGHBORS = 15
+GRAPH_NEIGHBORS = 30
 # UMAP's defaults for the layout's curve (spread, min_dist), its repulsion and its epochs.
 SPREAD = 1.0
 MIN_DIST = 0.1
@@ -99,7 +100,7 @@ def fit_umap(
     require_umap()
     cells = cell_index(bottom_codes, n_bottom_values)
     n_rows = bottom_codes.shape[0]
-    n_neighbors = min(N_NEIGHBORS, n_rows)
+    n_neighbors = min(GRAPH_NEIGHBORS, n_rows)
     # UMAP's (knn_indices, knn_dists): each row itself first at distance 0, then its most
     # similar other rows at 1 - affinity; rows with too few padded with themselves at 1.
     indices = np.repeat(np.arange(n_rows)[:, None], n_neighbors, axis=1)
