@@ -309,8 +309,8 @@ MBN_VARIANTS: dict[str, Callable] = {
     "MBN, 4 networks x V 400": lambda c, seed: NetworkEnsemble(4, 400, c, seed),
     "MBN, r 0.5": lambda c, seed: MBN(n_classes=c, shift_fraction=0.5, random_state=seed),
     "MBN, r 0.25": lambda c, seed: MBN(n_classes=c, shift_fraction=0.25, random_state=seed),
-    "MBN, UMAP output, 15-neighbour graph": lambda c, seed: GraphNeighborsMBN(
-        15, n_classes=c, random_state=seed
+    "MBN, UMAP output, 30-neighbour graph": lambda c, seed: GraphNeighborsMBN(
+        30, n_classes=c, random_state=seed
     ),
 }
 

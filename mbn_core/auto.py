@@ -15,6 +15,13 @@ keeps the paper's half when the subsets are faithful, and otherwise grows the su
 they are. Measured (random subsets of half the dimensions, 500 rows): digits 0.99, breast
 cancer (standardised) 0.98, iris 0.95 -- against swiss roll 0.84, moons 0.79, circles 0.73.
 The threshold ``FAITHFUL`` lies in that gap.
+
+A clustering sees at least two inputs when there are two. On one input it cuts a line into
+intervals, so the ensemble's similarity becomes a sum of one-axis similarities, and groups that
+overlap on each axis but not jointly (two touching blobs side by side on a diagonal) share
+cells in every clustering. Trustworthiness misses this when the overlap is a small share of
+the rows: four stretched blobs score 0.95 on single inputs, and one input each merged two of
+them (k-means NMI 0.72 against 0.95 on both; benchmarks/RESULTS.md, issue 17).
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ def bottom_feature_count(X, rng: np.random.RandomState) -> int:
     Returns
     -------
     int
-        ``round(0.5 * d)`` (at least 1) when random subsets of that size keep the
+        ``round(0.5 * d)`` (at least ``min(2, d)``) when random subsets of that size keep the
         neighbourhoods of the full input, else the smallest larger candidate that does,
         else ``d``. Sparse input (bag-of-words text, thousands of dimensions) and samples too
         small to rank neighbours (at most 20 rows) keep the half.
@@ -55,7 +62,7 @@ def bottom_feature_count(X, rng: np.random.RandomState) -> int:
     n_samples, n_features = X.shape
     local = np.random.RandomState()
     local.set_state(rng.get_state())
-    half = max(1, round(0.5 * n_features))
+    half = max(min(2, n_features), round(0.5 * n_features))
     n_rows = min(n_samples, SAMPLE_ROWS)
     # sklearn needs k < n / 2; fewer rows than that would rank neighbours by chance.
     if half == n_features or sp.issparse(X) or n_rows <= 2 * N_NEIGHBORS:

@@ -4,7 +4,14 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from sklearn.cluster import KMeans
-from sklearn.datasets import load_digits, load_iris, load_wine, make_moons, make_swiss_roll
+from sklearn.datasets import (
+    load_digits,
+    load_iris,
+    load_wine,
+    make_blobs,
+    make_moons,
+    make_swiss_roll,
+)
 from sklearn.exceptions import NotFittedError
 from sklearn.metrics import normalized_mutual_info_score
 from sklearn.utils.estimator_checks import parametrize_with_checks
@@ -216,6 +223,22 @@ def test_auto_feature_fraction_measures_whether_half_the_inputs_suffice(digits):
     assert _auto_features(sp.csr_matrix(X)) == 32
     # Decided by the seed and the data alone.
     assert _auto_features(load_wine().data, 3) == _auto_features(load_wine().data, 3)
+
+
+def _stretched_blobs():
+    X, y = make_blobs(1000, centers=4, cluster_std=[1.0, 2.0, 0.5, 1.5], random_state=7)
+    return X @ np.array([[0.6, -0.6], [-0.4, 0.8]]), y
+
+
+def test_auto_feature_fraction_never_clusters_one_of_two_inputs():
+    # Single inputs of these blobs look faithful (trustworthiness 0.95), but two blobs that
+    # touch on a diagonal overlap on each axis: clusterings of one input merge them.
+    X, y = _stretched_blobs()
+    assert _auto_features(X) == 2
+    assert _auto_features(X[:, :1]) == 1
+    both = _nmi_of_embedding(X, y)
+    one_each = _nmi_of_embedding(X, y, feature_fraction=0.5)
+    assert both > 0.8 and one_each < 0.75
 
 
 def test_auto_feature_fraction_handles_low_dimensional_manifolds():
