@@ -42,7 +42,13 @@ any center, on the default network's bottom codes, for each candidate delta (``-
 
 ``quality --methods`` also takes exploratory variants: fixed delta ("MBN, delta 0.7"), more
 clusterings ("MBN, V 800"), ensembles of networks ("MBN, 4 networks x V 100": the
-networks' top codes side by side, PCA of them) and random reconstruction ("MBN, r 0.5").
+networks' top codes side by side, PCA of them), random reconstruction ("MBN, r 0.5") and a
+UMAP output whose graph asks for 30 neighbours ("MBN, UMAP output, 30-neighbour graph").
+
+``--datasets`` of ``quality`` and ``heldout`` also take the validation sets (``VALIDATION_DATA``:
+s-curve, swiss-roll-noisy, moons-noisy, circles-close, gaussian-quantiles, blobs-stretched,
+classification, wine-standardised). They are kept out of every choice of a default: a rule
+chosen on the issue's table is checked on them.
 
 ``paper`` follows the papers' protocol (Table 7 of mbn-compressive): k-means run 50 times
 keeping the lowest inertia, PCA keeping 98% of the variance.
