@@ -231,8 +231,8 @@ def _stretched_blobs():
 
 
 def test_auto_feature_fraction_never_clusters_one_of_two_inputs():
-    # Single inputs of these blobs look faithful (trustworthiness 0.95), but two blobs that
-    # touch on a diagonal overlap on each axis: clusterings of one input merge them.
+    # Single inputs of these blobs pass the trustworthiness bound, but two blobs that touch
+    # on a diagonal overlap on each axis: clusterings of one input merge them.
     X, y = _stretched_blobs()
     assert _auto_features(X) == 2
     assert _auto_features(X[:, :1]) == 1
@@ -242,8 +242,9 @@ def test_auto_feature_fraction_never_clusters_one_of_two_inputs():
 
 
 def test_auto_feature_fraction_handles_low_dimensional_manifolds():
-    # With 2 or 3 inputs, a = 0.5 leaves each clustering one coordinate: a degenerate
-    # partition into strips. "auto" keeps them all and recovers the manifold's structure.
+    # a = 0.5 leaves each clustering one of moons' two coordinates (a degenerate partition
+    # into strips) and two of the swiss roll's three. "auto" keeps them all and recovers the
+    # manifold's structure.
     X, t = make_swiss_roll(800, noise=0.2, random_state=0)
     bands = np.digitize(t, np.quantile(t, [0.25, 0.5, 0.75]))
     swiss = dict(n_clusterings=60, k1=0.1, delta=0.5)
