@@ -63,6 +63,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from unittest import mock
 
 import numpy as np
 import scipy.sparse as sp
@@ -294,21 +295,18 @@ class NetworkEnsemble:
         return PCA(n_components=self.c, svd_solver="full").fit_transform(codes)
 
 
-class GraphNeighborsMBN(MBN):
+class GraphNeighborsUmapOutput:
     """``MBN(output="umap")`` whose UMAP graph asks for another number of neighbours per row
-    than ``umap_output.GRAPH_NEIGHBORS`` (the product's constant, set for this fit only)."""
+    than the product's ``umap_output.GRAPH_NEIGHBORS`` (patched for the fit only). It only
+    fits: a ``transform`` after the patch would place rows with the product's constant."""
 
-    def __init__(self, graph_neighbors: int, **params) -> None:
-        super().__init__(output="umap", **params)
-        self.graph_neighbors = graph_neighbors
+    def __init__(self, graph_neighbors: int, c: int, seed: int) -> None:
+        self.graph_neighbors, self.c, self.seed = graph_neighbors, c, seed
 
-    def fit_transform(self, X, y=None):
-        product = umap_output.GRAPH_NEIGHBORS
-        umap_output.GRAPH_NEIGHBORS = self.graph_neighbors
-        try:
-            return super().fit_transform(X)
-        finally:
-            umap_output.GRAPH_NEIGHBORS = product
+    def fit_transform(self, X) -> np.ndarray:
+        model = MBN(n_classes=self.c, output="umap", random_state=self.seed)
+        with mock.patch.object(umap_output, "GRAPH_NEIGHBORS", self.graph_neighbors):
+            return model.fit_transform(X)
 
 
 # Exploratory variants for ``quality --methods`` (not in its default list).
@@ -324,9 +322,7 @@ MBN_VARIANTS: dict[str, Callable] = {
     "MBN, 4 networks x V 400": lambda c, seed: NetworkEnsemble(4, 400, c, seed),
     "MBN, r 0.5": lambda c, seed: MBN(n_classes=c, shift_fraction=0.5, random_state=seed),
     "MBN, r 0.25": lambda c, seed: MBN(n_classes=c, shift_fraction=0.25, random_state=seed),
-    "MBN, UMAP output, 30-neighbour graph": lambda c, seed: GraphNeighborsMBN(
-        30, n_classes=c, random_state=seed
-    ),
+    "MBN, UMAP output, 30-neighbour graph": lambda c, seed: GraphNeighborsUmapOutput(30, c, seed),
 }
 
 

@@ -6,10 +6,10 @@
         [--clusterings 400]
     python benchmarks/probe_graph_weights.py purity [--datasets blobs-stretched ...]
 
-Both fit ``MBN(n_classes=c, n_clusterings=V, random_state=seed)`` (V: ``--clusterings``),
-build UMAP graphs of the fitted rows, lay them out with the UMAP output's own ``_layout`` into
-c dimensions and score the layout as ``bench_mbn.py quality`` does (k-means with c clusters,
-best of 20, NMI, mean ± sd over seeds).
+``neighbours`` and ``swaps`` fit ``MBN(n_classes=c, n_clusterings=V, random_state=seed)`` (V:
+``--clusterings``), build UMAP graphs of the fitted rows, lay them out with the UMAP output's
+own ``_layout`` into c dimensions and score the layout as ``bench_mbn.py quality`` does
+(k-means with c clusters, best of 20, NMI, mean ± sd over seeds).
 
 - ``neighbours``: the UMAP output's graph (each row's strongest bottom x top co-associations at
   distance 1 - K, short rows padded with the row itself at distance 1) asking for each count
@@ -82,14 +82,14 @@ def swapped_graphs(X: np.ndarray, K: sp.csr_matrix) -> dict[str, tuple[np.ndarra
     }
 
 
-def class_purity(name: str) -> str:
+def class_purity(name: str) -> tuple[int, str]:
     X, y = quality_data(name, 0)
     c = len(np.unique(y))
     K = fitted_affinity(X, c, 0, MBN().n_clusterings)
     count = umap_output.N_NEIGHBORS - 1
-    strongest = [umap_output.ranked(K, row)[0] for row in range(X.shape[0])]
-    by_affinity = [(y[columns[columns != row][:count]] == y[row]).mean() for row, columns in
-                   enumerate(strongest)]  # fmt: skip
+    strongest = [umap_output.ranked(K, row) for row in range(X.shape[0])]
+    by_affinity = [(y[columns[(columns != row) & (values > 0)][:count]] == y[row]).mean()
+                   for row, (columns, values) in enumerate(strongest)]  # fmt: skip
     nearest = NearestNeighbors(n_neighbors=count + 1).fit(X).kneighbors(X)[1][:, 1:]
     by_input = (y[nearest] == y[:, None]).mean(axis=1)
     inputs = MBN()._n_bottom_features(X, np.random.RandomState(0))
@@ -97,7 +97,7 @@ def class_purity(name: str) -> str:
         f"{np.mean(np.array(by_affinity)[y == label]):.3f} / {by_input[y == label].mean():.3f}"
         for label in np.unique(y)
     ]
-    return f"| {name} | {inputs} of {X.shape[1]} | {' | '.join(cells)} |"
+    return len(cells), f"| {name} | {inputs} of {X.shape[1]} | {' | '.join(cells)} |"
 
 
 def probe(name: str, seeds: int, n_clusterings: int, graphs_of) -> dict[str, str]:
@@ -124,10 +124,14 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown data sets: {sorted(unknown)}")
     if args.mode == "purity":
-        print("| data | bottom inputs | per class: co-association / input neighbours in class |")
-        print("|---|---|---|")
+        print("per class: share of co-association / input neighbours in the row's class")
         for name in args.datasets:
-            print(class_purity(name), flush=True)
+            n_classes, row = class_purity(name)
+            print()
+            classes = " | ".join(f"class {label}" for label in range(n_classes))
+            print(f"| data | bottom inputs | {classes} |")
+            print(f"|---|---|{'---|' * n_classes}")
+            print(row, flush=True)
         return
     if args.mode == "neighbours":
 

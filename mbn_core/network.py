@@ -101,8 +101,8 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         Fraction of input dimensions each clustering chooses (a). "auto" is 0.5, except that
         the bottom layer chooses more of the d input dimensions when random halves of them
         do not keep the input's neighbourhoods (2-D or 3-D manifolds, a few unrelated
-        measurements): measured on a sample of the training rows, never on labels (see
-        ``mbn_core.auto``).
+        measurements), and never fewer than min(2, d): measured on a sample of the training
+        rows, never on labels (see ``mbn_core.auto``).
         At the bottom exactly ``round(a * d)`` dimensions are chosen without replacement; at
         the upper layers each of the V * k one-hot dimensions is chosen independently with
         probability a (the same in distribution for their thousands of dimensions, and it
@@ -432,9 +432,10 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
 
     def _expected_bottom_features(self, n_features: int) -> int:
         """Bottom-layer dimensions per clustering before seeing the data ("auto": at least
-        half, the most common choice), for cost estimates."""
-        fraction = 0.5 if self.feature_fraction == "auto" else float(self.feature_fraction)
-        return max(1, round(fraction * n_features))
+        half, the most common choice, and at least min(2, d)), for cost estimates."""
+        if self.feature_fraction == "auto":
+            return max(min(2, n_features), round(0.5 * n_features))
+        return max(1, round(float(self.feature_fraction) * n_features))
 
     def _n_bottom_features(self, X, rng) -> int:
         if self.feature_fraction == "auto":

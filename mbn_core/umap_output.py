@@ -8,7 +8,7 @@ neighbourhoods and separate clusters. So the network supplies the similarity and
 only the layout (its per-row scaling is what makes the layout work: the raw affinities laid
 out directly fall apart in sparse regions).
 
-Fitting: each training row's ``N_NEIGHBORS`` most similar other rows, at distance
+Fitting: each training row's ``GRAPH_NEIGHBORS`` most similar other rows, at distance
 1 - affinity, become UMAP's fuzzy simplicial set, laid out into ``n_components`` dimensions
 (spectral start, seeded): the *anchors*. Every row, training row or new, is then embedded the
 same way: at the affinity-weighted mean of the anchors of its ``N_NEIGHBORS`` most similar
