@@ -188,8 +188,7 @@ def paper(args) -> None:
 # ---------------------------------------------------------------------- issue 17
 
 
-def _swiss_roll_quartiles() -> tuple[np.ndarray, np.ndarray]:
-    X, t = make_swiss_roll(2000, noise=0.2, random_state=7)
+def _quartiles(X: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return X, np.digitize(t, np.quantile(t, [0.25, 0.5, 0.75]))
 
 
@@ -205,13 +204,9 @@ QUALITY_DATA: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {
     "breast-cancer": _breast_cancer_standardised,
     "moons": lambda: make_moons(1000, noise=0.06, random_state=7),
     "circles": lambda: make_circles(1000, factor=0.5, noise=0.04, random_state=7),
-    "swiss-roll": _swiss_roll_quartiles,
+    "swiss-roll": lambda: _quartiles(*make_swiss_roll(2000, noise=0.2, random_state=7)),
     "wine": lambda: load_wine(return_X_y=True),
 }
-
-
-def _quartiles(X: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return X, np.digitize(t, np.quantile(t, [0.25, 0.5, 0.75]))
 
 
 def _stretched_blobs() -> tuple[np.ndarray, np.ndarray]:
@@ -245,15 +240,15 @@ VALIDATION_DATA: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {
     "classification": _four_classes_of_twenty_inputs,
     "wine-standardised": _wine_standardised,
 }
+KNOWN_DATA = {**QUALITY_DATA, **VALIDATION_DATA}
 
 
 def quality_data(name: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
     if name == "mnist5k":
         return mnist_subset(seed)
-    known = {**QUALITY_DATA, **VALIDATION_DATA}
-    if name not in known:
-        raise SystemExit(f"unknown dataset {name!r}; known: mnist5k {' '.join(known)}")
-    X, y = known[name]()
+    if name not in KNOWN_DATA:
+        raise SystemExit(f"unknown dataset {name!r}; known: mnist5k {' '.join(KNOWN_DATA)}")
+    X, y = KNOWN_DATA[name]()
     return np.asarray(X, dtype=np.float64), y
 
 

@@ -38,9 +38,7 @@ from mbn_core.coassociation import cell_index, coassociation, one_hot
 def others(K: sp.csr_matrix, row: int, count: int) -> tuple[np.ndarray, np.ndarray]:
     """A row's ``count`` strongest positive affinities to other rows, as the UMAP output
     ranks them (``umap_output.ranked``)."""
-    columns, values = umap_output.ranked(K, row)
-    kept = (columns != row) & (values > 0)
-    return columns[kept][:count], values[kept][:count]
+    return umap_output.other_rows(*umap_output.ranked(K, row), row, count)
 
 
 def neighbour_lists(

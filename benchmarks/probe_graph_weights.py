@@ -34,7 +34,8 @@ import argparse
 
 import numpy as np
 import scipy.sparse as sp
-from bench_mbn import QUALITY_DATA, VALIDATION_DATA, kmeans_nmi, mean_sd, quality_data
+from bench_mbn import KNOWN_DATA, QUALITY_DATA, kmeans_nmi, mean_sd, quality_data
+from probe_graph_fill import neighbour_lists, others
 from sklearn.neighbors import NearestNeighbors
 
 from mbn_core import MBN, umap_output
@@ -50,16 +51,7 @@ def fitted_affinity(X: np.ndarray, c: int, seed: int, n_clusterings: int) -> sp.
 
 def coassociation_lists(K: sp.csr_matrix, n_neighbors: int) -> tuple[np.ndarray, np.ndarray]:
     """UMAP's (knn_indices, knn_dists) as ``umap_output.fit_umap`` builds them."""
-    n_rows = K.shape[0]
-    indices = np.repeat(np.arange(n_rows)[:, None], n_neighbors, axis=1)
-    distances = np.ones((n_rows, n_neighbors))
-    distances[:, 0] = 0.0
-    for row in range(n_rows):
-        columns, values = umap_output.ranked(K, row)
-        kept = (columns != row) & (values > 0)
-        columns, values = columns[kept][: n_neighbors - 1], values[kept][: n_neighbors - 1]
-        indices[row, 1 : 1 + columns.size] = columns
-        distances[row, 1 : 1 + columns.size] = 1.0 - values
+    indices, distances, _ = neighbour_lists(K, None, n_neighbors)
     return indices, distances
 
 
@@ -87,9 +79,7 @@ def class_purity(name: str) -> tuple[int, str]:
     c = len(np.unique(y))
     K = fitted_affinity(X, c, 0, MBN().n_clusterings)
     count = umap_output.N_NEIGHBORS - 1
-    strongest = [umap_output.ranked(K, row) for row in range(X.shape[0])]
-    by_affinity = [(y[columns[(columns != row) & (values > 0)][:count]] == y[row]).mean()
-                   for row, (columns, values) in enumerate(strongest)]  # fmt: skip
+    by_affinity = [np.mean(y[others(K, row, count)[0]] == y[row]) for row in range(X.shape[0])]
     nearest = NearestNeighbors(n_neighbors=count + 1).fit(X).kneighbors(X)[1][:, 1:]
     by_input = (y[nearest] == y[:, None]).mean(axis=1)
     inputs = MBN()._n_bottom_features(X, np.random.RandomState(0))
@@ -120,7 +110,7 @@ def main() -> None:
     parser.add_argument("--counts", nargs="+", type=int, default=[15, 20, 30, 45])
     parser.add_argument("--clusterings", type=int, default=400)
     args = parser.parse_args()
-    unknown = set(args.datasets) - set(QUALITY_DATA) - set(VALIDATION_DATA)
+    unknown = set(args.datasets) - set(KNOWN_DATA)
     if unknown:
         raise SystemExit(f"unknown data sets: {sorted(unknown)}")
     if args.mode == "purity":

@@ -42,6 +42,12 @@ N_NEIGHBORS = 10
 FRACTIONS = (0.5, 0.625, 0.75, 0.875, 1.0)
 
 
+def least_bottom_features(n_features: int) -> int:
+    """The paper's half of the inputs, and never fewer than two of them (one input sees no
+    joint structure)."""
+    return max(min(2, n_features), round(0.5 * n_features))
+
+
 def bottom_feature_count(X, rng: np.random.RandomState) -> int:
     """Dimensions each bottom-layer clustering chooses under ``feature_fraction="auto"``.
 
@@ -64,7 +70,7 @@ def bottom_feature_count(X, rng: np.random.RandomState) -> int:
     n_samples, n_features = X.shape
     local = np.random.RandomState()
     local.set_state(rng.get_state())
-    half = max(min(2, n_features), round(0.5 * n_features))
+    half = least_bottom_features(n_features)
     n_rows = min(n_samples, SAMPLE_ROWS)
     # sklearn needs k < n / 2; fewer rows than that would rank neighbours by chance.
     if half == n_features or sp.issparse(X) or n_rows <= 2 * N_NEIGHBORS:

@@ -19,7 +19,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from threadpoolctl import threadpool_limits
 
 from mbn_core import _kernels
-from mbn_core.auto import bottom_feature_count, choose_delta
+from mbn_core.auto import bottom_feature_count, choose_delta, least_bottom_features
 from mbn_core.coassociation import CodesTop, expected_pairs, one_hot
 from mbn_core.data_range import check_magnitude
 from mbn_core.layers import (
@@ -434,7 +434,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         """Bottom-layer dimensions per clustering before seeing the data ("auto": at least
         half, the most common choice, and at least min(2, d)), for cost estimates."""
         if self.feature_fraction == "auto":
-            return max(min(2, n_features), round(0.5 * n_features))
+            return least_bottom_features(n_features)
         return max(1, round(float(self.feature_fraction) * n_features))
 
     def _n_bottom_features(self, X, rng) -> int:

@@ -115,10 +115,7 @@ def fit_umap(
             row = start + local
             columns, values = ranked(affinity, local)
             nearest.append((columns[:N_NEIGHBORS], values[:N_NEIGHBORS]))
-            # Every row's own pair is stored (it shares its cells with itself), and a pair
-            # sharing no top cluster is stored at 0: neither is a neighbour.
-            others = (columns != row) & (values > 0)
-            columns, values = columns[others][: n_neighbors - 1], values[others][: n_neighbors - 1]
+            columns, values = other_rows(columns, values, row, n_neighbors - 1)
             indices[row, 1 : 1 + columns.size] = columns
             distances[row, 1 : 1 + columns.size] = 1.0 - values
     if (indices[:, 1:] == np.arange(n_rows)[:, None]).all():
@@ -145,6 +142,16 @@ def ranked(affinity: sp.csr_matrix, row: int) -> tuple[np.ndarray, np.ndarray]:
     columns, values = affinity.indices[start:end], affinity.data[start:end]
     order = np.lexsort((columns, -values))
     return columns[order], values[order]
+
+
+def other_rows(
+    columns: np.ndarray, values: np.ndarray, row: int, count: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``count`` of a training row's ``ranked`` affinities that make UMAP
+    neighbours. Every row's own pair is stored (it shares its cells with itself), and a pair
+    sharing no top cluster is stored at 0: neither is a neighbour."""
+    kept = (columns != row) & (values > 0)
+    return columns[kept][:count], values[kept][:count]
 
 
 def weighted_anchor(columns: np.ndarray, weights: np.ndarray, anchors: np.ndarray) -> np.ndarray:

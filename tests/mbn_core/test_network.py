@@ -242,8 +242,8 @@ def _own_blob_shares(X, y, blobs, **params):
     for blob in blobs:
         own = []
         for row in np.flatnonzero(y == blob):
-            columns, values = umap_output.ranked(K, row)
-            own.append(np.mean(y[columns[values > 0][:14]] == blob))
+            columns, _ = umap_output.other_rows(*umap_output.ranked(K, row), row, 14)
+            own.append(np.mean(y[columns] == blob))
         shares.append(np.mean(own))
     return np.array(shares)
 
