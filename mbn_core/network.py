@@ -102,7 +102,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         the bottom layer chooses more of the d input dimensions when random halves of them
         do not keep the input's neighbourhoods (2-D or 3-D manifolds, a few unrelated
         measurements), and never fewer than min(2, d): measured on a sample of the training
-        rows, never on labels (see ``mbn_core.auto``).
+        rows with every input at unit scale, never on labels (see ``mbn_core.auto``).
         At the bottom exactly ``round(a * d)`` dimensions are chosen without replacement; at
         the upper layers each of the V * k one-hot dimensions is chosen independently with
         probability a (the same in distribution for their thousands of dimensions, and it

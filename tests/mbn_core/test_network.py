@@ -227,6 +227,18 @@ def test_auto_feature_fraction_measures_whether_half_the_inputs_suffice(digits):
     assert _auto_features(load_wine().data, 3) == _auto_features(load_wine().data, 3)
 
 
+def test_auto_feature_fraction_does_not_depend_on_the_inputs_units():
+    # Raw wine: proline's scale sets every neighbourhood on all 13 inputs, so subsets without
+    # it looked unfaithful, and the choice followed the seed's subsets (8, 10 or 13).
+    wine = load_wine().data
+    assert {_auto_features(wine, seed) for seed in range(6)} == {6}
+    X = make_swiss_roll(300, noise=0.2, random_state=0)[0]
+    rescaled = X * np.array([1000.0, 1.0, 0.001])
+    assert _auto_features(rescaled) == _auto_features(X) == 3
+    digits = load_digits().data
+    assert _auto_features(digits * np.linspace(0.01, 100.0, 64)) == 32
+
+
 def _stretched_blobs():
     X, y = make_blobs(1000, centers=4, cluster_std=[1.0, 2.0, 0.5, 1.5], random_state=7)
     return X @ np.array([[0.6, -0.6], [-0.4, 0.8]]), y
