@@ -43,12 +43,15 @@ any center, on the default network's bottom codes, for each candidate delta (``-
 ``quality --methods`` also takes exploratory variants: fixed delta ("MBN, delta 0.7"), more
 clusterings ("MBN, V 800"), ensembles of networks ("MBN, 4 networks x V 100": the
 networks' top codes side by side, PCA of them), random reconstruction ("MBN, r 0.5") and a
-UMAP output whose graph asks for 30 neighbours ("MBN, UMAP output, 30-neighbour graph").
+UMAP output whose graph asks for 30 neighbours ("MBN, UMAP output, 30-neighbour graph"), and
+the feature rule before it scored inputs at unit scale ("MBN, feature rule on raw units", also
+with the UMAP output).
 
 ``--datasets`` of ``quality`` and ``heldout`` also take the validation sets (``VALIDATION_DATA``:
 s-curve, swiss-roll-noisy, moons-noisy, circles-close, gaussian-quantiles, blobs-stretched,
-classification, wine-standardised). They are kept out of every choice of a default: a rule
-chosen on the issue's table is checked on them.
+classification, wine-standardised, and two with inputs of very different scales:
+breast-cancer-raw, classification-rescaled). They are kept out of every choice of a default: a
+rule chosen on the issue's table is checked on them.
 
 ``paper`` follows the papers' protocol (Table 7 of mbn-compressive): k-means run 50 times
 keeping the lowest inertia, PCA keeping 98% of the variance.
@@ -226,6 +229,12 @@ def _wine_standardised() -> tuple[np.ndarray, np.ndarray]:
     return StandardScaler().fit_transform(X), y
 
 
+def _classification_rescaled() -> tuple[np.ndarray, np.ndarray]:
+    """The classification set with each input in other units (a factor from 0.01 to 100)."""
+    X, y = _four_classes_of_twenty_inputs()
+    return X * 10 ** np.random.RandomState(5).uniform(-2, 2, X.shape[1]), y
+
+
 # Data sets kept out of every choice of a default (issue 17): a rule chosen on QUALITY_DATA is
 # checked here, on shapes the choice never saw. Fixed sets, as QUALITY_DATA.
 VALIDATION_DATA: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {
@@ -239,6 +248,9 @@ VALIDATION_DATA: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {
     "blobs-stretched": _stretched_blobs,
     "classification": _four_classes_of_twenty_inputs,
     "wine-standardised": _wine_standardised,
+    # Inputs of very different scales, as users send them.
+    "breast-cancer-raw": lambda: load_breast_cancer(return_X_y=True),
+    "classification-rescaled": _classification_rescaled,
 }
 KNOWN_DATA = {**QUALITY_DATA, **VALIDATION_DATA}
 
@@ -304,6 +316,15 @@ class GraphNeighborsUmapOutput:
             return model.fit_transform(X)
 
 
+class RawUnitsFeatureRuleMBN(MBN):
+    """MBN whose ``feature_fraction="auto"`` scores the inputs as given, as before
+    2026-11-26, instead of at unit scale."""
+
+    def _n_bottom_features(self, X, rng) -> int:
+        with mock.patch.object(auto, "unit_scale", lambda sample: sample):
+            return super()._n_bottom_features(X, rng)
+
+
 # Exploratory variants for ``quality --methods`` (not in its default list).
 MBN_VARIANTS: dict[str, Callable] = {
     "MBN, delta 0.7": lambda c, seed: MBN(n_classes=c, delta=0.7, random_state=seed),
@@ -318,6 +339,12 @@ MBN_VARIANTS: dict[str, Callable] = {
     "MBN, r 0.5": lambda c, seed: MBN(n_classes=c, shift_fraction=0.5, random_state=seed),
     "MBN, r 0.25": lambda c, seed: MBN(n_classes=c, shift_fraction=0.25, random_state=seed),
     "MBN, UMAP output, 30-neighbour graph": lambda c, seed: GraphNeighborsUmapOutput(30, c, seed),
+    "MBN, feature rule on raw units": lambda c, seed: RawUnitsFeatureRuleMBN(
+        n_classes=c, random_state=seed
+    ),
+    "MBN, UMAP output, feature rule on raw units": lambda c, seed: RawUnitsFeatureRuleMBN(
+        n_classes=c, output="umap", random_state=seed
+    ),
 }
 
 
