@@ -9,6 +9,7 @@
     python benchmarks/bench_mbn.py heldout [--datasets moons ...] [--seeds 3] [--methods ...]
     python benchmarks/bench_mbn.py cells [--seeds 3]
     python benchmarks/bench_mbn.py orphans [--datasets moons ...] [--seeds 3]
+    python benchmarks/bench_mbn.py features [--datasets wine ...] [--seeds 10]
 
 ``quality`` (issue 17) compares MBN's old and new defaults with UMAP and PCA on small,
 low-dimensional and tabular data and MNIST: every method embeds into c dimensions (c = number
@@ -52,6 +53,10 @@ s-curve, swiss-roll-noisy, moons-noisy, circles-close, gaussian-quantiles, blobs
 classification, wine-standardised, and two with inputs of very different scales:
 breast-cancer-raw, classification-rescaled). They are kept out of every choice of a default: a
 rule chosen on the issue's table is checked on them.
+
+``features`` (issue 17) prints the inputs per bottom clustering that ``feature_fraction="auto"``
+chooses on each data set and seed, scoring the inputs at unit scale (the product) and as given
+(the rule before it, ``RawUnitsFeatureRuleMBN``). No network is fitted.
 
 ``paper`` follows the papers' protocol (Table 7 of mbn-compressive): k-means run 50 times
 keeping the lowest inertia, PCA keeping 98% of the variance.
@@ -317,8 +322,8 @@ class GraphNeighborsUmapOutput:
 
 
 class RawUnitsFeatureRuleMBN(MBN):
-    """MBN whose ``feature_fraction="auto"`` scores the inputs as given, as before
-    2026-11-26, instead of at unit scale."""
+    """MBN whose ``feature_fraction="auto"`` scores the inputs as given, as before commit
+    d098c60, instead of at unit scale."""
 
     def _n_bottom_features(self, X, rng) -> int:
         with mock.patch.object(auto, "unit_scale", lambda sample: sample):
@@ -772,6 +777,23 @@ def orphans(args) -> None:
             print(f"| {name} | {seed} | {cells} | {network.delta_} |", flush=True)
 
 
+def features(args) -> None:
+    """The inputs ``feature_fraction="auto"`` chooses, at unit scale and on raw units."""
+    print(f"seeds 0-{args.seeds - 1}; inputs per bottom clustering, one per seed")
+    print()
+    print("| data | d | at unit scale (the product) | on raw units (before) |")
+    print("|---|---|---|---|")
+    for name in args.datasets:
+        X, _ = quality_data(name, 0)
+        choices = []
+        for model in (MBN(), RawUnitsFeatureRuleMBN()):
+            seeds = [
+                model._n_bottom_features(X, np.random.RandomState(s)) for s in range(args.seeds)
+            ]
+            choices.append(", ".join(map(str, seeds)))
+        print(f"| {name} | {X.shape[1]} | {' | '.join(choices)} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -814,6 +836,9 @@ def main() -> None:
     o.add_argument("--rows", type=int, default=auto.ORPHAN_ROWS)
     o.add_argument("--trials", type=int, default=auto.ORPHAN_TRIALS)
     o.add_argument("--repeats", type=int, default=1)
+    f = sub.add_parser("features")
+    f.add_argument("--datasets", nargs="+", default=[*QUALITY_DATA, *VALIDATION_DATA, "mnist5k"])
+    f.add_argument("--seeds", type=int, default=10)
     one = sub.add_parser("scale-one")
     one.add_argument("n", type=int)
     one.add_argument("k_max", type=int)
@@ -838,6 +863,8 @@ def main() -> None:
         affinities(args)
     elif args.command == "heldout":
         heldout(args)
+    elif args.command == "features":
+        features(args)
     elif args.command == "orphans":
         orphans(args)
     else:

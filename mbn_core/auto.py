@@ -19,11 +19,9 @@ measured: the floor below gives them both.)
 
 Redundancy is a property of what the inputs say, not of their units, so the sample's inputs are
 scored at unit standard deviation. Scored as given, one input of a much larger scale sets every
-neighbourhood (raw wine: proline's standard deviation is 2,500 times the smallest), subsets
-without it look unfaithful, and the choice depends on which subsets the seed drew: 8, 10 or 13
-of wine's 13 inputs over seeds 0-9, against 6 on every seed at unit scale. The clusterings
-themselves still see the inputs as given. On the other data sets measured the choice is the
-same either way (benchmarks/RESULTS.md, issue 17).
+neighbourhood, subsets without it look unfaithful, and the choice follows which subsets the
+seed drew (raw wine). The clusterings themselves still see the inputs as given
+(benchmarks/RESULTS.md, issue 17: "Raw wine").
 
 A clustering sees at least two inputs when there are two. On one input it cuts a line into
 intervals, so the ensemble's similarity becomes a sum of one-axis similarities, and groups that
@@ -39,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 from sklearn.manifold import trustworthiness
+from sklearn.preprocessing import StandardScaler
 
 # Mean trustworthiness of random subsets above which they count as faithful.
 FAITHFUL = 0.9
@@ -57,10 +56,10 @@ def least_bottom_features(n_features: int) -> int:
 
 
 def unit_scale(sample: np.ndarray) -> np.ndarray:
-    """The sample with each input divided by its standard deviation; inputs constant on the
-    sample are left as they are (they rank no neighbours either way)."""
-    scale = sample.std(axis=0)
-    return sample / np.where(scale > 0, scale, 1.0)
+    """The sample with each input centred at unit standard deviation. scikit-learn's scaler
+    leaves an input constant up to rounding unscaled: divided by its rounding error, a
+    constant 0.7 would become noise that outweighs every other input."""
+    return StandardScaler().fit_transform(sample)
 
 
 def bottom_feature_count(X, rng: np.random.RandomState) -> int:
