@@ -5,6 +5,8 @@
     python benchmarks/probe_graph_weights.py swaps [--datasets swiss-roll ...] [--seeds 5]
         [--clusterings 400]
     python benchmarks/probe_graph_weights.py purity [--datasets blobs-stretched ...]
+    python benchmarks/probe_graph_weights.py layouts [--datasets swiss-roll ...] [--seeds 5]
+        [--layouts 6]
 
 ``neighbours`` and ``swaps`` fit ``MBN(n_classes=c, n_clusterings=V, random_state=seed)`` (V:
 ``--clusterings``), build UMAP graphs of the fitted rows, lay them out with the UMAP output's
@@ -25,6 +27,12 @@ share of each row's 14 strongest co-associations that are in the row's class, ag
 share of its 14 nearest rows in the input; and the bottom layer's inputs per clustering under
 ``feature_fraction="auto"``.
 
+``layouts`` separates the layout's seed from the network's: each network (seeds as above) is
+laid out ``--layouts`` times with other layout seeds. It prints the NMI over all layouts, the
+mean spread within a network, and the NMI of the layout with the lowest UMAP cross-entropy
+against its own fuzzy graph (a label-free pick among layouts), beside plain UMAP over as many
+seeds as there are layouts in all.
+
 Exploratory: needs umap-learn (``pip install -e ".[bench]"``); not a product feature.
 """
 
@@ -34,8 +42,9 @@ import argparse
 
 import numpy as np
 import scipy.sparse as sp
-from bench_mbn import KNOWN_DATA, QUALITY_DATA, kmeans_nmi, mean_sd, quality_data
+from bench_mbn import KNOWN_DATA, QUALITY_DATA, issue17_umap, kmeans_nmi, mean_sd, quality_data
 from probe_graph_fill import neighbour_lists, others
+from scipy.spatial.distance import pdist, squareform
 from sklearn.neighbors import NearestNeighbors
 
 from mbn_core import MBN, umap_output
@@ -90,6 +99,48 @@ def class_purity(name: str) -> tuple[int, str]:
     return len(cells), f"| {name} | {inputs} of {X.shape[1]} | {' | '.join(cells)} |"
 
 
+def cross_entropy(graph: sp.spmatrix, layout: np.ndarray) -> float:
+    """UMAP's objective: the fuzzy graph's cross-entropy against the layout's memberships
+    1 / (1 + a d^2b), over every pair of rows (dense: for the small data sets only)."""
+    umap_internals = umap_output._umap_internals()
+    a, b = umap_internals.find_ab_params(umap_output.SPREAD, umap_output.MIN_DIST)
+    memberships = 1.0 / (1.0 + a * squareform(pdist(layout)) ** (2 * b))
+    weights = graph.toarray()
+    off_diagonal = ~np.eye(len(layout), dtype=bool)
+    q = np.clip(memberships, 1e-4, 1 - 1e-4)[off_diagonal]
+    w = weights[off_diagonal]
+    return float(-(w * np.log(q) + (1 - w) * np.log(1 - q)).sum())
+
+
+def layout_seeds(name: str, seeds: int, n_layouts: int, n_clusterings: int) -> str:
+    every, spreads, picked, umap_scores = [], [], [], []
+    for seed in range(seeds):
+        X, y = quality_data(name, seed)
+        c = len(np.unique(y))
+        indices, distances = coassociation_lists(
+            fitted_affinity(X, c, seed, n_clusterings), umap_output.GRAPH_NEIGHBORS
+        )
+        graph, _, _ = umap_output._umap_internals().fuzzy_simplicial_set(
+            np.zeros((len(X), 1)), indices.shape[1], np.random.RandomState(seed), "euclidean",
+            knn_indices=indices, knn_dists=distances,
+        )  # fmt: skip
+        scored = []
+        for layout_seed in range(n_layouts):
+            layout = umap_output._layout(indices, distances, c, 1000 * seed + layout_seed)
+            scored.append((cross_entropy(graph, layout), kmeans_nmi(layout, y, seed, n_init=20)))
+        nmis = [nmi for _, nmi in scored]
+        every += nmis
+        spreads.append(np.std(nmis))
+        picked.append(min(scored)[1])
+    for seed in range(seeds * n_layouts):
+        X, y = quality_data(name, 0)
+        umap_scores.append(kmeans_nmi(issue17_umap(X, len(np.unique(y)), seed), y, seed, 20))
+    return (
+        f"| {name} | {mean_sd(every)} | {np.mean(spreads):.3f} | {mean_sd(picked)} "
+        f"| {mean_sd(umap_scores)} |"
+    )
+
+
 def probe(name: str, seeds: int, n_clusterings: int, graphs_of) -> dict[str, str]:
     scores: dict[str, list[float]] = {}
     for seed in range(seeds):
@@ -104,11 +155,12 @@ def probe(name: str, seeds: int, n_clusterings: int, graphs_of) -> dict[str, str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["neighbours", "swaps", "purity"])
+    parser.add_argument("mode", choices=["neighbours", "swaps", "purity", "layouts"])
     parser.add_argument("--datasets", nargs="+", default=list(QUALITY_DATA))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--counts", nargs="+", type=int, default=[15, 20, 30, 45])
     parser.add_argument("--clusterings", type=int, default=400)
+    parser.add_argument("--layouts", type=int, default=6)
     args = parser.parse_args()
     unknown = set(args.datasets) - set(KNOWN_DATA)
     if unknown:
@@ -122,6 +174,20 @@ def main() -> None:
             print(f"| data | bottom inputs | {classes} |")
             print(f"|---|---|{'---|' * n_classes}")
             print(row, flush=True)
+        return
+    if args.mode == "layouts":
+        print(
+            f"V = {args.clusterings}; {args.seeds} networks x {args.layouts} layout seeds, "
+            "NMI of the fitted rows' layout"
+        )
+        print()
+        print(
+            "| data | all layouts | spread within a network (mean sd) "
+            "| lowest cross-entropy per network | UMAP, as many seeds |"
+        )
+        print("|---|---|---|---|---|")
+        for name in args.datasets:
+            print(layout_seeds(name, args.seeds, args.layouts, args.clusterings), flush=True)
         return
     if args.mode == "neighbours":
 
