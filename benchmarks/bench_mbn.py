@@ -46,7 +46,7 @@ clusterings ("MBN, V 800"), ensembles of networks ("MBN, 4 networks x V 100": th
 networks' top codes side by side, PCA of them), random reconstruction ("MBN, r 0.5") and a
 UMAP output whose graph asks for 30 neighbours ("MBN, UMAP output, 30-neighbour graph"), and
 the feature rule before it scored inputs at unit scale ("MBN, feature rule on raw units", also
-with the UMAP output).
+with the UMAP output), and MBN on standardised inputs ("MBN, standardised input").
 
 ``--datasets`` of ``quality`` and ``heldout`` also take the validation sets (``VALIDATION_DATA``:
 s-curve, swiss-roll-noisy, moons-noisy, circles-close, gaussian-quantiles, blobs-stretched,
@@ -93,6 +93,7 @@ from sklearn.datasets import (
 )
 from sklearn.decomposition import PCA
 from sklearn.metrics import normalized_mutual_info_score
+from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
@@ -344,6 +345,9 @@ MBN_VARIANTS: dict[str, Callable] = {
     "MBN, r 0.5": lambda c, seed: MBN(n_classes=c, shift_fraction=0.5, random_state=seed),
     "MBN, r 0.25": lambda c, seed: MBN(n_classes=c, shift_fraction=0.25, random_state=seed),
     "MBN, UMAP output, 30-neighbour graph": lambda c, seed: GraphNeighborsUmapOutput(30, c, seed),
+    "MBN, standardised input": lambda c, seed: make_pipeline(
+        StandardScaler(), MBN(n_classes=c, random_state=seed)
+    ),
     "MBN, feature rule on raw units": lambda c, seed: RawUnitsFeatureRuleMBN(
         n_classes=c, random_state=seed
     ),
