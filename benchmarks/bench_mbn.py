@@ -41,12 +41,14 @@ clustering) pairs that a second layer of ``delta * k1`` centers would leave shar
 any center, on the default network's bottom codes, for each candidate delta (``--rows 200
 --trials 8 --repeats 10``: the spread of the rule's estimate before 2026-11-25).
 
-``quality --methods`` also takes exploratory variants: fixed delta ("MBN, delta 0.7"), more
-clusterings ("MBN, V 800"), ensembles of networks ("MBN, 4 networks x V 100": the
-networks' top codes side by side, PCA of them), random reconstruction ("MBN, r 0.5") and a
-UMAP output whose graph asks for 30 neighbours ("MBN, UMAP output, 30-neighbour graph"), and
-the feature rule before it scored inputs at unit scale ("MBN, feature rule on raw units", also
-with the UMAP output), and MBN on standardised inputs ("MBN, standardised input").
+``quality --methods`` also takes exploratory variants:
+- fixed delta ("MBN, delta 0.7") and more clusterings ("MBN, V 800");
+- ensembles of networks ("MBN, 4 networks x V 100": their top codes side by side, PCA of them);
+- random reconstruction ("MBN, r 0.5");
+- a UMAP output whose graph asks for 30 neighbours ("MBN, UMAP output, 30-neighbour graph");
+- the feature rule before it scored inputs at unit scale ("MBN, feature rule on raw units",
+  also with the UMAP output);
+- MBN on standardised inputs ("MBN, standardised input").
 
 ``--datasets`` of ``quality`` and ``heldout`` also take the validation sets (``VALIDATION_DATA``:
 s-curve, swiss-roll-noisy, moons-noisy, circles-close, gaussian-quantiles, blobs-stretched,

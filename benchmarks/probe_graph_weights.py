@@ -120,10 +120,7 @@ def layout_seeds(name: str, seeds: int, n_layouts: int, n_clusterings: int) -> s
         indices, distances = coassociation_lists(
             fitted_affinity(X, c, seed, n_clusterings), umap_output.GRAPH_NEIGHBORS
         )
-        graph, _, _ = umap_output._umap_internals().fuzzy_simplicial_set(
-            np.zeros((len(X), 1)), indices.shape[1], np.random.RandomState(seed), "euclidean",
-            knn_indices=indices, knn_dists=distances,
-        )  # fmt: skip
+        graph = umap_output.fuzzy_graph(indices, distances, seed)
         scored = []
         for layout_seed in range(n_layouts):
             layout = umap_output._layout(indices, distances, c, 1000 * seed + layout_seed)
@@ -132,8 +129,8 @@ def layout_seeds(name: str, seeds: int, n_layouts: int, n_clusterings: int) -> s
         every += nmis
         spreads.append(np.std(nmis))
         picked.append(min(scored)[1])
+    X, y = quality_data(name, 0)  # the fixed data sets: one draw serves every seed
     for seed in range(seeds * n_layouts):
-        X, y = quality_data(name, 0)
         umap_scores.append(kmeans_nmi(issue17_umap(X, len(np.unique(y)), seed), y, seed, 20))
     return (
         f"| {name} | {mean_sd(every)} | {np.mean(spreads):.3f} | {mean_sd(picked)} "

@@ -175,11 +175,10 @@ def place(affinity: sp.csr_matrix, anchors: np.ndarray) -> np.ndarray:
     return placed
 
 
-def _layout(indices: np.ndarray, distances: np.ndarray, n_components: int, seed: int) -> np.ndarray:
-    """UMAP's fuzzy simplicial set of these neighbours, laid out (float64)."""
-    umap_internals = _umap_internals()
+def fuzzy_graph(indices: np.ndarray, distances: np.ndarray, seed: int) -> sp.coo_matrix:
+    """UMAP's fuzzy simplicial set of these neighbours (UMAP's knn_indices, knn_dists)."""
     n_rows, n_neighbors = indices.shape
-    graph, _, _ = umap_internals.fuzzy_simplicial_set(
+    graph, _, _ = _umap_internals().fuzzy_simplicial_set(
         np.zeros((n_rows, 1)),
         n_neighbors,
         np.random.RandomState(seed),
@@ -187,6 +186,14 @@ def _layout(indices: np.ndarray, distances: np.ndarray, n_components: int, seed:
         knn_indices=indices,
         knn_dists=distances,
     )
+    return graph
+
+
+def _layout(indices: np.ndarray, distances: np.ndarray, n_components: int, seed: int) -> np.ndarray:
+    """UMAP's fuzzy simplicial set of these neighbours, laid out (float64)."""
+    umap_internals = _umap_internals()
+    n_rows = indices.shape[0]
+    graph = fuzzy_graph(indices, distances, seed)
     a, b = umap_internals.find_ab_params(SPREAD, MIN_DIST)
     # The spectral start asks for n_components + 1 eigenvectors, which scipy refuses (with a
     # TypeError) for graphs of no more rows; there the seeded random start serves.
