@@ -6,6 +6,7 @@
     python benchmarks/bench_fidelity.py --sets mnist-5k --targets leave-self-out
     python benchmarks/bench_fidelity.py --sets digits --option input_noise=0.3
     python benchmarks/bench_fidelity.py --sets bag-of-words
+    python benchmarks/bench_fidelity.py --sets moons,circles,swiss-roll --option n_classes=2
 
 Each set is trained with ``train_bundle`` and ``mbn train``'s defaults (``TrainingParams()``,
 random_state ``--seed``) plus the labels (used only for the report), then embedded on a test
@@ -15,6 +16,8 @@ set the training never saw:
 - ``digits``: scikit-learn's digits, a seeded permutation split 1,200 / 597;
 - ``breast_cancer`` (569 x 30, 2 classes), ``wine`` (178 x 13, 3 classes): scikit-learn's
   bundled copies, a stratified seeded split 2/3 / 1/3, standardised on the training part;
+- any other of ``bench_mbn.py``'s issue-17 data sets by its name there (``moons``,
+  ``swiss-roll``, ``s-curve``, ...): its rows as given, a stratified seeded split 2/3 / 1/3;
 - ``bag-of-words``: sparse input, ``bench_data.topic_corpus``'s 2,000 training and 1,000
   test documents over 30,000 words (10 topics; the split, not the topics, depends on the seed).
 
@@ -39,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 from bench_data import load_mnist, topic_corpus
+from bench_mbn import KNOWN_DATA
 from bench_report import add_training_option, command_line
 from sklearn.cluster import KMeans
 from sklearn.datasets import load_breast_cancer, load_digits, load_wine
@@ -71,9 +75,16 @@ def load_set(name: str, seed: int, data: str | None):
         train, test = order[:2000], order[2000:]
         return X[train], y[train], X[test], y[test]
     loaders = {"breast_cancer": load_breast_cancer, "wine": load_wine}
+    if name not in loaders and name in KNOWN_DATA:
+        X, y = KNOWN_DATA[name]()
+        X_train, X_test, y_train, y_test = train_test_split(
+            X, y, test_size=1 / 3, stratify=y, random_state=seed
+        )
+        return X_train, y_train, X_test, y_test
     if name not in loaders:
         raise SystemExit(
-            f"unknown set {name!r}: mnist-N, digits, breast_cancer, wine or bag-of-words"
+            f"unknown set {name!r}: mnist-N, digits, breast_cancer, wine, bag-of-words or one "
+            f"of bench_mbn.py's: {', '.join(KNOWN_DATA)}"
         )
     X, y = loaders[name](return_X_y=True)
     X_train, X_test, y_train, y_test = train_test_split(

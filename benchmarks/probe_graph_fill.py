@@ -20,7 +20,7 @@ Both are laid out by the UMAP output's own ``_layout`` into c dimensions and sco
 ``bench_mbn.py quality`` (k-means with c clusters, best of 20, NMI, mean ± sd over seeds), on
 the fitted rows' layout itself.
 
-Exploratory: needs umap-learn (``pip install -e ".[bench]"``); not a product feature.
+Exploratory, not a product feature.
 """
 
 from __future__ import annotations

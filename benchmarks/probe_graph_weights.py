@@ -33,7 +33,7 @@ mean spread within a network, and the NMI of the layout with the lowest UMAP cro
 against its own fuzzy graph (a label-free pick among layouts), beside plain UMAP over as many
 seeds as there are layouts in all.
 
-Exploratory: needs umap-learn (``pip install -e ".[bench]"``); not a product feature.
+Exploratory, not a product feature.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ co-association-weighted mean of the layout positions of its 15 most co-associate
 with them), k-means (c clusters, 20 runs) on the fitted rows' embedding, and the new rows are
 assigned to the nearest centroid. UMAP places new rows by its own ``transform``.
 
-Exploratory: needs umap-learn (``pip install -e ".[bench]"``); not a product feature.
+Exploratory, not a product feature.
 """
 
 from __future__ import annotations

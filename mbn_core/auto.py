@@ -39,6 +39,8 @@ import scipy.sparse as sp
 from sklearn.manifold import trustworthiness
 from sklearn.preprocessing import StandardScaler
 
+from mbn_core.coassociation import expected_pairs
+
 # Mean trustworthiness of random subsets above which they count as faithful.
 FAITHFUL = 0.9
 # Rows and subsets scored per candidate size: trustworthiness ranks all pairs of rows.
@@ -194,3 +196,35 @@ def choose_delta(
         if orphan_rate(codes, k, fraction, local) <= MAX_ORPHANS:
             return delta
     return DELTAS[-1]
+
+
+# ---------------------------------------------------------------------- output
+
+# Most co-association pairs (``expected_pairs``' estimate) for which "auto" picks the UMAP
+# output: all of MNIST at k1 = 8,000 (245 million), where the output took 67-82 s of an 18-minute
+# fit and 90 MB more model (benchmarks/RESULTS.md, issue 17). Its fit visits every pair and
+# its model keeps the training rows' codes, so beyond that the PCA output serves.
+UMAP_OUTPUT_MAX_PAIRS = 250_000_000
+
+
+def choose_output(delta: float | None, n_samples: int, n_clusterings: int, k1: int) -> str:
+    """The output of ``output="auto"``: "umap" on a thin manifold, else "pca".
+
+    ``delta`` is ``choose_delta``'s measurement: above the paper's 0.5 when that would leave
+    more than ``MAX_ORPHANS`` of the points sharing no code with the second layer's centers.
+    That happens when each point has few code-sharing neighbours (two moons, rings, rolls:
+    2.0-2.6% against at most 0.14% on images and tabular data), and there the coarse
+    layers' clusters straddle the manifold's branches: PCA of the top codes keeps those
+    merges, while the UMAP output's co-association also weighs the bottom layer's local
+    cells, and its layout keeps them apart (benchmarks/RESULTS.md, issue 17: "output=auto").
+
+    The orphan bound was measured at the papers' V = 400 clusterings. Fewer clusterings give
+    every point fewer chances to share a code, so images orphan too (digits at V = 40), and
+    the measurement no longer tells a thin manifold from dense data: below
+    ``ORPHAN_CLUSTERINGS`` the output stays the paper's PCA.
+    """
+    if n_clusterings < ORPHAN_CLUSTERINGS or delta is None or delta <= DELTAS[0]:
+        return "pca"
+    if expected_pairs(n_samples, n_clusterings, k1) > UMAP_OUTPUT_MAX_PAIRS:
+        return "pca"
+    return "umap"

@@ -416,6 +416,8 @@ def _describe(manifest: dict[str, Any], *, brief: bool) -> list[str]:
         ]
     clusters = manifest["n_clusters"]
     details = [f"metric {training['metric']}"] if "metric" in training else []
+    if "output" in training:
+        details.append(f"{training['output']} output")
     if clusters:
         details.append(f"clustering head with {clusters} clusters")
     fit = [f"{training.get('n_samples', '?')} points"]

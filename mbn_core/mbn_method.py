@@ -61,7 +61,8 @@ def _check_rows(mbn: MBN, n_samples: int) -> None:
 
 
 def _facts(mbn: MBN) -> dict[str, Any]:
-    return {"ks": [int(k) for k in mbn.ks_], "metric": mbn.metric}
+    # The output too: with output="auto" the data chose it, and a user reads here which.
+    return {"ks": [int(k) for k in mbn.ks_], "metric": mbn.metric, "output": mbn.output_}
 
 
 METHOD = register(

@@ -19,7 +19,12 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from threadpoolctl import threadpool_limits
 
 from mbn_core import _kernels
-from mbn_core.auto import bottom_feature_count, choose_delta, least_bottom_features
+from mbn_core.auto import (
+    bottom_feature_count,
+    choose_delta,
+    choose_output,
+    least_bottom_features,
+)
 from mbn_core.coassociation import CodesTop, expected_pairs, one_hot
 from mbn_core.data_range import check_magnitude
 from mbn_core.layers import (
@@ -44,7 +49,7 @@ from mbn_core.umap_output import UmapTop, fit_umap, require_umap
 ProgressCallback = Callable[[int, int, int], object]
 
 METRICS = ("euclidean", "cosine")
-OUTPUTS = ("pca", "spectral", "umap")
+OUTPUTS = ("auto", "pca", "spectral", "umap")
 # Requests of up to this many dense rows are encoded row by row over the stored centers
 # (``BottomLayer.codes_few``, ``UpperLayer.codes_few``); larger batches share GEMMs and
 # posting lists between their rows.
@@ -120,20 +125,25 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         chosen dimensions (for bag-of-words text, and for images whose rows differ in overall
         intensity: NMI +0.03 on 5,000 MNIST digits, +0.013 on 70,000). Upper layers always
         count shared codes.
-    output : {"pca", "spectral", "umap"}, default="pca"
+    output : {"auto", "pca", "spectral", "umap"}, default="auto"
         How the top of the network becomes the embedding. "pca": PCA of the top layer's
         one-hot codes (the paper). "spectral": the leading eigenvectors of the bottom x top
         co-association (rows alike when they share fine bottom cells and coarse top
         clusters), new rows placed by the Nystrom extension (see ``mbn_core.spectral``).
         It suits clustering more than maps: it separates thin manifolds (two moons) but
         pulls each cluster together, which lowers continuity. "umap": UMAP's layout of the
-        same co-association (umap-learn, the "umap" extra), every row placed at the
-        weighted mean of its 15 most co-associated training rows' layout (see
-        ``mbn_core.umap_output``); it separates thin manifolds and keeps neighbourhoods.
-        Both keep the training rows' codes. "spectral" solves an eigenproblem over the whole
-        co-association and refuses training sets whose co-association would hold more than
-        20 million pairs (about 25,000 rows at k1 = n / 2; 10,000 at k1 = 2,000); "umap"
-        keeps only each row's strongest pairs and takes any size.
+        same co-association (umap-learn), every row placed at the weighted mean of its 15
+        most co-associated training rows' layout (see ``mbn_core.umap_output``); it
+        separates thin manifolds and keeps neighbourhoods. Both keep the training rows'
+        codes. "spectral" solves an eigenproblem over the whole co-association and refuses
+        training sets whose co-association would hold more than 20 million pairs (about
+        25,000 rows at k1 = n / 2; 10,000 at k1 = 2,000); "umap" keeps only each row's
+        strongest pairs and takes any size. "auto" is "umap" on thin manifolds and "pca"
+        otherwise, decided by the measurement behind ``delta="auto"`` (the paper's 0.5
+        would leave more than 1% of the points sharing no code with the second layer's
+        centers: two moons, rings, rolls), never by labels, and "pca" when the
+        co-association would exceed ``auto.UMAP_OUTPUT_MAX_PAIRS`` (see
+        ``mbn_core.auto.choose_output``). ``output_`` says which was used.
     k1 : int, float in (0, 1] or "auto", default="auto"
         Centers per clustering in the bottom layer. "auto" is ``0.5 * n_samples``; a float is
         that fraction of ``n_samples``. Capped by ``k_max``.
@@ -168,6 +178,8 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         Dimension of the embedding.
     delta_ : float or None
         The shrink factor used (measured when ``delta="auto"``); None with explicit ``ks``.
+    output_ : {"pca", "spectral", "umap"}
+        The output used (chosen when ``output="auto"``).
     bottom_layer_ : BottomLayer
         The fitted bottom layer.
     upper_layers_ : list of UpperLayer
@@ -227,7 +239,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         ks: Sequence[int] | None = None,
         k_max: int | None = None,
         metric: str = "euclidean",
-        output: str = "pca",
+        output: str = "auto",
         shift_fraction: float = 0.0,
         random_state: int | np.random.RandomState | None = None,
         n_jobs: int | None = None,
@@ -343,10 +355,18 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 X, ks[0], n_chosen, rng, runner, leave_self_out
             )
             bottom_codes, bottom_left_codes = codes, left_codes
-            delta = None
-            if self.delta == "auto" and self.ks is None:
+            delta = measured_delta = None
+            delta_is_measured = self.delta == "auto" and self.ks is None
+            if delta_is_measured or self.output == "auto":
                 min_k = 1.5 * self.n_classes
-                delta = choose_delta(codes, ks[0], self._upper_fraction(), min_k, rng)
+                measured_delta = choose_delta(codes, ks[0], self._upper_fraction(), min_k, rng)
+            output = self.output
+            if output == "auto":
+                output = choose_output(measured_delta, n_samples, self.n_clusterings, ks[0])
+                if output == "umap":
+                    require_umap()
+            if delta_is_measured:
+                delta = measured_delta
                 chosen = self.layer_sizes(n_samples, delta)
                 # A larger delta may end on a smaller top layer: keep the one that was
                 # checked against n_components when it no longer fits.
@@ -361,9 +381,9 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 )
                 upper.append(layer)
             top: _Top | SpectralTop | UmapTop
-            if self.output in ("spectral", "umap"):
+            if output in ("spectral", "umap"):
                 seed = rng.randint(np.iinfo(np.int32).max)
-                fit_top = fit_spectral if self.output == "spectral" else fit_umap
+                fit_top = fit_spectral if output == "spectral" else fit_umap
                 top, embedding = fit_top(bottom_codes, codes, ks[0], n_components, seed)
                 left_out = None
                 if left_codes is not None:
@@ -377,6 +397,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         if delta is None and self.ks is None:
             delta = 0.5 if self.delta == "auto" else float(self.delta)
         self.delta_ = delta
+        self.output_ = output
         self.n_components_ = n_components
         self.bottom_layer_ = bottom
         self.upper_layers_ = upper
@@ -993,13 +1014,17 @@ def model_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MBN:
             feature_fraction=float(get(f"layer{index}.feature_fraction")),
         )
         upper.append(layer)
+    output = model.output
+    if output == "auto":  # the fit's choice is the arrays it left
+        output = "umap" if "umap.anchors" in arrays else "pca"
     top: _Top | SpectralTop | UmapTop
-    if model.output == "spectral":
+    if output == "spectral":
         top = _spectral_top(get, ks, V)
-    elif model.output == "umap":
+    elif output == "umap":
         top = _umap_top(get, ks, V)
     else:
         top = _pca_top(get, ks, V)
+    model.output_ = output
     model.ks_ = ks
     model.n_features_in_ = n_features
     model.n_components_ = top.n_components

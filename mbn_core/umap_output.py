@@ -43,7 +43,8 @@ NEGATIVE_SAMPLE_RATE = 5
 SMALL_GRAPH_EPOCHS, LARGE_GRAPH_EPOCHS, LARGE_GRAPH_ROWS = 500, 200, 10_000
 
 INSTALL_HINT = (
-    'output="umap" needs umap-learn, which the "umap" extra installs: pip install "mbn[umap]"'
+    "MBN's UMAP output needs umap-learn, a dependency of this library that is missing from "
+    'this environment: pip install "umap-learn>=0.5.5"'
 )
 
 

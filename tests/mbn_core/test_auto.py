@@ -14,9 +14,13 @@ from mbn_core.auto import (
     ORPHAN_CLUSTERINGS,
     ORPHAN_ROWS,
     ORPHAN_TRIALS,
+    UMAP_OUTPUT_MAX_PAIRS,
     choose_delta,
+    choose_output,
     orphan_rate,
 )
+from mbn_core.coassociation import expected_pairs
+from mbn_core.network import model_from_arrays, model_to_arrays
 
 
 class LabelsThatMustNotBeRead:
@@ -37,11 +41,12 @@ def circles():
 
 def test_auto_is_the_default_and_never_reads_y(circles):
     params = MBN().get_params()
-    assert params["delta"] == "auto" and params["feature_fraction"] == "auto"
+    assert params["delta"] == params["feature_fraction"] == params["output"] == "auto"
     first = MBN(n_classes=2, n_clusterings=40, random_state=3)
     embedding = first.fit_transform(circles, LabelsThatMustNotBeRead())
     second = MBN(n_classes=2, n_clusterings=40, random_state=3).fit(circles)
     assert first.delta_ == second.delta_ and first.ks_ == second.ks_
+    assert first.output_ == second.output_
     np.testing.assert_array_equal(embedding, second.transform(circles))
 
 
@@ -94,7 +99,8 @@ def test_a_thin_manifold_gets_the_same_delta_on_every_seed():
     X, _ = make_moons(1000, noise=0.06, random_state=7)
     chosen = set()
     for seed in range(3):
-        codes = MBN(ks=[500, 3], n_classes=2, random_state=seed).fit(X).encode(X, layer=0)
+        network = MBN(ks=[500, 3], n_classes=2, output="pca", random_state=seed)
+        codes = network.fit(X).encode(X, layer=0)
         chosen.add(choose_delta(codes, 500, 0.5, 3.0, np.random.RandomState(seed)))
     assert chosen == {0.7}
 
@@ -103,7 +109,8 @@ def test_a_thin_manifold_gets_the_same_delta_on_every_seed():
 def moons_codes_1600():
     """Bottom-layer codes of two moons from a network of 1,600 clusterings."""
     X, _ = make_moons(1000, noise=0.06, random_state=7)
-    mbn = MBN(ks=[500, 3], n_classes=2, n_clusterings=1600, random_state=0).fit(X)
+    mbn = MBN(ks=[500, 3], n_classes=2, n_clusterings=1600, output="pca", random_state=0)
+    mbn.fit(X)
     return mbn.encode(X, layer=0)
 
 
@@ -145,6 +152,55 @@ def test_choose_delta_leaves_the_callers_stream_alone():
     assert delta == choose_delta(codes, 100, 0.5, 3.0, np.random.RandomState(5))
 
 
+def test_thin_manifolds_get_the_umap_output_and_images_the_pca_output(circles):
+    # The measurement behind delta, at the V = 400 it was calibrated at: on two rings it
+    # leaves orphans at 0.5, on digits none.
+    rings = MBN(n_classes=2, random_state=0)
+    embedding = rings.fit_transform(circles)
+    assert rings.output_ == "umap" and rings.delta_ > 0.5
+    # The choice builds exactly what asking for that output builds.
+    chosen = MBN(n_classes=2, output="umap", random_state=0)
+    np.testing.assert_array_equal(embedding, chosen.fit_transform(circles))
+    digits = MBN(random_state=0).fit(load_digits().data[:500])
+    assert digits.output_ == "pca" and digits.explained_variance_ratio_ is not None
+
+
+def test_an_explicit_delta_still_lets_the_data_choose_the_output(circles):
+    # The output is measured even when delta is not: the paper's 0.5 on two rings.
+    model = MBN(n_classes=2, delta=0.5, random_state=0).fit(circles)
+    assert model.delta_ == 0.5 and model.output_ == "umap"
+    given = MBN(n_classes=2, ks=[150, 75, 37], random_state=0).fit(circles)
+    assert given.delta_ is None and given.output_ == "umap"
+
+
+def test_few_clusterings_keep_the_pca_output(circles):
+    # Below the V the orphan bound was measured at, images orphan too: no choice is made.
+    rings = MBN(n_classes=2, n_clusterings=40, random_state=0).fit(circles)
+    assert rings.delta_ > 0.5 and rings.output_ == "pca"
+
+
+def test_choose_output_weighs_the_delta_and_the_cost():
+    assert choose_output(None, 1000, 400, 500) == "pca"  # nothing measured: no second layer
+    assert choose_output(DELTAS[0], 1000, 400, 500) == "pca"
+    assert choose_output(DELTAS[1], 1000, 400, 500) == "umap"
+    assert choose_output(DELTAS[1], 1000, ORPHAN_CLUSTERINGS - 1, 500) == "pca"
+    # A thin manifold too large for the co-association's budget keeps the PCA output.
+    n, k1 = 100_000, 2000
+    assert expected_pairs(n, 400, k1) > UMAP_OUTPUT_MAX_PAIRS
+    assert choose_output(DELTAS[1], n, 400, k1) == "pca"
+
+
+@pytest.mark.parametrize("shape", ["rings", "digits"])
+def test_a_stored_auto_model_keeps_its_output(circles, shape):
+    X = circles if shape == "rings" else load_digits().data[:300]
+    model = MBN(n_classes=2, random_state=0).fit(X)
+    assert model.output_ == ("umap" if shape == "rings" else "pca")
+    params = {key: value for key, value in model.get_params().items() if key != "callback"}
+    restored = model_from_arrays(model_to_arrays(model), params)
+    assert restored.output == "auto" and restored.output_ == model.output_
+    np.testing.assert_array_equal(restored.transform(X[:25]), model.transform(X[:25]))
+
+
 @pytest.mark.parametrize(("n", "d"), [(10, 1), (10, 2), (11, 5), (25, 1), (40, 3), (60, 13)])
 def test_every_choice_fits_any_shape(n, d):
     X = np.random.RandomState(n * 100 + d).normal(size=(n, d))
@@ -155,6 +211,7 @@ def test_every_choice_fits_any_shape(n, d):
         assert embedding.shape == (n, model.n_components_) and np.isfinite(embedding).all()
     auto = MBN(n_clusterings=6, n_classes=2, random_state=0)
     assert np.isfinite(auto.fit_transform(X)).all() and auto.delta_ in DELTAS
+    assert auto.output_ in ("pca", "umap")
 
 
 @pytest.mark.parametrize(
@@ -164,6 +221,7 @@ def test_every_choice_fits_any_shape(n, d):
         ({"delta": 1.0}, "delta"),
         ({"delta": float("nan")}, "delta"),
         ({"feature_fraction": "half"}, "feature_fraction"),
+        ({"output": "automatic"}, "output"),
     ],
 )
 def test_bad_parameters_are_named(params, match):
