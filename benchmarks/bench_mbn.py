@@ -10,6 +10,7 @@
     python benchmarks/bench_mbn.py cells [--seeds 3]
     python benchmarks/bench_mbn.py orphans [--datasets moons ...] [--seeds 3]
     python benchmarks/bench_mbn.py features [--datasets wine ...] [--seeds 10]
+    python benchmarks/bench_mbn.py outputs [--datasets moons ...] [--seeds 5]
 
 ``quality`` (issue 17) compares MBN's old and new defaults with UMAP and PCA on small,
 low-dimensional and tabular data and MNIST: every method embeds into c dimensions (c = number
@@ -59,6 +60,10 @@ rule chosen on the issue's table is checked on them.
 ``features`` (issue 17) prints the inputs per bottom clustering that ``feature_fraction="auto"``
 chooses on each data set and seed, scoring the inputs at unit scale (the product) and as given
 (the rule before it, ``RawUnitsFeatureRuleMBN``). No network is fitted.
+
+``outputs`` (issue 17) fits the defaults (``MBN(n_classes=c, random_state=seed)``) on each data
+set and seed and prints what ``delta="auto"`` and ``output="auto"`` chose, and whether the
+embedding equals the one of the output asked for by name, bit for bit.
 
 ``paper`` follows the papers' protocol (Table 7 of mbn-compressive): k-means run 50 times
 keeping the lowest inertia, PCA keeping 98% of the variance.
@@ -129,6 +134,7 @@ def mean_sd(values) -> str:
 
 def embed_mbn(X, y, seed, **params):
     c = len(np.unique(y))
+    params = {"output": "pca", **params}  # the papers' output
     return MBN(n_components=c, n_classes=c, random_state=seed, **params).fit_transform(X)
 
 
@@ -282,7 +288,9 @@ class OldDefaultsMBN(MBN):
 
 # The MBN configurations the issue-17 tables compare, as (c, seed) -> unfitted estimator.
 MBN_MODELS: dict[str, Callable] = {
-    "MBN, old defaults": lambda c, seed: OldDefaultsMBN(n_classes=c, delta=0.5, random_state=seed),
+    "MBN, old defaults": lambda c, seed: OldDefaultsMBN(
+        n_classes=c, delta=0.5, output="pca", random_state=seed
+    ),
     "MBN, new defaults": lambda c, seed: MBN(n_classes=c, random_state=seed),
     # The defaults before output="auto": the paper's PCA output on every data set.
     "MBN, PCA output": lambda c, seed: MBN(n_classes=c, output="pca", random_state=seed),
@@ -305,6 +313,7 @@ class NetworkEnsemble:
             net = MBN(
                 n_classes=self.c,
                 n_clusterings=self.n_clusterings,
+                output="pca",  # only its codes are used
                 random_state=1000 * self.seed + j,
             ).fit(X)
             blocks.append(one_hot(net.encode(X), net.ks_[-1], dtype=np.float64))
@@ -337,23 +346,31 @@ class RawUnitsFeatureRuleMBN(MBN):
 
 # Exploratory variants for ``quality --methods`` (not in its default list).
 MBN_VARIANTS: dict[str, Callable] = {
-    "MBN, delta 0.7": lambda c, seed: MBN(n_classes=c, delta=0.7, random_state=seed),
-    "MBN, delta 0.9": lambda c, seed: MBN(n_classes=c, delta=0.9, random_state=seed),
-    "MBN, V 800": lambda c, seed: MBN(n_classes=c, n_clusterings=800, random_state=seed),
-    "MBN, V 1600": lambda c, seed: MBN(n_classes=c, n_clusterings=1600, random_state=seed),
+    "MBN, delta 0.7": lambda c, seed: MBN(n_classes=c, delta=0.7, output="pca", random_state=seed),
+    "MBN, delta 0.9": lambda c, seed: MBN(n_classes=c, delta=0.9, output="pca", random_state=seed),
+    "MBN, V 800": lambda c, seed: MBN(
+        n_classes=c, n_clusterings=800, output="pca", random_state=seed
+    ),
+    "MBN, V 1600": lambda c, seed: MBN(
+        n_classes=c, n_clusterings=1600, output="pca", random_state=seed
+    ),
     "MBN, V 1600, delta 0.7": lambda c, seed: MBN(
-        n_classes=c, n_clusterings=1600, delta=0.7, random_state=seed
+        n_classes=c, n_clusterings=1600, delta=0.7, output="pca", random_state=seed
     ),
     "MBN, 4 networks x V 100": lambda c, seed: NetworkEnsemble(4, 100, c, seed),
     "MBN, 4 networks x V 400": lambda c, seed: NetworkEnsemble(4, 400, c, seed),
-    "MBN, r 0.5": lambda c, seed: MBN(n_classes=c, shift_fraction=0.5, random_state=seed),
-    "MBN, r 0.25": lambda c, seed: MBN(n_classes=c, shift_fraction=0.25, random_state=seed),
+    "MBN, r 0.5": lambda c, seed: MBN(
+        n_classes=c, shift_fraction=0.5, output="pca", random_state=seed
+    ),
+    "MBN, r 0.25": lambda c, seed: MBN(
+        n_classes=c, shift_fraction=0.25, output="pca", random_state=seed
+    ),
     "MBN, UMAP output, 30-neighbour graph": lambda c, seed: GraphNeighborsUmapOutput(30, c, seed),
     "MBN, standardised input": lambda c, seed: make_pipeline(
-        StandardScaler(), MBN(n_classes=c, random_state=seed)
+        StandardScaler(), MBN(n_classes=c, output="pca", random_state=seed)
     ),
     "MBN, feature rule on raw units": lambda c, seed: RawUnitsFeatureRuleMBN(
-        n_classes=c, random_state=seed
+        n_classes=c, output="pca", random_state=seed
     ),
     "MBN, UMAP output, feature rule on raw units": lambda c, seed: RawUnitsFeatureRuleMBN(
         n_classes=c, output="umap", random_state=seed
@@ -551,7 +568,8 @@ def restarts(args) -> None:
     from sklearn.metrics import silhouette_score
 
     print(
-        f"MBN(n_classes=c, random_state=s), s = 0..{args.seeds - 1}; restarts in groups of "
+        f'MBN(n_classes=c, output="pca", random_state=s), s = 0..{args.seeds - 1}; restarts in '
+        "groups of "
         f"{args.group}, keeping the best silhouette"
     )
     print()
@@ -564,7 +582,7 @@ def restarts(args) -> None:
         c = len(np.unique(y))
         nmi, silhouette = [], []
         for seed in range(args.seeds):
-            Z = MBN(n_classes=c, random_state=seed).fit_transform(X)
+            Z = MBN(n_classes=c, output="pca", random_state=seed).fit_transform(X)
             labels = KMeans(c, n_init=20, random_state=0).fit_predict(Z)
             nmi.append(normalized_mutual_info_score(y, labels))
             silhouette.append(silhouette_score(Z, labels))
@@ -607,7 +625,8 @@ def coassociations(model: MBN, X: np.ndarray) -> tuple[sp.csr_matrix, sp.csr_mat
 
 
 def affinities(args) -> None:
-    print(f"MBN(n_classes=c, random_state=s), s = 0..{args.seeds - 1}; NMI mean ± sd")
+    seeds = f"s = 0..{args.seeds - 1}"
+    print(f'MBN(n_classes=c, output="pca", random_state=s), {seeds}; NMI mean ± sd')
     print()
     print("| data | k-means on the embedding | spectral, bottom | spectral, bottom x top |")
     print("|---|---|---|---|")
@@ -616,7 +635,7 @@ def affinities(args) -> None:
         for seed in range(args.seeds):
             X, y = quality_data(name, seed)
             c = len(np.unique(y))
-            model = MBN(n_classes=c, random_state=seed)
+            model = MBN(n_classes=c, output="pca", random_state=seed)
             Z = model.fit_transform(X)
             K_bottom, K_product = coassociations(model, X)
             outputs = (Z, spectral_embedding(K_bottom, c)[0], spectral_embedding(K_product, c)[0])
@@ -763,7 +782,7 @@ def orphans(args) -> None:
         for seed in range(args.seeds):
             X, y = quality_data(name, seed)
             c = len(np.unique(y))
-            network = MBN(n_classes=c, random_state=seed).fit(X)
+            network = MBN(n_classes=c, output="pca", random_state=seed).fit(X)
             codes, k1 = network.encode(X, layer=0), network.ks_[0]
             rates = [
                 [
@@ -801,6 +820,26 @@ def features(args) -> None:
             ]
             choices.append(", ".join(map(str, seeds)))
         print(f"| {name} | {X.shape[1]} | {' | '.join(choices)} |", flush=True)
+
+
+def outputs(args) -> None:
+    """The shrink factor and output the defaults choose, per data set and seed."""
+    print(f"seeds 0-{args.seeds - 1}; per seed: delta_ / output_, and = when the embedding is")
+    print("bit for bit MBN(output=output_)'s")
+    print()
+    print("| data | n x d | per seed |")
+    print("|---|---|---|")
+    for name in args.datasets:
+        cells = []
+        for seed in range(args.seeds):
+            X, y = quality_data(name, seed)
+            c = len(np.unique(y))
+            model = MBN(n_classes=c, output="pca", random_state=seed)
+            Z = model.fit_transform(X)
+            named = MBN(n_classes=c, output=model.output_, random_state=seed).fit_transform(X)
+            same = "=" if np.array_equal(Z, named) else "differs"
+            cells.append(f"{model.delta_} / {model.output_} {same}")
+        print(f"| {name} | {X.shape[0]:,} x {X.shape[1]} | {'; '.join(cells)} |", flush=True)
 
 
 def main() -> None:
@@ -848,6 +887,9 @@ def main() -> None:
     f = sub.add_parser("features")
     f.add_argument("--datasets", nargs="+", default=[*QUALITY_DATA, *VALIDATION_DATA, "mnist5k"])
     f.add_argument("--seeds", type=int, default=10)
+    u = sub.add_parser("outputs")
+    u.add_argument("--datasets", nargs="+", default=[*QUALITY_DATA, *VALIDATION_DATA, "mnist5k"])
+    u.add_argument("--seeds", type=int, default=5)
     one = sub.add_parser("scale-one")
     one.add_argument("n", type=int)
     one.add_argument("k_max", type=int)
@@ -874,6 +916,8 @@ def main() -> None:
         heldout(args)
     elif args.command == "features":
         features(args)
+    elif args.command == "outputs":
+        outputs(args)
     elif args.command == "orphans":
         orphans(args)
     else:

@@ -200,15 +200,33 @@ def choose_delta(
 
 # ---------------------------------------------------------------------- output
 
-# Most co-association pairs (``expected_pairs``' estimate) for which "auto" picks the UMAP
-# output: all of MNIST at k1 = 8,000 (245 million), where the output took 67-82 s of an 18-minute
-# fit and 90 MB more model (benchmarks/RESULTS.md, issue 17). Its fit visits every pair and
-# its model keeps the training rows' codes, so beyond that the PCA output serves.
+# Most co-association pairs (``expected_pairs``' estimate) for which "auto" may pick the UMAP
+# output: all of MNIST at k1 = 8,000 (245 million), where the output took 67-82 s of an
+# 18-minute fit (benchmarks/RESULTS.md, issue 17). The fit visits every pair, so beyond that
+# the PCA output serves. (The model keeps 2 n V codes; at k_max = 2,000 this budget allows
+# about 40,000 rows, 64 MB of them.)
 UMAP_OUTPUT_MAX_PAIRS = 250_000_000
 
 
-def choose_output(delta: float | None, n_samples: int, n_clusterings: int, k1: int) -> str:
-    """The output of ``output="auto"``: "umap" on a thin manifold, else "pca".
+def thin_manifold_is_measurable(n_samples: int, n_clusterings: int, k1: int) -> bool:
+    """Whether ``choose_delta``'s measurement can tell a thin manifold from other data, and
+    the UMAP output is affordable, for a network of this size.
+
+    The orphan bound was measured at the papers' V = 400 clusterings and k1 = n / 2. Fewer
+    clusterings give every point fewer chances to share a code, and more bottom centers leave
+    fewer rows per cell, so images orphan too (digits at V = 40, or at k1 = n, where no two
+    rows share a cell); there the output stays the papers' PCA.
+    """
+    return (
+        n_clusterings >= ORPHAN_CLUSTERINGS
+        and k1 <= round(0.5 * n_samples)
+        and expected_pairs(n_samples, n_clusterings, k1) <= UMAP_OUTPUT_MAX_PAIRS
+    )
+
+
+def choose_output(delta: float) -> str:
+    """The output of ``output="auto"`` where ``thin_manifold_is_measurable``: "umap" on a thin
+    manifold, else "pca".
 
     ``delta`` is ``choose_delta``'s measurement: above the paper's 0.5 when that would leave
     more than ``MAX_ORPHANS`` of the points sharing no code with the second layer's centers.
@@ -217,14 +235,5 @@ def choose_output(delta: float | None, n_samples: int, n_clusterings: int, k1: i
     layers' clusters straddle the manifold's branches: PCA of the top codes keeps those
     merges, while the UMAP output's co-association also weighs the bottom layer's local
     cells, and its layout keeps them apart (benchmarks/RESULTS.md, issue 17: "output=auto").
-
-    The orphan bound was measured at the papers' V = 400 clusterings. Fewer clusterings give
-    every point fewer chances to share a code, so images orphan too (digits at V = 40), and
-    the measurement no longer tells a thin manifold from dense data: below
-    ``ORPHAN_CLUSTERINGS`` the output stays the paper's PCA.
     """
-    if n_clusterings < ORPHAN_CLUSTERINGS or delta is None or delta <= DELTAS[0]:
-        return "pca"
-    if expected_pairs(n_samples, n_clusterings, k1) > UMAP_OUTPUT_MAX_PAIRS:
-        return "pca"
-    return "umap"
+    return "umap" if delta > DELTAS[0] else "pca"

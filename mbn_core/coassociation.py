@@ -68,7 +68,9 @@ class CodesTop:
 
     @property
     def nbytes(self) -> int:
-        return self.bottom_codes.nbytes + self.top_codes.nbytes
+        # With the cells index, which a loaded model rebuilds: about 8 bytes x n x V.
+        cells = self.cells.data.nbytes + self.cells.indices.nbytes + self.cells.indptr.nbytes
+        return self.bottom_codes.nbytes + self.top_codes.nbytes + cells
 
     def embed(
         self, bottom_codes: np.ndarray, top_codes: np.ndarray, exclude_self: bool = False

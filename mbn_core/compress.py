@@ -421,12 +421,15 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
             return AUTO_FOLDS if small else None
         return int(self.report_folds)
 
-    def _fit_parts(self, X_fitted, validation, train, rng, callback) -> _Parts:
+    def _fit_parts(self, X_fitted, validation, train, rng, callback, model_teacher=None) -> _Parts:
         """Teacher on ``X_fitted``, then the MLP on its ``train`` rows (early stopping on
         ``validation``): everything a fit makes, for the model or for one fold of the
-        report (``callback`` None: no progress reported)."""
+        report (``callback`` None: no progress reported; ``model_teacher``: the model's,
+        given for a fold)."""
         started = time.perf_counter()
-        teacher, embedding = self._fit_teacher(X_fitted, rng, quiet=callback is None)
+        teacher, embedding = self._fit_teacher(
+            X_fitted, rng, quiet=callback is None, model_teacher=model_teacher
+        )
         teacher_seconds = time.perf_counter() - started
 
         started = time.perf_counter()
@@ -461,7 +464,8 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         """``fidelity_`` and ``quality_`` by K-fold cross-fitting (see ``report_folds``).
 
         Each fold's rows are embedded, exactly and fast, by a teacher and an MLP fitted
-        without them. Each fit has its own coordinates (its own PCA, signs and order), so
+        without them, with the output the model's teacher chose. Each fit has its own
+        coordinates (its own PCA or layout, signs and order), so
         both embeddings of a fold are carried into the model's by the rotation and shift
         that best map the fold fit's embedding of its training rows onto the model's
         embedding of the same rows (orthogonal Procrustes; distances within the fold are
@@ -477,7 +481,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         quality: dict[str, Any] = {}
         for number, (rest, fold) in enumerate(splitter.split(X)):
             _, validation, train = _split(len(rest), None, self.validation_fraction, rng)
-            parts = self._fit_parts(X[rest], validation, train, rng, None)
+            parts = self._fit_parts(X[rest], validation, train, rng, None, self.teacher_)
             exact = _as_embedding(parts.teacher.transform(X[fold]))
             fast = parts.fast(X[fold]).astype(np.float64)
             if number == 0:
@@ -507,10 +511,13 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         fidelity.update(holdout="cross-fitted", folds=n_folds)
         return fidelity, quality
 
-    def _fit_teacher(self, X, rng, quiet: bool = False) -> tuple[Any, np.ndarray]:
+    def _fit_teacher(
+        self, X, rng, quiet: bool = False, model_teacher=None
+    ) -> tuple[Any, np.ndarray]:
         """The fitted teacher and its targets for X: leave-self-out for an MBN (unless
         ``targets`` says in-sample), else ``fit_transform``; ``transform`` when prefit.
-        ``quiet``: without the teacher's progress callback (a fold of the report)."""
+        ``quiet``: without the teacher's progress callback (a fold of the report).
+        ``model_teacher``: a fold's teacher takes the output this fitted teacher chose."""
         if self.prefit:
             check_is_fitted(self.teacher)
             assert self.teacher is not None
@@ -526,6 +533,10 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
             teacher = _fresh_copy(self.teacher)
         if quiet and "callback" in teacher.get_params(deep=False):
             teacher.set_params(callback=None)
+        if model_teacher is not None and teacher.get_params(deep=False).get("output") == "auto":
+            # On its fewer rows a fold could choose the other output, whose coordinates no
+            # rotation maps onto the model's.
+            teacher.set_params(output=model_teacher.output_)
         if self.targets == "leave-self-out" and hasattr(teacher, "fit_transform_leave_self_out"):
             return teacher, _as_embedding(teacher.fit_transform_leave_self_out(X)[1])
         return teacher, _as_embedding(teacher.fit_transform(X))

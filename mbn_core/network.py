@@ -24,6 +24,7 @@ from mbn_core.auto import (
     choose_delta,
     choose_output,
     least_bottom_features,
+    thin_manifold_is_measurable,
 )
 from mbn_core.coassociation import CodesTop, expected_pairs, one_hot
 from mbn_core.data_range import check_magnitude
@@ -141,9 +142,10 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         strongest pairs and takes any size. "auto" is "umap" on thin manifolds and "pca"
         otherwise, decided by the measurement behind ``delta="auto"`` (the paper's 0.5
         would leave more than 1% of the points sharing no code with the second layer's
-        centers: two moons, rings, rolls), never by labels, and "pca" when the
-        co-association would exceed ``auto.UMAP_OUTPUT_MAX_PAIRS`` (see
-        ``mbn_core.auto.choose_output``). ``output_`` says which was used.
+        centers: two moons, rings, rolls), never by labels. It is "pca" wherever that
+        measurement was not calibrated (fewer than 400 clusterings, k1 above n / 2) and
+        where the co-association would exceed ``auto.UMAP_OUTPUT_MAX_PAIRS`` (see
+        ``mbn_core.auto``). ``output_`` says which was used.
     k1 : int, float in (0, 1] or "auto", default="auto"
         Centers per clustering in the bottom layer. "auto" is ``0.5 * n_samples``; a float is
         that fraction of ``n_samples``. Capped by ``k_max``.
@@ -179,17 +181,19 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
     delta_ : float or None
         The shrink factor used (measured when ``delta="auto"``); None with explicit ``ks``.
     output_ : {"pca", "spectral", "umap"}
-        The output used (chosen when ``output="auto"``).
+        The output used (chosen when ``output="auto"``). It follows the measurement even
+        where ``delta_`` stays 0.5 because the larger delta's top layer would be too small
+        for ``n_components``.
     bottom_layer_ : BottomLayer
         The fitted bottom layer.
     upper_layers_ : list of UpperLayer
         The fitted upper layers, lowest first.
     explained_variance_ratio_ : ndarray of shape (n_components_,) or None
-        Variance of the top codes explained by each embedding dimension (None with
-        ``output="spectral"``).
+        Variance of the top codes explained by each embedding dimension (None unless
+        ``output_`` is "pca").
     eigenvalues_ : ndarray of shape (n_components_,) or None
         Eigenvalues of the normalised co-association behind each embedding dimension,
-        largest first (None with ``output="pca"``).
+        largest first (None unless ``output_`` is "spectral").
     n_features_in_ : int
         Number of input features.
 
@@ -357,14 +361,17 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             bottom_codes, bottom_left_codes = codes, left_codes
             delta = measured_delta = None
             delta_is_measured = self.delta == "auto" and self.ks is None
-            if delta_is_measured or self.output == "auto":
+            output_is_measured = self.output == "auto" and thin_manifold_is_measurable(
+                n_samples, self.n_clusterings, ks[0]
+            )
+            if delta_is_measured or output_is_measured:
                 min_k = 1.5 * self.n_classes
                 measured_delta = choose_delta(codes, ks[0], self._upper_fraction(), min_k, rng)
             output = self.output
             if output == "auto":
-                output = choose_output(measured_delta, n_samples, self.n_clusterings, ks[0])
-                if output == "umap":
-                    require_umap()
+                output = "pca"
+                if output_is_measured and measured_delta is not None:
+                    output = choose_output(measured_delta)
             if delta_is_measured:
                 delta = measured_delta
                 chosen = self.layer_sizes(n_samples, delta)
@@ -1016,7 +1023,7 @@ def model_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MBN:
         upper.append(layer)
     output = model.output
     if output == "auto":  # the fit's choice is the arrays it left
-        output = "umap" if "umap.anchors" in arrays else "pca"
+        output = "umap" if any(name.startswith("umap.") for name in arrays) else "pca"
     top: _Top | SpectralTop | UmapTop
     if output == "spectral":
         top = _spectral_top(get, ks, V)

@@ -44,7 +44,7 @@ SMALL_GRAPH_EPOCHS, LARGE_GRAPH_EPOCHS, LARGE_GRAPH_ROWS = 500, 200, 10_000
 
 INSTALL_HINT = (
     "MBN's UMAP output needs umap-learn, a dependency of this library that is missing from "
-    'this environment: pip install "umap-learn>=0.5.5"'
+    "this environment: reinstall the library (pip install mbn) or pip install umap-learn"
 )
 
 

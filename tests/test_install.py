@@ -115,6 +115,14 @@ def test_base_install(base_env, subtests):
         assert described.returncode == 0, described.stderr
         assert "method:      mbn (fast path: distilled)" in described.stdout
 
+    with subtests.test("it brings umap-learn, which MBN's UMAP output trains with"):
+        trained = mbn(base_env, "train", "digits.npz", "--out", "umap-model", "--quiet",
+                      "--n-clusterings", "20", "--k1", "0.1", "--output", "umap",
+                      "--hidden-layer-sizes", "32", "--max-epochs", "4")  # fmt: skip
+        assert trained.returncode == 0, trained.stderr
+        described = mbn(base_env, "info", "umap-model")
+        assert "umap output" in described.stdout, described.stderr
+
     for command in ("serve", "worker"):
         with subtests.test("the service's commands say which extra to install", command=command):
             result = mbn(base_env, command, "--port", "8000")

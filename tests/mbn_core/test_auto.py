@@ -18,6 +18,7 @@ from mbn_core.auto import (
     choose_delta,
     choose_output,
     orphan_rate,
+    thin_manifold_is_measurable,
 )
 from mbn_core.coassociation import expected_pairs
 from mbn_core.network import model_from_arrays, model_to_arrays
@@ -179,15 +180,22 @@ def test_few_clusterings_keep_the_pca_output(circles):
     assert rings.delta_ > 0.5 and rings.output_ == "pca"
 
 
-def test_choose_output_weighs_the_delta_and_the_cost():
-    assert choose_output(None, 1000, 400, 500) == "pca"  # nothing measured: no second layer
-    assert choose_output(DELTAS[0], 1000, 400, 500) == "pca"
-    assert choose_output(DELTAS[1], 1000, 400, 500) == "umap"
-    assert choose_output(DELTAS[1], 1000, ORPHAN_CLUSTERINGS - 1, 500) == "pca"
+def test_the_output_is_chosen_only_where_the_measurement_was_calibrated():
+    assert choose_output(DELTAS[0]) == "pca" and choose_output(DELTAS[1]) == "umap"
+    assert thin_manifold_is_measurable(1000, ORPHAN_CLUSTERINGS, 500)
+    assert not thin_manifold_is_measurable(1000, ORPHAN_CLUSTERINGS - 1, 500)  # fewer V
+    assert not thin_manifold_is_measurable(1000, ORPHAN_CLUSTERINGS, 501)  # k1 above n / 2
     # A thin manifold too large for the co-association's budget keeps the PCA output.
     n, k1 = 100_000, 2000
     assert expected_pairs(n, 400, k1) > UMAP_OUTPUT_MAX_PAIRS
-    assert choose_output(DELTAS[1], n, 400, k1) == "pca"
+    assert not thin_manifold_is_measurable(n, 400, k1)
+
+
+def test_every_row_a_center_keeps_the_pca_output(circles):
+    # k1 = n: no two rows share a cell, every point orphans, and no layout could be drawn.
+    for params in ({"k1": 1.0}, {"ks": [300, 150, 75]}):
+        model = MBN(n_classes=2, random_state=0, **params).fit(circles)
+        assert model.output_ == "pca"
 
 
 @pytest.mark.parametrize("shape", ["rings", "digits"])

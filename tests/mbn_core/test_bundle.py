@@ -112,6 +112,8 @@ def test_manifest_describes_the_model(model, saved):
     assert (manifest["input_dim"], manifest["output_dim"]) == (64, 10)
     assert (manifest["method"], manifest["fast_path"]) == ("mbn", "distilled")
     assert manifest["training"]["metric"] == "euclidean"
+    # output="auto" decided: with 30 clusterings the papers' PCA output (mbn_core.auto).
+    assert manifest["training"]["output"] == model.teacher_.output_ == "pca"
     assert manifest["hyperparameters"]["mbn"]["n_clusterings"] == 30
     assert manifest["hyperparameters"]["compressor"]["hidden_layer_sizes"] == [32, 32]
     assert manifest["training"]["n_samples"] == 1797

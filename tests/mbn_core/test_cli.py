@@ -127,7 +127,7 @@ def test_info(trained, workdir, monkeypatch, capsys):
     assert cli.main(["info", "model"]) == 0
     out = capsys.readouterr().out
     assert "id:          model" in out
-    assert "64 -> 10" in out
+    assert "64 -> 10 (metric euclidean, pca output" in out  # what output="auto" chose
     assert "quality:     trustworthiness / continuity" in out and "pca " in out
     assert "verified:" in out
 

@@ -135,12 +135,15 @@ def test_report_agrees_with_a_test_set(digits):
 
 
 class RecordingMBN(MBN):
-    """An MBN that notes the rows of every fit (the report's folds must not be in theirs)."""
+    """An MBN that notes the rows and the output asked for of every fit (the report's folds
+    must not be in theirs, and must repeat the model's choice of output)."""
 
     fits: list[set[bytes]] = []
+    outputs: list[str] = []
 
     def fit_transform(self, X, y=None):
         RecordingMBN.fits.append({row.tobytes() for row in np.asarray(X, dtype=np.float32)})
+        RecordingMBN.outputs.append(self.output)
         return super().fit_transform(X, y)
 
 
@@ -150,9 +153,11 @@ def test_cross_fitted_report_measures_every_row_with_a_fit_that_never_saw_it(dig
     distinct = np.sort(np.unique(X, axis=0, return_index=True)[1])  # told apart by bytes
     X, y = X[distinct], y[distinct]
     rows = [row.tobytes() for row in X]
-    RecordingMBN.fits = []
+    RecordingMBN.fits, RecordingMBN.outputs = [], []
     teacher = RecordingMBN(n_clusterings=30, k1=0.1, random_state=0)
     model = small_model(teacher=teacher, max_epochs=8, report_folds=3).fit(X, y)
+    # output="auto" decides once, on every row; the folds' teachers are asked for its choice.
+    assert RecordingMBN.outputs == ["auto", *[model.teacher_.output_] * 3]
     report = model.fidelity_
     assert report["holdout"] == "cross-fitted" and report["folds"] == 3
     assert report["n_holdout"] == len(X) and len(model.holdout_) == 0
