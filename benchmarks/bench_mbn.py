@@ -834,7 +834,7 @@ def outputs(args) -> None:
         for seed in range(args.seeds):
             X, y = quality_data(name, seed)
             c = len(np.unique(y))
-            model = MBN(n_classes=c, output="pca", random_state=seed)
+            model = MBN(n_classes=c, random_state=seed)  # the defaults, output="auto"
             Z = model.fit_transform(X)
             named = MBN(n_classes=c, output=model.output_, random_state=seed).fit_transform(X)
             same = "=" if np.array_equal(Z, named) else "differs"
