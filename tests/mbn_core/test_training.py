@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from sklearn.datasets import load_digits
+from sklearn.datasets import load_digits, make_circles
 
 from mbn_core import MBN, TrainingStopped
 from mbn_core.bundle import load_bundle
@@ -369,6 +369,20 @@ def test_existing_bundle_is_refused_unless_overwrite(digits, tmp_path):
         train_bundle(X[:300], tmp_path / "m", name="m", params=SMALL)
     train_bundle(X[:300], tmp_path / "m", name="m2", params=SMALL, overwrite=True)
     assert load_bundle(tmp_path / "m").name == "m2"
+
+
+def test_a_thin_manifold_trains_a_bundle_of_the_umap_output(tmp_path):
+    # The default output="auto" with the default 400 clusterings: two rings are thin.
+    X, _ = make_circles(400, factor=0.5, noise=0.04, random_state=7)
+    params = {**SMALL, "n_clusterings": 400, "k1": "auto", "n_classes": 2, "report_folds": None}
+    bundle = load_bundle(train_bundle(X, tmp_path / "rings", name="rings", params=params))
+    training = bundle.manifest["training"]
+    assert training["params"]["output"] == "auto" and training["output"] == "umap"
+    estimator = bundle.load_exact().estimator
+    assert estimator.output_ == "umap"
+    exact = bundle.embed(X[:30], mode="exact")
+    np.testing.assert_array_equal(exact, estimator.transform(X[:30]).astype(np.float32))
+    assert np.isfinite(bundle.embed(X[:30])).all()
 
 
 @pytest.mark.parametrize("output", ["spectral", "umap"])
