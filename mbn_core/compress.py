@@ -465,12 +465,12 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
 
         Each fold's rows are embedded, exactly and fast, by a teacher and an MLP fitted
         without them, with the output the model's teacher chose. Each fit has its own
-        coordinates (its own PCA or layout, signs and order), so
-        both embeddings of a fold are carried into the model's by the rotation and shift
-        that best map the fold fit's embedding of its training rows onto the model's
-        embedding of the same rows (orthogonal Procrustes; distances within the fold are
-        unchanged). All rows are then measured together, as one test set of that size:
-        k-means, neighbours and the clustering head over every row, not over small folds.
+        coordinates (its own PCA or layout, signs and order), so both embeddings of a fold
+        are carried into the model's by the rotation and shift that best map the fold fit's
+        embedding of its training rows onto the model's embedding of the same rows
+        (orthogonal Procrustes; distances within the fold are unchanged). All rows are then
+        measured together, as one test set of that size: k-means, neighbours and the
+        clustering head over every row, not over small folds.
         """
         if X.shape[0] < n_folds:
             raise ValueError(f"report_folds={n_folds} is more than the {X.shape[0]} rows")
