@@ -225,15 +225,16 @@ def thin_manifold_is_measurable(n_samples: int, n_clusterings: int, k1: int) -> 
 
 
 def choose_output(delta: float) -> str:
-    """The output of ``output="auto"`` where ``thin_manifold_is_measurable``: "umap" on a thin
-    manifold, else "pca".
+    """The output of ``output="auto"`` where ``thin_manifold_is_measurable``: "umap-bottom"
+    on a thin manifold, else "pca".
 
     ``delta`` is ``choose_delta``'s measurement: above the paper's 0.5 when that would leave
     more than ``MAX_ORPHANS`` of the points sharing no code with the second layer's centers.
     That happens when each point has few code-sharing neighbours (two moons, rings, rolls:
     2.0-2.6% against at most 0.14% on images and tabular data), and there the coarse
-    layers' clusters straddle the manifold's branches: PCA of the top codes keeps those
-    merges, while the UMAP output's co-association also weighs the bottom layer's local
-    cells, and its layout keeps them apart (benchmarks/RESULTS.md, issue 17: "output=auto").
+    layers' clusters straddle the manifold's branches. PCA of the top codes keeps those
+    merges, and so does any similarity that weighs the top layer; UMAP's layout of the
+    bottom layer's local cells alone keeps the branches apart (benchmarks/RESULTS.md,
+    issue 17: "output=auto" and "The bottom layer alone").
     """
-    return "umap" if delta > DELTAS[0] else "pca"
+    return "umap-bottom" if delta > DELTAS[0] else "pca"

@@ -11,6 +11,9 @@ Every new row shares a bottom cell with at least that cell's center, a training 
 bottom share is never all zero; if it shares no top cluster with any of those rows, the bottom
 share alone is its affinity (the product would be zero).
 
+Without top codes the affinity is the bottom share alone: the UMAP output on thin manifolds,
+where the coarse layers' clusters straddle the manifold's branches (``mbn_core.auto``).
+
 ``CodesTop`` is what both outputs keep: the training rows' codes, against which any row's
 affinities are computed a block of rows at a time.
 """
@@ -43,14 +46,14 @@ class CodesTop:
     """The top of an output that embeds a row by its affinities to the training rows."""
 
     bottom_codes: np.ndarray  # (n, V) training rows' bottom-layer codes
-    top_codes: np.ndarray  # (n, V) training rows' top-layer codes
+    top_codes: np.ndarray | None  # (n, V) training rows' top-layer codes; None: bottom only
     n_bottom_values: int  # k1
     # (V * k1, n): the training rows in each bottom cell, from bottom_codes (see ``restore``).
     cells: sp.csr_matrix = field(repr=False, compare=False)
 
     @classmethod
     def restore(
-        cls, bottom_codes: np.ndarray, top_codes: np.ndarray, n_bottom_values: int, **arrays
+        cls, bottom_codes: np.ndarray, top_codes: np.ndarray | None, n_bottom_values: int, **arrays
     ) -> Self:
         """The top of a stored model: its cells index is rebuilt from the bottom codes."""
         cells = cell_index(bottom_codes, n_bottom_values)
@@ -70,12 +73,14 @@ class CodesTop:
     def nbytes(self) -> int:
         # With the cells index, which a loaded model rebuilds: about 8 bytes x n x V.
         cells = self.cells.data.nbytes + self.cells.indices.nbytes + self.cells.indptr.nbytes
-        return self.bottom_codes.nbytes + self.top_codes.nbytes + cells
+        top = 0 if self.top_codes is None else self.top_codes.nbytes
+        return self.bottom_codes.nbytes + top + cells
 
     def embed(
-        self, bottom_codes: np.ndarray, top_codes: np.ndarray, exclude_self: bool = False
+        self, bottom_codes: np.ndarray, top_codes: np.ndarray | None, exclude_self: bool = False
     ) -> np.ndarray:
-        """(m, n_components) embedding of rows with these bottom and top codes.
+        """(m, n_components) embedding of rows with these bottom and top codes (the top codes
+        are not read when this top keeps none).
 
         ``exclude_self``: the rows are the training rows (in order), coded as new rows
         (leave-self-out); each row's affinity to itself is dropped.
@@ -111,7 +116,8 @@ def coassociation(
     bottom_codes, top_codes, cells, train_top_codes, exclude_self: bool, first_row: int = 0
 ):
     """(m, n) CSR of K(x, j) for query rows x against the training rows j (``cells``:
-    ``cell_index`` of the training rows' bottom codes).
+    ``cell_index`` of the training rows' bottom codes). ``train_top_codes`` None: the bottom
+    share alone.
 
     ``exclude_self``: query row i is training row ``first_row + i``; that pair is dropped.
     """
@@ -121,13 +127,16 @@ def coassociation(
     if exclude_self:
         shared_bottom.setdiag(0, k=first_row)
         shared_bottom.eliminate_zeros()
-    shared_top = np.empty(shared_bottom.nnz, dtype=np.float64)
-    _shared_codes(
-        shared_bottom.indptr, shared_bottom.indices, top_codes, train_top_codes, shared_top
-    )
     bottom_share = shared_bottom.data.astype(np.float64) / n_clusterings
-    data = bottom_share * (shared_top / n_clusterings)
-    _fall_back_to_bottom(shared_bottom.indptr, data, bottom_share)
+    if train_top_codes is None:
+        data = bottom_share
+    else:
+        shared_top = np.empty(shared_bottom.nnz, dtype=np.float64)
+        _shared_codes(
+            shared_bottom.indptr, shared_bottom.indices, top_codes, train_top_codes, shared_top
+        )
+        data = bottom_share * (shared_top / n_clusterings)
+        _fall_back_to_bottom(shared_bottom.indptr, data, bottom_share)
     return sp.csr_matrix(
         (data, shared_bottom.indices, shared_bottom.indptr), shape=shared_bottom.shape
     )
@@ -143,8 +152,9 @@ def coassociation_blocks(
     block_rows = max(1, int(BLOCK_PAIRS // per_row))
     for start in range(0, bottom_codes.shape[0], block_rows):
         stop = start + block_rows
+        top_block = None if train_top_codes is None else top_codes[start:stop]
         yield start, coassociation(
-            bottom_codes[start:stop], top_codes[start:stop], cells, train_top_codes,
+            bottom_codes[start:stop], top_block, cells, train_top_codes,
             exclude_self, first_row=start,
         )  # fmt: skip
 

@@ -50,7 +50,7 @@ from mbn_core.umap_output import UmapTop, fit_umap, require_umap
 ProgressCallback = Callable[[int, int, int], object]
 
 METRICS = ("euclidean", "cosine")
-OUTPUTS = ("auto", "pca", "spectral", "umap")
+OUTPUTS = ("auto", "pca", "spectral", "umap", "umap-bottom")
 # Requests of up to this many dense rows are encoded row by row over the stored centers
 # (``BottomLayer.codes_few``, ``UpperLayer.codes_few``); larger batches share GEMMs and
 # posting lists between their rows.
@@ -126,7 +126,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         chosen dimensions (for bag-of-words text, and for images whose rows differ in overall
         intensity: NMI +0.03 on 5,000 MNIST digits, +0.013 on 70,000). Upper layers always
         count shared codes.
-    output : {"auto", "pca", "spectral", "umap"}, default="auto"
+    output : {"auto", "pca", "spectral", "umap", "umap-bottom"}, default="auto"
         How the top of the network becomes the embedding. "pca": PCA of the top layer's
         one-hot codes (the paper). "spectral": the leading eigenvectors of the bottom x top
         co-association (rows alike when they share fine bottom cells and coarse top
@@ -139,13 +139,16 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         codes. "spectral" solves an eigenproblem over the whole co-association and refuses
         training sets whose co-association would hold more than 20 million pairs (about
         25,000 rows at k1 = n / 2; 10,000 at k1 = 2,000); "umap" keeps only each row's
-        strongest pairs and takes any size. "auto" is "umap" on thin manifolds and "pca"
-        otherwise, decided by the measurement behind ``delta="auto"`` (the paper's 0.5
-        would leave more than 1% of the points sharing no code with the second layer's
-        centers: two moons, rings, rolls), never by labels. It is "pca" wherever that
-        measurement was not calibrated (fewer than 400 clusterings, k1 above n / 2) and
-        where the co-association would exceed ``auto.UMAP_OUTPUT_MAX_PAIRS`` (see
-        ``mbn_core.auto``). ``output_`` says which was used.
+        strongest pairs and takes any size. "umap-bottom": the same layout of the bottom
+        layer's co-association alone, from a network of that one layer (``ks_`` has one
+        entry): for thin manifolds, whose coarse layers merge the manifold's branches.
+        "auto" is "umap-bottom" on thin manifolds and "pca" otherwise, decided by the
+        measurement behind ``delta="auto"`` (the paper's 0.5 would leave more than 1% of
+        the points sharing no code with the second layer's centers: two moons, rings,
+        rolls), never by labels. It is "pca" wherever that measurement was not calibrated
+        (fewer than 400 clusterings, k1 above n / 2) and where the co-association would
+        exceed ``auto.UMAP_OUTPUT_MAX_PAIRS`` (see ``mbn_core.auto``). ``output_`` says
+        which was used.
     k1 : int, float in (0, 1] or "auto", default="auto"
         Centers per clustering in the bottom layer. "auto" is ``0.5 * n_samples``; a float is
         that fraction of ``n_samples``. Capped by ``k_max``.
@@ -179,8 +182,9 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
     n_components_ : int
         Dimension of the embedding.
     delta_ : float or None
-        The shrink factor used (measured when ``delta="auto"``); None with explicit ``ks``.
-    output_ : {"pca", "spectral", "umap"}
+        The shrink factor used (measured when ``delta="auto"``); None with explicit ``ks``
+        and for the one-layer network of ``output_`` "umap-bottom".
+    output_ : {"pca", "spectral", "umap", "umap-bottom"}
         The output used (chosen when ``output="auto"``). It follows the measurement even
         where ``delta_`` stays 0.5 because the larger delta's top layer would be too small
         for ``n_components``.
@@ -337,7 +341,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 f"n_components={n_components} must be <= min(n_samples, n_clusterings * "
                 f"ks[-1]) = {min(n_samples, n_top)}"
             )
-        if self.output == "umap":
+        if self.output in ("umap", "umap-bottom"):
             require_umap()
         if self.output == "spectral":
             pairs = expected_pairs(n_samples, self.n_clusterings, ks[0])
@@ -360,7 +364,9 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             )
             bottom_codes, bottom_left_codes = codes, left_codes
             delta = measured_delta = None
-            delta_is_measured = self.delta == "auto" and self.ks is None
+            delta_is_measured = (
+                self.delta == "auto" and self.ks is None and self.output != "umap-bottom"
+            )
             output_is_measured = self.output == "auto" and thin_manifold_is_measurable(
                 n_samples, self.n_clusterings, ks[0]
             )
@@ -372,6 +378,8 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 output = "pca"
                 if output_is_measured and measured_delta is not None:
                     output = choose_output(measured_delta)
+            if output == "umap-bottom":
+                ks, delta_is_measured = ks[:1], False
             if delta_is_measured:
                 delta = measured_delta
                 chosen = self.layer_sizes(n_samples, delta)
@@ -388,10 +396,13 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 )
                 upper.append(layer)
             top: _Top | SpectralTop | UmapTop
-            if output in ("spectral", "umap"):
+            if output in ("spectral", "umap", "umap-bottom"):
                 seed = rng.randint(np.iinfo(np.int32).max)
-                fit_top = fit_spectral if output == "spectral" else fit_umap
-                top, embedding = fit_top(bottom_codes, codes, ks[0], n_components, seed)
+                if output == "spectral":
+                    top, embedding = fit_spectral(bottom_codes, codes, ks[0], n_components, seed)
+                else:  # "umap-bottom" lays out the bottom layer's co-association alone
+                    top_codes = None if output == "umap-bottom" else codes
+                    top, embedding = fit_umap(bottom_codes, top_codes, ks[0], n_components, seed)
                 left_out = None
                 if left_codes is not None:
                     left_out = top.embed(bottom_left_codes, left_codes, exclude_self=True)
@@ -401,7 +412,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 left_out = None if left_codes is None else _project(left_codes, top)
 
         self.ks_ = list(ks)
-        if delta is None and self.ks is None:
+        if delta is None and self.ks is None and output != "umap-bottom":
             delta = 0.5 if self.delta == "auto" else float(self.delta)
         self.delta_ = delta
         self.output_ = output
@@ -428,8 +439,13 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
 
         With ``delta="auto"`` the shrink factor is measured during ``fit`` (``delta_``);
         pass it as ``delta`` to get the sizes it chose. Without it, "auto" assumes 0.5,
-        the choice of high-dimensional data.
+        the choice of high-dimensional data. ``output="auto"`` may choose "umap-bottom",
+        whose network is the first of these layers alone (``ks_``).
         """
+        ks = self._network_sizes(n_samples, delta)
+        return ks[:1] if self.output == "umap-bottom" else ks
+
+    def _network_sizes(self, n_samples: int, delta: float | None) -> list[int]:
         if self.ks is not None:
             ks = [int(k) for k in self.ks]
             too_many = [k for k in ks if k > n_samples]
@@ -942,15 +958,16 @@ def model_to_arrays(model: MBN) -> dict[str, np.ndarray]:
         arrays[f"layer{index}.seeds"] = layer.seeds
         arrays[f"layer{index}.feature_fraction"] = np.asarray(layer.feature_fraction)
     top = model.top_
-    if isinstance(top, SpectralTop):
-        arrays["spectral.bottom_codes"] = top.bottom_codes
-        arrays["spectral.top_codes"] = top.top_codes
-        arrays["spectral.basis"] = top.basis
-        arrays["spectral.eigenvalues"] = top.eigenvalues
-    elif isinstance(top, UmapTop):
-        arrays["umap.bottom_codes"] = top.bottom_codes
-        arrays["umap.top_codes"] = top.top_codes
-        arrays["umap.anchors"] = top.anchors
+    if isinstance(top, CodesTop):
+        prefix = "spectral" if isinstance(top, SpectralTop) else "umap"
+        arrays[f"{prefix}.bottom_codes"] = top.bottom_codes
+        if top.top_codes is not None:  # "umap-bottom" keeps none
+            arrays[f"{prefix}.top_codes"] = top.top_codes
+        if isinstance(top, SpectralTop):
+            arrays["spectral.basis"] = top.basis
+            arrays["spectral.eigenvalues"] = top.eigenvalues
+        elif isinstance(top, UmapTop):
+            arrays["umap.anchors"] = top.anchors
     else:
         arrays["top.table"] = top.table
         arrays["top.offset"] = top.offset
@@ -1023,12 +1040,14 @@ def model_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MBN:
         upper.append(layer)
     output = model.output
     if output == "auto":  # the fit's choice is the arrays it left
-        output = "umap" if any(name.startswith("umap.") for name in arrays) else "pca"
+        output = "pca"
+        if "umap.anchors" in arrays:
+            output = "umap" if "umap.top_codes" in arrays else "umap-bottom"
     top: _Top | SpectralTop | UmapTop
     if output == "spectral":
         top = _spectral_top(get, ks, V)
-    elif output == "umap":
-        top = _umap_top(get, ks, V)
+    elif output in ("umap", "umap-bottom"):
+        top = _umap_top(get, ks, V, bottom_only=output == "umap-bottom")
     else:
         top = _pca_top(get, ks, V)
     model.output_ = output
@@ -1059,14 +1078,21 @@ def _training_codes(
     get: Callable[[str], np.ndarray], prefix: str, ks: list[int], V: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """The training rows' bottom and top codes that the spectral and UMAP outputs keep."""
-    bottom_codes = get(f"{prefix}.bottom_codes")
+    bottom_codes = _training_bottom_codes(get, prefix, ks, V)
     top_codes = get(f"{prefix}.top_codes")
-    if bottom_codes.ndim != 2 or bottom_codes.shape[1] != V or bottom_codes.shape[0] < 2:
-        raise ValueError(f"model array '{prefix}.bottom_codes' has shape {bottom_codes.shape}")
     _expect_shape(f"{prefix}.top_codes", top_codes, bottom_codes.shape)
-    _expect_index(f"{prefix}.bottom_codes", bottom_codes, ks[0])
     _expect_index(f"{prefix}.top_codes", top_codes, ks[-1])
     return bottom_codes, top_codes
+
+
+def _training_bottom_codes(
+    get: Callable[[str], np.ndarray], prefix: str, ks: list[int], V: int
+) -> np.ndarray:
+    bottom_codes = get(f"{prefix}.bottom_codes")
+    if bottom_codes.ndim != 2 or bottom_codes.shape[1] != V or bottom_codes.shape[0] < 2:
+        raise ValueError(f"model array '{prefix}.bottom_codes' has shape {bottom_codes.shape}")
+    _expect_index(f"{prefix}.bottom_codes", bottom_codes, ks[0])
+    return bottom_codes
 
 
 def _spectral_top(get: Callable[[str], np.ndarray], ks: list[int], V: int) -> SpectralTop:
@@ -1087,8 +1113,16 @@ def _spectral_top(get: Callable[[str], np.ndarray], ks: list[int], V: int) -> Sp
     )
 
 
-def _umap_top(get: Callable[[str], np.ndarray], ks: list[int], V: int) -> UmapTop:
-    bottom_codes, top_codes = _training_codes(get, "umap", ks, V)
+def _umap_top(
+    get: Callable[[str], np.ndarray], ks: list[int], V: int, bottom_only: bool
+) -> UmapTop:
+    top_codes: np.ndarray | None
+    if bottom_only:
+        if len(ks) != 1:
+            raise ValueError(f'output="umap-bottom" is a network of one layer, not {len(ks)}')
+        bottom_codes, top_codes = _training_bottom_codes(get, "umap", ks, V), None
+    else:
+        bottom_codes, top_codes = _training_codes(get, "umap", ks, V)
     anchors = np.ascontiguousarray(get("umap.anchors"), dtype=np.float64)
     if anchors.ndim != 2 or anchors.shape[0] != len(bottom_codes) or anchors.shape[1] < 1:
         raise ValueError(f"model array 'umap.anchors' has shape {anchors.shape}")

@@ -8,6 +8,11 @@ neighbourhoods and separate clusters. So the network supplies the similarity and
 only the layout (its per-row scaling is what makes the layout work: the raw affinities laid
 out directly fall apart in sparse regions).
 
+``output="umap-bottom"`` lays out the bottom share alone, from a network of that one layer.
+On thin manifolds the coarse layers' clusters straddle the branches (turns of a swiss roll),
+so the top share pulls rows of different branches together: there the bottom share alone
+scores higher (benchmarks/RESULTS.md, issue 17: "The bottom layer alone").
+
 Fitting: each training row's ``GRAPH_NEIGHBORS`` most similar other rows, at distance
 1 - affinity, become UMAP's fuzzy simplicial set, laid out into ``n_components`` dimensions
 (spectral start, seeded): the *anchors*. Every row, training row or new, is then embedded the
@@ -89,12 +94,13 @@ class UmapTop(CodesTop):
 
 def fit_umap(
     bottom_codes: np.ndarray,
-    top_codes: np.ndarray,
+    top_codes: np.ndarray | None,
     n_bottom_values: int,
     n_components: int,
     seed: int,
 ) -> tuple[UmapTop, np.ndarray]:
-    """The UMAP output of the training rows' codes, and their embedding.
+    """The UMAP output of the training rows' codes, and their embedding (``top_codes`` None:
+    of the bottom layer's co-association alone).
 
     The co-association is visited a block of rows at a time and only each row's strongest
     pairs are kept, so memory grows with the rows, not with the pairs (``expected_pairs``

@@ -153,15 +153,18 @@ def test_choose_delta_leaves_the_callers_stream_alone():
     assert delta == choose_delta(codes, 100, 0.5, 3.0, np.random.RandomState(5))
 
 
-def test_thin_manifolds_get_the_umap_output_and_images_the_pca_output(circles):
+def test_thin_manifolds_get_the_bottom_umap_output_and_images_the_pca_output(circles):
     # The measurement behind delta, at the V = 400 it was calibrated at: on two rings it
     # leaves orphans at 0.5, on digits none.
     rings = MBN(n_classes=2, random_state=0)
     embedding = rings.fit_transform(circles)
-    assert rings.output_ == "umap" and rings.delta_ > 0.5
+    assert rings.output_ == "umap-bottom" and rings.top_.top_codes is None
+    # Its network is the bottom layer alone, so no shrink factor was used.
+    assert rings.ks_ == [150] and rings.upper_layers_ == [] and rings.delta_ is None
     # The choice builds exactly what asking for that output builds.
-    chosen = MBN(n_classes=2, output="umap", random_state=0)
+    chosen = MBN(n_classes=2, output="umap-bottom", random_state=0)
     np.testing.assert_array_equal(embedding, chosen.fit_transform(circles))
+    assert chosen.ks_ == [150] and chosen.layer_sizes(300) == [150]
     digits = MBN(random_state=0).fit(load_digits().data[:500])
     assert digits.output_ == "pca" and digits.explained_variance_ratio_ is not None
 
@@ -169,9 +172,9 @@ def test_thin_manifolds_get_the_umap_output_and_images_the_pca_output(circles):
 def test_an_explicit_delta_still_lets_the_data_choose_the_output(circles):
     # The output is measured even when delta is not: the paper's 0.5 on two rings.
     model = MBN(n_classes=2, delta=0.5, random_state=0).fit(circles)
-    assert model.delta_ == 0.5 and model.output_ == "umap"
+    assert model.output_ == "umap-bottom" and model.ks_ == [150]
     given = MBN(n_classes=2, ks=[150, 75, 37], random_state=0).fit(circles)
-    assert given.delta_ is None and given.output_ == "umap"
+    assert given.delta_ is None and given.output_ == "umap-bottom" and given.ks_ == [150]
 
 
 def test_few_clusterings_keep_the_pca_output(circles):
@@ -181,7 +184,7 @@ def test_few_clusterings_keep_the_pca_output(circles):
 
 
 def test_the_output_is_chosen_only_where_the_measurement_was_calibrated():
-    assert choose_output(DELTAS[0]) == "pca" and choose_output(DELTAS[1]) == "umap"
+    assert choose_output(DELTAS[0]) == "pca" and choose_output(DELTAS[1]) == "umap-bottom"
     assert thin_manifold_is_measurable(1000, ORPHAN_CLUSTERINGS, 500)
     assert not thin_manifold_is_measurable(1000, ORPHAN_CLUSTERINGS - 1, 500)  # fewer V
     assert not thin_manifold_is_measurable(1000, ORPHAN_CLUSTERINGS, 501)  # k1 above n / 2
@@ -202,7 +205,7 @@ def test_every_row_a_center_keeps_the_pca_output(circles):
 def test_a_stored_auto_model_keeps_its_output(circles, shape):
     X = circles if shape == "rings" else load_digits().data[:300]
     model = MBN(n_classes=2, random_state=0).fit(X)
-    assert model.output_ == ("umap" if shape == "rings" else "pca")
+    assert model.output_ == ("umap-bottom" if shape == "rings" else "pca")
     params = {key: value for key, value in model.get_params().items() if key != "callback"}
     restored = model_from_arrays(model_to_arrays(model), params)
     assert restored.output == "auto" and restored.output_ == model.output_
@@ -222,7 +225,7 @@ def test_every_choice_fits_any_shape(n, d):
     # With the default 400 clusterings "auto" may choose either output: both must fit.
     chosen = MBN(n_classes=2, random_state=0)
     embedding = chosen.fit_transform(X)
-    assert chosen.output_ in ("pca", "umap") and np.isfinite(embedding).all()
+    assert chosen.output_ in ("pca", "umap-bottom") and np.isfinite(embedding).all()
     np.testing.assert_array_equal(chosen.transform(X), embedding)
 
 

@@ -65,7 +65,8 @@ def test_leave_self_out_rows_are_coded_as_new_rows(fitted):
 
 
 @pytest.mark.parametrize(
-    ("output", "fitted_nmi", "new_nmi"), [("spectral", 0.75, 0.7), ("umap", 0.8, 0.75)]
+    ("output", "fitted_nmi", "new_nmi"),
+    [("spectral", 0.75, 0.7), ("umap", 0.8, 0.75), ("umap-bottom", 0.8, 0.75)],
 )
 def test_new_rows_cluster_like_the_training_rows(
     digits_split, codes_output_fit, output, fitted_nmi, new_nmi
@@ -84,8 +85,8 @@ def test_separates_the_two_moons():
     assert normalized_mutual_info_score(y, labels) > 0.9
 
 
-# Both outputs that keep the training rows' codes (this one and mbn_core.umap_output).
-CODES_OUTPUTS = ["spectral", "umap"]
+# The outputs that keep the training rows' codes (this one and mbn_core.umap_output's two).
+CODES_OUTPUTS = ["spectral", "umap", "umap-bottom"]
 
 
 @pytest.mark.parametrize(
@@ -94,7 +95,7 @@ CODES_OUTPUTS = ["spectral", "umap"]
         ("spectral", "spectral.basis", lambda basis: basis[:, :3], "pca"),
         ("umap", "umap.anchors", lambda anchors: anchors[:-1], "spectral"),
     ],
-    ids=CODES_OUTPUTS,
+    ids=["spectral", "umap"],
 )
 def test_arrays_round_trip_and_corruption_is_named(
     digits_split, codes_output_fit, output, own_array, misshapen, other_output

@@ -371,21 +371,22 @@ def test_existing_bundle_is_refused_unless_overwrite(digits, tmp_path):
     assert load_bundle(tmp_path / "m").name == "m2"
 
 
-def test_a_thin_manifold_trains_a_bundle_of_the_umap_output(tmp_path):
+def test_a_thin_manifold_trains_a_bundle_of_the_bottom_umap_output(tmp_path):
     # The default output="auto" with the default 400 clusterings: two rings are thin.
     X, _ = make_circles(400, factor=0.5, noise=0.04, random_state=7)
     params = {**SMALL, "n_clusterings": 400, "k1": "auto", "n_classes": 2, "report_folds": None}
     bundle = load_bundle(train_bundle(X, tmp_path / "rings", name="rings", params=params))
     training = bundle.manifest["training"]
-    assert training["params"]["output"] == "auto" and training["output"] == "umap"
+    assert training["params"]["output"] == "auto" and training["output"] == "umap-bottom"
+    assert len(training["ks"]) == 1  # the bottom layer alone
     estimator = bundle.load_exact().estimator
-    assert estimator.output_ == "umap"
+    assert estimator.output_ == "umap-bottom" and estimator.ks_ == training["ks"]
     exact = bundle.embed(X[:30], mode="exact")
     np.testing.assert_array_equal(exact, estimator.transform(X[:30]).astype(np.float32))
     assert np.isfinite(bundle.embed(X[:30])).all()
 
 
-@pytest.mark.parametrize("output", ["spectral", "umap"])
+@pytest.mark.parametrize("output", ["spectral", "umap", "umap-bottom"])
 def test_an_output_that_keeps_codes_trains_a_bundle(digits, tmp_path, output):
     X, _ = digits
     params = {**SMALL, "output": output, "n_clusters": None}

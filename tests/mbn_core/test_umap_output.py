@@ -9,8 +9,8 @@ from sklearn.cluster import KMeans
 from sklearn.datasets import make_circles, make_moons
 from sklearn.metrics import normalized_mutual_info_score
 
-from mbn_core import MBN
-from mbn_core.coassociation import expected_pairs
+from mbn_core import MBN, model_from_arrays, model_to_arrays
+from mbn_core.coassociation import coassociation, expected_pairs
 from mbn_core.spectral import MAX_COASSOCIATION_PAIRS
 from mbn_core.umap_output import N_NEIGHBORS, place
 
@@ -70,13 +70,48 @@ def test_leave_self_out_rows_are_coded_as_new_rows(fitted):
                                                                random_state=7)],
     ids=["moons", "circles"],
 )  # fmt: skip
-def test_separates_thin_manifolds(data):
+@pytest.mark.parametrize("output", ["umap", "umap-bottom"])
+def test_separates_thin_manifolds(data, output):
     # With the default 400 clusterings (100 leave the co-association too coarse: one seed
     # of two merges the moons).
     X, y = data
-    model = MBN(n_classes=2, output="umap", random_state=0)
+    model = MBN(n_classes=2, output=output, random_state=0)
     labels = KMeans(2, n_init=10, random_state=0).fit_predict(model.fit_transform(X))
     assert normalized_mutual_info_score(y, labels) > 0.9
+
+
+def test_the_bottom_output_lays_out_the_bottom_share_alone(digits_split, codes_output_fit):
+    X, _, X_new, _ = digits_split
+    model, embedding, _ = codes_output_fit("umap-bottom")
+    # A network of the bottom layer alone, whose top keeps no top codes.
+    assert model.ks_ == [250] and model.upper_layers_ == [] and model.delta_ is None
+    assert model.top_.top_codes is None
+    codes = model.encode(X_new[:7])
+    affinity = coassociation(codes, None, model.top_.cells, None, exclude_self=False).toarray()
+    shared = (codes[:, None, :] == model.top_.bottom_codes[None, :, :]).mean(axis=2)
+    np.testing.assert_allclose(affinity, shared)
+    np.testing.assert_array_equal(model.transform(X), embedding)
+    np.testing.assert_array_equal(model.transform(X_new[:1]), model.transform(X_new)[:1])
+
+
+def test_the_bottom_output_round_trips_and_is_not_taken_for_the_other(
+    digits_split, codes_output_fit
+):
+    _, _, X_new, _ = digits_split
+    model, _, _ = codes_output_fit("umap-bottom")
+    arrays = model_to_arrays(model)
+    assert "umap.anchors" in arrays and "umap.top_codes" not in arrays
+    restored = model_from_arrays(arrays, model.get_params())
+    assert restored.output_ == "umap-bottom" and restored.top_.top_codes is None
+    np.testing.assert_array_equal(restored.transform(X_new), model.transform(X_new))
+    auto = model_from_arrays(arrays, dict(model.get_params(), output="auto"))
+    assert auto.output_ == "umap-bottom"
+    with pytest.raises(ValueError, match=r"umap\.top_codes"):
+        model_from_arrays(arrays, dict(model.get_params(), output="umap"))
+    # The other UMAP output's arrays hold a network of several layers.
+    layered, _, _ = codes_output_fit("umap")
+    with pytest.raises(ValueError, match="one layer"):
+        model_from_arrays(model_to_arrays(layered), dict(model.get_params()))
 
 
 def test_deterministic_when_the_graph_falls_into_pieces(digits_split):
