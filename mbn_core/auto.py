@@ -203,8 +203,8 @@ def choose_delta(
 # Most co-association pairs (``expected_pairs``' estimate) for which "auto" may pick the UMAP
 # output: all of MNIST at k1 = 8,000 (245 million), where the output took 67-82 s of an
 # 18-minute fit (benchmarks/RESULTS.md, issue 17). The fit visits every pair, so beyond that
-# the PCA output serves. (The model keeps 2 n V codes; at k_max = 2,000 this budget allows
-# about 40,000 rows, 64 MB of them.)
+# the PCA output serves. (The model keeps n V bottom codes, and "umap" n V top codes too; at
+# k_max = 2,000 this budget allows about 40,000 rows, 32-64 MB of them.)
 UMAP_OUTPUT_MAX_PAIRS = 250_000_000
 
 

@@ -16,10 +16,11 @@ from mbn_core.network import MBN, model_from_arrays, model_to_arrays
 _UPPER_COST = 40.0
 
 
-def layer_costs(mbn: MBN, shape: tuple[int, int]) -> list[float]:
-    """Expected multiply-adds of each layer of ``mbn`` fitted on ``shape`` rows."""
+def layer_costs(mbn: MBN, shape: tuple[int, int], ks: list[int] | None = None) -> list[float]:
+    """Expected multiply-adds of each layer of ``mbn`` fitted on ``shape`` rows (of these
+    layer sizes ``ks``; by default those planned before the fit)."""
     n, d = shape
-    ks = mbn.layer_sizes(n)
+    ks = mbn.layer_sizes(n) if ks is None else ks
     V = mbn.n_clusterings
     bottom = float(n) * max(1.0, float(mbn._expected_bottom_features(d))) * ks[0]
     return [V * bottom] + [V * _UPPER_COST * n * (V + k) for k in ks[1:]]
@@ -29,24 +30,40 @@ def _cost(mbn: MBN, shape: tuple[int, int]) -> float:
     return sum(layer_costs(mbn, shape))
 
 
-def _track(mbn: MBN, shape: tuple[int, int], report: Reporter) -> None:
-    costs = layer_costs(mbn, shape)
-    total = sum(costs)
-    ks = mbn.layer_sizes(shape[0])
+class _Progress:
+    """An MBN callback that reports the share of the fit's expected work done.
 
-    def clustering_done(layer: int, clustering: int, n_clusterings: int) -> bool:
-        if layer >= len(costs):
-            # delta="auto" chose to shrink slower than the planned 0.5: extra layers.
-            return report(
-                1.0, f"layer {layer + 1} (extra): clustering {clustering}/{n_clusterings}"
-            )
-        done = sum(costs[:layer]) + costs[layer] * clustering / n_clusterings
+    The plan starts as ``layer_sizes`` and follows the fit's ``layer_plan``: ``delta="auto"``
+    may add layers, and ``output="auto"`` may keep the bottom layer alone.
+    """
+
+    def __init__(self, mbn: MBN, shape: tuple[int, int], report: Reporter) -> None:
+        self.mbn, self.shape, self.report = mbn, shape, report
+        self.ks = mbn.layer_sizes(shape[0])
+        self.costs = layer_costs(mbn, shape, self.ks)
+        self.reported = 0.0  # a longer plan would move the share back: it never goes back
+
+    def layer_plan(self, ks: list[int]) -> bool:
+        """The fit's layers, settled after the bottom layer: report it done under them."""
+        if list(ks) == self.ks:
+            return False
+        self.ks = list(ks)
+        self.costs = layer_costs(self.mbn, self.shape, self.ks)
+        V = self.mbn.n_clusterings
+        return self(0, V, V)
+
+    def __call__(self, layer: int, clustering: int, n_clusterings: int) -> bool:
+        done = sum(self.costs[:layer]) + self.costs[layer] * clustering / n_clusterings
         message = (
-            f"layer {layer + 1}/{len(ks)} (k={ks[layer]}): clustering {clustering}/{n_clusterings}"
+            f"layer {layer + 1}/{len(self.ks)} (k={self.ks[layer]}): "
+            f"clustering {clustering}/{n_clusterings}"
         )
-        return report(done / total, message)
+        self.reported = max(self.reported, done / sum(self.costs))
+        return self.report(self.reported, message)
 
-    mbn.set_params(callback=clustering_done)
+
+def _track(mbn: MBN, shape: tuple[int, int], report: Reporter) -> None:
+    mbn.set_params(callback=_Progress(mbn, shape, report))
 
 
 def _check_rows(mbn: MBN, n_samples: int) -> None:

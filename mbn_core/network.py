@@ -142,13 +142,15 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         strongest pairs and takes any size. "umap-bottom": the same layout of the bottom
         layer's co-association alone, from a network of that one layer (``ks_`` has one
         entry): for thin manifolds, whose coarse layers merge the manifold's branches.
+        It takes neither a number for ``delta`` nor more than one layer in ``ks``.
         "auto" is "umap-bottom" on thin manifolds and "pca" otherwise, decided by the
         measurement behind ``delta="auto"`` (the paper's 0.5 would leave more than 1% of
         the points sharing no code with the second layer's centers: two moons, rings,
-        rolls), never by labels. It is "pca" wherever that measurement was not calibrated
-        (fewer than 400 clusterings, k1 above n / 2) and where the co-association would
-        exceed ``auto.UMAP_OUTPUT_MAX_PAIRS`` (see ``mbn_core.auto``). ``output_`` says
-        which was used.
+        rolls), never by labels; where the upper layers are given (a number for ``delta``,
+        several ``ks``) it keeps them and is "umap" on thin manifolds. It is "pca" wherever
+        that measurement was not calibrated (fewer than 400 clusterings, k1 above n / 2) and
+        where the co-association would exceed ``auto.UMAP_OUTPUT_MAX_PAIRS`` (see
+        ``mbn_core.auto``). ``output_`` says which was used.
     k1 : int, float in (0, 1] or "auto", default="auto"
         Centers per clustering in the bottom layer. "auto" is ``0.5 * n_samples``; a float is
         that fraction of ``n_samples``. Capped by ``k_max``.
@@ -159,7 +161,8 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         an arbitrary code, which glues distant points together in every layer above). It
         is measured on the bottom layer's codes of the training data (over 400 of its
         clusterings when there are more), never on labels: images and text keep the
-        paper's 0.5, thin manifolds get more (see ``mbn_core.auto``).
+        paper's 0.5; thin manifolds, which would get more, get the one-layer network of
+        ``output="umap-bottom"`` when ``output="auto"`` (see ``mbn_core.auto``).
     shift_fraction : float in [0, 1), default=0.0
         Random reconstruction (r, arXiv version): for this fraction of each bottom
         clustering's chosen dimensions, the centers' values are shifted cyclically by one
@@ -173,7 +176,10 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         Called as ``callback(layer, clustering, total)`` after each clustering with the
         0-based layer index, the clusterings of that layer finished so far, and the
         layer's total. Returning True stops training: ``fit`` raises ``TrainingStopped``
-        and the estimator stays as it was.
+        and the estimator stays as it was. A callback with a ``layer_plan(ks)`` method is
+        told the layers the fit settled on once the bottom layer is done (``delta`` and
+        ``output`` "auto" decide them there), for progress estimates; its returning True
+        stops training too.
 
     Attributes
     ----------
@@ -185,9 +191,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         The shrink factor used (measured when ``delta="auto"``); None with explicit ``ks``
         and for the one-layer network of ``output_`` "umap-bottom".
     output_ : {"pca", "spectral", "umap", "umap-bottom"}
-        The output used (chosen when ``output="auto"``). It follows the measurement even
-        where ``delta_`` stays 0.5 because the larger delta's top layer would be too small
-        for ``n_components``.
+        The output used (chosen when ``output="auto"``).
     bottom_layer_ : BottomLayer
         The fitted bottom layer.
     upper_layers_ : list of UpperLayer
@@ -322,6 +326,11 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
 
     def _fit_network(self, X, leave_self_out: bool) -> tuple[np.ndarray, np.ndarray | None]:
         self._validate_params()
+        if self.output == "umap-bottom" and self._upper_layers_are_given():
+            raise ValueError(
+                'output="umap-bottom" is a network of the bottom layer alone: give at most one '
+                'layer in ks (ks=[k1]) and leave delta at "auto", or use output="umap"'
+            )
         X = validate_data(
             self,
             X,
@@ -378,6 +387,8 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 output = "pca"
                 if output_is_measured and measured_delta is not None:
                     output = choose_output(measured_delta)
+                if output == "umap-bottom" and self._upper_layers_are_given():
+                    output = "umap"  # keep the layers asked for; their top joins the similarity
             if output == "umap-bottom":
                 ks, delta_is_measured = ks[:1], False
             if delta_is_measured:
@@ -389,6 +400,9 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                     ks = chosen
                 else:
                     delta = 0.5
+            layer_plan = getattr(self.callback, "layer_plan", None)
+            if layer_plan is not None and layer_plan(list(ks)):  # "auto" settles them here
+                raise TrainingStopped("training stopped by the callback after the bottom layer")
             upper: list[UpperLayer] = []
             for index, k in enumerate(ks[1:], start=1):
                 layer, codes, left_codes = self._fit_upper(
@@ -433,6 +447,10 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             self.explained_variance_ratio_, self.eigenvalues_ = None, None
         else:
             self.explained_variance_ratio_, self.eigenvalues_ = top.explained_variance_ratio, None
+
+    def _upper_layers_are_given(self) -> bool:
+        """Whether the caller fixed the upper layers (several ``ks``, or a number for delta)."""
+        return self.delta != "auto" or (self.ks is not None and len(self.ks) > 1)
 
     def layer_sizes(self, n_samples: int, delta: float | None = None) -> list[int]:
         """Centers per layer that ``fit`` uses for ``n_samples`` training points.
@@ -1041,13 +1059,14 @@ def model_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MBN:
     output = model.output
     if output == "auto":  # the fit's choice is the arrays it left
         output = "pca"
-        if "umap.anchors" in arrays:
-            output = "umap" if "umap.top_codes" in arrays else "umap-bottom"
+        if any(name.startswith("umap.") for name in arrays):
+            bottom_only = len(ks) == 1 and "umap.top_codes" not in arrays
+            output = "umap-bottom" if bottom_only else "umap"
     top: _Top | SpectralTop | UmapTop
     if output == "spectral":
         top = _spectral_top(get, ks, V)
     elif output in ("umap", "umap-bottom"):
-        top = _umap_top(get, ks, V, bottom_only=output == "umap-bottom")
+        top = _umap_top(arrays, get, ks, V, bottom_only=output == "umap-bottom")
     else:
         top = _pca_top(get, ks, V)
     model.output_ = output
@@ -1114,12 +1133,18 @@ def _spectral_top(get: Callable[[str], np.ndarray], ks: list[int], V: int) -> Sp
 
 
 def _umap_top(
-    get: Callable[[str], np.ndarray], ks: list[int], V: int, bottom_only: bool
+    arrays: dict[str, np.ndarray],
+    get: Callable[[str], np.ndarray],
+    ks: list[int],
+    V: int,
+    bottom_only: bool,
 ) -> UmapTop:
     top_codes: np.ndarray | None
     if bottom_only:
         if len(ks) != 1:
             raise ValueError(f'output="umap-bottom" is a network of one layer, not {len(ks)}')
+        if "umap.top_codes" in arrays:
+            raise ValueError("model array 'umap.top_codes' is not part of output 'umap-bottom'")
         bottom_codes, top_codes = _training_bottom_codes(get, "umap", ks, V), None
     else:
         bottom_codes, top_codes = _training_codes(get, "umap", ks, V)

@@ -127,7 +127,7 @@ def fit_umap(
             distances[row, 1 : 1 + columns.size] = 1.0 - values
     if (indices[:, 1:] == np.arange(n_rows)[:, None]).all():
         raise ValueError(
-            'output="umap" found no two training rows that share a bottom cell, so there is '
+            "the UMAP output found no two training rows that share a bottom cell, so there is "
             "nothing to lay out; use fewer bottom centers (k1) or more rows"
         )
     anchors = _layout(indices, distances, n_components, seed)

@@ -45,7 +45,9 @@ def codes_output_fit(digits_split):
 
     def fit(output):
         if output not in fits:
-            model = MBN(n_clusterings=40, delta=0.5, output=output, random_state=0)
+            # "umap-bottom" has no upper layers, so no delta to give.
+            delta = "auto" if output == "umap-bottom" else 0.5
+            model = MBN(n_clusterings=40, delta=delta, output=output, random_state=0)
             fits[output] = (model, *model.fit_transform_leave_self_out(digits_split[0]))
         return fits[output]
 

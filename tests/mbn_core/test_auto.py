@@ -169,12 +169,23 @@ def test_thin_manifolds_get_the_bottom_umap_output_and_images_the_pca_output(cir
     assert digits.output_ == "pca" and digits.explained_variance_ratio_ is not None
 
 
-def test_an_explicit_delta_still_lets_the_data_choose_the_output(circles):
-    # The output is measured even when delta is not: the paper's 0.5 on two rings.
+def test_given_upper_layers_are_kept_and_still_let_the_data_choose_the_output(circles):
+    # The output is measured even when delta is not: the paper's 0.5 on two rings. Layers
+    # asked for are kept, so the thin manifold gets the UMAP output over all of them.
     model = MBN(n_classes=2, delta=0.5, random_state=0).fit(circles)
-    assert model.output_ == "umap-bottom" and model.ks_ == [150]
+    assert model.output_ == "umap" and model.delta_ == 0.5 and len(model.ks_) > 1
     given = MBN(n_classes=2, ks=[150, 75, 37], random_state=0).fit(circles)
-    assert given.delta_ is None and given.output_ == "umap-bottom" and given.ks_ == [150]
+    assert given.delta_ is None and given.output_ == "umap" and given.ks_ == [150, 75, 37]
+    # One layer given is the one-layer network "auto" builds anyway.
+    one = MBN(n_classes=2, ks=[150], random_state=0).fit(circles)
+    assert one.output_ == "umap-bottom" and one.ks_ == [150]
+
+
+@pytest.mark.parametrize("params", [{"delta": 0.7}, {"ks": [150, 75]}])
+def test_the_bottom_output_refuses_upper_layers(circles, params):
+    model = MBN(n_classes=2, output="umap-bottom", random_state=0, **params)
+    with pytest.raises(ValueError, match=r"umap-bottom.*bottom layer alone"):
+        model.fit(circles)
 
 
 def test_few_clusterings_keep_the_pca_output(circles):

@@ -9,6 +9,7 @@ from sklearn.datasets import (
     load_iris,
     load_wine,
     make_blobs,
+    make_circles,
     make_moons,
     make_swiss_roll,
 )
@@ -323,6 +324,34 @@ def test_callback_reports_progress_and_can_stop(digits, fitted):
         np.testing.assert_array_equal(model.transform(X), embedding)
     finally:
         model.set_params(callback=None)
+
+
+class PlanRecorder:
+    """A callback that also hears the layers the fit settles on, and can stop there."""
+
+    def __init__(self, stop_at_plan: bool = False) -> None:
+        self.plans: list[list[int]] = []
+        self.stop_at_plan = stop_at_plan
+
+    def __call__(self, layer: int, clustering: int, total: int) -> bool:
+        return False
+
+    def layer_plan(self, ks: list[int]) -> bool:
+        self.plans.append(ks)
+        return self.stop_at_plan
+
+
+def test_a_callback_hears_the_layers_the_fit_settles_on():
+    X, _ = make_circles(300, factor=0.5, noise=0.04, random_state=7)
+    recorder = PlanRecorder()
+    rings = MBN(n_classes=2, random_state=0, callback=recorder).fit(X)
+    # Two rings are thin: "auto" keeps the bottom layer alone, which the plan says.
+    assert rings.output_ == "umap-bottom" and recorder.plans == [[150]]
+    stopper = MBN(n_classes=2, random_state=0, callback=PlanRecorder(stop_at_plan=True))
+    with pytest.raises(TrainingStopped, match="after the bottom layer"):
+        stopper.fit(X)
+    with pytest.raises(NotFittedError):
+        stopper.transform(X)
 
 
 @pytest.mark.parametrize(

@@ -374,11 +374,20 @@ def test_existing_bundle_is_refused_unless_overwrite(digits, tmp_path):
 def test_a_thin_manifold_trains_a_bundle_of_the_bottom_umap_output(tmp_path):
     # The default output="auto" with the default 400 clusterings: two rings are thin.
     X, _ = make_circles(400, factor=0.5, noise=0.04, random_state=7)
-    params = {**SMALL, "n_clusterings": 400, "k1": "auto", "n_classes": 2, "report_folds": None}
-    bundle = load_bundle(train_bundle(X, tmp_path / "rings", name="rings", params=params))
+    params = {
+        **SMALL, "n_clusterings": 400, "k1": "auto", "delta": "auto", "n_classes": 2,
+        "report_folds": None,
+    }  # fmt: skip
+    events = []
+    path = train_bundle(X, tmp_path / "rings", name="rings", params=params, events=events.append)
+    bundle = load_bundle(path)
     training = bundle.manifest["training"]
     assert training["params"]["output"] == "auto" and training["output"] == "umap-bottom"
     assert len(training["ks"]) == 1  # the bottom layer alone
+    # The fit's progress follows that plan: its bottom layer was all of the fit.
+    fit = [event for event in events if event.phase == "fit"]
+    assert [e.phase_fraction for e in fit] == sorted(e.phase_fraction for e in fit)
+    assert fit[-1].phase_fraction == 1.0 and fit[-1].message.startswith("layer 1/1 ")
     estimator = bundle.load_exact().estimator
     assert estimator.output_ == "umap-bottom" and estimator.ks_ == training["ks"]
     exact = bundle.embed(X[:30], mode="exact")
@@ -390,6 +399,8 @@ def test_a_thin_manifold_trains_a_bundle_of_the_bottom_umap_output(tmp_path):
 def test_an_output_that_keeps_codes_trains_a_bundle(digits, tmp_path, output):
     X, _ = digits
     params = {**SMALL, "output": output, "n_clusters": None}
+    if output == "umap-bottom":
+        params["delta"] = "auto"  # a one-layer network takes no shrink factor
     bundle = load_bundle(train_bundle(X[:400], tmp_path / "s", name="s", params=params))
     assert bundle.manifest["training"]["params"]["output"] == output
     exact = bundle.embed(X[400:420], mode="exact")

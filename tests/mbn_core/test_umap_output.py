@@ -108,10 +108,21 @@ def test_the_bottom_output_round_trips_and_is_not_taken_for_the_other(
     assert auto.output_ == "umap-bottom"
     with pytest.raises(ValueError, match=r"umap\.top_codes"):
         model_from_arrays(arrays, dict(model.get_params(), output="umap"))
-    # The other UMAP output's arrays hold a network of several layers.
+    stray = dict(arrays, **{"umap.top_codes": arrays["umap.bottom_codes"]})
+    with pytest.raises(ValueError, match=r"umap\.top_codes.*not part of"):
+        model_from_arrays(stray, model.get_params())
+    without_anchors = {k: v for k, v in arrays.items() if k != "umap.anchors"}
+    with pytest.raises(ValueError, match=r"umap\.anchors"):
+        model_from_arrays(without_anchors, dict(model.get_params(), output="auto"))
+    # The other UMAP output's arrays hold a network of several layers; without their top
+    # codes they are still that output's, and say what is missing.
     layered, _, _ = codes_output_fit("umap")
+    layered_arrays = model_to_arrays(layered)
     with pytest.raises(ValueError, match="one layer"):
-        model_from_arrays(model_to_arrays(layered), dict(model.get_params()))
+        model_from_arrays(layered_arrays, dict(model.get_params()))
+    del layered_arrays["umap.top_codes"]
+    with pytest.raises(ValueError, match=r"umap\.top_codes.*missing"):
+        model_from_arrays(layered_arrays, dict(layered.get_params(), output="auto"))
 
 
 def test_deterministic_when_the_graph_falls_into_pieces(digits_split):
