@@ -250,7 +250,7 @@ def students(name: str, args: argparse.Namespace) -> None:
         started = time.perf_counter()
         input_map = InputMap.fit(prepare(X_fit[train]), model.input_components)
         mean, scale = target_scaling(target[train])
-        mlp, epochs = model._fit_mlp(
+        mlp, epochs, _ = model._fit_mlp(
             input_map.transform(prepare(X_student)),
             ((Y_student - mean) / scale).astype(np.float32),
             input_map.transform(prepare(X_fit[validation])),
@@ -333,7 +333,7 @@ def scaling(name: str, args: argparse.Namespace) -> None:
             started = time.perf_counter()
             input_map = InputMap.fit(X_fit[train], model.input_components)
             mean, scale = target_scaling(target[train])
-            mlp, epochs = model._fit_mlp(
+            mlp, epochs, _ = model._fit_mlp(
                 input_map.transform(X_student),
                 ((Y_student - mean) / scale).astype(np.float32),
                 input_map.transform(X_fit[validation]),
@@ -402,7 +402,7 @@ def kernel(name: str, args: argparse.Namespace) -> None:
     started = time.perf_counter()
     input_map = InputMap.fit(X_fit[train], model.input_components)
     mean, scale = target_scaling(target[train])
-    mlp, _ = model._fit_mlp(
+    mlp, _, _ = model._fit_mlp(
         input_map.transform(X_fit[train]),
         ((target[train] - mean) / scale).astype(np.float32),
         input_map.transform(X_fit[validation]),

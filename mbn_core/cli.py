@@ -427,6 +427,8 @@ def _describe(manifest: dict[str, Any], *, brief: bool) -> list[str]:
         fit.append(f"layers {layers}")
     if "n_epochs" in training:
         fit.append(f"{training['n_epochs']} MLP epochs")
+    if "input_noise" in training:
+        fit.append(f"input noise {training['input_noise']:.3g}")
     times = [f"{phase} {value:.1f} s" for phase, value in seconds.items()]
     times.append(f"total {training.get('total_seconds', 0):.1f} s")
     lines += [

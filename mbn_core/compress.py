@@ -44,6 +44,7 @@ from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_dat
 from threadpoolctl import threadpool_limits
 
 from mbn_core.input_map import InputMap
+from mbn_core.input_noise import auto_input_noise
 from mbn_core.network import MBN, TrainingStopped
 from mbn_core.params import CheckedParams, check_int_items
 from mbn_core.quality import quality_report
@@ -126,11 +127,15 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         for (on 12 to 38 validation rows, breast_cancer and wine, stopping after 5 stale
         epochs cost 0.01 of R^2). Either way the weights of the epoch with the lowest
         validation loss are kept.
-    input_noise : float >= 0, default=0.3
+    input_noise : float >= 0 or "auto", default="auto"
         Standard deviation of Gaussian noise added to the MLP's input rows in each epoch (in
         the units the MLP sees: standardised or projected input; a fresh draw per epoch; the
         targets are unchanged; not for standardised sparse input, which stays sparse). 0
-        trains on the rows as they are. The exact
+        trains on the rows as they are. "auto" is 0.3, capped so that the noise's length
+        stays within 0.6 of the median distance from a training row to its 10th nearest
+        (``mbn_core.input_noise``): 0.3 on wide data, less on thin manifolds, where 0.3
+        carried rows across the gaps between clusters (two moons' fast path 0.957 -> 1.000,
+        benchmarks/RESULTS.md, issue 17); ``input_noise_`` says what was used. The exact
         embedding hardly moves under small input noise (R^2 0.9997 at 1% of the data's
         spread), so the noise asks the MLP for the same local invariance and keeps it from
         fitting its few training rows too closely. With a step size of 3e-3 it is neutral
@@ -223,6 +228,9 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         ``mbn_core.quality.quality_report``.
     n_epochs_ : int
         MLP epochs run.
+    input_noise_ : float
+        Standard deviation of the noise added to the MLP's input rows (0 for standardised
+        sparse input).
     n_samples_ : int
         Training points (held-out ones included).
     input_sparse_ : bool
@@ -254,7 +262,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         "learning_rate": [Interval(Real, 0, 1, closed="right")],
         "alpha": [Interval(Real, 0, None, closed="left")],
         "n_iter_no_change": [Interval(Integral, 1, None, closed="left"), None],
-        "input_noise": [Interval(Real, 0, None, closed="left")],
+        "input_noise": [Interval(Real, 0, None, closed="left"), StrOptions({"auto"})],
         "input_components": [Interval(Integral, 1, None, closed="left"), None],
         "tol": [Interval(Real, 0, None, closed="left")],
         "validation_fraction": [Interval(Real, 0, 0.5, closed="left")],
@@ -278,7 +286,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         learning_rate: float = 1e-2,
         alpha: float = 1e-5,
         n_iter_no_change: int | None = None,
-        input_noise: float = 0.3,
+        input_noise: float | str = "auto",
         input_components: int | None = 32,
         tol: float = 1e-4,
         validation_fraction: float = 0.1,
@@ -368,6 +376,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         self.n_samples_ = n_samples
         self.input_sparse_ = parts.sparse
         self.n_epochs_ = parts.n_epochs
+        self.input_noise_ = parts.input_noise
         self.holdout_ = holdout
         self.embedding_ = np.asarray(parts.embedding, dtype=np.float32)
 
@@ -437,7 +446,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         with threadpool_limits(limits=self._blas_threads(), user_api="blas"):
             input_map = InputMap.fit(X_fitted[train], self.input_components)
         target_mean, target_scale = target_scaling(embedding[train])
-        mlp, n_epochs = self._fit_mlp(
+        mlp, n_epochs, input_noise = self._fit_mlp(
             input_map.transform(X_fitted[train]),
             ((embedding[train] - target_mean) / target_scale).astype(np.float32),
             input_map.transform(X_fitted[validation]) if len(validation) else None,
@@ -454,6 +463,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
             target_scale=target_scale.astype(np.float32),
             sparse=sparse,
             n_epochs=n_epochs,
+            input_noise=input_noise,
             teacher_seconds=teacher_seconds,
             compressor_seconds=time.perf_counter() - started,
         )
@@ -543,7 +553,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
 
     def _fit_mlp(
         self, X_train, Y_train, X_val, Y_val, rng, callback: EpochCallback | None
-    ) -> tuple[MLPRegressor, int]:
+    ) -> tuple[MLPRegressor, int, float]:
         mlp = MLPRegressor(
             hidden_layer_sizes=tuple(int(h) for h in self.hidden_layer_sizes),
             activation="relu",
@@ -555,9 +565,12 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
             random_state=_seed(rng),
         )
         best_loss, best_weights, stale = np.inf, None, 0
+        input_noise = 0.0
+        if not sp.issparse(X_train):
+            auto = self.input_noise == "auto"
+            input_noise = auto_input_noise(X_train) if auto else float(self.input_noise)
         # Drawn only when used, so that the other seeds stay those of a noiseless fit.
-        noisy = self.input_noise > 0 and not sp.issparse(X_train)
-        noise = np.random.RandomState(_seed(rng)) if noisy else None
+        noise = np.random.RandomState(_seed(rng)) if input_noise > 0 else None
         epoch = 0
         with threadpool_limits(limits=self._blas_threads(), user_api="blas"):
             for epoch in range(1, self.max_epochs + 1):
@@ -565,7 +578,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
                     _set_step(mlp, self.learning_rate * step_factor(epoch, self.max_epochs))
                 X_epoch = X_train
                 if noise is not None:
-                    X_epoch = X_train + noise.normal(0.0, self.input_noise, X_train.shape).astype(
+                    X_epoch = X_train + noise.normal(0.0, input_noise, X_train.shape).astype(
                         X_train.dtype
                     )
                 _partial_fit(mlp, X_epoch, Y_train)
@@ -593,7 +606,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
                     break
         if best_weights is not None:
             mlp.coefs_, mlp.intercepts_ = best_weights
-        return mlp, epoch
+        return mlp, epoch, input_noise
 
     # ------------------------------------------------------------------ inference
 
@@ -820,6 +833,7 @@ class _Parts:
     target_scale: np.ndarray
     sparse: bool
     n_epochs: int
+    input_noise: float
     teacher_seconds: float
     compressor_seconds: float
 

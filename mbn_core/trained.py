@@ -76,6 +76,7 @@ class TrainedModel:
             "n_fit_samples": int(model.n_samples_ - len(model.holdout_)),
             "input_sparse": bool(model.input_sparse_),
             "n_epochs": int(model.n_epochs_),
+            "input_noise": round(float(model.input_noise_), 6),
             "seconds": {key: round(float(value), 3) for key, value in model.timings_.items()},
         }
         if method.facts is not None:

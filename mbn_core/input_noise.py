@@ -1,0 +1,45 @@
+"""How much Gaussian noise the compressor adds to the MLP's input rows (``input_noise="auto"``).
+
+The noise asks the MLP for the invariance the exact embedding has near each training row: it
+barely moves within a row's neighbourhood. That holds while the noise stays inside the
+neighbourhood. The fixed 0.3 (per dimension, in the MLP's input units) was set on wide data,
+where its length is 0.41-0.60 of the median distance from a training row to its 10th nearest
+(MNIST-5k 0.44, digits 0.48, wine 0.41, breast cancer 0.60). On thin manifolds the same 0.3
+reaches 2-11 times that distance (two moons 4.1, rings 3.4, swiss roll 1.9, stretched blobs
+10.6): the noise carries rows across the gap between two clusters, and the distilled map blurs
+that gap. So "auto" takes the 0.3 and caps its length at ``NEIGHBOURHOOD_SHARE`` of that
+distance, which leaves the wide sets where they were (benchmarks/RESULTS.md, issue 17: "The
+fast path's input noise").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.neighbors import NearestNeighbors
+
+# The noise's standard deviation per input dimension on wide data, where the cap below does
+# not bind (issue 12's calibration).
+MAX_INPUT_NOISE = 0.3
+# The noise's expected length is kept at most this share of the median distance from a
+# training row to its ``NEIGHBORS``-th nearest: the largest share among the calibration sets.
+NEIGHBOURHOOD_SHARE = 0.6
+NEIGHBORS = 10
+# Rows whose neighbourhoods are measured (evenly spaced; the training rows come shuffled).
+SAMPLE_ROWS = 2000
+
+
+def auto_input_noise(X: np.ndarray) -> float:
+    """The noise's standard deviation for dense MLP input rows ``X`` (n, width).
+
+    0 when no row has another to measure by (one row, or every row a duplicate).
+    """
+    n_rows, width = X.shape
+    n_neighbors = min(NEIGHBORS, n_rows - 1)
+    if n_neighbors < 1:
+        return 0.0
+    sample = X[:: max(1, n_rows // SAMPLE_ROWS)][:SAMPLE_ROWS]
+    index = NearestNeighbors(n_neighbors=n_neighbors + 1).fit(X)
+    # Each sampled row is its own first neighbour, at distance 0.
+    distances, _ = index.kneighbors(sample)
+    reach = float(np.median(distances[:, n_neighbors]))
+    return min(MAX_INPUT_NOISE, NEIGHBOURHOOD_SHARE * reach / np.sqrt(width))
