@@ -128,6 +128,7 @@ def test_info(trained, workdir, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "id:          model" in out
     assert "64 -> 10 (metric euclidean, pca output" in out  # what output="auto" chose
+    assert "MLP epochs, input noise 0.3\n" in out  # what input_noise="auto" chose
     assert "quality:     trustworthiness / continuity" in out and "pca " in out
     assert "verified:" in out
 

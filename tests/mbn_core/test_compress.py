@@ -421,6 +421,18 @@ def test_input_noise_is_a_fresh_draw_each_epoch(monkeypatch, digits):
     assert all(np.array_equal(a, b) for a, b in zip(noisy, again, strict=True))
 
 
+def test_auto_input_noise_is_what_the_epochs_see(monkeypatch, digits):
+    X, _ = digits
+    params = {"max_epochs": 2, "validation_fraction": 0.0}
+    clean = _epoch_inputs(monkeypatch, small_model(input_noise=0.0, **params), X)
+    model = small_model(**params)
+    assert model.input_noise == "auto"
+    noisy = _epoch_inputs(monkeypatch, model, X)
+    assert 0 < model.input_noise_ <= 0.3
+    for epoch in noisy:
+        assert np.std(epoch - clean[0]) == pytest.approx(model.input_noise_, rel=0.02)
+
+
 def test_input_noise_leaves_sparse_input_as_it_is(monkeypatch, digits):
     X, _ = digits
     # Standardised sparse input stays sparse, so there is nothing to add noise to (projected
@@ -428,8 +440,10 @@ def test_input_noise_leaves_sparse_input_as_it_is(monkeypatch, digits):
     params = {"max_epochs": 2, "validation_fraction": 0.0, "input_components": None}
     sparse = sp.csr_matrix(X)
     plain = _epoch_inputs(monkeypatch, small_model(input_noise=0.0, **params), sparse)
-    noisy = _epoch_inputs(monkeypatch, small_model(input_noise=0.5, **params), sparse)
+    model = small_model(input_noise=0.5, **params)
+    noisy = _epoch_inputs(monkeypatch, model, sparse)
     assert all(np.array_equal(a, b) for a, b in zip(plain, noisy, strict=True))
+    assert model.input_noise_ == 0.0
 
 
 def test_without_validation_runs_all_epochs(digits):
@@ -454,6 +468,8 @@ def test_without_validation_runs_all_epochs(digits):
         ({"n_jobs": 0}, "n_jobs"),
         ({"callback": 3}, "callback"),
         ({"teacher": "MBN"}, "teacher"),
+        ({"input_noise": "loud"}, "input_noise"),
+        ({"input_noise": -0.1}, "input_noise"),
     ],
 )
 def test_bad_parameters_name_themselves(params, name, digits):
