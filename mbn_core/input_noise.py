@@ -8,8 +8,13 @@ where its length is 0.41-0.60 of the median distance from a training row to its 
 reaches 2-11 times that distance (two moons 4.1, rings 3.4, swiss roll 1.9, stretched blobs
 10.6): the noise carries rows across the gap between two clusters, and the distilled map blurs
 that gap. So "auto" takes the 0.3 and caps its length at ``NEIGHBOURHOOD_SHARE`` of that
-distance, which leaves the wide sets where they were (benchmarks/RESULTS.md, issue 17: "The
-fast path's input noise").
+distance, which leaves the wide sets at 0.3 (breast cancer sits at the cap, so a split of it
+may get a little less: 0.2995) (benchmarks/RESULTS.md, issue 17: "The fast path's input
+noise").
+
+Neighbours are distinct rows: on data of many repeated rows (a few binary inputs) the 10th
+nearest row would often be a copy at distance 0, which says nothing of how far the embedding
+stays the same.
 """
 
 from __future__ import annotations
@@ -24,21 +29,23 @@ MAX_INPUT_NOISE = 0.3
 # training row to its ``NEIGHBORS``-th nearest: the largest share among the calibration sets.
 NEIGHBOURHOOD_SHARE = 0.6
 NEIGHBORS = 10
-# Rows whose neighbourhoods are measured (evenly spaced; the training rows come shuffled).
+# Rows whose neighbourhoods are measured, evenly spaced over the distinct rows (sorted, so the
+# measurement does not depend on the order the rows came in).
 SAMPLE_ROWS = 2000
 
 
 def auto_input_noise(X: np.ndarray) -> float:
     """The noise's standard deviation for dense MLP input rows ``X`` (n, width).
 
-    0 when no row has another to measure by (one row, or every row a duplicate).
+    0 when no row has another distinct row to measure by.
     """
-    n_rows, width = X.shape
+    distinct = np.unique(X, axis=0)
+    n_rows, width = distinct.shape
     n_neighbors = min(NEIGHBORS, n_rows - 1)
     if n_neighbors < 1:
         return 0.0
-    sample = X[:: max(1, n_rows // SAMPLE_ROWS)][:SAMPLE_ROWS]
-    index = NearestNeighbors(n_neighbors=n_neighbors + 1).fit(X)
+    sample = distinct[np.linspace(0, n_rows - 1, min(n_rows, SAMPLE_ROWS)).round().astype(int)]
+    index = NearestNeighbors(n_neighbors=n_neighbors + 1).fit(distinct)
     # Each sampled row is its own first neighbour, at distance 0.
     distances, _ = index.kneighbors(sample)
     reach = float(np.median(distances[:, n_neighbors]))

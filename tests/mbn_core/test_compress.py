@@ -428,9 +428,12 @@ def test_auto_input_noise_is_what_the_epochs_see(monkeypatch, digits):
     model = small_model(**params)
     assert model.input_noise == "auto"
     noisy = _epoch_inputs(monkeypatch, model, X)
-    assert 0 < model.input_noise_ <= 0.3
+    assert model.input_noise_ == 0.3  # digits are wide: the calibrated noise
     for epoch in noisy:
         assert np.std(epoch - clean[0]) == pytest.approx(model.input_noise_, rel=0.02)
+    # The same model as asking for 0.3.
+    fixed = _epoch_inputs(monkeypatch, small_model(input_noise=0.3, **params), X)
+    assert all(np.array_equal(a, b) for a, b in zip(noisy, fixed, strict=True))
 
 
 def test_input_noise_leaves_sparse_input_as_it_is(monkeypatch, digits):

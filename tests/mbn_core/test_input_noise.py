@@ -36,6 +36,22 @@ def test_no_distinct_neighbour_means_no_noise(X):
     assert auto_input_noise(X) == 0.0
 
 
+def test_repeated_rows_are_measured_by_their_distinct_neighbours():
+    # Six binary inputs, 3,000 rows: every row has dozens of copies, so the 10th nearest row
+    # is a copy at distance 0. The distinct rows are one unit step apart.
+    X = np.random.default_rng(0).integers(0, 2, size=(3000, 6)).astype(np.float64)
+    assert auto_input_noise(X) == MAX_INPUT_NOISE  # 0.6 * 1.41 / sqrt(6) = 0.35, capped
+
+
+def test_the_rows_order_does_not_matter():
+    # 3,999 rows, a tight cluster listed first: a sample of the first rows would see only it.
+    rng = np.random.default_rng(1)
+    X = np.vstack([rng.normal(0, 0.01, size=(2000, 2)), rng.normal(5, 1.0, size=(1999, 2))])
+    shuffled = X[rng.permutation(len(X))]
+    assert auto_input_noise(X) == auto_input_noise(shuffled)
+    assert auto_input_noise(X) > 0.001  # a tight first cluster alone gives 0.0006
+
+
 def test_few_rows_measure_by_the_rows_there_are():
     # Four rows on a diagonal, 0.02 * sqrt(2) apart: three neighbours at most. The third
     # nearest is 0.06 * sqrt(2) away from the end rows and 0.04 * sqrt(2) from the inner.
