@@ -67,6 +67,7 @@ def _track(mbn: MBN, shape: tuple[int, int], report: Reporter) -> None:
 
 
 def _check_rows(mbn: MBN, n_samples: int) -> None:
+    mbn._check_output_layers()
     ks = mbn.layer_sizes(n_samples)
     n_components = mbn.n_classes if mbn.n_components is None else mbn.n_components
     top = min(n_samples, mbn.n_clusterings * ks[-1])

@@ -326,11 +326,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
 
     def _fit_network(self, X, leave_self_out: bool) -> tuple[np.ndarray, np.ndarray | None]:
         self._validate_params()
-        if self.output == "umap-bottom" and self._upper_layers_are_given():
-            raise ValueError(
-                'output="umap-bottom" is a network of the bottom layer alone: give at most one '
-                'layer in ks (ks=[k1]) and leave delta at "auto", or use output="umap"'
-            )
+        self._check_output_layers()
         X = validate_data(
             self,
             X,
@@ -447,6 +443,14 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             self.explained_variance_ratio_, self.eigenvalues_ = None, None
         else:
             self.explained_variance_ratio_, self.eigenvalues_ = top.explained_variance_ratio, None
+
+    def _check_output_layers(self) -> None:
+        """ValueError when the output cannot have the layers asked for."""
+        if self.output == "umap-bottom" and self._upper_layers_are_given():
+            raise ValueError(
+                'output="umap-bottom" is a network of the bottom layer alone: give at most one '
+                'layer in ks (ks=[k1]) and leave delta at "auto", or use output="umap"'
+            )
 
     def _upper_layers_are_given(self) -> bool:
         """Whether the caller fixed the upper layers (several ``ks``, or a number for delta)."""

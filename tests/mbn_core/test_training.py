@@ -279,6 +279,8 @@ def test_stopping_writes_nothing(digits, tmp_path, phase):
         # An exported method's head sees only the rows it was fitted on (sklearn's KMeans
         # refused it after the fit).
         ("ok", {"params": {"method": "modular_kpca", "n_clusters": 50}}, r"45 rows .* \(of 50\)"),
+        # SMALL gives delta a number: a one-layer network has no use for it.
+        ("ok", {"params": {**SMALL, "output": "umap-bottom"}}, "bottom layer alone"),
     ],
 )
 def test_refused_before_training(digits, tmp_path, out, kwargs, message):

@@ -118,6 +118,8 @@ BAD_TRAIN_JSON: list[tuple[str, object, int, str]] = [
     ("labels length", {"data": ROWS, "labels": [1, 2]}, 422, "labels"),
     ("labels beyond int64", {"data": ROWS, "labels": [2**70] * 40}, 422, "64 bits"),
     ("more centers than rows", {"data": ROWS, "params": {"ks": [100]}}, 422, "40 rows"),
+    ("one-layer output, two layers", {"data": ROWS, "params": {"output": "umap-bottom",
+                                                              "ks": [10, 5]}}, 422, "alone"),
     ("constant rows", {"data": [[1.0, 2.0, 3.0]] * 40}, 422, "every row is the same"),
     ("huge values", {"data": [[v * 1e20 for v in row] for row in ROWS]}, 422, "as large as"),
     ("too many rows", {"data": [[1.0]] * 1001}, 413, "at most 1000"),
