@@ -224,9 +224,11 @@ def thin_manifold_is_measurable(n_samples: int, n_clusterings: int, k1: int) -> 
     )
 
 
-def choose_output(delta: float) -> str:
+def choose_output(delta: float, upper_layers_given: bool = False) -> str:
     """The output of ``output="auto"`` where ``thin_manifold_is_measurable``: "umap-bottom"
-    on a thin manifold, else "pca".
+    on a thin manifold, else "pca". Where the caller gave the upper layers (a number for
+    delta, several ks), a thin manifold keeps them and gets "umap", which lays out the
+    bottom x top co-association.
 
     ``delta`` is ``choose_delta``'s measurement: above the paper's 0.5 when that would leave
     more than ``MAX_ORPHANS`` of the points sharing no code with the second layer's centers.
@@ -237,4 +239,6 @@ def choose_output(delta: float) -> str:
     bottom layer's local cells alone keeps the branches apart (benchmarks/RESULTS.md,
     issue 17: "output=auto" and "The bottom layer alone").
     """
-    return "umap-bottom" if delta > DELTAS[0] else "pca"
+    if delta <= DELTAS[0]:
+        return "pca"
+    return "umap" if upper_layers_given else "umap-bottom"

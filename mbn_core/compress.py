@@ -565,12 +565,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
             random_state=_seed(rng),
         )
         best_loss, best_weights, stale = np.inf, None, 0
-        input_noise = 0.0
-        if not sp.issparse(X_train) and self.input_noise == "auto":
-            with threadpool_limits(limits=self._blas_threads()):  # the neighbour search's too
-                input_noise = auto_input_noise(X_train)
-        elif not sp.issparse(X_train):
-            input_noise = float(self.input_noise)
+        input_noise = self._input_noise(X_train)
         # Drawn only when used, so that the other seeds stay those of a noiseless fit.
         noise = np.random.RandomState(_seed(rng)) if input_noise > 0 else None
         epoch = 0
@@ -609,6 +604,15 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         if best_weights is not None:
             mlp.coefs_, mlp.intercepts_ = best_weights
         return mlp, epoch, input_noise
+
+    def _input_noise(self, X_train) -> float:
+        """The noise's standard deviation for these MLP input rows (none for sparse rows)."""
+        if sp.issparse(X_train):
+            return 0.0
+        if self.input_noise != "auto":
+            return float(self.input_noise)
+        with threadpool_limits(limits=self._blas_threads()):  # the neighbour search's too
+            return auto_input_noise(X_train)
 
     # ------------------------------------------------------------------ inference
 

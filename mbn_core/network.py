@@ -382,9 +382,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             if output == "auto":
                 output = "pca"
                 if output_is_measured and measured_delta is not None:
-                    output = choose_output(measured_delta)
-                if output == "umap-bottom" and self._upper_layers_are_given():
-                    output = "umap"  # keep the layers asked for; their top joins the similarity
+                    output = choose_output(measured_delta, self._upper_layers_are_given())
             if output == "umap-bottom":
                 ks, delta_is_measured = ks[:1], False
             if delta_is_measured:
@@ -980,20 +978,25 @@ def model_to_arrays(model: MBN) -> dict[str, np.ndarray]:
         arrays[f"layer{index}.seeds"] = layer.seeds
         arrays[f"layer{index}.feature_fraction"] = np.asarray(layer.feature_fraction)
     top = model.top_
-    if isinstance(top, CodesTop):
-        prefix = "spectral" if isinstance(top, SpectralTop) else "umap"
-        arrays[f"{prefix}.bottom_codes"] = top.bottom_codes
-        if top.top_codes is not None:  # "umap-bottom" keeps none
-            arrays[f"{prefix}.top_codes"] = top.top_codes
-        if isinstance(top, SpectralTop):
-            arrays["spectral.basis"] = top.basis
-            arrays["spectral.eigenvalues"] = top.eigenvalues
-        elif isinstance(top, UmapTop):
-            arrays["umap.anchors"] = top.anchors
+    if isinstance(top, SpectralTop):
+        arrays.update(_codes_arrays("spectral", top))
+        arrays["spectral.basis"] = top.basis
+        arrays["spectral.eigenvalues"] = top.eigenvalues
+    elif isinstance(top, UmapTop):
+        arrays.update(_codes_arrays("umap", top))
+        arrays["umap.anchors"] = top.anchors
     else:
         arrays["top.table"] = top.table
         arrays["top.offset"] = top.offset
         arrays["top.explained_variance_ratio"] = top.explained_variance_ratio
+    return arrays
+
+
+def _codes_arrays(prefix: str, top: CodesTop) -> dict[str, np.ndarray]:
+    """The training rows' codes an output keeps ("umap-bottom" keeps no top codes)."""
+    arrays = {f"{prefix}.bottom_codes": top.bottom_codes}
+    if top.top_codes is not None:
+        arrays[f"{prefix}.top_codes"] = top.top_codes
     return arrays
 
 
