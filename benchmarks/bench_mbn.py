@@ -11,6 +11,7 @@
     python benchmarks/bench_mbn.py orphans [--datasets moons ...] [--seeds 3]
     python benchmarks/bench_mbn.py features [--datasets wine ...] [--seeds 10]
     python benchmarks/bench_mbn.py outputs [--datasets moons ...] [--seeds 5]
+    python benchmarks/bench_mbn.py progress [--datasets swiss-roll digits mnist10k] [--output auto]
 
 ``quality`` (issue 17) compares MBN's old and new defaults with UMAP and PCA on small,
 low-dimensional and tabular data and MNIST: every method embeds into c dimensions (c = number
@@ -65,6 +66,14 @@ chooses on each data set and seed, scoring the inputs at unit scale (the product
 set and seed and prints what ``delta="auto"`` and ``output="auto"`` chose, and whether the
 embedding equals the one of the output asked for by name, bit for bit.
 
+``progress`` fits each data set as a service job does (``METHOD.track``'s callback, the
+service's ``k_max``) and prints the seconds of the bottom layer, the upper layers, the UMAP
+output's neighbour search and its layout; the costs the progress estimate takes from them
+(``mbn_core.mbn_method``: nanoseconds per unit of the bottom layer's modelled cost, and the
+search's cost per cell-mate visit and the layout's per row-epoch in those units); and the
+largest gap between the reported share and the share of the fit's time gone, which is what a
+user watching the bar sees.
+
 ``paper`` follows the papers' protocol (Table 7 of mbn-compressive): k-means run 50 times
 keeping the lowest inertia, PCA keeping 98% of the variance.
 """
@@ -106,6 +115,7 @@ from threadpoolctl import threadpool_limits
 
 from mbn_core import MBN, auto, umap_output
 from mbn_core.coassociation import one_hot
+from mbn_core.mbn_method import METHOD, layer_costs
 from mbn_core.network import METRICS, OUTPUTS
 from mbn_core.quality import neighbourhood_scores
 
@@ -840,6 +850,108 @@ def outputs(args) -> None:
         print(f"| {name} | {X.shape[0]:,} x {X.shape[1]} | {'; '.join(cells)} |", flush=True)
 
 
+def progress_data(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``quality_data``, and MNIST's first N images as "mnistN" (e.g. mnist10k)."""
+    if name.startswith("mnist") and name.endswith("k") and name != "mnist5k":
+        n = 1000 * int(name[len("mnist") : -1])
+        X, y = load_mnist()
+        return X[:n], y[:n]
+    return quality_data(name, 0)
+
+
+def progress_one(name: str, output: str) -> dict:
+    """One fit of ``name`` under the service's progress callback: when each step ended."""
+    X, y = progress_data(name)
+    params = {"n_classes": len(np.unique(y)), "output": output, **METHOD.defaults}
+    # A fresh process compiles numba code on first use (umap-learn's fuzzy set and layout are
+    # not cached on disk): timed apart, on a small fit that takes the same path.
+    start = time.perf_counter()
+    MBN(random_state=1, **{**params, "k1": 0.5}).fit(X[: min(len(X), 300)])
+    compile_s = time.perf_counter() - start
+    model = MBN(random_state=0, **params)
+    events: list[tuple[float, float, str]] = []
+    METHOD.track(
+        model, X.shape, lambda share, message: events.append((time.perf_counter(), share, message))
+    )
+    start = time.perf_counter()
+    model.fit(X)
+    end = time.perf_counter()
+
+    def last(prefix: str) -> float:
+        times = [t for t, _, message in events if message.startswith(prefix)]
+        return times[-1] if times else float("nan")
+
+    bottom_end, layers_end = last("layer 1/"), last("layer ")
+    search_end = last(f"{model.output_} output, neighbours")
+    epochs = [
+        t for t, _, message in events if message.startswith(f"{model.output_} output, layout")
+    ]
+    first_epoch = epochs[0] if epochs else float("nan")
+    n, k1 = X.shape[0], model.ks_[0]
+    unit_s = (bottom_end - start) / layer_costs(model, X.shape, model.ks_)[0]
+    visits = n * model.n_clusterings * n / k1
+    # The bar against the clock: reported share minus the share of the fit's time gone.
+    gaps = [share - (t - start) / (end - start) for t, share, _ in events]
+    return {
+        "name": name,
+        "shape": list(X.shape),
+        "ks": model.ks_,
+        "output": model.output_,
+        "fit_s": end - start,
+        "first_small_fit_s": compile_s,
+        "bottom_s": bottom_end - start,
+        "upper_s": layers_end - bottom_end,
+        "search_s": search_end - layers_end,
+        "layout_s": end - search_end,
+        # Of the layout: the fuzzy set, the spectral start and numba's compiling before epoch 0.
+        "layout_start_s": first_epoch - search_end,
+        "unit_ns": 1e9 * unit_s,
+        "search_cost": (search_end - layers_end) / visits / unit_s,
+        "layout_cost": (end - search_end) / (n * umap_output.layout_epochs(n)) / unit_s,
+        "ahead": max(gaps),
+        "behind": -min(gaps),
+    }
+
+
+def progress(args) -> None:
+    print(
+        f"MBN(n_classes=c, output={args.output!r}, random_state=0, k_max="
+        f"{METHOD.defaults['k_max']}) under the service's progress callback; one process per set"
+    )
+    print()
+    print(
+        "| data | n x d | ks, output | first fit of 300 rows (compiling) | fit | bottom layer / "
+        "upper layers / neighbour search / layout | ns per bottom unit | search cost per visit "
+        "/ layout cost per row-epoch (units) | bar ahead / behind the clock |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in args.datasets:
+        out = subprocess.run(
+            [sys.executable, __file__, "progress-one", name, args.output],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        r = json.loads(out.strip().splitlines()[-1])
+        umap_like = r["output"].startswith("umap")
+        print(
+            f"| {r['name']} | {r['shape'][0]:,} x {r['shape'][1]} | "
+            f"{'-'.join(map(str, r['ks']))}, {r['output']} | {r['first_small_fit_s']:.1f} s | "
+            f"{r['fit_s']:.1f} s | "
+            f"{r['bottom_s']:.1f} / {r['upper_s']:.1f} / "
+            + (
+                f"{r['search_s']:.1f} / {r['layout_s']:.1f} s ({r['layout_start_s']:.1f} s "
+                "before epoch 0) | "
+                if umap_like
+                else "- / - s | "
+            )
+            + f"{r['unit_ns']:.3f} | "
+            + (f"{r['search_cost']:.2g} / {r['layout_cost']:.2g} | " if umap_like else "- | ")
+            + f"{r['ahead']:.2f} / {r['behind']:.2f} |",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -888,6 +1000,12 @@ def main() -> None:
     u = sub.add_parser("outputs")
     u.add_argument("--datasets", nargs="+", default=[*QUALITY_DATA, *VALIDATION_DATA, "mnist5k"])
     u.add_argument("--seeds", type=int, default=5)
+    g = sub.add_parser("progress")
+    g.add_argument("--datasets", nargs="+", default=["moons", "swiss-roll", "digits", "mnist10k"])
+    g.add_argument("--output", choices=OUTPUTS, default="auto")
+    g_one = sub.add_parser("progress-one")
+    g_one.add_argument("name")
+    g_one.add_argument("output", choices=OUTPUTS)
     one = sub.add_parser("scale-one")
     one.add_argument("n", type=int)
     one.add_argument("k_max", type=int)
@@ -918,6 +1036,10 @@ def main() -> None:
         outputs(args)
     elif args.command == "orphans":
         orphans(args)
+    elif args.command == "progress":
+        progress(args)
+    elif args.command == "progress-one":
+        print(json.dumps(progress_one(args.name, args.output)))
     else:
         with threadpool_limits(limits=None):
             result = scale_one(

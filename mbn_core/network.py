@@ -45,7 +45,7 @@ from mbn_core.layers import (
 from mbn_core.params import CheckedParams, check_int_items
 from mbn_core.pca import fit_pca
 from mbn_core.spectral import MAX_COASSOCIATION_PAIRS, SpectralTop, fit_spectral
-from mbn_core.umap_output import UmapTop, fit_umap, require_umap
+from mbn_core.umap_output import OutputProgress, UmapTop, fit_umap, require_umap
 
 ProgressCallback = Callable[[int, int, int], object]
 
@@ -176,10 +176,13 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         Called as ``callback(layer, clustering, total)`` after each clustering with the
         0-based layer index, the clusterings of that layer finished so far, and the
         layer's total. Returning True stops training: ``fit`` raises ``TrainingStopped``
-        and the estimator stays as it was. A callback with a ``layer_plan(ks)`` method is
-        told the layers the fit settled on once the bottom layer is done (``delta`` and
-        ``output`` "auto" decide them there), for progress estimates; its returning True
-        stops training too.
+        and the estimator stays as it was. Two optional methods of the callback hear the
+        rest of the fit, and their returning True stops it too:
+
+        - ``fit_plan(ks, output)``: the layers and the output the fit settled on, once the
+          bottom layer is done (``delta`` and ``output`` "auto" decide them there);
+        - ``output_progress(stage, done, total)``: the UMAP outputs' fit after the layers,
+          ``"neighbours"`` (rows searched) then ``"layout"`` (epochs).
 
     Attributes
     ----------
@@ -394,8 +397,8 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                     ks = chosen
                 else:
                     delta = 0.5
-            layer_plan = getattr(self.callback, "layer_plan", None)
-            if layer_plan is not None and layer_plan(list(ks)):  # "auto" settles them here
+            fit_plan = getattr(self.callback, "fit_plan", None)
+            if fit_plan is not None and fit_plan(list(ks), output):  # "auto" settles them here
                 raise TrainingStopped("training stopped by the callback after the bottom layer")
             upper: list[UpperLayer] = []
             for index, k in enumerate(ks[1:], start=1):
@@ -410,7 +413,10 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                     top, embedding = fit_spectral(bottom_codes, codes, ks[0], n_components, seed)
                 else:  # "umap-bottom" lays out the bottom layer's co-association alone
                     top_codes = None if output == "umap-bottom" else codes
-                    top, embedding = fit_umap(bottom_codes, top_codes, ks[0], n_components, seed)
+                    top, embedding = fit_umap(
+                        bottom_codes, top_codes, ks[0], n_components, seed,
+                        _output_progress(self.callback),
+                    )  # fmt: skip
                 left_out = None
                 if left_codes is not None:
                     left_out = top.embed(bottom_left_codes, left_codes, exclude_self=True)
@@ -752,6 +758,22 @@ def bottom_encoder(
     if norms is None:
         norms = input_row_norms(X)
     return lambda v: layer.clustering_codes(X_work, v, norms)
+
+
+def _output_progress(callback: ProgressCallback | None) -> OutputProgress | None:
+    """The UMAP output's progress function for this callback: it tells the callback's
+    ``output_progress`` and stops the fit when that returns True."""
+    report = getattr(callback, "output_progress", None)
+    if report is None:
+        return None
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if report(stage, done, total):
+            raise TrainingStopped(
+                f"training stopped by the callback in the output's {stage} ({done} of {total})"
+            )
+
+    return progress
 
 
 class _LayerRunner:

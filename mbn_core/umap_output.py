@@ -28,6 +28,7 @@ below it on the swiss roll (0.852 against 0.881).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,10 @@ MIN_DIST = 0.1
 NEGATIVE_SAMPLE_RATE = 5
 # UMAP's epochs: 500 for graphs of up to 10,000 rows, 200 above (each epoch costs more).
 SMALL_GRAPH_EPOCHS, LARGE_GRAPH_EPOCHS, LARGE_GRAPH_ROWS = 500, 200, 10_000
+# progress(stage, done, total): told how far the fit's two stages are, "neighbours" (each
+# row's most similar rows, a block of rows at a time) then "layout" (UMAP's epochs); it
+# raises to stop the fit.
+OutputProgress = Callable[[str, int, int], None]
 
 INSTALL_HINT = (
     "MBN's UMAP output needs umap-learn, a dependency of this library that is missing from "
@@ -67,6 +72,11 @@ def _umap_internals():
         except ImportError as error:
             raise UmapNotInstalled(INSTALL_HINT) from error
     return umap_internals
+
+
+def layout_epochs(n_rows: int) -> int:
+    """The layout's epochs for a graph of ``n_rows`` rows."""
+    return SMALL_GRAPH_EPOCHS if n_rows <= LARGE_GRAPH_ROWS else LARGE_GRAPH_EPOCHS
 
 
 def require_umap() -> None:
@@ -98,9 +108,11 @@ def fit_umap(
     n_bottom_values: int,
     n_components: int,
     seed: int,
+    progress: OutputProgress | None = None,
 ) -> tuple[UmapTop, np.ndarray]:
     """The UMAP output of the training rows' codes, and their embedding (``top_codes`` None:
-    of the bottom layer's co-association alone).
+    of the bottom layer's co-association alone). ``progress`` hears each block of rows
+    searched and each epoch laid out, and may raise to stop.
 
     The co-association is visited a block of rows at a time and only each row's strongest
     pairs are kept, so memory grows with the rows, not with the pairs (``expected_pairs``
@@ -125,12 +137,14 @@ def fit_umap(
             columns, values = other_rows(columns, values, row, n_neighbors - 1)
             indices[row, 1 : 1 + columns.size] = columns
             distances[row, 1 : 1 + columns.size] = 1.0 - values
+        if progress is not None:
+            progress("neighbours", start + affinity.shape[0], n_rows)
     if (indices[:, 1:] == np.arange(n_rows)[:, None]).all():
         raise ValueError(
             "the UMAP output found no two training rows that share a bottom cell, so there is "
             "nothing to lay out; use fewer bottom centers (k1) or more rows"
         )
-    anchors = _layout(indices, distances, n_components, seed)
+    anchors = _layout(indices, distances, n_components, seed, progress)
     top = UmapTop(
         bottom_codes=bottom_codes,
         top_codes=top_codes,
@@ -196,7 +210,43 @@ def fuzzy_graph(indices: np.ndarray, distances: np.ndarray, seed: int) -> sp.coo
     return graph
 
 
-def _layout(indices: np.ndarray, distances: np.ndarray, n_components: int, seed: int) -> np.ndarray:
+class _EpochCounter:
+    """A file for umap-learn's progress bar that hands each epoch count to ``progress``.
+
+    umap-learn's layout takes no callback, but it draws a tqdm bar over its epochs with the
+    keywords it is given (``tqdm_kwds``): drawn as the bare count into this file after every
+    epoch, the bar says how far the layout is, and an exception raised from ``write`` leaves
+    the epoch loop. After one, the bar's closing draw is ignored.
+    """
+
+    def __init__(self, progress: OutputProgress, n_epochs: int) -> None:
+        self.progress, self.n_epochs, self.stopped = progress, n_epochs, False
+
+    def tqdm_keywords(self) -> dict:
+        return {"file": self, "bar_format": "{n}", "mininterval": 0, "miniters": 1,
+                "disable": False, "leave": False}  # fmt: skip
+
+    def write(self, text: str) -> int:
+        count = text.strip()
+        if count.isdigit() and not self.stopped:
+            try:
+                self.progress("layout", int(count), self.n_epochs)
+            except BaseException:
+                self.stopped = True
+                raise
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _layout(
+    indices: np.ndarray,
+    distances: np.ndarray,
+    n_components: int,
+    seed: int,
+    progress: OutputProgress | None = None,
+) -> np.ndarray:
     """UMAP's fuzzy simplicial set of these neighbours, laid out (float64)."""
     umap_internals = _umap_internals()
     n_rows = indices.shape[0]
@@ -205,7 +255,8 @@ def _layout(indices: np.ndarray, distances: np.ndarray, n_components: int, seed:
     # The spectral start asks for n_components + 1 eigenvectors, which scipy refuses (with a
     # TypeError) for graphs of no more rows; there the seeded random start serves.
     init = "spectral" if n_components + 1 < n_rows else "random"
-    n_epochs = SMALL_GRAPH_EPOCHS if n_rows <= LARGE_GRAPH_ROWS else LARGE_GRAPH_EPOCHS
+    n_epochs = layout_epochs(n_rows)
+    tqdm_keywords = None if progress is None else _EpochCounter(progress, n_epochs).tqdm_keywords()
     # umap-learn (0.5.12) places a graph's separate pieces with numpy's global generator when
     # it is given no data (multi_component_layout): seed that for the call, so one seed gives
     # one embedding, and give the caller's generator its state back.
@@ -215,6 +266,7 @@ def _layout(indices: np.ndarray, distances: np.ndarray, n_components: int, seed:
         embedding, _ = umap_internals.simplicial_set_embedding(
             None, graph, n_components, 1.0, a, b, 1.0, NEGATIVE_SAMPLE_RATE, n_epochs,
             init, np.random.RandomState(seed), "euclidean", {}, False, {}, False,
+            tqdm_kwds=tqdm_keywords,
         )  # fmt: skip
     finally:
         np.random.set_state(global_state)  # noqa: NPY002

@@ -327,31 +327,74 @@ def test_callback_reports_progress_and_can_stop(digits, fitted):
 
 
 class PlanRecorder:
-    """A callback that also hears the layers the fit settles on, and can stop there."""
+    """A callback that also hears the plan the fit settles on and the output's progress, and
+    can stop at either."""
 
-    def __init__(self, stop_at_plan: bool = False) -> None:
-        self.plans: list[list[int]] = []
-        self.stop_at_plan = stop_at_plan
+    def __init__(self, stop_at_plan: bool = False, stop_at_epoch: int | None = None) -> None:
+        self.plans: list[tuple[list[int], str]] = []
+        self.steps: list[tuple[str, int, int]] = []
+        self.stop_at_plan, self.stop_at_epoch = stop_at_plan, stop_at_epoch
 
     def __call__(self, layer: int, clustering: int, total: int) -> bool:
         return False
 
-    def layer_plan(self, ks: list[int]) -> bool:
-        self.plans.append(ks)
+    def fit_plan(self, ks: list[int], output: str) -> bool:
+        self.plans.append((ks, output))
         return self.stop_at_plan
 
+    def output_progress(self, stage: str, done: int, total: int) -> bool:
+        self.steps.append((stage, done, total))
+        return stage == "layout" and done == self.stop_at_epoch
 
-def test_a_callback_hears_the_layers_the_fit_settles_on():
+
+def test_a_callback_hears_the_plan_the_fit_settles_on():
     X, _ = make_circles(300, factor=0.5, noise=0.04, random_state=7)
     recorder = PlanRecorder()
     rings = MBN(n_classes=2, random_state=0, callback=recorder).fit(X)
     # Two rings are thin: "auto" keeps the bottom layer alone, which the plan says.
-    assert rings.output_ == "umap-bottom" and recorder.plans == [[150]]
+    assert rings.output_ == "umap-bottom" and recorder.plans == [([150], "umap-bottom")]
     stopper = MBN(n_classes=2, random_state=0, callback=PlanRecorder(stop_at_plan=True))
     with pytest.raises(TrainingStopped, match="after the bottom layer"):
         stopper.fit(X)
     with pytest.raises(NotFittedError):
         stopper.transform(X)
+
+
+@pytest.mark.parametrize("output", ["umap", "umap-bottom"])
+def test_a_callback_hears_the_umap_outputs_search_then_each_epoch(output):
+    X, _ = make_circles(300, factor=0.5, noise=0.04, random_state=7)
+    recorder = PlanRecorder()
+    heard = MBN(n_classes=2, output=output, random_state=0, callback=recorder).fit_transform(X)
+    stages = [stage for stage, _, _ in recorder.steps]
+    searched = [step for step in recorder.steps if step[0] == "neighbours"]
+    epochs = [step for step in recorder.steps if step[0] == "layout"]
+    # The search first, a block of rows at a time up to all 300; then every epoch, 0 to 500.
+    assert stages == ["neighbours"] * len(searched) + ["layout"] * len(epochs)
+    assert searched[-1] == ("neighbours", 300, 300)
+    assert [done for _, done, _ in searched] == sorted(done for _, done, _ in searched)
+    n_epochs = umap_output.layout_epochs(300)
+    assert epochs == [("layout", epoch, n_epochs) for epoch in range(n_epochs + 1)]
+    # Listening changes nothing in the model.
+    plain = MBN(n_classes=2, output=output, random_state=0).fit_transform(X)
+    np.testing.assert_array_equal(heard, plain)
+
+
+def test_a_callback_stops_the_umap_layout_between_epochs():
+    X, _ = make_circles(300, factor=0.5, noise=0.04, random_state=7)
+    recorder = PlanRecorder(stop_at_epoch=7)
+    model = MBN(n_classes=2, output="umap-bottom", random_state=0, callback=recorder)
+    numpy_state = np.random.get_state()  # noqa: NPY002 - the layout seeds it for its call
+    with pytest.raises(TrainingStopped, match=r"in the output's layout \(7 of 500\)"):
+        model.fit(X)
+    assert recorder.steps[-1] == ("layout", 7, 500)  # no epoch heard after the stop
+    with pytest.raises(NotFittedError):
+        model.transform(X)
+    after = np.random.get_state()  # noqa: NPY002
+    assert after[0] == numpy_state[0] and np.array_equal(after[1], numpy_state[1])
+    # A stopped fit leaves nothing behind: the next one builds the model a plain fit builds.
+    model.set_params(callback=None)
+    plain = MBN(n_classes=2, output="umap-bottom", random_state=0).fit_transform(X)
+    np.testing.assert_array_equal(model.fit_transform(X), plain)
 
 
 @pytest.mark.parametrize(

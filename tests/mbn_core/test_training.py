@@ -386,10 +386,13 @@ def test_a_thin_manifold_trains_a_bundle_of_the_bottom_umap_output(tmp_path):
     training = bundle.manifest["training"]
     assert training["params"]["output"] == "auto" and training["output"] == "umap-bottom"
     assert len(training["ks"]) == 1  # the bottom layer alone
-    # The fit's progress follows that plan: its bottom layer was all of the fit.
+    # The fit's progress follows that plan: its bottom layer, then the output's layout.
     fit = [event for event in events if event.phase == "fit"]
     assert [e.phase_fraction for e in fit] == sorted(e.phase_fraction for e in fit)
-    assert fit[-1].phase_fraction == 1.0 and fit[-1].message.startswith("layer 1/1 ")
+    bottom = [e for e in fit if e.message.startswith("layer ")]
+    assert bottom[-1].message.startswith("layer 1/1 ") and bottom[-1].phase_fraction < 1.0
+    assert fit[-1].phase_fraction == 1.0
+    assert fit[-1].message == "umap-bottom output, layout: epoch 500/500"
     estimator = bundle.load_exact().estimator
     assert estimator.output_ == "umap-bottom" and estimator.ks_ == training["ks"]
     exact = bundle.embed(X[:30], mode="exact")
