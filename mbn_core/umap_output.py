@@ -27,6 +27,8 @@ below it on the swiss roll (0.852 against 0.881).
 
 from __future__ import annotations
 
+import functools
+import importlib
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,6 +64,16 @@ class UmapNotInstalled(ImportError):
     """umap-learn is missing: a setup to fix, told as such by ``mbn train``."""
 
 
+# umap-learn's numba functions that a fit runs and that it compiles in every process without
+# caching them on disk (no cache=True): 5-6 s of each process's first UMAP-output fit, more than
+# a 2,000-row fit itself, and every service job is a new process. (module, name) pairs.
+_UNCACHED_KERNELS = (
+    ("umap.umap_", "smooth_knn_dist"),
+    ("umap.umap_", "compute_membership_strengths"),
+    ("umap.layouts", "_nb_optimize_layout_euclidean_single_epoch"),
+)
+
+
 def _umap_internals():
     """umap-learn's module of the fuzzy simplicial set and the layout. Its package warns on
     import that TensorFlow (for ParametricUMAP, unused here) is missing: not ours to show."""
@@ -71,7 +83,25 @@ def _umap_internals():
             import umap.umap_ as umap_internals
         except ImportError as error:
             raise UmapNotInstalled(INSTALL_HINT) from error
+    _cache_compiled_kernels()
     return umap_internals
+
+
+@functools.cache  # once a process: before the first compile is what counts
+def _cache_compiled_kernels() -> None:
+    """Turn on numba's on-disk cache (what cache=True does) for ``_UNCACHED_KERNELS``, before
+    their first compile: a later process loads them in a fraction of a second. The cache goes
+    where numba puts ours (``NUMBA_CACHE_DIR`` in the image). A kernel a later umap-learn
+    renamed, or one with nowhere to cache, stays as it is: slower, never wrong."""
+    for module_name, name in _UNCACHED_KERNELS:
+        kernel = getattr(importlib.import_module(module_name), name, None)
+        enable_caching = getattr(kernel, "enable_caching", None)
+        if enable_caching is None:
+            continue
+        try:
+            enable_caching()
+        except RuntimeError:  # numba: "no locator available" (no writable cache directory)
+            continue
 
 
 def layout_epochs(n_rows: int) -> int:

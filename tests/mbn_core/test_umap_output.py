@@ -1,5 +1,6 @@
 """MBN's UMAP output: UMAP's layout of the co-association, every row placed the same way."""
 
+import importlib
 import sys
 
 import numpy as np
@@ -9,7 +10,7 @@ from sklearn.cluster import KMeans
 from sklearn.datasets import make_circles, make_moons
 from sklearn.metrics import normalized_mutual_info_score
 
-from mbn_core import MBN, model_from_arrays, model_to_arrays
+from mbn_core import MBN, model_from_arrays, model_to_arrays, umap_output
 from mbn_core.coassociation import coassociation, expected_pairs
 from mbn_core.spectral import MAX_COASSOCIATION_PAIRS
 from mbn_core.umap_output import N_NEIGHBORS, place
@@ -176,3 +177,14 @@ def test_fits_a_co_association_beyond_the_spectral_limit():
     np.testing.assert_array_equal(model.transform(X[::97]), Z[::97])
     labels = KMeans(2, n_init=10, random_state=0).fit_predict(Z)
     assert normalized_mutual_info_score(y, labels) > 0.99  # the moons still apart
+
+
+def test_umap_learns_kernels_are_cached_on_disk_for_the_next_process():
+    # umap-learn compiles them in every process without cache=True: 5-6 s of each training
+    # process's first UMAP-output fit. After a fit each one has a cache and was looked up in it.
+    X, _ = make_moons(200, noise=0.06, random_state=7)
+    MBN(n_classes=2, n_clusterings=20, output="umap-bottom", random_state=0).fit(X)
+    for module_name, name in umap_output._UNCACHED_KERNELS:
+        stats = getattr(importlib.import_module(module_name), name).stats
+        assert stats.cache_path is not None, name
+        assert sum(stats.cache_hits.values()) + sum(stats.cache_misses.values()) > 0, name
