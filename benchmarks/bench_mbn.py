@@ -11,7 +11,7 @@
     python benchmarks/bench_mbn.py orphans [--datasets moons ...] [--seeds 3]
     python benchmarks/bench_mbn.py features [--datasets wine ...] [--seeds 10]
     python benchmarks/bench_mbn.py outputs [--datasets moons ...] [--seeds 5]
-    python benchmarks/bench_mbn.py progress [--datasets swiss-roll digits mnist10k] [--output auto]
+    python benchmarks/bench_mbn.py progress [--datasets moons swiss-roll ...] [--output auto]
 
 ``quality`` (issue 17) compares MBN's old and new defaults with UMAP and PCA on small,
 low-dimensional and tabular data and MNIST: every method embeds into c dimensions (c = number
@@ -863,8 +863,8 @@ def progress_one(name: str, output: str) -> dict:
     """One fit of ``name`` under the service's progress callback: when each step ended."""
     X, y = progress_data(name)
     params = {"n_classes": len(np.unique(y)), "output": output, **METHOD.defaults}
-    # A fresh process compiles numba code on first use (umap-learn's fuzzy set and layout are
-    # not cached on disk): timed apart, on a small fit that takes the same path.
+    # A fresh process compiles numba code, or loads it from numba's cache, on first use: timed
+    # apart, on a small fit that takes the same path.
     start = time.perf_counter()
     MBN(random_state=1, **{**params, "k1": 0.5}).fit(X[: min(len(X), 300)])
     compile_s = time.perf_counter() - start

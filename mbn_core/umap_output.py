@@ -30,7 +30,8 @@ from __future__ import annotations
 import functools
 import importlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,12 +67,17 @@ class UmapNotInstalled(ImportError):
 
 # umap-learn's numba functions that a fit runs and that it compiles in every process without
 # caching them on disk (no cache=True): 5-6 s of each process's first UMAP-output fit, more than
-# a 2,000-row fit itself, and every service job is a new process. (module, name) pairs.
+# a 2,000-row fit itself, and every service job is a new process. (module, name) pairs. The
+# layout epoch's parallel twin wraps the same Python function, and numba's cache index does not
+# record ``parallel``: cached too, each would load the other's code, so it is not listed.
 _UNCACHED_KERNELS = (
     ("umap.umap_", "smooth_knn_dist"),
     ("umap.umap_", "compute_membership_strengths"),
     ("umap.layouts", "_nb_optimize_layout_euclidean_single_epoch"),
 )
+# The progress function of the layout running in this context (``_layout``), for
+# ``_layout_epochs``; None outside it, and in other threads.
+_LAYOUT_PROGRESS: ContextVar[OutputProgress | None] = ContextVar("layout_progress", default=None)
 
 
 def _umap_internals():
@@ -84,6 +90,7 @@ def _umap_internals():
         except ImportError as error:
             raise UmapNotInstalled(INSTALL_HINT) from error
     _cache_compiled_kernels()
+    _hear_layout_epochs()
     return umap_internals
 
 
@@ -102,6 +109,40 @@ def _cache_compiled_kernels() -> None:
             enable_caching()
         except RuntimeError:  # numba: "no locator available" (no writable cache directory)
             continue
+
+
+@functools.cache  # once a process
+def _hear_layout_epochs() -> None:
+    """Let ``_layout`` hear umap-learn's layout epochs, and stop between them.
+
+    umap-learn's layout takes no callback; it loops over its epochs through the ``tqdm`` its
+    module imported (``for n in tqdm(range(n_epochs), ...)``). That name is replaced by one
+    that is the original tqdm unless a ``_layout`` in this context has a progress function.
+    Raising between epochs leaves the loop cleanly, where an exception from inside a tqdm
+    bar's drawing would leave tqdm's process-wide lock held. A later umap-learn without that
+    name keeps its own: the layout is then neither heard nor stoppable, and fits the same.
+    """
+    layouts = importlib.import_module("umap.layouts")
+    original = getattr(layouts, "tqdm", None)
+    if original is None:
+        return
+
+    def epochs_heard(iterable, *args, **keywords):
+        progress = _LAYOUT_PROGRESS.get()
+        if progress is None:
+            return original(iterable, *args, **keywords)
+        return _layout_epochs(iterable, progress)
+
+    vars(layouts)["tqdm"] = epochs_heard  # the name its loop looks up at each call
+
+
+def _layout_epochs(epochs: Sequence[int], progress: OutputProgress) -> Iterator[int]:
+    """The epochs, telling ``progress`` how many are done before the first and after each."""
+    total = len(epochs)
+    progress("layout", 0, total)
+    for done, epoch in enumerate(epochs, start=1):
+        yield epoch  # the loop's body runs the epoch before asking for the next one
+        progress("layout", done, total)
 
 
 def layout_epochs(n_rows: int) -> int:
@@ -240,36 +281,6 @@ def fuzzy_graph(indices: np.ndarray, distances: np.ndarray, seed: int) -> sp.coo
     return graph
 
 
-class _EpochCounter:
-    """A file for umap-learn's progress bar that hands each epoch count to ``progress``.
-
-    umap-learn's layout takes no callback, but it draws a tqdm bar over its epochs with the
-    keywords it is given (``tqdm_kwds``): drawn as the bare count into this file after every
-    epoch, the bar says how far the layout is, and an exception raised from ``write`` leaves
-    the epoch loop. After one, the bar's closing draw is ignored.
-    """
-
-    def __init__(self, progress: OutputProgress, n_epochs: int) -> None:
-        self.progress, self.n_epochs, self.stopped = progress, n_epochs, False
-
-    def tqdm_keywords(self) -> dict:
-        return {"file": self, "bar_format": "{n}", "mininterval": 0, "miniters": 1,
-                "disable": False, "leave": False}  # fmt: skip
-
-    def write(self, text: str) -> int:
-        count = text.strip()
-        if count.isdigit() and not self.stopped:
-            try:
-                self.progress("layout", int(count), self.n_epochs)
-            except BaseException:
-                self.stopped = True
-                raise
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-
 def _layout(
     indices: np.ndarray,
     distances: np.ndarray,
@@ -286,18 +297,18 @@ def _layout(
     # TypeError) for graphs of no more rows; there the seeded random start serves.
     init = "spectral" if n_components + 1 < n_rows else "random"
     n_epochs = layout_epochs(n_rows)
-    tqdm_keywords = None if progress is None else _EpochCounter(progress, n_epochs).tqdm_keywords()
     # umap-learn (0.5.12) places a graph's separate pieces with numpy's global generator when
     # it is given no data (multi_component_layout): seed that for the call, so one seed gives
     # one embedding, and give the caller's generator its state back.
     global_state = np.random.get_state()  # noqa: NPY002 - the generator umap-learn uses
     np.random.seed(seed)  # noqa: NPY002
+    heard = _LAYOUT_PROGRESS.set(progress)
     try:
         embedding, _ = umap_internals.simplicial_set_embedding(
             None, graph, n_components, 1.0, a, b, 1.0, NEGATIVE_SAMPLE_RATE, n_epochs,
             init, np.random.RandomState(seed), "euclidean", {}, False, {}, False,
-            tqdm_kwds=tqdm_keywords,
         )  # fmt: skip
     finally:
+        _LAYOUT_PROGRESS.reset(heard)
         np.random.set_state(global_state)  # noqa: NPY002
     return np.asarray(embedding, dtype=np.float64)

@@ -52,6 +52,13 @@ def test_the_share_moves_through_the_layers_then_the_search_then_every_epoch():
 def test_a_report_asking_to_stop_stops_the_layout():
     X, _ = make_circles(300, factor=0.5, noise=0.04, random_state=7)
     model = MBN(n_classes=2, output="umap-bottom", random_state=0)
-    METHOD.track(model, X.shape, lambda share, message: message.endswith("epoch 3/500"))
-    with pytest.raises(TrainingStopped, match="layout"):
+    messages: list[str] = []
+
+    def report(share: float, message: str) -> bool:
+        messages.append(message)
+        return message.endswith("epoch 3/500")
+
+    METHOD.track(model, X.shape, report)
+    with pytest.raises(TrainingStopped, match=r"layout \(3 of 500\)"):
         model.fit(X)
+    assert messages[-1] == "umap-bottom output, layout: epoch 3/500"

@@ -1,5 +1,8 @@
 """The MBN estimator: scikit-learn contract, determinism, exactness, bad input."""
 
+import io
+import threading
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -16,6 +19,7 @@ from sklearn.datasets import (
 from sklearn.exceptions import NotFittedError
 from sklearn.metrics import normalized_mutual_info_score
 from sklearn.utils.estimator_checks import parametrize_with_checks
+from tqdm import tqdm
 
 from mbn_core import MBN, TrainingStopped, model_from_arrays, model_to_arrays, umap_output
 from mbn_core.coassociation import cell_index, coassociation
@@ -389,6 +393,12 @@ def test_a_callback_stops_the_umap_layout_between_epochs():
     assert recorder.steps[-1] == ("layout", 7, 500)  # no epoch heard after the stop
     with pytest.raises(NotFittedError):
         model.transform(X)
+    # Nothing held behind: a tqdm bar in another thread (whose drawing takes tqdm's
+    # process-wide lock) still runs to its end.
+    drawn = threading.Thread(target=lambda: list(tqdm(range(3), file=io.StringIO())))
+    drawn.start()
+    drawn.join(timeout=30)
+    assert not drawn.is_alive()
     after = np.random.get_state()  # noqa: NPY002
     assert after[0] == numpy_state[0] and np.array_equal(after[1], numpy_state[1])
     # A stopped fit leaves nothing behind: the next one builds the model a plain fit builds.
