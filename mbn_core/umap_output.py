@@ -76,7 +76,7 @@ _UNCACHED_KERNELS = (
     ("umap.layouts", "_nb_optimize_layout_euclidean_single_epoch"),
 )
 # The progress function of the layout running in this context (``_layout``), for
-# ``_layout_epochs``; None outside it, and in other threads.
+# ``_hear_layout_epochs``; None outside it, and in other threads.
 _LAYOUT_PROGRESS: ContextVar[OutputProgress | None] = ContextVar("layout_progress", default=None)
 
 
@@ -131,12 +131,12 @@ def _hear_layout_epochs() -> None:
         progress = _LAYOUT_PROGRESS.get()
         if progress is None:
             return original(iterable, *args, **keywords)
-        return _layout_epochs(iterable, progress)
+        return _reported_epochs(iterable, progress)
 
     vars(layouts)["tqdm"] = epochs_heard  # the name its loop looks up at each call
 
 
-def _layout_epochs(epochs: Sequence[int], progress: OutputProgress) -> Iterator[int]:
+def _reported_epochs(epochs: Sequence[int], progress: OutputProgress) -> Iterator[int]:
     """The epochs, telling ``progress`` how many are done before the first and after each."""
     total = len(epochs)
     progress("layout", 0, total)
