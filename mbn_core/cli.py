@@ -512,7 +512,7 @@ class _ProgressBars:
             self.phase = event.phase
             if event.phase == "export":
                 return
-            label = {"fit": "fit", "compressor": "MLP"}[event.phase]
+            label = {"fit": "fit", "compressor": "MLP", "report": "report"}[event.phase]
             self.bar = tqdm(
                 total=self._TOTAL,
                 desc=label,

@@ -195,8 +195,9 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
     callback : callable, default=None
         Called as ``callback(epoch, max_epochs, validation_loss)`` after each MLP epoch
         (1-based; the loss is NaN without a validation split). Returning True stops
-        training: ``fit`` raises ``TrainingStopped``. The teacher reports through its own
-        ``callback``.
+        training: ``fit`` raises ``TrainingStopped``. A callback with a
+        ``fold_done(done, total)`` method is told each fold of a cross-fitted report, and
+        can stop there the same way. The teacher reports through its own ``callback``.
 
     Attributes
     ----------
@@ -510,6 +511,13 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
             )
             exact_all[fold] = (exact - source_mean) @ rotation + target_mean
             fast_all[fold] = (fast - source_mean) @ rotation + target_mean
+            # A fold refits teacher and MLP, so the report costs several fits: say so.
+            fold_done = getattr(self.callback, "fold_done", None)
+            if fold_done is not None and fold_done(number + 1, n_folds):
+                raise TrainingStopped(
+                    f"training stopped by the callback after fold {number + 1} of {n_folds} "
+                    "of the fidelity report"
+                )
         fidelity = measure_fidelity(
             exact_all,
             fast_all,
@@ -790,6 +798,14 @@ def teacher_fit_rows(
     if folds._n_folds(n_samples) is not None:
         return n_samples
     return n_samples - _n_holdout(n_samples, holdout_fraction)
+
+
+def report_fold_count(
+    n_samples: int, holdout_fraction: float, report_folds: int | str | None
+) -> int | None:
+    """Folds the report of a fit on ``n_samples`` rows refits, or None (one held-out set)."""
+    folds = CompressiveMBN(holdout_fraction=holdout_fraction, report_folds=report_folds)
+    return folds._n_folds(n_samples)
 
 
 def fold_fit_rows(n_samples: int, holdout_fraction: float, report_folds: int | str | None) -> int:

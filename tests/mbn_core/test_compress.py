@@ -323,6 +323,35 @@ def test_callback_sees_every_epoch_and_can_stop(digits):
         check_is_fitted(model)
 
 
+class FoldListener:
+    """An epoch callback that also hears the folds of a cross-fitted report."""
+
+    def __init__(self, stop_after_fold: int | None = None) -> None:
+        self.folds: list[tuple[int, int]] = []
+        self.stop_after_fold = stop_after_fold
+
+    def __call__(self, epoch: int, total: int, loss: float) -> bool:
+        return False
+
+    def fold_done(self, done: int, total: int) -> bool:
+        self.folds.append((done, total))
+        return done == self.stop_after_fold
+
+
+def test_callback_hears_each_fold_of_the_report_and_can_stop_there(digits):
+    X, _ = digits
+    listener = FoldListener()
+    small_model(max_epochs=2, report_folds=3, callback=listener).fit(X[:300])
+    assert listener.folds == [(1, 3), (2, 3), (3, 3)]
+    stopper = FoldListener(stop_after_fold=2)
+    model = small_model(max_epochs=2, report_folds=3, callback=stopper)
+    with pytest.raises(TrainingStopped, match="after fold 2 of 3"):
+        model.fit(X[:300])
+    assert stopper.folds == [(1, 3), (2, 3)]
+    with pytest.raises(NotFittedError):
+        check_is_fitted(model)
+
+
 class CtrlCMLP(MLPRegressor):
     """A real MLPRegressor whose Ctrl-C arrives in the middle of an epoch's minibatches."""
 

@@ -228,15 +228,20 @@ def test_train_bundle_reports_progress_in_order(digits, tmp_path):
     assert phases == sorted(phases, key=PHASES.index)
     fractions = [fraction for _, fraction in calls]
     assert fractions == sorted(fractions) and fractions[0] > 0 and fractions[-1] == 1.0
-    # One call per clustering and per epoch (plus two around the export).
+    # One call per clustering, per epoch and per fold of the report (plus two around the
+    # export).
     n_layers = len(bundle.manifest["training"]["ks"])
     assert phases.count("fit") == 20 * n_layers
     assert phases.count("compressor") == bundle.manifest["training"]["n_epochs"]
     assert all(isinstance(e, TrainingEvent) for e in events) and len(events) == len(calls)
-    # 180 held-out rows would be too few: the report is cross-fitted (5 fits of the MBN on
-    # four fifths, reporting no progress) and the model fitted on all 1797 rows.
+    # 180 held-out rows would be too few: the report is cross-fitted (5 fits of the MBN and
+    # MLP on four fifths, a step each) and the model fitted on all 1797 rows.
     assert bundle.manifest["training"]["n_fit_samples"] == 1797
     assert bundle.manifest["fidelity"]["folds"] == 5
+    report = [e for e in events if e.phase == "report"]
+    assert [e.message for e in report] == [f"fidelity report: fold {k}/5" for k in range(1, 6)]
+    # The folds refit the model five times: they get more of the bar than the model did.
+    assert report[-1].fraction - report[0].fraction > 0.3
     assert events[0].message == f"layer 1/{n_layers} (k=180): clustering 1/20"  # 0.1 n
     assert events[-1].phase_fraction == 1.0
 
@@ -248,7 +253,7 @@ def test_params_object_and_model_id(digits, tmp_path):
     assert load_bundle(path).id == "the-id"
 
 
-@pytest.mark.parametrize("phase", ["fit", "compressor", "export"])
+@pytest.mark.parametrize("phase", ["fit", "compressor", "report", "export"])
 def test_stopping_writes_nothing(digits, tmp_path, phase):
     X, _ = digits
 
