@@ -794,8 +794,7 @@ def teacher_fit_rows(
 ) -> int:
     """Rows of ``n_samples`` that ``CompressiveMBN.fit`` fits its teacher on: all but the
     held-out ones, or all with a cross-fitted report (``report_folds``)."""
-    folds = CompressiveMBN(holdout_fraction=holdout_fraction, report_folds=report_folds)
-    if folds._n_folds(n_samples) is not None:
+    if report_fold_count(n_samples, holdout_fraction, report_folds) is not None:
         return n_samples
     return n_samples - _n_holdout(n_samples, holdout_fraction)
 
@@ -810,8 +809,7 @@ def report_fold_count(
 
 def fold_fit_rows(n_samples: int, holdout_fraction: float, report_folds: int | str | None) -> int:
     """The fewest rows a fit of the report is made on: the model's, or a fold fit's."""
-    folds = CompressiveMBN(holdout_fraction=holdout_fraction, report_folds=report_folds)
-    n_folds = folds._n_folds(n_samples)
+    n_folds = report_fold_count(n_samples, holdout_fraction, report_folds)
     if n_folds is None:
         return teacher_fit_rows(n_samples, holdout_fraction, report_folds)
     return n_samples - -(-n_samples // n_folds)

@@ -656,7 +656,7 @@ class _Tracker:
         fit_cost = None
         if method.cost is not None:
             fit_cost = method.cost(estimator, fit_shape(params, shape))
-        mlp = 0.0
+        mlp, folds = 0.0, None
         if method.export is None:
             values = params.values
             hidden = tuple(values["hidden_layer_sizes"])
@@ -670,15 +670,14 @@ class _Tracker:
             )
             n_train = fit_shape(params, shape)[0] * (1 - values["validation_fraction"])
             mlp = _MLP_COST * mlp_macs * n_train * values["max_epochs"]
+            folds = report_fold_count(shape[0], params["holdout_fraction"], params["report_folds"])
         # Without a cost model the fit counts as much as the MLP (or as all, without one).
         fit = fit_cost if fit_cost is not None else (mlp if mlp else 1.0)
-        report = 0.0
-        if method.export is None:
-            folds = report_fold_count(shape[0], params["holdout_fraction"], params["report_folds"])
-            # Each fold refits the teacher and the MLP on (folds - 1) / folds of the rows, and
-            # the bottom layer's cost grows about as the rows squared (k1 grows with them):
-            # 3.2 model fits for 5 folds, where a 2,000-row swiss roll measured 2.7.
-            report = 0.0 if folds is None else folds * ((folds - 1) / folds) ** 2 * (fit + mlp)
+        # Each fold of a cross-fitted report refits the teacher and the MLP on (folds - 1) /
+        # folds of the rows, and the bottom layer's cost grows about as the rows squared (k1
+        # grows with them): 3.2 model fits for 5 folds, where a 2,000-row swiss roll
+        # measured 2.7.
+        report = 0.0 if folds is None else folds * ((folds - 1) / folds) ** 2 * (fit + mlp)
         total = fit + mlp + report
         costs = (fit, mlp, report) if total > 0 else (1.0, 0.0, 0.0)
         scale = (1 - _EXPORT_SHARE) / sum(costs)
