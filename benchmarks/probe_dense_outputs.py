@@ -65,7 +65,11 @@ def layer_onehot(net: MBN, X, layer: int) -> sp.csr_matrix:
 
 
 def pca_of(codes: sp.csr_matrix, c: int) -> np.ndarray:
-    return PCA(c, svd_solver="full").fit_transform(codes.toarray())
+    """PCA of one-hot codes: dense when small, else ARPACK on the sparse matrix (every upper
+    layer of digits side by side is 1,797 x 347,600)."""
+    if codes.shape[0] * codes.shape[1] <= 20_000_000:
+        return PCA(c, svd_solver="full").fit_transform(codes.toarray())
+    return PCA(c, svd_solver="arpack", random_state=0).fit_transform(codes)
 
 
 def coassociation(codes: sp.csr_matrix, n_clusterings: int) -> np.ndarray:
