@@ -317,18 +317,28 @@ MBN_MODELS: dict[str, Callable] = {
 
 
 class NetworkEnsemble:
-    """m networks that differ only in their seed; the embedding is PCA of their top codes side
-    by side (the average of their co-associations), the issue's "ensemble of networks"."""
+    """m networks that differ only in their seed (and, given ``k1s``, network j's k1); the
+    embedding is PCA of their top codes side by side (the average of their co-associations),
+    the issue's "ensemble of networks"."""
 
-    def __init__(self, n_networks: int, n_clusterings: int, c: int, seed: int) -> None:
+    def __init__(
+        self,
+        n_networks: int,
+        n_clusterings: int,
+        c: int,
+        seed: int,
+        k1s: tuple[float | str, ...] | None = None,
+    ) -> None:
         self.n_networks, self.n_clusterings, self.c, self.seed = n_networks, n_clusterings, c, seed
+        self.k1s = k1s or ("auto",) * n_networks
 
     def fit_transform(self, X) -> np.ndarray:
         blocks = []
-        for j in range(self.n_networks):
+        for j, k1 in enumerate(self.k1s):
             net = MBN(
                 n_classes=self.c,
                 n_clusterings=self.n_clusterings,
+                k1=k1,
                 output="pca",  # only its codes are used
                 random_state=1000 * self.seed + j,
             ).fit(X)

@@ -17,8 +17,8 @@ inertia of 20 runs, NMI against the labels, mean ± sd over seeds):
   layer's soft shared-code counts (a softmax over each clustering's centers, from a top
   layer drawn here as ``fit`` draws one) instead of its argmax, one layer more (k_L >= c),
   delta 0.7, k1 of 0.35 n and 0.7 n, three of the four iris inputs per clustering, and
-  ensembles of three networks (PCA of their top codes side by side: seeds 1000 s + j; the
-  same k1, or k1 of 0.35 n, 0.5 n and 0.7 n).
+  ensembles of three networks (``bench_mbn.NetworkEnsemble``: PCA of their top codes side
+  by side, seeds 1000 s + j; the same k1, or k1 of 0.35 n, 0.5 n and 0.7 n).
 - ``readout``: the UMAP output read out linearly. Ridge regression of the UMAP output's
   layout (``MBN(output="umap")``'s embedding of its training rows) on the same network's
   one-hot top codes, alpha = lambda * n (so the penalty keeps its weight against the n
@@ -41,14 +41,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from functools import partial
 
 import numpy as np
 import scipy.sparse as sp
-from bench_mbn import kmeans_nmi, mean_sd, quality_data, split_rows
+from bench_fidelity import load_set
+from bench_mbn import NetworkEnsemble, kmeans_nmi, mean_sd, quality_data, split_rows
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.cluster import KMeans
-from sklearn.datasets import load_digits
 from sklearn.decomposition import PCA, KernelPCA
 from sklearn.linear_model import Ridge
 from sklearn.metrics import normalized_mutual_info_score, r2_score
@@ -92,18 +91,9 @@ def soft_top_pca(net: MBN, X, c: int, seed: int) -> np.ndarray:
     return PCA(c, svd_solver="full").fit_transform(soft.reshape(n_rows, -1))
 
 
-def ensemble_pca(X, c: int, seed: int, k1s: tuple[float, ...]) -> np.ndarray:
-    """PCA of the top codes of networks seeded 1000 s + j, side by side."""
-    blocks = []
-    for j, k1 in enumerate(k1s):
-        net = MBN(n_classes=c, k1=k1, output="pca", random_state=1000 * seed + j).fit(X)
-        blocks.append(layer_onehot(net, X, -1))
-    return pca_of(sp.hstack(blocks).tocsr(), c)
-
-
-def deeper_ks(n_rows: int, c: int) -> list[int]:
-    """The default layers (k1 = n / 2, delta 0.5) continued while k >= c instead of 1.5 c."""
-    ks = [round(0.5 * n_rows)]
+def deeper_ks(net: MBN, c: int) -> list[int]:
+    """The default network's layers (delta 0.5) continued while k >= c instead of 1.5 c."""
+    ks = list(net.ks_)
     while (k := int(0.5 * ks[-1])) >= c:
         ks.append(k)
     return ks
@@ -131,16 +121,16 @@ VARIANTS: dict[str, Callable] = {
     "whitened": lambda net, X, c, seed: (lambda Z: Z / Z.std(axis=0))(net.transform(X)),
     "soft top codes": lambda net, X, c, seed: soft_top_pca(net, X, c, seed),
     "one layer more (k_L >= c)": lambda net, X, c, seed: MBN(
-        n_classes=c, ks=deeper_ks(X.shape[0], c), output="pca", random_state=seed
+        n_classes=c, ks=deeper_ks(net, c), output="pca", random_state=seed
     ).fit_transform(X),
     "delta 0.7": own_params(delta=0.7),
     "k1 0.35 n": own_params(k1=0.35),
     "k1 0.7 n": own_params(k1=0.7),
     "three quarters of the inputs": own_params(feature_fraction=0.75),
-    "3 networks": lambda net, X, c, seed: ensemble_pca(X, c, seed, (0.5, 0.5, 0.5)),
-    "3 networks, k1 0.35 / 0.5 / 0.7 n": lambda net, X, c, seed: ensemble_pca(
-        X, c, seed, (0.35, 0.5, 0.7)
-    ),
+    "3 networks": lambda net, X, c, seed: NetworkEnsemble(3, 400, c, seed).fit_transform(X),
+    "3 networks, k1 0.35 / 0.5 / 0.7 n": lambda net, X, c, seed: NetworkEnsemble(
+        3, 400, c, seed, k1s=(0.35, 0.5, 0.7)
+    ).fit_transform(X),
 }
 
 
@@ -193,16 +183,8 @@ class LayoutReadout(TransformerMixin, BaseEstimator):
     def codes(self, X) -> sp.csr_matrix:
         return one_hot(self.net_.encode(X), self.net_.ks_[-1], dtype=np.float64)
 
-    def read_out(self, ridge: Ridge, X) -> np.ndarray:
-        return ridge.predict(self.codes(X))
-
     def transform(self, X) -> np.ndarray:
-        return self.read_out(self.ridge_, X)
-
-    def pca_output(self, X_fitted) -> Callable[[np.ndarray], np.ndarray]:
-        """The PCA output of the same network (fitted on ``X_fitted``), as a transform."""
-        pca = PCA(self.n_components_, svd_solver="full").fit(self.codes(X_fitted).toarray())
-        return lambda X: pca.transform(self.codes(X).toarray())
+        return self.ridge_.predict(self.codes(X))
 
 
 def readout(args) -> None:
@@ -221,16 +203,29 @@ def readout(args) -> None:
         for seed in range(args.seeds):
             fit, new = split_rows(len(X), seed) if args.heldout else (np.arange(len(X)),) * 2
             model = LayoutReadout(n_classes=c, lam=lams[0], random_state=seed).fit(X[fit])
+            # Each embedding as (fitted rows, new rows), every row encoded once.
+            codes_fit = model.codes(X[fit])
+            codes_new = model.codes(X[new]) if args.heldout else codes_fit
+            pca = PCA(c, svd_solver="full").fit(codes_fit.toarray())
             embeddings = {
-                "PCA output": model.pca_output(X[fit]),
-                "UMAP output": model.net_.transform,
+                "PCA output": (
+                    pca.transform(codes_fit.toarray()),
+                    pca.transform(codes_new.toarray()),
+                ),
+                "UMAP output": (
+                    model.layout_,
+                    model.net_.transform(X[new]) if args.heldout else model.layout_,
+                ),
             }
             for lam in lams:
-                ridge = Ridge(alpha=lam * len(fit)).fit(model.codes(X[fit]), model.layout_)
-                embeddings[f"read-out, lambda {lam:g}"] = partial(model.read_out, ridge)
-            for column, embed in embeddings.items():
-                kmeans = KMeans(c, n_init=20, random_state=seed).fit(embed(X[fit]))
-                labels = kmeans.predict(embed(X[new])) if args.heldout else kmeans.labels_
+                ridge = Ridge(alpha=lam * len(fit)).fit(codes_fit, model.layout_)
+                embeddings[f"read-out, lambda {lam:g}"] = (
+                    ridge.predict(codes_fit),
+                    ridge.predict(codes_new),
+                )
+            for column, (Z_fit, Z_new) in embeddings.items():
+                kmeans = KMeans(c, n_init=20, random_state=seed).fit(Z_fit)
+                labels = kmeans.predict(Z_new) if args.heldout else kmeans.labels_
                 scores[column].append(normalized_mutual_info_score(y[new], labels))
             print(
                 f"{name} seed {seed}: "
@@ -242,12 +237,6 @@ def readout(args) -> None:
 
 
 # ---------------------------------------------------------------------- fast path
-
-
-def digits_split(seed: int):
-    X, y = load_digits(return_X_y=True)
-    order = np.random.RandomState(seed).permutation(len(X))
-    return X[order[:1200]], y[order[:1200]], X[order[1200:]], y[order[1200:]]
 
 
 def teacher_of(name: str, seed: int):
@@ -266,7 +255,7 @@ def fast_path(args) -> None:
     for teacher in args.teachers:
         scores: dict[str, list[float]] = {column: [] for column in columns}
         for seed in range(args.seeds):
-            X_train, _, X_test, y_test = digits_split(seed)
+            X_train, _, X_test, y_test = load_set("digits", seed, None)
             model = CompressiveMBN(
                 teacher_of(teacher, seed),
                 hidden_layer_sizes=hidden,
@@ -284,7 +273,8 @@ def fast_path(args) -> None:
                 normalized_mutual_info_score(y_test, kmeans.predict(fast))
             )
             scores["R^2"].append(r2_score(exact, fast, multioutput="variance_weighted"))
-            print(f"{teacher} seed {seed}: {scores}", file=sys.stderr, flush=True)
+            last = ", ".join(f"{column} {values[-1]:.4f}" for column, values in scores.items())
+            print(f"{teacher} seed {seed}: {last}", file=sys.stderr, flush=True)
         cells = " | ".join(mean_sd(scores[column]) for column in columns)
         print(f"| {teacher} | {hidden}, {args.epochs} epochs | {cells} |", flush=True)
     if args.umap:
@@ -292,7 +282,7 @@ def fast_path(args) -> None:
 
         nmis = []
         for seed in range(args.seeds):
-            X_train, _, X_test, y_test = digits_split(seed)
+            X_train, _, X_test, y_test = load_set("digits", seed, None)
             model = umap.UMAP(n_components=10, random_state=seed).fit(X_train)
             nmis.append(kmeans_nmi(model.transform(X_test), y_test, seed, n_init=20))
         print(f"| plain UMAP, its transform | | {mean_sd(nmis)} | | | |")
