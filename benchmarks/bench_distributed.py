@@ -34,7 +34,7 @@ import numpy as np
 from bench_data import load_mnist
 
 from mbn_core import MBN
-from mbn_core.layers import Postings
+from mbn_core.mbn.layers import Postings
 
 
 def layer_timer():
@@ -49,7 +49,7 @@ def layer_timer():
 
 
 def timed_fit(X, params, client=None):
-    from mbn_core.distributed import last_transfers, use_dask
+    from mbn_core.mbn.backends.dask import last_transfers, use_dask
 
     marks, callback = layer_timer()
     model = MBN(**params, callback=callback)
@@ -69,7 +69,7 @@ def timed_fit(X, params, client=None):
 
 def bottom_codes(X, params) -> np.ndarray:
     """The bottom layer's codes of the training data, from a fit that stops right after it."""
-    from mbn_core.network import _LayerRunner, layer_runner_factory
+    from mbn_core.mbn.network import _LayerRunner, layer_runner_factory
 
     class Recording(_LayerRunner):
         def bottom_codes(self, layer, X, code_dtype):
@@ -185,7 +185,7 @@ def cmd_overhead(args) -> None:
             times.append(time.perf_counter() - started)
         per_task = float(np.median(times)) / args.tasks
         # A whole MBN layer's fixed cost: scatter, tasks, gather, cache drop, on tiny data.
-        from mbn_core.distributed import use_dask
+        from mbn_core.mbn.backends.dask import use_dask
 
         X = load_mnist()[0][:500]
         layer_times = []
@@ -294,7 +294,7 @@ def cmd_model(args) -> None:
 
 
 def cmd_embed(args) -> None:
-    from mbn_core.training import train_bundle
+    from mbn_core.pipeline.training import train_bundle
 
     work = Path(args.dir)
     work.mkdir(parents=True, exist_ok=True)

@@ -142,7 +142,7 @@ def params_case(method: str, seed: int) -> tuple[np.ndarray, dict]:
 def run_case(X, params: dict) -> str:
     """One case in this process: "OK", or "ValueError: ..." (other failures propagate)."""
     from mbn_core.bundle import load_bundle
-    from mbn_core.training import train_bundle
+    from mbn_core.pipeline.training import train_bundle
 
     with tempfile.TemporaryDirectory() as directory:
         try:

@@ -47,8 +47,9 @@ from probe_graph_fill import neighbour_lists, others
 from scipy.spatial.distance import pdist, squareform
 from sklearn.neighbors import NearestNeighbors
 
-from mbn_core import MBN, umap_output
-from mbn_core.coassociation import cell_index, coassociation
+from mbn_core import MBN
+from mbn_core.mbn import umap_output
+from mbn_core.mbn.coassociation import cell_index, coassociation
 
 
 def fitted_affinity(X: np.ndarray, c: int, seed: int, n_clusterings: int) -> sp.csr_matrix:

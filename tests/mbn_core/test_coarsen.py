@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.sparse.csgraph import connected_components
 
-from mbn_core import _coarsen, _multilevel
+from mbn_core.multilevel import _coarsen
+from mbn_core.multilevel import _solvers as _multilevel
 
 
 @st.composite

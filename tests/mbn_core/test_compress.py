@@ -13,7 +13,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from sklearn.utils.validation import check_is_fitted
 
 from mbn_core import MBN, CompressiveMBN, TrainingStopped, model_to_arrays
-from mbn_core.compress import (
+from mbn_core.distill.compressor import (
     AUTO_FOLDS,
     CROSS_FIT_BELOW,
     FINAL_STEP,
@@ -294,7 +294,7 @@ def test_wide_input_reaches_the_mlp_projected(digits):
 
 
 def test_wide_input_with_fewer_rows_than_input_components(digits):
-    from mbn_core.onnx import OnnxEmbedder, to_onnx
+    from mbn_core.distill.onnx import OnnxEmbedder, to_onnx
 
     X, _ = digits
     model = small_model(max_epochs=2, teacher=small_mbn(n_clusterings=5, k1=0.5)).fit(X[:12])
@@ -399,7 +399,7 @@ def test_the_step_decays_from_learning_rate_to_its_final_share():
 
 
 def test_each_epoch_updates_at_its_scheduled_step(monkeypatch, digits):
-    import mbn_core.compress as compress
+    import mbn_core.distill.compressor as compress
 
     used = []
 
@@ -418,7 +418,7 @@ def test_each_epoch_updates_at_its_scheduled_step(monkeypatch, digits):
 
 def _epoch_inputs(monkeypatch, model, X) -> list:
     """The training matrix of each MLP epoch of ``model.fit(X)`` (recorded, then trained)."""
-    import mbn_core.compress as compress
+    import mbn_core.distill.compressor as compress
 
     seen = []
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from mbn_core import MBN, _kernels
-from mbn_core.layers import (
+from mbn_core import MBN
+from mbn_core.mbn import _kernels
+from mbn_core.mbn.layers import (
     DIRECT_MAX_ROWS,
     CodeIndex,
     PointPostings,

@@ -9,8 +9,7 @@ from sklearn.metrics.pairwise import euclidean_distances
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from mbn_core import ModularBaseline, ModularKPCA, TrainingStopped
-from mbn_core.kernel_map import fit_kernel_features, kwok_tsang_gamma
-from mbn_core.modular_eval import (
+from mbn_core.modular.evaluation import (
     ensemble_predict,
     input_neighbours,
     majority_vote,
@@ -18,6 +17,7 @@ from mbn_core.modular_eval import (
     rerank,
     retrieval_precision,
 )
+from mbn_core.modular.kernel_map import fit_kernel_features, kwok_tsang_gamma
 
 SMALL = {"n_modules": 3, "module_dim": 4, "n_landmarks": 60, "random_state": 0}
 

@@ -21,9 +21,10 @@ from sklearn.metrics import normalized_mutual_info_score
 from sklearn.utils.estimator_checks import parametrize_with_checks
 from tqdm import tqdm
 
-from mbn_core import MBN, TrainingStopped, model_from_arrays, model_to_arrays, umap_output
-from mbn_core.coassociation import cell_index, coassociation
-from mbn_core.network import FEW_ROWS
+from mbn_core import MBN, TrainingStopped, model_from_arrays, model_to_arrays
+from mbn_core.mbn import umap_output
+from mbn_core.mbn.coassociation import cell_index, coassociation
+from mbn_core.mbn.network import FEW_ROWS
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,10 @@ from sklearn.cluster import KMeans
 from sklearn.datasets import make_moons
 from sklearn.metrics import normalized_mutual_info_score
 
-from mbn_core import MBN, coassociation, model_from_arrays, model_to_arrays
-from mbn_core.coassociation import one_hot
-from mbn_core.spectral import MAX_COASSOCIATION_PAIRS, fit_spectral
+from mbn_core import MBN, model_from_arrays, model_to_arrays
+from mbn_core.mbn import coassociation
+from mbn_core.mbn.coassociation import one_hot
+from mbn_core.mbn.spectral import MAX_COASSOCIATION_PAIRS, fit_spectral
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def test_separates_the_two_moons():
     assert normalized_mutual_info_score(y, labels) > 0.9
 
 
-# The outputs that keep the training rows' codes (this one and mbn_core.umap_output's two).
+# The outputs that keep the training rows' codes (this one and mbn_core.mbn.umap_output's two).
 CODES_OUTPUTS = ["spectral", "umap", "umap-bottom"]
 
 

@@ -10,8 +10,8 @@ from sklearn.datasets import load_digits, make_circles
 
 from mbn_core import MBN, TrainingStopped
 from mbn_core.bundle import load_bundle
-from mbn_core.datafile import peek_data_file
-from mbn_core.training import (
+from mbn_core.data.files import peek_data_file
+from mbn_core.pipeline.training import (
     PHASES,
     TrainingEvent,
     TrainingParams,

@@ -30,7 +30,7 @@ from servicetest import (
 
 from mbn_core import MBN
 from mbn_core.bundle import save_bundle
-from mbn_core.compress import CompressiveMBN
+from mbn_core.distill.compressor import CompressiveMBN
 from service.jobs import JobStore
 
 ROWS = [[float(i), float(i % 7)] for i in range(40)]

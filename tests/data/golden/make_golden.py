@@ -20,7 +20,6 @@ from sklearn.datasets import load_digits, make_moons
 
 from mbn_core import MBN
 from mbn_core.bundle import load_bundle
-from mbn_core.training import train_bundle
 
 HERE = Path(__file__).parent
 
@@ -95,6 +94,8 @@ def write_codes() -> None:
 
 
 def write_bundles() -> None:
+    from mbn_core.pipeline.training import train_bundle  # mbn_core.training before the redesign
+
     out = HERE / "bundles"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()

@@ -1,0 +1,1 @@
+"""Where an MBN layer's clusterings run: local threads, a Dask cluster."""
