@@ -12,6 +12,7 @@ import contextlib
 import gc
 import logging
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -36,6 +37,7 @@ from service.handlers import (
 from service.jobs import JobFiles, JobStore
 from service.limits import AdmissionMiddleware, BodyLimitMiddleware, ExactGate, RowBudget
 from service.metrics import Metrics, MetricsMiddleware
+from service.monitor import LiveMonitor
 from service.readiness import ReadinessMonitor
 from service.registry import ModelRegistry
 from service.submission import DEMO_JOB_ID, Submitter
@@ -77,6 +79,7 @@ class Runtime:
     submitter: Submitter
     gate: ExactGate
     worker: Worker | None
+    monitor: LiveMonitor
     initialized: bool = False
 
     @classmethod
@@ -105,6 +108,14 @@ class Runtime:
             exact_models=lambda: registry.exact_loaded,
         )
         metrics.exact_in_flight.set_function(lambda: gate.in_flight)
+        monitor = LiveMonitor(
+            registry,
+            gate,
+            fraction=settings.shadow_fraction,
+            window=settings.monitor_window,
+            replica=settings.replica_name or socket.gethostname(),
+        )
+        metrics.watch_monitor(monitor.gauges, monitor.replica)
         log.info(
             "started: models in %s, job store %s, %s",
             settings.models_path,
@@ -112,7 +123,14 @@ class Runtime:
             "embedded worker" if worker else "no embedded worker",
         )
         return cls(
-            settings, store, files, registry, Submitter(settings, store, files), gate, worker
+            settings,
+            store,
+            files,
+            registry,
+            Submitter(settings, store, files),
+            gate,
+            worker,
+            monitor,
         )
 
     def first_scan(self) -> None:
@@ -180,6 +198,7 @@ class Runtime:
         if self.worker is not None:
             # Stops its training processes and gives their jobs back to the queue.
             self.worker.stop(timeout=30)
+        self.monitor.shutdown()
         self.gate.shutdown()
         self.store.dispose()
 
@@ -193,7 +212,9 @@ def _install_handlers(state: State, runtime: Runtime) -> None:
         state.row_budget,
         settings.inline_fast_rows,
         settings.max_rows_per_request,
+        monitor=runtime.monitor,
     )
+    state.monitor = runtime.monitor
     state.training_handler = TrainingHandler(
         runtime.submitter, wake=None if worker is None else worker.wake
     )
@@ -287,7 +308,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_upload_bytes=settings.max_upload_bytes,
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: times everything
-    for module in (routes.embed, routes.jobs, routes.models, routes.maps, routes.health):
+    for module in (
+        routes.embed,
+        routes.jobs,
+        routes.models,
+        routes.maps,
+        routes.monitor,
+        routes.health,
+    ):
         app.include_router(module.router)
     routes.console.install_console(app)
     _document_auth(app, settings)
