@@ -34,6 +34,7 @@ import pytest
 from docker.utils.build import exclude_paths
 
 from service.config import Settings
+from service.routes.health import router as health_router
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
@@ -673,3 +674,102 @@ def test_replicas_that_are_not_ready_still_get_embeddings(
             assert response.json() == {"status": 503}  # the replica's own answer
         for _ in range(4):
             assert httpx.post(f"{url}/embed", json={}, timeout=10).status_code == 200
+
+
+# ---- Kubernetes manifests (k8s/) ------------------------------------------------------------
+
+K8S = REPO / "k8s"
+K8S_VERSION = "1.33.0"  # the oldest Kubernetes the manifests are written for
+
+
+def k8s_resources() -> list[dict[str, Any]]:
+    yaml = pytest.importorskip("yaml")
+    resources = []
+    for path in sorted(K8S.glob("*.yaml")):
+        resources += [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return resources
+
+
+def k8s_resource(kind: str, name: str) -> dict[str, Any]:
+    found = [r for r in k8s_resources() if r["kind"] == kind and r["metadata"]["name"] == name]
+    assert len(found) == 1, (kind, name)
+    return found[0]
+
+
+@pytest.mark.parametrize("version", [K8S_VERSION, "1.37.0"])
+def test_k8s_manifests_validate_against_the_api_schemas(version: str) -> None:
+    # kubernetes-validate bundles the API's JSON schemas: no cluster and no network needed.
+    # Strict: a misspelt field is an error, not ignored.
+    validator = pytest.importorskip("kubernetes_validate")
+    resources = k8s_resources()
+    assert {r["kind"] for r in resources} >= {
+        "Deployment", "Service", "PodDisruptionBudget", "ConfigMap", "PersistentVolumeClaim",
+    }  # fmt: skip
+    for resource in resources:
+        validator.validate(resource, version, strict=True)
+
+
+def test_k8s_validation_catches_a_mistake() -> None:
+    validator = pytest.importorskip("kubernetes_validate")
+    deployment = k8s_resource("Deployment", "mbn-api")
+    broken = json.loads(json.dumps(deployment))
+    broken["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["prot"] = 1
+    with pytest.raises(validator.ValidationError):
+        validator.validate(broken, K8S_VERSION, strict=True)
+
+
+def pod_spec(name: str) -> dict[str, Any]:
+    spec = k8s_resource("Deployment", name)["spec"]["template"]["spec"]
+    assert isinstance(spec, dict)
+    return spec
+
+
+def test_k8s_api_probes_service_and_disruption_budget_fit_the_service() -> None:
+    deployment = k8s_resource("Deployment", "mbn-api")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"] == labels
+    assert deployment["spec"]["replicas"] >= 2
+    (api,) = pod_spec("mbn-api")["containers"]
+    env = {item["name"]: item["value"] for item in api["env"]}
+    assert env["MBN_EMBEDDED_WORKER"] == "false"
+    assert api["ports"][0]["containerPort"] == int(env["MBN_PORT"])
+    # Ready when it can serve; restarted only when it stops answering at all.
+    assert api["readinessProbe"]["httpGet"]["path"] == "/health/ready"
+    assert api["livenessProbe"]["httpGet"]["path"] == "/health/live"
+    routes = {getattr(route, "path", "") for route in health_router.routes}
+    assert {"/health/ready", "/health/live"} <= routes
+    service = k8s_resource("Service", "mbn-api")
+    assert service["spec"]["selector"] == labels
+    assert service["spec"]["ports"][0]["targetPort"] == api["ports"][0]["name"]
+    budget = k8s_resource("PodDisruptionBudget", "mbn-api")
+    assert budget["spec"]["selector"]["matchLabels"] == labels
+    assert 1 <= budget["spec"]["minAvailable"] < deployment["spec"]["replicas"]
+
+
+def test_k8s_api_and_workers_share_the_data_volume_and_run_as_the_images_user() -> None:
+    user = next(rest for keyword, rest in final_stage() if keyword == "USER").split(":")[0]
+    claims = set()
+    for name in ("mbn-api", "mbn-worker"):
+        spec = pod_spec(name)
+        assert spec["securityContext"]["runAsUser"] == int(user)
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        (container,) = spec["containers"]
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"]}
+        (data,) = [volume for volume, path in mounts.items() if path == "/data"]
+        claims.add(volumes[data])
+    (claim,) = claims
+    assert "ReadWriteMany" in k8s_resource("PersistentVolumeClaim", claim)["spec"]["accessModes"]
+    assert k8s_resource("ConfigMap", "mbn-config")["data"]["MBN_DATA_DIR"] == "/data"
+    (worker,) = pod_spec("mbn-worker")["containers"]
+    assert worker["command"] == ["mbn", "worker"]
+
+
+def test_k8s_sets_only_variables_the_service_reads() -> None:
+    known = {f"MBN_{name.upper()}" for name in Settings.model_fields} | IMAGE_VARIABLES
+    names = set(k8s_resource("ConfigMap", "mbn-config")["data"])
+    for deployment in ("mbn-api", "mbn-worker"):
+        (container,) = pod_spec(deployment)["containers"]
+        names |= {item["name"] for item in container["env"]}
+    unknown = {name for name in names if name.startswith("MBN_")} - known
+    assert not unknown
