@@ -484,17 +484,17 @@ def train_bundle(
     validate_name(name)
     check_target(out_dir, overwrite=overwrite)
     X = check_matrix(X)
+    old = None
+    if align_to is not None:
+        old = align_to if isinstance(align_to, Bundle) else load_bundle(align_to)
+        n_components = params.values.get("n_components")
+        check_compatible(old, X.shape[1], n_components if isinstance(n_components, int) else None)
     check_spread(X)
     labels = _check_labels(y, X.shape[0], "y")
     method = params.spec
     if sp.issparse(X) and not method.sparse:
         raise ValueError(f"method {method.name!r} does not take sparse input")
     check_feasible(params, X.shape[0])
-    old = None
-    if align_to is not None:
-        old = align_to if isinstance(align_to, Bundle) else load_bundle(align_to)
-        n_components = params.values.get("n_components")
-        check_compatible(old, X.shape[1], n_components if isinstance(n_components, int) else None)
     estimator = params.estimator()
 
     tracker = _Tracker(params, estimator, X.shape, progress, events)

@@ -236,3 +236,17 @@ def test_the_service_commands_parse(tmp_path):
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert option in result.stdout
+
+
+@pytest.mark.slow
+def test_train_aligned_to_an_earlier_bundle(trained, workdir):
+    path, _ = trained
+    result = run_mbn("train", "digits.npz", "--out", "aligned", "--name", "Digits",
+                     "--align-to", str(path), "--random-state", "1", *SMALL,
+                     cwd=workdir)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "aligned to:  model on" in result.stdout
+    assert load_bundle(workdir / "aligned").manifest["alignment"]["reference_model"] == "model"
+    bad = run_mbn("train", "narrow.npy", "--out", "bad", "--align-to", str(path), *SMALL,
+                  cwd=workdir)  # fmt: skip
+    assert_user_error(bad, "64 features")
