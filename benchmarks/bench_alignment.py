@@ -56,8 +56,10 @@ def main(argv: list[str] | None = None) -> None:
             ("training rows, held-out rows", f"{args.train}, {args.test}"),
             ("both trainings", f"{seconds:.0f} s"),
             ("reference rows", str(section["reference_rows"])),
-            ("residual aligned / unaligned", f"{section['residual']:.3f} / "
-             f"{section['unaligned_residual']:.3f}"),  # fmt: skip
+            (
+                "residual aligned / unaligned",
+                f"{section['residual']:.3f} / {section['unaligned_residual']:.3f}",
+            ),  # fmt: skip
         ]
         exact_new = new.load_exact()
         for mode in ("exact", "fast"):
