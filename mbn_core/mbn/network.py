@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import numbers
-import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextvars import ContextVar
 from dataclasses import dataclass
 from numbers import Integral, Real
 
@@ -28,10 +25,12 @@ from mbn_core.mbn.auto import (
     least_bottom_features,
     thin_manifold_is_measurable,
 )
+from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback, get_backend
+from mbn_core.mbn.backends.local import LocalBackend
 from mbn_core.mbn.coassociation import CodesTop, expected_pairs, one_hot
+from mbn_core.mbn.encoders import UpperClusterings, float32_input
 from mbn_core.mbn.layers import (
     BottomLayer,
-    PointPostings,
     Postings,
     UpperLayer,
     bottom_codes_leave_self_out,
@@ -41,14 +40,11 @@ from mbn_core.mbn.layers import (
     input_row_norms,
     smallest_uint,
     upper_clustering_codes,
-    with_ones_column,
 )
 from mbn_core.mbn.spectral import MAX_COASSOCIATION_PAIRS, SpectralTop, fit_spectral
 from mbn_core.mbn.umap_output import OutputProgress, UmapTop, fit_umap, require_umap
 from mbn_core.params import CheckedParams, check_int_items
 from mbn_core.utils.pca import fit_pca
-
-ProgressCallback = Callable[[int, int, int], object]
 
 METRICS = ("euclidean", "cosine")
 OUTPUTS = ("auto", "pca", "spectral", "umap", "umap-bottom")
@@ -58,14 +54,6 @@ OUTPUTS = ("auto", "pca", "spectral", "umap", "umap-bottom")
 FEW_ROWS = 16
 # Above this many one-hot entries the top PCA runs sparse (ARPACK) instead of dense.
 _DENSE_PCA_MAX_ENTRIES = 5_000_000
-
-
-# Builds the object that maps each layer's clusterings during ``fit``: ``_LayerRunner`` (a
-# thread pool) unless ``mbn_core.mbn.backends.dask.use_dask`` set a factory for this context.
-LayerRunnerFactory = Callable[[ThreadPoolExecutor, "ProgressCallback | None"], "_LayerRunner"]
-layer_runner_factory: ContextVar[LayerRunnerFactory | None] = ContextVar(
-    "mbn_layer_runner_factory", default=None
-)
 
 
 @dataclass(frozen=True)
@@ -359,13 +347,17 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 )
         rng = check_random_state(self.random_state)
         n_chosen = self._n_bottom_features(X, rng)
-        n_threads = _effective_threads(self.n_jobs)
-        factory = layer_runner_factory.get() or _LayerRunner
-
-        with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_threads) as pool:
-            runner = factory(pool, self.callback)
+        backend = get_backend(n_jobs=self.n_jobs, callback=self.callback)
+        if leave_self_out and not isinstance(backend, LocalBackend):
+            backend.close()
+            raise ValueError(
+                f"leave-self-out targets run on the local backend only, not {backend.name!r}"
+            )
+        # One BLAS thread for the whole fit: the backend's workers do not oversubscribe the
+        # cores, and the top's PCA sums in the same order wherever the layers ran.
+        with threadpool_limits(limits=1, user_api="blas"), backend:
             bottom, codes, left_codes = self._fit_bottom(
-                X, ks[0], n_chosen, rng, runner, leave_self_out
+                X, ks[0], n_chosen, rng, backend, leave_self_out
             )
             bottom_codes, bottom_left_codes = codes, left_codes
             delta = measured_delta = None
@@ -400,7 +392,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             upper: list[UpperLayer] = []
             for index, k in enumerate(ks[1:], start=1):
                 layer, codes, left_codes = self._fit_upper(
-                    codes, left_codes, ks[index - 1], k, rng, runner, index
+                    codes, left_codes, ks[index - 1], k, rng, backend, index
                 )
                 upper.append(layer)
             top: _Top | SpectralTop | UmapTop
@@ -512,7 +504,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
     def _upper_fraction(self) -> float:
         return 0.5 if self.feature_fraction == "auto" else float(self.feature_fraction)
 
-    def _fit_bottom(self, X, k, n_chosen, rng, runner, leave_self_out):
+    def _fit_bottom(self, X, k, n_chosen, rng, backend: LayerBackend, leave_self_out):
         n_samples, n_features = X.shape
         V = self.n_clusterings
         # Packed row by row: a (V, d) boolean matrix is V bytes per input feature, 40 GB for
@@ -549,13 +541,14 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             metric=self.metric,
         )
         if not leave_self_out:
-            return layer, runner.bottom_codes(layer, X, smallest_uint(k - 1)), None
-        codes, left_codes = runner.bottom_codes_leave_self_out(
-            layer, X, centers, smallest_uint(k - 1)
+            return layer, backend.bottom_codes(layer, X), None
+        assert isinstance(backend, LocalBackend)
+        codes, left_codes = _bottom_codes_leave_self_out(
+            backend, layer, X, centers, smallest_uint(k - 1)
         )
         return layer, codes, left_codes
 
-    def _fit_upper(self, codes, left_codes, n_values, k, rng, runner, index):
+    def _fit_upper(self, codes, left_codes, n_values, k, rng, backend: LayerBackend, index):
         n_samples = codes.shape[0]
         V = self.n_clusterings
         fraction = self._upper_fraction()
@@ -564,10 +557,11 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         clusterings = UpperClusterings(centers.astype(np.int32), seeds, n_values, fraction)
         new_left = None
         if left_codes is None:
-            new_codes = runner.upper_codes(index, codes, clusterings, smallest_uint(k - 1))
+            new_codes = backend.fit_upper_codes(index, codes, clusterings)
         else:
-            new_codes, new_left = runner.upper_codes_leave_self_out(
-                index, codes, left_codes, clusterings, smallest_uint(k - 1)
+            assert isinstance(backend, LocalBackend)
+            new_codes, new_left = _upper_codes_leave_self_out(
+                backend, index, codes, left_codes, clusterings, smallest_uint(k - 1)
             )
         rows, local = np.unique(centers, return_inverse=True)
         layer = UpperLayer.create(
@@ -640,22 +634,12 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             for layer in self.upper_layers_[: depth - 1]:
                 codes = layer.codes_few(codes)
             return bottom_codes, codes
-        n_threads = _effective_threads(self.n_jobs)
-        X_work = _float32_input(X)
-        with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_threads) as pool:
-            runner = _LayerRunner(pool, None)
-            bottom = self.bottom_layer_
-            norms = input_row_norms(X)
-            codes = runner.run_layer(
-                0,
-                len(bottom.centers),
-                lambda v: bottom.clustering_codes(X_work, v, norms),
-                n_samples,
-                smallest_uint(bottom.n_centers - 1),
-            )
+        backend = get_backend(n_jobs=self.n_jobs)
+        with threadpool_limits(limits=1, user_api="blas"), backend:
+            codes = backend.bottom_codes(self.bottom_layer_, X)
             bottom_codes = codes
             for index, layer in enumerate(self.upper_layers_[: depth - 1], start=1):
-                codes = _encode_upper(codes, layer, runner, index)
+                codes = backend.upper_codes(index, codes, layer)
         return bottom_codes, codes
 
     # ------------------------------------------------------------------ helpers
@@ -685,78 +669,6 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             check_int_items(type(self).__name__, "ks", self.ks, 2)
 
 
-@dataclass(frozen=True)
-class UpperClusterings:
-    """The random choices of an upper layer's V clusterings during ``fit``.
-
-    Attributes
-    ----------
-    centers : ndarray of shape (V, k), int32
-        Each clustering's centers, as training points (rows of the previous layer's codes).
-    seeds : ndarray of shape (V,), uint64
-        Seeds of each clustering's choice of one-hot dimensions.
-    n_values : int
-        k of the previous layer.
-    feature_fraction : float
-    """
-
-    centers: np.ndarray
-    seeds: np.ndarray
-    n_values: int
-    feature_fraction: float
-
-    def encoder(
-        self, codes: np.ndarray, pool: ThreadPoolExecutor | None = None
-    ) -> Callable[[int], np.ndarray]:
-        """``encode(v)``: the codes of every training point for clustering v.
-
-        Builds the layer's posting lists once (the shared, per-layer cost); each call then
-        runs one clustering's kernel.
-        """
-        postings = Postings.build(codes, codes, self.n_values, centers_are_points=True, pool=pool)
-
-        def encode(v: int) -> np.ndarray:
-            return upper_clustering_codes(
-                postings, codes, self.centers[v], self.n_values, self.seeds[v],
-                self.feature_fraction,
-            )  # fmt: skip
-
-        return encode
-
-    def left_out_encoder(
-        self, codes: np.ndarray, left_codes: np.ndarray, pool: ThreadPoolExecutor | None = None
-    ) -> Callable[[int], np.ndarray]:
-        """``encode(v)``: the leave-self-out codes of every training point for clustering v.
-
-        ``left_codes`` are the points' previous-layer leave-self-out codes; the centers keep
-        their own (in-sample) ``codes``, as the fitted layer stores them, and no point may
-        take a center that is itself.
-        """
-        postings = Postings.build(left_codes, codes, self.n_values, pool=pool)
-
-        def encode(v: int) -> np.ndarray:
-            return upper_clustering_codes(
-                postings, codes, self.centers[v], self.n_values, self.seeds[v],
-                self.feature_fraction, exclude_self=True,
-            )  # fmt: skip
-
-        return encode
-
-
-def bottom_encoder(
-    layer: BottomLayer, X, norms: np.ndarray | None = None
-) -> Callable[[int], np.ndarray]:
-    """``encode(v)``: the codes of every row of X for bottom clustering v.
-
-    X is the validated input (dense or CSR); its float32 working copy, shared by all
-    clusterings, is built here once, and so are its row norms unless given.
-    """
-    X_work = _float32_input(X)
-    if norms is None:
-        norms = input_row_norms(X)
-    return lambda v: layer.clustering_codes(X_work, v, norms)
-
-
 def _output_progress(callback: ProgressCallback | None) -> OutputProgress | None:
     """The UMAP output's progress function for this callback: it tells the callback's
     ``output_progress`` and stops the fit when that returns True."""
@@ -773,150 +685,63 @@ def _output_progress(callback: ProgressCallback | None) -> OutputProgress | None
     return progress
 
 
-class _LayerRunner:
-    """Runs a layer's clusterings on a thread pool, reporting progress to the callback.
+def _bottom_codes_leave_self_out(
+    backend: LocalBackend,
+    layer: BottomLayer,
+    X,
+    centers: np.ndarray,
+    code_dtype: type[np.unsignedinteger],
+) -> tuple[np.ndarray, np.ndarray]:
+    """The bottom layer's codes and its leave-self-out codes: in clustering v, training row
+    ``centers[v, j]`` may not take center j (one GEMM per clustering gives both)."""
+    X_work = float32_input(X)
+    norms = input_row_norms(X)
+    n_rows, (n_clusterings, k) = X.shape[0], centers.shape
+    left = np.empty((n_rows, n_clusterings), dtype=code_dtype)
 
-    ``bottom_codes`` and ``upper_codes`` are what ``fit`` calls per layer; a subclass can map
-    the same per-clustering kernels elsewhere (``mbn_core.mbn.backends.dask``).
-    """
-
-    def __init__(self, pool: ThreadPoolExecutor, callback: ProgressCallback | None) -> None:
-        self.pool = pool
-        self.callback = callback
-
-    def bottom_codes(
-        self, layer: BottomLayer, X, code_dtype: type[np.unsignedinteger]
-    ) -> np.ndarray:
-        """(n, V) codes of the training data X for the bottom layer."""
-        encode = bottom_encoder(layer, X)
-        return self.run_layer(0, len(layer.centers), encode, X.shape[0], code_dtype)
-
-    def upper_codes(
-        self,
-        index: int,
-        codes: np.ndarray,
-        clusterings: UpperClusterings,
-        code_dtype: type[np.unsignedinteger],
-    ) -> np.ndarray:
-        """(n, V) codes of upper layer ``index`` from the previous layer's (n, V_prev) codes."""
-        encode = clusterings.encoder(codes, self.pool)
-        n_clusterings = len(clusterings.centers)
-        return self.run_layer(index, n_clusterings, encode, codes.shape[0], code_dtype)
-
-    def bottom_codes_leave_self_out(
-        self, layer: BottomLayer, X, centers: np.ndarray, code_dtype: type[np.unsignedinteger]
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``bottom_codes`` and the leave-self-out codes: in clustering v, training row
-        ``centers[v, j]`` may not take center j (one GEMM per clustering gives both)."""
-        X_work = _float32_input(X)
-        norms = input_row_norms(X)
-        n_rows, (n_clusterings, k) = X.shape[0], centers.shape
-        left = np.empty((n_rows, n_clusterings), dtype=code_dtype)
-
-        # Sparse rows against sparse centers take the masked route, as bottom_codes does.
-        sparse = sp.issparse(X_work) and sp.issparse(layer.center_data)
-        sparse = sparse and layer.shift_masks is None
-
-        def encode(v: int) -> np.ndarray:
-            exclude = np.full(n_rows, -1, dtype=np.int64)
-            exclude[centers[v]] = np.arange(k)
-            if sparse:
-                codes, left[:, v] = bottom_codes_sparse_leave_self_out(
-                    X_work, layer, v, norms, exclude
-                )
-                return codes
-            codes, left[:, v] = bottom_codes_leave_self_out(
-                X_work, layer.features(v), layer.center_values(v), layer.metric, norms, exclude
-            )
-            return codes
-
-        return self.run_layer(0, n_clusterings, encode, n_rows, code_dtype), left
-
-    def upper_codes_leave_self_out(
-        self,
-        index: int,
-        codes: np.ndarray,
-        left_codes: np.ndarray,
-        clusterings: UpperClusterings,
-        code_dtype: type[np.unsignedinteger],
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``upper_codes`` and, from the previous layer's leave-self-out ``left_codes``,
-        this layer's (both clusterings run in one task, so progress counts them once)."""
-        encode = clusterings.encoder(codes, self.pool)
-        encode_left = clusterings.left_out_encoder(codes, left_codes, self.pool)
-        n_rows, n_clusterings = codes.shape[0], len(clusterings.centers)
-        left = np.empty((n_rows, n_clusterings), dtype=code_dtype)
-
-        def both(v: int) -> np.ndarray:
-            left[:, v] = encode_left(v)
-            return encode(v)
-
-        return self.run_layer(index, n_clusterings, both, n_rows, code_dtype), left
-
-    def stop_message(self, layer: int, done: int, n_clusterings: int) -> str:
-        return (
-            f"training stopped by the callback in layer {layer} after {done} "
-            f"of {n_clusterings} clusterings"
-        )
-
-    def run_layer(
-        self,
-        layer: int,
-        n_clusterings: int,
-        encode: Callable[[int], np.ndarray],
-        n_rows: int,
-        code_dtype: type[np.unsignedinteger],
-    ) -> np.ndarray:
-        codes = np.empty((n_rows, n_clusterings), dtype=code_dtype)
-        stopped = False
-
-        def task(v: int) -> None:
-            if not stopped:
-                codes[:, v] = encode(v)
-
-        futures: list[Future[None]] = [self.pool.submit(task, v) for v in range(n_clusterings)]
-        try:
-            for done, future in enumerate(futures, start=1):
-                future.result()
-                if self.callback is not None and self.callback(layer, done, n_clusterings):
-                    stopped = True
-                    raise TrainingStopped(self.stop_message(layer, done, n_clusterings))
-        finally:
-            for future in futures:
-                future.cancel()
-        return codes
-
-
-def _encode_upper(codes, layer: UpperLayer, runner: _LayerRunner, index: int) -> np.ndarray:
-    center_codes = layer.center_codes
-    n_clusterings = len(layer.centers)
-    postings: Postings | PointPostings
-    if PointPostings.cheaper(
-        codes.shape[0],
-        center_codes.shape[0],
-        layer.n_values,
-        layer.n_centers,
-        n_clusterings,
-        layer.feature_fraction,
-    ):
-        postings = PointPostings.build(codes, center_codes, layer.n_values)
-    else:
-        postings = Postings.build(codes, center_codes, layer.n_values, pool=runner.pool)
-    centers = layer.centers.astype(np.int32)
+    # Sparse rows against sparse centers take the masked route, as bottom_codes does.
+    sparse = sp.issparse(X_work) and sp.issparse(layer.center_data)
+    sparse = sparse and layer.shift_masks is None
 
     def encode(v: int) -> np.ndarray:
-        return upper_clustering_codes(
-            postings,
-            center_codes,
-            centers[v],
-            layer.n_values,
-            layer.seeds[v],
-            layer.feature_fraction,
+        exclude = np.full(n_rows, -1, dtype=np.int64)
+        exclude[centers[v]] = np.arange(k)
+        if sparse:
+            codes, left[:, v] = bottom_codes_sparse_leave_self_out(X_work, layer, v, norms, exclude)
+            return codes
+        codes, left[:, v] = bottom_codes_leave_self_out(
+            X_work, layer.features(v), layer.center_values(v), layer.metric, norms, exclude
         )
+        return codes
 
-    return runner.run_layer(
-        index, n_clusterings, encode, codes.shape[0], smallest_uint(layer.n_centers - 1)
-    )
+    return backend.map_clusterings(0, n_clusterings, encode, n_rows, k), left
+
+
+def _upper_codes_leave_self_out(
+    backend: LocalBackend,
+    index: int,
+    codes: np.ndarray,
+    left_codes: np.ndarray,
+    clusterings: UpperClusterings,
+    code_dtype: type[np.unsignedinteger],
+) -> tuple[np.ndarray, np.ndarray]:
+    """An upper layer's codes and, from the previous layer's leave-self-out ``left_codes``,
+    its leave-self-out codes: the centers keep their own (in-sample) codes, and no point
+    may take a center that is itself (both run in one task, so progress counts them once)."""
+    encode = clusterings.encoder(codes, backend.pool)
+    postings = Postings.build(left_codes, codes, clusterings.n_values, pool=backend.pool)
+    n_rows, n_clusterings = codes.shape[0], len(clusterings.centers)
+    left = np.empty((n_rows, n_clusterings), dtype=code_dtype)
+
+    def both(v: int) -> np.ndarray:
+        left[:, v] = upper_clustering_codes(
+            postings, codes, clusterings.centers[v], clusterings.n_values,
+            clusterings.seeds[v], clusterings.feature_fraction, exclude_self=True,
+        )  # fmt: skip
+        return encode(v)
+
+    codes_out = backend.map_clusterings(index, n_clusterings, both, n_rows, clusterings.n_centers)
+    return codes_out, left
 
 
 def _fit_top(codes: np.ndarray, n_values: int, n_components: int, rng) -> _Top:
@@ -940,28 +765,6 @@ def _project(codes: np.ndarray, top: _Top) -> np.ndarray:
     out = np.empty((codes.shape[0], top.table.shape[2]), dtype=np.float64)
     _kernels.project_codes(codes, top.table, top.offset, out)
     return out
-
-
-def _float32_input(X):
-    """The bottom layer's working copy: float32 CSR, or dense float32 with a ones column."""
-    return float32_csr(X) if sp.issparse(X) else with_ones_column(X)
-
-
-def float32_csr(X) -> sp.csr_matrix:
-    """Sparse X as the bottom layer reads it: float32 CSR with sorted indices."""
-    X = sp.csr_matrix(X, dtype=np.float32)
-    X.sort_indices()
-    return X
-
-
-def _effective_threads(n_jobs: int | None) -> int:
-    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    available = available or 1
-    if n_jobs is None:
-        return available
-    if n_jobs < 0:
-        return max(1, available + 1 + n_jobs)
-    return int(n_jobs)
 
 
 # ---------------------------------------------------------------------- persistence
