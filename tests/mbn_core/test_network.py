@@ -22,9 +22,9 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from tqdm import tqdm
 
 from mbn_core import MBN, TrainingStopped, model_from_arrays, model_to_arrays
-from mbn_core.mbn import umap_output
 from mbn_core.mbn.coassociation import cell_index, coassociation
 from mbn_core.mbn.network import FEW_ROWS
+from mbn_core.mbn.outputs import umap as umap_output
 
 
 @pytest.fixture(scope="module")
