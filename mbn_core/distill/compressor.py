@@ -42,7 +42,7 @@ from threadpoolctl import threadpool_limits
 from mbn_core.distill.input_map import InputMap
 from mbn_core.distill.input_noise import auto_input_noise
 from mbn_core.exceptions import TrainingStopped
-from mbn_core.mbn.network import MBN
+from mbn_core.mbn.estimator import MBN
 from mbn_core.params import CheckedParams, check_int_items
 from mbn_core.pipeline.quality import quality_report
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from mbn_core.mbn.network import MBN, model_from_arrays, model_to_arrays
+from mbn_core.mbn.estimator import MBN
 from mbn_core.mbn.outputs import get_output
 from mbn_core.mbn.outputs.umap import STAGES, layout_epochs
+from mbn_core.mbn.persistence import model_from_arrays, model_to_arrays
 from mbn_core.methods import Method, Reporter, register
 
 # Relative cost of the steps, in multiply-adds of the bottom layer's GEMMs on MNIST (measured

@@ -60,9 +60,7 @@ def test_a_fitted_output_saved_as_arrays_embeds_identically(codes, name):
     stored = StoredArrays(fitted.to_arrays())
     assert output_of_arrays(stored, ks) is output
     restored = output.from_arrays(stored, ks, n_clusterings=20)
-    np.testing.assert_array_equal(
-        restored.embed(bottom_codes[:40], top_codes[:40]), embedding[:40]
-    )
+    np.testing.assert_array_equal(restored.embed(bottom_codes[:40], top_codes[:40]), embedding[:40])
     variance = fitted.explained_variance_ratio
     assert (variance is not None) == (name == "pca")
 

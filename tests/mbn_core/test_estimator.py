@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from mbn_core import MBN, TrainingStopped, model_from_arrays, model_to_arrays
 from mbn_core.mbn.coassociation import cell_index, coassociation
-from mbn_core.mbn.network import FEW_ROWS
+from mbn_core.mbn.estimator import FEW_ROWS
 from mbn_core.mbn.outputs import umap as umap_output
 
 
