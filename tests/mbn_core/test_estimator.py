@@ -239,7 +239,7 @@ def _own_blob_shares(X, y, blobs, **params):
     the UMAP output ranks them) that lie in the same blob."""
     model = MBN(n_classes=4, n_clusterings=100, random_state=0, **params).fit(X)
     bottom, top = model.encode(X, layer=0), model.encode(X, layer=-1)
-    K = coassociation(bottom, top, cell_index(bottom, model.ks_[0]), top, True).tocsr()
+    K = coassociation(bottom, top, cell_index(bottom, model.ks_[0]), top).tocsr()
     shares = []
     for blob in blobs:
         own = []
