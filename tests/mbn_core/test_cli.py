@@ -236,3 +236,27 @@ def test_the_service_commands_parse(tmp_path):
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert option in result.stdout
+
+
+def test_train_plan_prints_what_the_fit_will_build_and_writes_nothing(workdir, monkeypatch, capsys):
+    from mbn_core.pipeline.training import TrainingParams, fit_shape
+
+    monkeypatch.chdir(workdir)
+    before = sorted(workdir.iterdir())
+    options = ["--n-clusterings", "20", "--k1", "0.1", "--random-state", "3"]
+    assert cli.main(["train", "digits.npz", "--plan", *options]) == 0
+    out = capsys.readouterr().out
+    params = TrainingParams.from_dict(
+        {"method": "mbn", "n_clusterings": 20, "k1": 0.1, "random_state": 3}
+    )
+    X = load_digits().data
+    n_fit = fit_shape(params, X.shape)[0]
+    assert str(params.estimator().plan(X[:n_fit])) in out
+    assert f"MBN plan for {n_fit} rows x 64 features" in out
+    assert sorted(workdir.iterdir()) == before  # no bundle
+
+
+def test_train_needs_out_unless_it_plans(workdir, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    assert cli.main(["train", "digits.npz"]) == cli.EXIT_USAGE
+    assert "--out DIR is required" in capsys.readouterr().err
