@@ -195,6 +195,7 @@ class JobStore:
         # instead of writing jobs into a deleted file that nobody will ever read again.
         self._identity: tuple[int, int] | None = None
         self._file_lost = False
+        self._immutable: Engine | None = None  # reads on a full disk (SQLite)
 
     # --- lifecycle ---------------------------------------------------------------------------
     def create_schema(self) -> None:
@@ -236,6 +237,8 @@ class JobStore:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        if self._immutable is not None:
+            self._immutable.dispose()
 
     # --- API side ----------------------------------------------------------------------------
     def queued_count(self) -> int:
@@ -521,8 +524,27 @@ class JobStore:
     @contextmanager
     def _read(self) -> Iterator[Connection]:
         self._check_file()
-        with self._translate(), self.engine.connect() as conn:
+        engine = self.engine
+        if self._disk_full():
+            # Each operation's connection is the only one (no pool): it makes SQLite's WAL
+            # files anew, which a full disk refuses ("disk I/O error"), so a plain read
+            # answered 507. The last connection closed checkpointed the WAL into the file:
+            # read it as it is, making nothing (a write from another process not yet
+            # checkpointed is missed until space returns).
+            engine = self._immutable_engine()
+        with self._translate(), engine.connect() as conn:
             yield conn
+
+    def _immutable_engine(self) -> Engine:
+        assert self.sqlite_path is not None
+        if self._immutable is None:
+            path = urllib.parse.quote(str(self.sqlite_path))
+            self._immutable = sa.create_engine(
+                f"sqlite:///file:{path}?immutable=1&uri=true",
+                connect_args={"check_same_thread": False},
+                poolclass=sa.pool.NullPool,
+            )
+        return self._immutable
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
