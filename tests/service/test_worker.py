@@ -18,6 +18,9 @@ from service.jobs import Job, JobFiles, JobStore
 from service.submission import Submitter, check_params
 from service.worker import Worker, model_id_for
 
+# Slow: the worker with real training processes (each job trains for seconds).
+pytestmark = pytest.mark.slow
+
 Digits = tuple[np.ndarray, np.ndarray]
 # Long enough to be caught running (tens of seconds), stopped long before it ends.
 LONG_PARAMS = {"n_clusterings": 3000, "hidden_layer_sizes": [16], "max_epochs": 2}
