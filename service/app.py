@@ -34,7 +34,13 @@ from service.handlers import (
     TrainingHandler,
 )
 from service.jobs import JobFiles, JobStore
-from service.limits import AdmissionMiddleware, BodyLimitMiddleware, ExactGate, RowBudget
+from service.limits import (
+    AdmissionMiddleware,
+    BodyLimitMiddleware,
+    BodyPace,
+    ExactGate,
+    RowBudget,
+)
 from service.metrics import Metrics, MetricsMiddleware
 from service.readiness import ReadinessMonitor
 from service.registry import ModelRegistry
@@ -77,6 +83,8 @@ class Runtime:
     submitter: Submitter
     gate: ExactGate
     worker: Worker | None
+    # Seconds every /embed slot has been taken without a break (the row budget's).
+    saturated_for: Callable[[], float] = lambda: 0.0
     initialized: bool = False
 
     @classmethod
@@ -147,6 +155,14 @@ class Runtime:
         # Ready means /embed can answer a request that names no model.
         checks["model_available"] = snapshot.default is not None
         problems = store_problems + disk_problems
+        saturated = self.saturated_for()
+        checks["embed_capacity"] = saturated <= self.settings.saturated_after_seconds
+        if not checks["embed_capacity"]:
+            slots = self.settings.max_inflight_requests
+            problems.append(
+                f"every /embed slot (MBN_MAX_INFLIGHT_REQUESTS={slots}) has been taken for "
+                f"{saturated:.0f} s; new /embed requests are refused"
+            )
         if not checks["models_scanned"]:
             problems.append("model directory not scanned yet")
         elif not checks["model_available"]:
@@ -226,6 +242,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = await run_in_threadpool(Runtime.start, settings, metrics)
         state = app.state
+        runtime.saturated_for = state.row_budget.saturated_for
         state.store, state.files, state.registry = runtime.store, runtime.files, runtime.registry
         state.submitter, state.exact_gate, state.worker = (
             runtime.submitter,
@@ -278,6 +295,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         retry_after=settings.retry_after_seconds,
         on_reject=lambda reason: metrics.rejected.labels(f"embed_{reason}").inc(),
         threads=settings.fast_threads,
+        max_buffered_bytes=settings.max_buffered_body_bytes,
     )
     install_error_handlers(app)
     app.add_middleware(AdmissionMiddleware, budget=app.state.row_budget)
@@ -285,6 +303,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         BodyLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,
         max_upload_bytes=settings.max_upload_bytes,
+        pace=BodyPace(timeout=settings.body_timeout_seconds, min_rate=settings.min_body_rate),
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: times everything
     for module in (routes.embed, routes.jobs, routes.models, routes.maps, routes.health):

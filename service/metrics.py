@@ -116,6 +116,10 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+# The status nginx logs for a request whose client left before the answer.
+CLIENT_CLOSED_REQUEST = 499
+
+
 class MetricsMiddleware:
     """Pure ASGI middleware (no body buffering) timing every HTTP request."""
 
@@ -128,7 +132,8 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        status = 500
+        status: int | None = None
+        failed = False
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status
@@ -138,7 +143,14 @@ class MetricsMiddleware:
 
         try:
             await self.app(scope, receive, send_wrapper)
+        except BaseException:
+            failed = True
+            raise
         finally:
+            if status is None:
+                # No answer: a failure, or a client that left before there was one to give
+                # (499, nginx's "client closed request"), which is no server error.
+                status = 500 if failed else CLIENT_CLOSED_REQUEST
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
             mode = scope.get(MODE_SCOPE_KEY, "")
