@@ -71,7 +71,9 @@ class Settings(BaseSettings):
     )
     default_model: str | None = Field(
         default=None,
-        description="Model id or name used when a request names none. Default: the newest model.",
+        description="Model id or name used when a request names none, unless an operator "
+        "promoted another (POST /models/{id}/promote). Unset: the first model ever seen (the demo "
+        "model on a fresh install). A training job moves it only when submitted with promote.",
     )
     demo_model: bool = Field(
         default=True,
