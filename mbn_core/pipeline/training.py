@@ -51,6 +51,7 @@ from mbn_core.methods import (
     get_method,
 )
 from mbn_core.params import InvalidParameterError, Param
+from mbn_core.pipeline.novelty import novelty_section
 from mbn_core.pipeline.quality import quality_report
 
 log = logging.getLogger(__name__)
@@ -457,6 +458,11 @@ def train_bundle(
             **embedding_map.summary(),
             "seconds": round(time.perf_counter() - map_started, 3),
         }
+    novelty_files, novelty_manifest = novelty_section(
+        X, model.training_rows, params.pipeline()["random_state"]
+    )
+    extra_files.update(novelty_files)
+    sections.update(novelty_manifest)
     if tracker.report("export", 0.5, "writing the bundle"):
         raise TrainingStopped("training stopped by the progress callback before export")
     seconds = time.perf_counter() - started
