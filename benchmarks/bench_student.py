@@ -56,15 +56,15 @@ from bench_report import add_training_option, command_line
 from sklearn.metrics import r2_score
 from sklearn.neighbors import NearestNeighbors
 
-from mbn_core.compress import (
+from mbn_core.distill.compressor import (
     CompressiveMBN,
     _predict,
     _split,
     knn_overlap,
     target_scaling,
 )
-from mbn_core.input_map import InputMap
-from mbn_core.training import TrainingParams
+from mbn_core.distill.input_map import InputMap
+from mbn_core.pipeline.training import TrainingParams
 
 OUT = Path(__file__).parent / "out"
 NOISE = 0.01

@@ -3,7 +3,7 @@
 Parameters and the data's shape are checked before a job is queued, so a request the
 training would refuse by its size is refused at once (``InvalidInput``, ``PayloadTooLarge``),
 not a failed job later. Uploaded files are streamed to disk and only their headers are read
-here (``mbn_core.datafile``): the API process never loads training data, the training process
+here (``mbn_core.data.files``): the API process never loads training data, the training process
 does (and a file whose numbers turn out unreadable, e.g. NaN, fails its job with the reason).
 Data is written under the job's id (never a client-chosen path) and flushed to disk before the
 job row exists: a queued job always has its data.
@@ -18,9 +18,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from mbn_core.data_range import check_spread
-from mbn_core.datafile import DataShape, peek_data_file
-from mbn_core.training import TrainingParams, check_feasible
+from mbn_core.data.checks import check_spread
+from mbn_core.data.files import DataShape, peek_data_file
+from mbn_core.pipeline.training import TrainingParams, check_feasible
 from service.config import Settings
 from service.domain import Conflict, InvalidInput, Overloaded, PayloadTooLarge
 from service.errors import shortened

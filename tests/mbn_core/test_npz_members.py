@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from mbn_core.datafile import peek_data_file
 from mbn_core.training import load_training_data
 

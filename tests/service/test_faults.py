@@ -30,8 +30,11 @@ from servicetest import (
 
 from mbn_core import MBN
 from mbn_core.bundle import save_bundle
-from mbn_core.compress import CompressiveMBN
+from mbn_core.distill.compressor import CompressiveMBN
 from service.jobs import JobStore
+
+# Slow: a real mbn serve per fault, killed, starved of disk or of its store.
+pytestmark = pytest.mark.slow
 
 ROWS = [[float(i), float(i % 7)] for i in range(40)]
 SMALL_JOB = {"data": ROWS, "params": {"n_clusterings": 5, "n_components": 2}}

@@ -1,0 +1,1 @@
+"""The Multilayer Bootstrap Network: its estimator, layers, kernels and outputs."""
