@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 from servicetest import FAST_JOBS_ENV, TINY_PARAMS, Server, assert_error
 
 ROW = [0.0] * 64
