@@ -58,6 +58,10 @@ class PayloadTooLarge(ServiceError):
     """Body, upload or batch over the configured limits."""
 
 
+class RequestTimeout(ServiceError):
+    """The request's body (or head) arrived too slowly; the connection is closed."""
+
+
 class UnsupportedMediaType(ServiceError):
     """A content type the endpoint does not read."""
 

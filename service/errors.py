@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 from service.domain import (
@@ -27,11 +28,13 @@ from service.domain import (
     NotFound,
     Overloaded,
     PayloadTooLarge,
+    RequestTimeout,
     ServiceError,
     Unauthorized,
     Unavailable,
     UnsupportedMediaType,
 )
+from service.metrics import CLIENT_CLOSED_REQUEST
 
 __all__ = [
     "Conflict",
@@ -40,6 +43,7 @@ __all__ = [
     "NotFound",
     "Overloaded",
     "PayloadTooLarge",
+    "RequestTimeout",
     "ServiceError",
     "Unauthorized",
     "Unavailable",
@@ -57,6 +61,7 @@ STATUS: dict[type[ServiceError], tuple[int, str]] = {
     Unauthorized: (401, "unauthorized"),
     NotFound: (404, "not_found"),
     Conflict: (409, "conflict"),
+    RequestTimeout: (408, "request_timeout"),
     PayloadTooLarge: (413, "payload_too_large"),
     UnsupportedMediaType: (415, "unsupported_media_type"),
     Overloaded: (429, "overloaded"),
@@ -81,11 +86,14 @@ _HTTP_TYPES = {
     404: "not_found",
     405: "method_not_allowed",
     406: "not_acceptable",
+    408: "request_timeout",
     409: "conflict",
     413: "payload_too_large",
+    414: "uri_too_long",
     415: "unsupported_media_type",
     422: "invalid_input",
     429: "overloaded",
+    431: "headers_too_large",
     503: "unavailable",
     507: "insufficient_storage",
 }
@@ -165,6 +173,15 @@ def install_error_handlers(app: FastAPI) -> None:
             headers["Allow"] = ", ".join(_allowed_methods(request))
         return JSONResponse(error_body(error_type, message), exc.status_code, headers)
 
+    async def on_client_gone(request: Request, exc: Exception) -> JSONResponse:
+        # Not a server error: nobody reads this answer; 499 (nginx's "client closed
+        # request") keeps it apart from the server's own failures in the metrics.
+        log.info("%s %s: the client left before its body was in", request.method, request.url.path)
+        return JSONResponse(
+            error_body("client_closed_request", "the client closed the connection"),
+            status_code=CLIENT_CLOSED_REQUEST,
+        )
+
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error in %s %s", request.method, request.url.path)
         return JSONResponse(
@@ -175,4 +192,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ServiceError, on_service_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(ClientDisconnect, on_client_gone)
     app.add_exception_handler(Exception, on_unexpected)

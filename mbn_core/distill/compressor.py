@@ -39,7 +39,9 @@ from mbn_core.pipeline.split import Split, draw_seed, report_fold_count
 log = logging.getLogger(__name__)
 
 MODES = ("fast", "exact")
-TARGETS = ("in-sample", "leave-self-out")
+# What the MLP learns for a training row: the teacher's in-sample embedding. (Leave-self-out
+# targets were measured and removed: bundles trained with them are refused on load.)
+TARGETS = ("in-sample",)
 
 
 class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
@@ -124,12 +126,9 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         times the teacher's fit for an MBN (k1 grows with the rows). "auto": K = 5 when the
         held-out set would have fewer than 500 rows (``CROSS_FIT_BELOW``), else None. A
         prefit teacher always uses the held-out set.
-    targets : {"in-sample", "leave-self-out"}, default="in-sample"
-        What the MLP learns for a training row of an MBN teacher: its in-sample embedding
-        (``fit_transform``) or its leave-self-out one (coded as if it were none of the
-        centers, as a new row is; one more pass over the upper layers). Measured, the latter
-        changed the fast path on new rows by less than the noise. Other teachers, and prefit
-        ones, give ``fit_transform`` or ``transform`` whatever this says.
+    targets : {"in-sample"}, default="in-sample"
+        What the MLP learns for a training row: the teacher's in-sample embedding
+        (``fit_transform``; ``transform`` for a prefit teacher). The only choice left.
     n_clusters : int, default=None
         If set, k-means with this many clusters on the exact embedding of the training set; the
         model then answers a cluster id for any input (``predict_clusters``): the nearest
@@ -354,8 +353,8 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         )
 
     def _fit_teacher(self, X, rng, quiet: bool, model_teacher=None) -> tuple[Any, np.ndarray]:
-        """The fitted teacher and its targets for X: ``fit_transform`` (or the leave-self-out
-        embedding an MBN gives when ``targets`` asks), ``transform`` when prefit.
+        """The fitted teacher and its targets for X: ``fit_transform``; ``transform`` when
+        prefit.
         ``quiet``: without the teacher's progress callback (a fold of the report).
         ``model_teacher``: a fold's teacher takes the output this fitted teacher chose."""
         if self.prefit:
@@ -377,8 +376,6 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
             # On its fewer rows a fold could choose the other output, whose coordinates no
             # rotation maps onto the model's.
             teacher.set_params(output=model_teacher.output_)
-        if self.targets == "leave-self-out" and hasattr(teacher, "fit_transform_leave_self_out"):
-            return teacher, as_embedding(teacher.fit_transform_leave_self_out(X)[1])
         return teacher, as_embedding(teacher.fit_transform(X))
 
     # ------------------------------------------------------------------ inference
