@@ -30,17 +30,7 @@ from mbn_core.data.checks import check_spread
 from mbn_core.data.csv_scan import read_csv
 from mbn_core.data.files import LABEL_KINDS, SPARSE_ARRAYS, peek_data_file
 from mbn_core.data.npz_members import MEMBER_ERRORS, checked_members, read_member
-from mbn_core.distill.compressor import (
-    CompressiveMBN,
-    _kmeans,
-    _report_clusters,
-    _seed,
-    _split,
-    fold_fit_rows,
-    measure_fidelity,
-    report_fold_count,
-    teacher_fit_rows,
-)
+from mbn_core.distill.compressor import CompressiveMBN
 from mbn_core.distill.input_map import projected_width
 from mbn_core.exceptions import TrainingStopped
 from mbn_core.methods import (
@@ -51,8 +41,10 @@ from mbn_core.methods import (
     get_method,
 )
 from mbn_core.params import InvalidParameterError, Param
+from mbn_core.pipeline.exported import ExportedFastPath, detach_callback
 from mbn_core.pipeline.novelty import novelty_section
-from mbn_core.pipeline.quality import quality_report
+from mbn_core.pipeline.run import run_pipeline
+from mbn_core.pipeline.split import fold_fit_rows, report_fold_count, teacher_fit_rows
 
 log = logging.getLogger(__name__)
 
@@ -506,7 +498,7 @@ def fit_model(
             callback=tracker,
         )
         compressor.fit(X, y)
-        _detach(estimator)
+        detach_callback(estimator)
         model = TrainedModel.from_compressor(compressor)
         model.training_embedding = compressor.embedding_
         model.training_rows = np.setdiff1d(np.arange(X.shape[0]), compressor.holdout_)
@@ -516,58 +508,39 @@ def fit_model(
 
 
 def _fit_exported(method: Method, params: TrainingParams, estimator, X, y) -> TrainedModel:
-    from mbn_core.distill.onnx import OnnxEmbedder, add_cluster_head
+    from mbn_core.distill.onnx import add_cluster_head
 
     assert method.export is not None
     pipeline = params.pipeline()
-    rng = check_random_state(pipeline["random_state"])
-    holdout, _, train = _split(X.shape[0], pipeline["holdout_fraction"], 0.0, rng)
-    started = time.perf_counter()
-    embedding = np.asarray(estimator.fit_transform(X[train]), dtype=np.float64)
-    _detach(estimator)
-    fit_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    centers = None
-    n_clusters = pipeline["n_clusters"]
-    if n_clusters is not None:
-        centers = _kmeans(embedding, n_clusters, _seed(rng)).cluster_centers_.astype(np.float32)
-    proto = add_cluster_head(method.export(estimator), centers)
-    exact = np.asarray(estimator.transform(X[holdout]), dtype=np.float64)
-    fast = OnnxEmbedder(proto).embed(X[holdout])
-    fidelity = measure_fidelity(
-        exact,
-        fast,
-        None if y is None else y[holdout],
-        n_clusters=_report_clusters(n_clusters, None if y is None else y[holdout], estimator),
-        centers=centers,
-        seed=_seed(rng),
+    result = run_pipeline(
+        X,
+        y,
+        ExportedFastPath(method, estimator),
+        holdout_fraction=pipeline["holdout_fraction"],
+        n_folds=None,
+        n_clusters=pipeline["n_clusters"],
+        rng=check_random_state(pipeline["random_state"]),
     )
-    quality = quality_report(
-        X[train],
-        X[holdout],
-        {"exact": exact, "fast": fast},
-        n_components=int(embedding.shape[1]),
-        metric=getattr(estimator, "metric", "euclidean"),
-        random_state=rng,
-    )
+    estimator = result.fitted.estimator
     facts: dict[str, Any] = {
         "n_samples": int(X.shape[0]),
-        "n_fit_samples": len(train),
+        "n_fit_samples": len(result.fitted_rows),
         "input_sparse": bool(sp.issparse(X)),
         "seconds": {
-            "fit": round(fit_seconds, 3),
-            "evaluation": round(time.perf_counter() - started, 3),
+            "fit": round(result.fitted.seconds["fit"], 3),
+            "evaluation": round(result.evaluation_seconds, 3),
         },
     }
     if method.facts is not None:
         facts.update(method.facts(estimator))
+    embedding = result.fitted.embedding
     return TrainedModel(
         method=method,
         estimator=estimator,
-        fast_path=proto,
-        cluster_centers=centers,
-        fidelity=fidelity,
-        quality=quality,
+        fast_path=add_cluster_head(method.export(estimator), result.centers),
+        cluster_centers=result.centers,
+        fidelity=result.fidelity,
+        quality=result.quality,
         hyperparameters={
             method.name: estimator_hyperparameters(estimator),
             "pipeline": pipeline,
@@ -576,7 +549,7 @@ def _fit_exported(method: Method, params: TrainingParams, estimator, X, y) -> Tr
         n_features_in=int(X.shape[1]),
         n_components=int(embedding.shape[1]),
         training_embedding=embedding.astype(np.float32),
-        training_rows=train,
+        training_rows=result.fitted_rows,
     )
 
 
@@ -609,12 +582,6 @@ def fit_shape(params: TrainingParams, shape: tuple[int, int]) -> tuple[int, int]
     cross-fitted (``report_folds``)."""
     folds = params["report_folds"] if params.spec.export is None else None
     return teacher_fit_rows(shape[0], params["holdout_fraction"], folds), shape[1]
-
-
-def _detach(estimator: Any) -> None:
-    """Drop a progress callback from a fitted estimator: it is not a hyperparameter."""
-    if "callback" in estimator.get_params(deep=False):
-        estimator.set_params(callback=None)
 
 
 class _Tracker:
