@@ -8,20 +8,22 @@ import scipy.sparse as sp
 
 from mbn_core import MBN
 from mbn_core.mbn import _kernels
-from mbn_core.mbn.layers import (
+from mbn_core.mbn.bottom import (
     DIRECT_MAX_ROWS,
+    bottom_clustering_codes,
+    bottom_codes_direct,
+    bottom_codes_sparse,
+    input_row_norms,
+    with_ones_column,
+)
+from mbn_core.mbn.dtypes import compact_values
+from mbn_core.mbn.upper import (
     CodeIndex,
     PointPostings,
     Postings,
     UpperLayer,
-    bottom_clustering_codes,
-    bottom_codes_direct,
-    bottom_codes_sparse,
-    compact_values,
-    input_row_norms,
     keep_threshold,
     upper_clustering_codes,
-    with_ones_column,
 )
 
 
