@@ -65,8 +65,13 @@ EXACT_FILE = "exact.npz"
 LEGACY_EXACT_FILE = "mbn.npz"
 ONNX_FILE = "compressor.onnx"
 DATA_FILES = (EXACT_FILE, ONNX_FILE)
-# Files a bundle may hold besides its data files (hashed like them when present): the 2-D map.
-OPTIONAL_FILES = (MAP_FILE,)
+# The input's novelty model (mbn_core.pipeline.novelty) and the reference rows that later
+# versions are aligned on (mbn_core.pipeline.alignment).
+NOVELTY_FILE = "novelty.npz"
+REFERENCE_FILE = "reference.npz"
+# Files a bundle may hold besides its data files (hashed like them when present): the 2-D map,
+# the novelty model, the reference rows.
+OPTIONAL_FILES = (MAP_FILE, NOVELTY_FILE, REFERENCE_FILE)
 MODEL_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # A manifest is a few kilobytes; refuse to parse anything absurdly larger.
 _MAX_MANIFEST_BYTES = 1 << 20
@@ -530,6 +535,16 @@ class Bundle:
                     raise BundleError(f"{file}: map embedding dimension disagrees")
                 self._map = loaded
             return self._map
+
+    def optional_bytes(self, file_name: str) -> bytes:
+        """The verified bytes of one of ``OPTIONAL_FILES`` the bundle holds.
+
+        Raises BundleError when the bundle has none (``file_name not in
+        manifest["files"]``) or it is damaged.
+        """
+        if file_name not in OPTIONAL_FILES or file_name not in self.manifest["files"]:
+            raise BundleError(f"{self.path / file_name}: model {self.id!r} has no {file_name}")
+        return _verified_bytes(self.path, self.manifest, file_name)
 
     def _check_input(self, X, mode: str):
         if mode not in MODES:

@@ -13,17 +13,9 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from sklearn.utils.validation import check_is_fitted
 
 from mbn_core import MBN, CompressiveMBN, TrainingStopped, model_to_arrays
-from mbn_core.distill.compressor import (
-    AUTO_FOLDS,
-    CROSS_FIT_BELOW,
-    FINAL_STEP,
-    _partial_fit,
-    fidelity_report,
-    fold_fit_rows,
-    knn_overlap,
-    step_factor,
-    teacher_fit_rows,
-)
+from mbn_core.distill.student import FINAL_STEP, _partial_fit, step_factor
+from mbn_core.pipeline.fidelity import fidelity_report, knn_overlap
+from mbn_core.pipeline.split import AUTO_FOLDS, CROSS_FIT_BELOW, fold_fit_rows, teacher_fit_rows
 
 
 def small_mbn(**params):
@@ -392,7 +384,7 @@ def test_the_step_decays_from_learning_rate_to_its_final_share():
 
 
 def test_each_epoch_updates_at_its_scheduled_step(monkeypatch, digits):
-    import mbn_core.distill.compressor as compress
+    import mbn_core.distill.student as student
 
     used = []
 
@@ -404,14 +396,14 @@ def test_each_epoch_updates_at_its_scheduled_step(monkeypatch, digits):
         correction = np.sqrt(1 - optimizer.beta_2**t) / (1 - optimizer.beta_1**t)
         used.append(optimizer.learning_rate / correction)
 
-    monkeypatch.setattr(compress, "_partial_fit", recording)
+    monkeypatch.setattr(student, "_partial_fit", recording)
     small_model(max_epochs=5, learning_rate=0.02).fit(digits[0])
     assert used == pytest.approx([0.02 * step_factor(epoch, 5) for epoch in range(1, 6)])
 
 
 def _epoch_inputs(monkeypatch, model, X) -> list:
     """The training matrix of each MLP epoch of ``model.fit(X)`` (recorded, then trained)."""
-    import mbn_core.distill.compressor as compress
+    import mbn_core.distill.student as student
 
     seen = []
 
@@ -419,7 +411,7 @@ def _epoch_inputs(monkeypatch, model, X) -> list:
         seen.append(X_epoch.toarray() if sp.issparse(X_epoch) else np.array(X_epoch))
         _partial_fit(mlp, X_epoch, Y)  # the real one, imported above
 
-    monkeypatch.setattr(compress, "_partial_fit", recording)
+    monkeypatch.setattr(student, "_partial_fit", recording)
     model.fit(X)
     return seen
 

@@ -18,6 +18,9 @@ from mbn_core.bundle import EXACT_FILE  # noqa: E402
 from mbn_core.mbn.backends import dask as mbn_distributed  # noqa: E402
 from mbn_core.mbn.backends.dask import SchedulerUnreachable, last_transfers, use_dask  # noqa: E402
 
+# Slow: MBN fitted on a Dask cluster of worker processes.
+pytestmark = pytest.mark.slow
+
 PARAMS = {"n_clusterings": 24, "random_state": 7}
 
 
