@@ -210,7 +210,7 @@ def canonical_sparse(X):
     """Dense X as it is; sparse X with each (row, column) stored once, in order.
 
     A CSR matrix may list an entry twice, meaning the sum. The sparse products add both, but
-    exact re-ranking reads entries one by one: without this, 129 of 10,000 codes differed
+    exact re-ranking reads entries one by one: without this, some codes differed
     from the dense route's on such input.
     """
     if sp.issparse(X) and not X.has_canonical_format:
