@@ -32,7 +32,7 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import normalized_mutual_info_score
 
 from mbn_core.bundle import load_bundle
-from mbn_core.training import TrainingParams, train_bundle
+from mbn_core.pipeline.training import TrainingParams, train_bundle
 
 TINY = {
     "n_train": 2000, "n_test": 500, "k1": 200, "n_clusterings": 20, "max_epochs": 3,

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_data import load_mnist
 from bench_server import free_port
 
-from mbn_core.training import train_bundle
+from mbn_core.pipeline.training import train_bundle
 
 PARAMS = {
     "n_clusterings": 40,

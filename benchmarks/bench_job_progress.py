@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from bench_mbn import quality_data
 
-from mbn_core.training import TrainingParams, train_bundle
+from mbn_core.pipeline.training import TrainingParams, train_bundle
 
 
 def job_progress(name: str) -> dict:

@@ -126,7 +126,7 @@ def main() -> None:
         work = Path(tmp)
         model_dir = args.model_dir
         if model_dir is None:
-            from mbn_core.training import train_bundle
+            from mbn_core.pipeline.training import train_bundle
 
             model_dir = work / "models"
             model_dir.mkdir()

@@ -69,7 +69,7 @@ embedding equals the one of the output asked for by name, bit for bit.
 ``progress`` fits each data set as a service job does (``METHOD.track``'s callback, the
 service's ``k_max``) and prints the seconds of the bottom layer, the upper layers, the UMAP
 output's neighbour search and its layout; the costs the progress estimate takes from them
-(``mbn_core.mbn_method``: nanoseconds per unit of the bottom layer's modelled cost, and the
+(``mbn_core.mbn.method``: nanoseconds per unit of the bottom layer's modelled cost, and the
 search's cost per cell-mate visit and the layout's per row-epoch in those units); and the
 largest gap between the reported share and the share of the fit's time gone, which is what a
 user watching the bar sees.
@@ -113,11 +113,13 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
-from mbn_core import MBN, auto, umap_output
-from mbn_core.coassociation import one_hot
-from mbn_core.mbn_method import METHOD, layer_costs
-from mbn_core.network import METRICS, OUTPUTS
-from mbn_core.quality import neighbourhood_scores
+from mbn_core import MBN
+from mbn_core.mbn import auto
+from mbn_core.mbn.coassociation import one_hot
+from mbn_core.mbn.estimator import METRICS, OUTPUTS
+from mbn_core.mbn.method import METHOD, layer_costs
+from mbn_core.mbn.outputs import umap as umap_output
+from mbn_core.pipeline.quality import neighbourhood_scores
 
 
 def mnist_subset(seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -310,7 +312,6 @@ MBN_MODELS: dict[str, Callable] = {
     "MBN, new defaults": lambda c, seed: MBN(n_classes=c, random_state=seed),
     # The defaults before output="auto": the paper's PCA output on every data set.
     "MBN, PCA output": pca_output_mbn,
-    "MBN, spectral output": lambda c, seed: MBN(n_classes=c, output="spectral", random_state=seed),
     "MBN, UMAP output": lambda c, seed: MBN(n_classes=c, output="umap", random_state=seed),
     "MBN, cosine": lambda c, seed: MBN(n_classes=c, metric="cosine", random_state=seed),
 }
@@ -480,7 +481,6 @@ def quality(args) -> None:
 HELDOUT_METHODS: dict[str, Callable] = {
     "MBN, new defaults": MBN_MODELS["MBN, new defaults"],
     "MBN, PCA output": MBN_MODELS["MBN, PCA output"],
-    "MBN, spectral output": MBN_MODELS["MBN, spectral output"],
     "MBN, UMAP output": MBN_MODELS["MBN, UMAP output"],
     "MBN, cosine": MBN_MODELS["MBN, cosine"],
     "UMAP": lambda c, seed: __import__("umap").UMAP(n_components=c, random_state=seed),
@@ -788,7 +788,7 @@ ORPHAN_DELTAS = tuple(sorted({*auto.DELTAS, 0.6}))
 
 
 def orphans(args) -> None:
-    """Second-layer orphan rates per candidate delta (see ``mbn_core.auto.orphan_rate``)."""
+    """Second-layer orphan rates per candidate delta (see ``mbn_core.mbn.auto.orphan_rate``)."""
     print(
         f"rows: up to {args.rows} per network, {args.trials} trial clusterings per delta; "
         f"mean ± sd over {args.repeats} estimates"

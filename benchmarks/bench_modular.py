@@ -37,10 +37,9 @@ from bench_data import load_mnist
 from modular_variants import VARIANTS
 from threadpoolctl import threadpool_limits
 
-from mbn_core import _mbm
-from mbn_core.kernel_map import LandmarkMap, fit_kernel_features
-from mbn_core.modular_baselines import BASELINES
-from mbn_core.modular_eval import (
+from mbn_core.modular import _mbm
+from mbn_core.modular.baselines import BASELINES
+from mbn_core.modular.evaluation import (
     ensemble_predict,
     input_neighbours,
     majority_vote,
@@ -48,7 +47,8 @@ from mbn_core.modular_eval import (
     rerank,
     retrieval_precision,
 )
-from mbn_core.modular_kpca import module_map
+from mbn_core.modular.kernel_map import LandmarkMap, fit_kernel_features
+from mbn_core.modular.kpca import module_map
 
 KAPPA = 10
 SEED = 0
@@ -281,8 +281,8 @@ def cmd_variants(args) -> None:
 
 def cmd_speed(args) -> None:
     from mbn_core import ModularKPCA
-    from mbn_core.modular_onnx import to_onnx
-    from mbn_core.onnx import OnnxEmbedder
+    from mbn_core.distill.onnx import OnnxEmbedder
+    from mbn_core.modular.export import to_onnx
 
     X, _, X_q, _ = mnist(args.n_train, 1000)
     t = time.perf_counter()
@@ -308,8 +308,8 @@ def cmd_speed(args) -> None:
 def cmd_testtime(args) -> None:
     from sklearn.neighbors import KNeighborsClassifier, NearestNeighbors
 
-    from mbn_core.modular_onnx import landmark_map_to_onnx
-    from mbn_core.onnx import OnnxEmbedder
+    from mbn_core.distill.onnx import OnnxEmbedder
+    from mbn_core.modular.export import landmark_map_to_onnx
 
     X, y, X_q, _ = mnist(args.n_train, args.n_test)
     X32 = X_q.astype(np.float32)

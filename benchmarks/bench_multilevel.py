@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_data import load_mnist
 
 from mbn_core import MultilevelEmbedding, MultilevelKMeans
-from mbn_core.neighbors import knn_graph
+from mbn_core.multilevel.neighbors import knn_graph
 
 PLAIN = {
     "isomap": lambda k, d, seed: Isomap(n_neighbors=k, n_components=d),

@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 def train_model(model_dir: Path) -> None:
     from sklearn.datasets import load_digits
 
-    from mbn_core.training import train_bundle
+    from mbn_core.pipeline.training import train_bundle
 
     x, y = load_digits(return_X_y=True)
     params = {"n_clusterings": 50, "hidden_layer_sizes": [128, 128], "max_epochs": 30}

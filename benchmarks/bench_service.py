@@ -61,7 +61,7 @@ def load_mnist_float(path: str | None) -> tuple[np.ndarray, np.ndarray]:
 def train_model(
     model_dir: Path, x: np.ndarray, y: np.ndarray, *, n_train: int, params: dict[str, Any]
 ) -> str:
-    from mbn_core.training import train_bundle
+    from mbn_core.pipeline.training import train_bundle
 
     model_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

@@ -105,12 +105,12 @@ EDGE_VALUES: dict[str, list] = {
     "n_components": [1, 2, 3, 5, 50], "n_clusterings": [1, 2, 3],
     "feature_fraction": [1e-6, 0.01, 1.0, "auto"], "k1": [1, 2, 0.01, 0.99, 1.0, "auto"],
     "delta": [0.01, 0.99, "auto"], "n_classes": [1, 2, 50], "k_max": [1, 2],
-    "metric": ["cosine"], "output": ["spectral", "umap"], "shift_fraction": [0.99, 1.0],
+    "metric": ["cosine"], "output": ["umap", "umap-bottom"], "shift_fraction": [0.99, 1.0],
     "hidden_layer_sizes": [[1], [1, 1, 1], []], "max_epochs": [1], "batch_size": [1, 10**6],
     "learning_rate": [1e-9, 10.0], "alpha": [0.0, 100.0], "n_iter_no_change": [1],
     "input_noise": [0.0, 100.0], "input_components": [1, 1000], "tol": [0.0, 1e9],
     "validation_fraction": [0.01, 0.5, 0.99], "report_folds": [2, 10, "auto"],
-    "targets": ["leave-self-out"], "holdout_fraction": [0.01, 0.5, 0.99],
+    "targets": ["in-sample"], "holdout_fraction": [0.01, 0.5, 0.99],
     "map_points": [0, 1, 2, 3, 4], "n_modules": [1, 2], "module_dim": [1, 100],
     "diversity": [0.0, 1.0, "validate"], "n_landmarks": [1, 2, 5000], "gamma": [1e-12, 1e12],
     "epsilon": [0.0, 1e6], "coarse_method": ["lle", "eigenmaps"], "n_neighbors": [1, 2, 3],
@@ -142,7 +142,7 @@ def params_case(method: str, seed: int) -> tuple[np.ndarray, dict]:
 def run_case(X, params: dict) -> str:
     """One case in this process: "OK", or "ValueError: ..." (other failures propagate)."""
     from mbn_core.bundle import load_bundle
-    from mbn_core.training import train_bundle
+    from mbn_core.pipeline.training import train_bundle
 
     with tempfile.TemporaryDirectory() as directory:
         try:

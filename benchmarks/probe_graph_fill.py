@@ -10,7 +10,7 @@ UMAP ignores. This probe measures how many rows are padded, and lays out two gra
 same network (``MBN(n_classes=c, random_state=seed)``, or ``--k1``):
 
 - "product": the UMAP output's graph, each row's strongest bottom x top co-associations
-  (``mbn_core.coassociation``) at distance 1 - K;
+  (``mbn_core.mbn.coassociation``) at distance 1 - K;
 - "filled": the same, but a row with fewer than 14 such rows takes the rest from layer
   ``--fill-layer``'s co-association (larger cells: more rows meet), ranked by it, at distance
   1 (K is 0 for them: they share no bottom cell, or no top cluster; the upper layer only
@@ -31,8 +31,9 @@ import numpy as np
 import scipy.sparse as sp
 from bench_mbn import QUALITY_DATA, kmeans_nmi, mean_sd, quality_data
 
-from mbn_core import MBN, umap_output
-from mbn_core.coassociation import cell_index, coassociation, one_hot
+from mbn_core import MBN
+from mbn_core.mbn.coassociation import cell_index, coassociation, one_hot
+from mbn_core.mbn.outputs import umap as umap_output
 
 
 def others(K: sp.csr_matrix, row: int, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -75,7 +76,7 @@ def probe(name: str, seeds: int, fill_layer: int, k1) -> str:
         bottom, top = network.encode(X, layer=0), network.encode(X, layer=-1)
         upper = one_hot(network.encode(X, layer=fill_layer), network.ks_[fill_layer])
         V = bottom.shape[1]
-        K = coassociation(bottom, top, cell_index(bottom, network.ks_[0]), top, False)
+        K = coassociation(bottom, top, cell_index(bottom, network.ks_[0]), top)
         fill = ((upper @ upper.T) / V).tocsr()
         for graph, fill_with in (("product", None), ("filled", fill)):
             indices, distances, share = neighbour_lists(K, fill_with)

@@ -49,7 +49,7 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import normalized_mutual_info_score
 
 from mbn_core import MBN
-from mbn_core.coassociation import one_hot
+from mbn_core.mbn.coassociation import one_hot
 
 N_NEIGHBORS = 15
 N_EPOCHS = 500

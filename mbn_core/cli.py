@@ -25,20 +25,19 @@ from typing import Any
 
 import numpy as np
 
-from mbn_core import bulk
-from mbn_core.bundle import BundleError, check_target, load_bundle
-from mbn_core.compress import fidelity_report
+from mbn_core.bundle import BundleError, bulk, check_target, load_bundle
+from mbn_core.exceptions import TrainingStopped
+from mbn_core.mbn.outputs.umap import UmapNotInstalled
 from mbn_core.methods import DEFAULT_METHOD, get_method, method_names
-from mbn_core.network import TrainingStopped
 from mbn_core.params import metavar, parse_flag
-from mbn_core.quality import quality_summary
-from mbn_core.training import (
+from mbn_core.pipeline.fidelity import fidelity_report
+from mbn_core.pipeline.quality import quality_summary
+from mbn_core.pipeline.training import (
     TrainingEvent,
     TrainingParams,
     load_training_data,
     train_bundle,
 )
-from mbn_core.umap_output import UmapNotInstalled
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +109,7 @@ def _dask_client(args: argparse.Namespace, *, for_fit: bool) -> Iterator[Any]:
         yield None
         return
     try:
-        from mbn_core import distributed
+        from mbn_core.mbn.backends import dask as distributed
     except ImportError as error:  # pragma: no cover - the module itself imports no Dask
         raise UserError(str(error)) from None
     try:

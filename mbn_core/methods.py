@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mbn_core.embedding_map import MAP_POINTS
+from mbn_core.bundle.embedding_map import MAP_POINTS
 from mbn_core.params import Param, estimator_params
 
 log = logging.getLogger(__name__)
@@ -46,9 +46,9 @@ DEFAULT_METHOD = "mbn"
 # Modules that register a built-in method when imported. A new method in mbn_core adds its
 # module here: that line is its whole registration.
 BUILTIN_MODULES: tuple[str, ...] = (
-    "mbn_core.mbn_method",
-    "mbn_core.multilevel_method",
-    "mbn_core.modular_method",
+    "mbn_core.mbn.method",
+    "mbn_core.multilevel.method",
+    "mbn_core.modular.method",
 )
 # Parameters of the pipeline around every method (held-out fidelity rows, the clustering
 # head, the seed, threads). They are defined once, by CompressiveMBN, which implements them.
@@ -152,7 +152,7 @@ class Method:
         """Options of the distilled compressor (none for an exported fast path)."""
         if self.export is not None:
             return []
-        from mbn_core.compress import CompressiveMBN
+        from mbn_core.distill.compressor import CompressiveMBN
 
         return [
             param
@@ -174,7 +174,7 @@ class Method:
 
 def pipeline_params() -> list[Param]:
     """The options every method shares (``PIPELINE_PARAMS``), as CompressiveMBN defines them."""
-    from mbn_core.compress import CompressiveMBN
+    from mbn_core.distill.compressor import CompressiveMBN
 
     by_name = {
         param.name: param

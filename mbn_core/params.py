@@ -3,7 +3,8 @@
 scikit-learn's constraint objects (``Interval``, ``StrOptions``, ``None``, ``"array-like"``,
 ...) say what values a parameter takes; the estimator's ``__init__`` gives its default and its
 numpydoc docstring its meaning. Everything else is derived from those three: validation
-(``CheckedParams``), the training parameters of a method (``mbn_core.training``), the flags of
+(``CheckedParams``), the training parameters of a method
+(``mbn_core.pipeline.training``), the flags of
 ``mbn train`` (``parse_flag``) and the documented table (``markdown_table``).
 """
 

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 _PROGRESS_EVERY_SECONDS = 0.25
 DATA_REMOVED = "the job's training data was removed (the job was cancelled or deleted)"
 # What the forkserver imports once, before forking any training process.
-_PRELOAD = ["service.trainproc", "mbn_core.training"]
+_PRELOAD = ["service.trainproc", "mbn_core.pipeline.training"]
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def _train(spec: TrainSpec, conn: Connection, stopped: Any) -> tuple[str, str]:
     from threadpoolctl import threadpool_limits
 
     from mbn_core import TrainingStopped
-    from mbn_core.training import TrainingParams, load_training_data, train_bundle
+    from mbn_core.pipeline.training import TrainingParams, load_training_data, train_bundle
 
     parent = os.getppid()
     last_sent = 0.0
@@ -170,7 +170,7 @@ def _cluster(spec: TrainSpec) -> Iterator[None]:
     if spec.scheduler is None:
         yield
         return
-    from mbn_core.distributed import SchedulerUnreachable, use_dask
+    from mbn_core.mbn.backends.dask import SchedulerUnreachable, use_dask
 
     with contextlib.ExitStack() as stack:
         try:

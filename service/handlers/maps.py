@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mbn_core.bundle import Bundle, BundleError
-from mbn_core.embedding_map import EmbeddingMap
+from mbn_core.bundle.embedding_map import EmbeddingMap
 from service.domain import InvalidInput, NotFound, PayloadTooLarge
 from service.registry import ModelRegistry
 

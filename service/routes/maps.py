@@ -1,7 +1,7 @@
 """GET /models/{model_id}/map and POST /models/{model_id}/map/locate: a model's stored 2-D map.
 
 The map is a t-SNE projection of a sample of the training embedding that training stored in
-the bundle (``mbn_core.embedding_map``). ``locate`` places embeddings that ``POST /embed``
+the bundle (``mbn_core.bundle.embedding_map``). ``locate`` places embeddings that ``POST /embed``
 returned on it, so a client (the web console among them) can show where new rows fall.
 """
 
@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from mbn_core.embedding_map import LOCATE_NEIGHBOURS, METHOD
+from mbn_core.bundle.embedding_map import LOCATE_NEIGHBOURS, METHOD
 from service.deps import MapsHandlerDep, require_api_key
 from service.handlers import Located
 from service.routes._body import json_body, parse_json

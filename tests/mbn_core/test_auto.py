@@ -7,7 +7,7 @@ import pytest
 from sklearn.datasets import load_digits, make_circles, make_moons
 
 from mbn_core import MBN
-from mbn_core.auto import (
+from mbn_core.mbn.auto import (
     DELTAS,
     FRACTIONS,
     MAX_ORPHANS,
@@ -20,8 +20,8 @@ from mbn_core.auto import (
     orphan_rate,
     thin_manifold_is_measurable,
 )
-from mbn_core.coassociation import expected_pairs
-from mbn_core.network import model_from_arrays, model_to_arrays
+from mbn_core.mbn.coassociation import expected_pairs
+from mbn_core.mbn.persistence import model_from_arrays, model_to_arrays
 
 
 class LabelsThatMustNotBeRead:

@@ -1,4 +1,4 @@
-"""Chunked embedding of files with dask.array (mbn_core/bulk.py) and `mbn embed` on it."""
+"""Chunked embedding of files with dask.array (mbn_core/bundle/bulk.py) and `mbn embed` on it."""
 
 import re
 import warnings
@@ -11,9 +11,9 @@ pytest.importorskip("dask.array")
 zarr = pytest.importorskip("zarr")
 
 from mbn_core import cli  # noqa: E402
-from mbn_core.bulk import NpyRows, embed_file  # noqa: E402
 from mbn_core.bundle import load_bundle  # noqa: E402
-from mbn_core.training import train_bundle  # noqa: E402
+from mbn_core.bundle.bulk import NpyRows, embed_file  # noqa: E402
+from mbn_core.pipeline.training import train_bundle  # noqa: E402
 
 SMALL = {
     "n_clusterings": 20, "k1": 0.1, "hidden_layer_sizes": [32], "max_epochs": 4,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-import mbn_core.bundle as bundle_module
+import mbn_core.bundle.bundle as bundle_module
 from mbn_core import MBN, CompressiveMBN
 from mbn_core.bundle import (
     EXACT_FILE,
@@ -112,7 +112,7 @@ def test_manifest_describes_the_model(model, saved):
     assert (manifest["input_dim"], manifest["output_dim"]) == (64, 10)
     assert (manifest["method"], manifest["fast_path"]) == ("mbn", "distilled")
     assert manifest["training"]["metric"] == "euclidean"
-    # output="auto" decided: with 30 clusterings the papers' PCA output (mbn_core.auto).
+    # output="auto" decided: with 30 clusterings the papers' PCA output (mbn_core.mbn.auto).
     assert manifest["training"]["output"] == model.teacher_.output_ == "pca"
     assert manifest["hyperparameters"]["mbn"]["n_clusterings"] == 30
     assert manifest["hyperparameters"]["compressor"]["hidden_layer_sizes"] == [32, 32]

@@ -15,7 +15,7 @@ from sklearn.datasets import load_digits
 
 from mbn_core import cli
 from mbn_core.bundle import load_bundle
-from mbn_core.umap_output import INSTALL_HINT
+from mbn_core.mbn.outputs.umap import INSTALL_HINT
 
 SMALL = [
     "--n-clusterings", "20", "--k1", "0.1", "--hidden-layer-sizes", "32",
@@ -217,7 +217,7 @@ def test_the_library_and_the_cli_import_nothing_of_the_service():
     web = {"service", "fastapi", "uvicorn", "sqlalchemy", "psycopg", "msgspec", "pybase64",
            "starlette", "pydantic"}  # fmt: skip
     code = (
-        "import sys, mbn_core, mbn_core.cli, mbn_core.training, mbn_core.bundle;"
+        "import sys, mbn_core, mbn_core.cli, mbn_core.pipeline.training, mbn_core.bundle.bundle;"
         "print(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:])))"
     )
     result = subprocess.run(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from mbn_core.eigen import eigh_by_index
+from mbn_core.utils.eigen import eigh_by_index
 
 _scipy_eigh = scipy.linalg.eigh
 

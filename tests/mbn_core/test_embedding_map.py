@@ -10,8 +10,8 @@ from sklearn.datasets import load_digits, make_blobs
 from sklearn.manifold import TSNE
 
 from mbn_core.bundle import EXACT_FILE, ONNX_FILE, BundleError, load_bundle
-from mbn_core.embedding_map import MAP_FILE, EmbeddingMap, build_map
-from mbn_core.training import TrainingParams, train_bundle
+from mbn_core.bundle.embedding_map import MAP_FILE, EmbeddingMap, build_map
+from mbn_core.pipeline.training import TrainingParams, train_bundle
 
 SMALL = {
     "n_clusterings": 20,
@@ -137,7 +137,7 @@ def test_a_constant_embedding_maps_to_one_point():
 # child process, so that a regression fails this test rather than the whole run.
 _NEAR_CONSTANT = """
 import numpy as np
-from mbn_core.embedding_map import build_map
+from mbn_core.bundle.embedding_map import build_map
 rng = np.random.default_rng(0)
 for offset, jitter in [(1.0, 1e-8), (0.0, 1e-30)]:
     points = (offset + jitter * rng.normal(size=(200, 3))).astype(np.float32)

@@ -8,7 +8,7 @@ import scipy.sparse as sp
 from sklearn.datasets import load_digits
 from sklearn.decomposition import PCA
 
-from mbn_core.input_map import InputMap, projected_width
+from mbn_core.distill.input_map import InputMap, projected_width
 
 
 @pytest.fixture(scope="module")

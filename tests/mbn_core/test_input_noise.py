@@ -5,8 +5,8 @@ import pytest
 from sklearn.datasets import load_digits, make_moons
 from sklearn.metrics import pairwise_distances
 
-from mbn_core.input_map import InputMap
-from mbn_core.input_noise import MAX_INPUT_NOISE, NEIGHBOURHOOD_SHARE, auto_input_noise
+from mbn_core.distill.input_map import InputMap
+from mbn_core.distill.input_noise import MAX_INPUT_NOISE, NEIGHBOURHOOD_SHARE, auto_input_noise
 
 
 def mlp_input(X):

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from mbn_core import _mbm
+from mbn_core.modular import _mbm
 
 
 @pytest.fixture

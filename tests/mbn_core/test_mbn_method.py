@@ -4,7 +4,7 @@ import pytest
 from sklearn.datasets import make_circles
 
 from mbn_core import MBN, TrainingStopped
-from mbn_core.mbn_method import METHOD, layer_costs, output_costs
+from mbn_core.mbn.method import METHOD, layer_costs, output_costs
 
 
 def test_the_plan_counts_the_umap_outputs_stages_and_auto_is_planned_as_pca():

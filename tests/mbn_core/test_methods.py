@@ -17,7 +17,7 @@ from mbn_core.methods import (
     register,
     unregister,
 )
-from mbn_core.training import TrainingParams, train_bundle
+from mbn_core.pipeline.training import TrainingParams, train_bundle
 
 
 @pytest.fixture(scope="module")

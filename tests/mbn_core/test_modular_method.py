@@ -11,7 +11,7 @@ from sklearn.datasets import load_digits
 from mbn_core import ModularKPCA, cli
 from mbn_core.bundle import load_bundle
 from mbn_core.methods import get_method
-from mbn_core.training import train_bundle
+from mbn_core.pipeline.training import train_bundle
 
 PARAMS = {"n_modules": 3, "module_dim": 4, "n_landmarks": 80, "max_epochs": 15}
 

@@ -8,9 +8,9 @@ import pytest
 from sklearn.datasets import load_digits
 
 from mbn_core import ModularBaseline, ModularKPCA
-from mbn_core.modular_kpca import modular_from_arrays, modular_to_arrays
-from mbn_core.modular_onnx import to_onnx
-from mbn_core.onnx import OnnxEmbedder
+from mbn_core.distill.onnx import OnnxEmbedder
+from mbn_core.modular.export import to_onnx
+from mbn_core.modular.kpca import modular_from_arrays, modular_to_arrays
 
 PARAMS = {"n_modules": 4, "module_dim": 5, "n_landmarks": 120, "random_state": 0}
 

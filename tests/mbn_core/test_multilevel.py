@@ -9,9 +9,10 @@ from sklearn.datasets import load_digits, make_blobs, make_s_curve, make_swiss_r
 from sklearn.manifold import Isomap
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from mbn_core import MultilevelEmbedding, MultilevelKMeans, TrainingStopped, _multilevel
-from mbn_core.multilevel import embedding_from_arrays, embedding_to_arrays
-from mbn_core.neighbors import knn_graph
+from mbn_core import MultilevelEmbedding, MultilevelKMeans, TrainingStopped
+from mbn_core.multilevel import _solvers as _multilevel
+from mbn_core.multilevel.embedding import embedding_from_arrays, embedding_to_arrays
+from mbn_core.multilevel.neighbors import knn_graph
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ from sklearn.datasets import load_digits
 from mbn_core import cli
 from mbn_core.bundle import OutOfRangeInput, load_bundle
 from mbn_core.methods import get_method
-from mbn_core.multilevel_method import MultilevelMethod
-from mbn_core.training import TrainingParams, train_bundle
+from mbn_core.multilevel.method import MultilevelMethod
+from mbn_core.pipeline.training import TrainingParams, train_bundle
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.sparse.csgraph import connected_components
 
-from mbn_core.neighbors import _exact_kneighbors, _first_precision, exact_kneighbors, knn_graph
+from mbn_core.multilevel.neighbors import (
+    _exact_kneighbors,
+    _first_precision,
+    exact_kneighbors,
+    knn_graph,
+)
 
 
 def _brute(reference, queries, k):

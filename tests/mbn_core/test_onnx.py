@@ -8,7 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 from sklearn.datasets import load_digits
 
 from mbn_core import MBN, CompressiveMBN
-from mbn_core.onnx import CLUSTER, EMBEDDING, INPUT, OnnxEmbedder, to_onnx
+from mbn_core.distill.onnx import CLUSTER, EMBEDDING, INPUT, OnnxEmbedder, to_onnx
 
 
 def fit_model(X, **params):
@@ -113,7 +113,7 @@ def test_without_head_and_one_output_dimension(X):
 
 
 def test_sparse_and_chunked_input(with_head, exported, X, monkeypatch):
-    import mbn_core.onnx as onnx_module
+    import mbn_core.distill.onnx as onnx_module
 
     monkeypatch.setattr(onnx_module, "_CHUNK_ROWS", 100)
     embedder = OnnxEmbedder(exported)

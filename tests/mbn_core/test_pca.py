@@ -12,7 +12,7 @@ from sklearn.datasets import load_digits
 from sklearn.decomposition import PCA
 
 from mbn_core import MBN
-from mbn_core.pca import MAX_COVARIANCE_FEATURES, fit_pca
+from mbn_core.utils.pca import MAX_COVARIANCE_FEATURES, fit_pca
 
 
 @pytest.fixture(scope="module")

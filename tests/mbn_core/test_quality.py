@@ -6,7 +6,7 @@ import scipy.sparse as sp
 from sklearn.datasets import make_swiss_roll
 from sklearn.manifold import trustworthiness
 
-from mbn_core.quality import neighbourhood_scores, quality_report, quality_summary
+from mbn_core.pipeline.quality import neighbourhood_scores, quality_report, quality_summary
 
 
 @pytest.fixture(scope="module")

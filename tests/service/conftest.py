@@ -27,8 +27,8 @@ from sklearn.datasets import load_digits
 
 from mbn_core import MBN
 from mbn_core.bundle import save_bundle, write_manifest
-from mbn_core.compress import CompressiveMBN
-from mbn_core.embedding_map import EmbeddingMap, build_map
+from mbn_core.bundle.embedding_map import EmbeddingMap, build_map
+from mbn_core.distill.compressor import CompressiveMBN
 from service.config import Settings
 
 with warnings.catch_warnings():

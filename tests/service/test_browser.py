@@ -21,7 +21,10 @@ import numpy as np
 import pytest
 from servicetest import FAST_JOBS_ENV, REPO, TINY_PARAMS, Server, wait_for
 
-from mbn_core.training import train_bundle
+from mbn_core.pipeline.training import train_bundle
+
+# Slow: a Chromium driving the console against a served model.
+pytestmark = pytest.mark.slow
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (dev extra)")
 

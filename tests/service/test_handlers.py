@@ -14,8 +14,8 @@ import pytest
 from servicetest import MAP_POINTS, make_settings
 
 from mbn_core.bundle import save_bundle
-from mbn_core.compress import CompressiveMBN
-from mbn_core.embedding_map import MAP_FILE, EmbeddingMap
+from mbn_core.bundle.embedding_map import MAP_FILE, EmbeddingMap
+from mbn_core.distill.compressor import CompressiveMBN
 from service.domain import Conflict, InvalidInput, NotFound, Overloaded, PayloadTooLarge
 from service.handlers import JobsHandler, MapsHandler, ModelsHandler, TrainingHandler
 from service.jobs import JobFiles, JobStore

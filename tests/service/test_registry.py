@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import mbn_core.bundle as bundle_module
+import mbn_core.bundle.bundle as bundle_module
 from service.errors import Conflict, NotFound, Unavailable
 from service.registry import ModelRegistry
 

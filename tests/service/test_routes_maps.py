@@ -8,7 +8,7 @@ import pytest
 from servicetest import MAP_POINTS, assert_error
 
 from mbn_core.bundle import save_bundle
-from mbn_core.embedding_map import MAP_FILE
+from mbn_core.bundle.embedding_map import MAP_FILE
 
 
 @pytest.fixture

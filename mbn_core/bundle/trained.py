@@ -1,0 +1,109 @@
+"""A trained model as the bundle stores it: method, exact estimator, fast path, facts.
+
+Whatever the method and however its fast path was made (exported or distilled), training
+ends in a ``TrainedModel``; ``mbn_core.bundle.bundle.save_bundle`` writes one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mbn_core.distill.compressor import CompressiveMBN
+from mbn_core.methods import NOT_OPTIONS, PIPELINE_PARAMS, Method, method_of
+
+
+@dataclass
+class TrainedModel:
+    """Everything a bundle holds about one trained model.
+
+    Attributes
+    ----------
+    method : Method
+        The registered method.
+    estimator : object
+        The fitted exact estimator (``method.estimator``).
+    fast_path : onnx.ModelProto
+        The fast path with its clustering head: input ``input``, outputs ``embedding`` and
+        (with a head) ``cluster``.
+    cluster_centers : ndarray of shape (n_clusters, n_components) or None
+        The clustering head's centroids.
+    fidelity : dict
+        Fast against exact on held-out rows (``mbn_core.pipeline.fidelity.measure_fidelity``).
+    quality : dict
+        Label-free quality of both on held-out rows (``mbn_core.pipeline.quality.quality_report``).
+    hyperparameters : dict
+        Parameters by part: the method's under its name, ``compressor`` for a distilled
+        fast path, ``pipeline`` (held-out share, clusters, seed).
+    facts : dict
+        JSON-able training facts: rows, sparse input, seconds per phase, the method's facts.
+    n_features_in, n_components : int
+    training_embedding : ndarray of shape (n_rows, n_components) or None
+        The exact embedding of the training rows ``training_rows`` (for the bundle's map).
+    training_rows : ndarray of shape (n_rows,) or None
+        Their row numbers in the training data.
+    """
+
+    method: Method
+    estimator: Any
+    fast_path: Any
+    cluster_centers: np.ndarray | None
+    fidelity: dict[str, Any]
+    quality: dict[str, Any]
+    hyperparameters: dict[str, dict[str, Any]]
+    facts: dict[str, Any] = field(default_factory=dict)
+    n_features_in: int = 0
+    n_components: int = 0
+    training_embedding: np.ndarray | None = None
+    training_rows: np.ndarray | None = None
+
+    @classmethod
+    def from_compressor(cls, model: CompressiveMBN) -> TrainedModel:
+        """A fitted ``CompressiveMBN`` whose teacher is a registered method's estimator."""
+        from mbn_core.distill.onnx import to_onnx
+
+        method = method_of(model.teacher_)
+        compressor = model.get_params(deep=False)
+        for key in NOT_OPTIONS:
+            compressor.pop(key, None)
+        pipeline = {key: compressor.pop(key) for key in PIPELINE_PARAMS}
+        if isinstance(pipeline["random_state"], np.random.RandomState):
+            pipeline["random_state"] = None  # a generator's state is not a hyperparameter
+        facts = {
+            "n_samples": int(model.n_samples_),
+            "n_fit_samples": int(model.n_samples_ - len(model.holdout_)),
+            "input_sparse": bool(model.input_sparse_),
+            "n_epochs": int(model.n_epochs_),
+            "input_noise": round(float(model.input_noise_), 6),
+            "seconds": {key: round(float(value), 3) for key, value in model.timings_.items()},
+        }
+        if method.facts is not None:
+            facts.update(method.facts(model.teacher_))
+        return cls(
+            method=method,
+            estimator=model.teacher_,
+            fast_path=to_onnx(model),
+            cluster_centers=model.cluster_centers_,
+            fidelity=dict(model.fidelity_),
+            quality=dict(model.quality_),
+            hyperparameters={
+                method.name: estimator_hyperparameters(model.teacher_),
+                "compressor": compressor,
+                "pipeline": pipeline,
+            },
+            facts=facts,
+            n_features_in=int(model.n_features_in_),
+            n_components=int(model.n_components_),
+        )
+
+
+def estimator_hyperparameters(estimator: Any) -> dict[str, Any]:
+    """The parameters a bundle stores for an estimator: all but callbacks and generators."""
+    params = estimator.get_params(deep=False)
+    for key in NOT_OPTIONS:
+        params.pop(key, None)
+    if isinstance(params.get("random_state"), np.random.RandomState):
+        params["random_state"] = None  # a generator's state is not a hyperparameter
+    return params

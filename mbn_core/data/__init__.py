@@ -1,0 +1,1 @@
+"""Data files: reading and checking the training and embedding inputs."""

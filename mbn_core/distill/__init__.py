@@ -1,0 +1,1 @@
+"""Distillation: the compressive student of a fitted method and its ONNX graph."""

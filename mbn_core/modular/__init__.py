@@ -1,0 +1,1 @@
+"""Modular kernel PCA: the estimator, its kernel maps, optimiser and ONNX export."""

@@ -1,0 +1,1 @@
+"""Multilevel manifold learning: coarsening, the coarse embedding, refinement."""

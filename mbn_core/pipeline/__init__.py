@@ -1,0 +1,1 @@
+"""The training pipeline: parameters, the held-out report, and the bundle it writes."""

@@ -1,0 +1,647 @@
+"""Training a bundle end to end: parameters, reading data, method fit + fast path + export.
+
+Both the ``mbn train`` command and the service's worker call ``train_bundle``; it reports
+progress as one fraction 0..1 over the whole job, weighted by the expected cost of each step,
+and stops (writing nothing) when the progress callback returns True. Nothing here names a
+method: the registry (``mbn_core.methods``) says what each one needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+import zipfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import validate_parameter_constraints
+
+from mbn_core.bundle import check_target, save_bundle, validate_model_id, validate_name
+from mbn_core.bundle.embedding_map import MAP_FILE, MAP_POINTS, EmbeddingMap, build_map
+from mbn_core.bundle.trained import TrainedModel, estimator_hyperparameters
+from mbn_core.data.checks import check_spread
+from mbn_core.data.csv_scan import read_csv
+from mbn_core.data.files import LABEL_KINDS, SPARSE_ARRAYS, peek_data_file
+from mbn_core.data.npz_members import MEMBER_ERRORS, checked_members, read_member
+from mbn_core.distill.compressor import CompressiveMBN
+from mbn_core.distill.input_map import projected_width
+from mbn_core.exceptions import TrainingStopped
+from mbn_core.methods import (
+    DEFAULT_METHOD,
+    PIPELINE_PARAMS,
+    SHARED_PARAMS,
+    Method,
+    get_method,
+)
+from mbn_core.params import InvalidParameterError, Param
+from mbn_core.pipeline.exported import ExportedFastPath, detach_callback
+from mbn_core.pipeline.novelty import novelty_section
+from mbn_core.pipeline.run import run_pipeline
+from mbn_core.pipeline.split import fold_fit_rows, report_fold_count, teacher_fit_rows
+
+log = logging.getLogger(__name__)
+
+PHASES = ("fit", "compressor", "report", "export")
+ProgressCallback = Callable[[str, float], object]
+
+# An MLP weight costs about this many bottom-layer multiply-adds per point and epoch (forward,
+# backward and update, on one BLAS thread against the bottom layer's two; measured on MNIST).
+_MLP_COST = 7.0
+# Share of the whole job left to the fidelity evaluation and the export.
+_EXPORT_SHARE = 0.02
+_MAX_SEED = 2**32
+
+
+@dataclass(frozen=True)
+class TrainingParams:
+    """Every option of a training job: the method, its parameters, the fast path's and the
+    pipeline's (held-out share, clustering head, seed, threads).
+
+    The options are those the method's estimators declare (``Method.options``); nothing is
+    listed here. Build from JSON with ``TrainingParams.from_dict`` (unknown keys and bad values
+    raise ``ValueError`` naming the key); ``to_dict`` gives the JSON-able form back, with the
+    defaults filled in and ``method`` first.
+
+    Attributes
+    ----------
+    method : str
+        A registered method's name.
+    values : mapping
+        Every option's value (lists as tuples).
+    """
+
+    method: str
+    values: Mapping[str, Any]
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any] | None = None) -> TrainingParams:
+        """Parameters from a JSON object (``method`` optional, ``"mbn"`` by default)."""
+        if values is None:
+            values = {}
+        if not isinstance(values, Mapping):
+            raise ValueError(f"training parameters must be an object, got {type(values).__name__}")
+        values = dict(values)
+        name = values.pop("method", DEFAULT_METHOD)
+        if not isinstance(name, str):
+            raise ValueError(f"method must be a string, got {name!r}")
+        method = get_method(name)
+        options = {param.name: param for param in method.options()}
+        for key in values:
+            if key not in options:
+                raise ValueError(
+                    f"unknown training parameter {key!r} for method {name!r}; known: "
+                    f"{', '.join(sorted(options))}"
+                )
+        full = {}
+        for key, param in options.items():
+            value = values.get(key, param.default)
+            if param.is_list and isinstance(value, list):
+                value = tuple(value)
+            full[key] = value
+        params = cls(method=name, values=full)
+        params.validate()
+        return params
+
+    def validate(self) -> None:
+        """ValueError naming the first bad option (the estimators' own checks)."""
+        seed = self.values["random_state"]
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < _MAX_SEED
+        ):
+            raise ValueError(f"random_state must be an integer in [0, 2**32) or None, got {seed!r}")
+        try:
+            # The pipeline's first: for options both check (n_jobs), its rule is the one
+            # that holds (the estimator's can allow more, e.g. MBN's negative n_jobs).
+            try:
+                CompressiveMBN(**self.compressor_kwargs())._validate_params()
+            except InvalidParameterError as error:
+                # Every method has these options (the pipeline's), so they are the training's.
+                raise ValueError(str(error).replace("of CompressiveMBN", "of training")) from None
+            self.estimator()._validate_params()
+            validate_parameter_constraints(
+                {MAP_POINTS.name: MAP_POINTS.constraints},
+                {MAP_POINTS.name: self.values[MAP_POINTS.name]},
+                caller_name="training",
+            )
+        except InvalidParameterError as error:
+            raise ValueError(str(error)) from None
+
+    @property
+    def spec(self) -> Method:
+        """The registered method."""
+        return get_method(self.method)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able parameters (tuples as lists), ``method`` first."""
+        return {
+            "method": self.method,
+            **{
+                key: list(value) if isinstance(value, tuple) else value
+                for key, value in self.values.items()
+            },
+        }
+
+    def estimator_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the method's estimator (shared ones such as the seed too)."""
+        method = self.spec
+        accepted = method.constraints
+        kwargs = {param.name: self.values[param.name] for param in method.params()}
+        for key in SHARED_PARAMS:
+            if key in accepted:
+                kwargs[key] = self.values[key]
+        return {key: list(v) if isinstance(v, tuple) else v for key, v in kwargs.items()}
+
+    def estimator(self) -> Any:
+        """An unfitted estimator of the method with these parameters."""
+        return self.spec.estimator(**self.estimator_kwargs())
+
+    def compressor_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``CompressiveMBN`` (without the teacher): the compressor's
+        options (their defaults for an exported method) and the pipeline's."""
+        names = [param.name for param in self.spec.fast_path_params()] + list(PIPELINE_PARAMS)
+        return {name: self.values[name] for name in names}
+
+    def pipeline(self) -> dict[str, Any]:
+        """The pipeline's options (``PIPELINE_PARAMS``)."""
+        return {name: self.values[name] for name in PIPELINE_PARAMS}
+
+
+def option_params(method: str = DEFAULT_METHOD) -> dict[str, list[Param]]:
+    """The training options of ``method`` by group (for the CLI and the documentation)."""
+    return get_method(method).option_groups()
+
+
+@dataclass(frozen=True)
+class TrainingEvent:
+    """A detailed progress report (for progress bars).
+
+    Attributes
+    ----------
+    phase : {"fit", "compressor", "report", "export"}
+    fraction : float
+        Of the whole job, 0..1 (what ``progress`` receives).
+    phase_fraction : float
+        Of the current phase, 0..1.
+    message : str
+        What just finished, e.g. "layer 2/7 (k=1000): clustering 40/400".
+    """
+
+    phase: str
+    fraction: float
+    phase_fraction: float
+    message: str
+
+
+# ---------------------------------------------------------------------- data
+
+
+def load_training_data(path: str | os.PathLike[str]) -> tuple[Any, np.ndarray | None]:
+    """Read a data file: ``.npy``, ``.npz`` (``x`` and optional ``y``), scipy sparse ``.npz``
+    or ``.csv`` (numbers only, and a header row when no cell of the first row is a number).
+
+    Returns
+    -------
+    X : ndarray of shape (n_samples, n_features) float32, or CSR matrix float32
+    y : ndarray of shape (n_samples,) or None
+        Labels from an ``.npz``'s ``y``, used only to report fidelity.
+
+    Raises
+    ------
+    ValueError
+        Naming the file: missing, unreadable, an unknown format, or malformed content
+        (not 2-D, not numeric, NaN or infinity, fewer than 2 rows).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{path}: no such file")
+    if not path.is_file():
+        raise ValueError(f"{path}: not a file")
+    suffix = path.suffix.lower()
+    y = None
+    try:
+        _check_magic(path, suffix)
+        if suffix in (".npy", ".npz"):
+            # Headers that claim more data than the file holds are refused before numpy
+            # allocates what they claim.
+            peek_data_file(path)
+        if suffix == ".npy":
+            X = np.load(path, allow_pickle=False)
+        elif suffix == ".npz":
+            X, y = _read_npz(path)
+        elif suffix == ".csv":
+            X = _read_csv(path)
+        else:
+            raise ValueError(
+                f"{path}: unsupported format {suffix or '(no suffix)'!r}; use .npy, .npz or .csv"
+            )
+    except (OSError, *MEMBER_ERRORS) as error:
+        raise ValueError(f"{path}: unreadable {suffix} file: {error}") from None
+    except ValueError as error:
+        message = str(error)
+        if "allow_pickle" in message:  # numpy's advice to unpickle is not ours to give
+            message = f"{path}: holds Python objects (pickled data), which mbn never loads"
+        elif not message.startswith(str(path)):
+            message = f"{path}: unreadable {suffix} file: {message}"
+        raise ValueError(message) from None
+    return check_matrix(X, str(path)), _check_labels(y, X.shape[0], str(path))
+
+
+def check_matrix(X, source: str = "X"):
+    """``X`` as float32 (dense or CSR), or ValueError naming ``source``."""
+    if sp.issparse(X):
+        X = sp.csr_matrix(X)
+        values = X.data
+    else:
+        X = np.asarray(X)
+        values = X
+    if X.ndim != 2:
+        raise ValueError(f"{source}: expected a 2-D matrix (rows = points), got shape {X.shape}")
+    if X.dtype.kind not in "biuf":
+        raise ValueError(f"{source}: expected numbers, got dtype {X.dtype}")
+    if X.shape[0] < 2 or X.shape[1] < 1:
+        raise ValueError(f"{source}: needs at least 2 rows and 1 column, got shape {X.shape}")
+    values = values.astype(np.float32, copy=False)
+    if not np.isfinite(values).all():
+        raise ValueError(f"{source}: contains NaN, infinity or values beyond float32's range")
+    return X.astype(np.float32, copy=False)
+
+
+def _check_magic(path: Path, suffix: str) -> None:
+    """Refuse files that are not what their suffix says, before numpy guesses at pickles."""
+    magic = {".npy": b"\x93NUMPY", ".npz": b"PK"}.get(suffix)
+    if magic is None:
+        return
+    with path.open("rb") as handle:
+        if handle.read(len(magic)) != magic:
+            raise ValueError(f"{path}: not a NumPy {suffix} file")
+
+
+def _read_npz(path: Path):
+    with zipfile.ZipFile(path) as archive:
+        # The members peek_data_file checked, read from the same entries.
+        members = checked_members(archive, f"{path}")
+        if members.keys() >= SPARSE_ARRAYS:
+            return _checked_sparse(sp.load_npz(path)), None
+        if "x" not in members:
+            raise ValueError(
+                f"{path}: an .npz needs an array named 'x' (and optionally 'y'), "
+                f"found {sorted(members)}"
+            )
+        x = read_member(archive, members["x"], f"{path}")
+        y = read_member(archive, members["y"], f"{path}") if "y" in members else None
+        return x, y
+
+
+def _checked_sparse(X) -> sp.csr_matrix:
+    """``X`` as CSR, its index arrays checked first: scipy's constructors check only their
+    lengths, and the compiled conversions index memory with them (a decreasing ``indptr``
+    raised a C++ RuntimeError; a column index past the shape went through)."""
+    if hasattr(X, "check_format"):  # csr, csc, bsr: before any conversion reads them
+        X.check_format(full_check=True)
+    X = X.tocsr()
+    X.check_format(full_check=True)
+    return X
+
+
+def _read_csv(path: Path) -> np.ndarray:
+    # Blocks of lines in bounded memory; a bad cell is named with its data row.
+    return read_csv(path)
+
+
+def _check_labels(y, n_samples: int, source: str) -> np.ndarray | None:
+    if y is None:
+        return None
+    y = np.asarray(y)
+    if y.ndim != 1 or len(y) != n_samples:
+        raise ValueError(f"{source}: 'y' must be 1-D with one label per row of 'x'")
+    if y.dtype.kind == "O":  # e.g. strings from pandas or fetch_openml: typed, if they are
+        y = np.asarray(y.tolist())
+    if y.dtype.kind not in LABEL_KINDS:
+        raise ValueError(
+            f"{source}: labels must be numbers, strings or booleans, got {y.dtype} values"
+        )
+    if y.dtype.kind == "f":
+        if not np.isfinite(y).all():
+            raise ValueError(f"{source}: labels contain NaN or infinity")
+        # Labels name classes for the report's NMI: a continuous target would make each row
+        # its own class and every embedding look perfect.
+        fractional = np.flatnonzero(y != np.round(y))
+        if fractional.size:
+            row = int(fractional[0])
+            raise ValueError(
+                f"{source}: labels name classes (whole numbers, strings or booleans); row "
+                f"{row} has {float(y[row])!r}, and {fractional.size} of {len(y)} are not "
+                "whole numbers"
+            )
+    return y
+
+
+def check_feasible(params: TrainingParams, n_rows: int) -> None:
+    """ValueError unless ``params`` can train on ``n_rows`` rows: what ``train_bundle`` would
+    otherwise find out only after the fit (the compressor needs 4 rows, the clustering head
+    ``n_clusters``, and the method its own: ``Method.check_rows``)."""
+    minimum = 4  # rows are held out for validation and fidelity
+    if n_rows < minimum:
+        raise ValueError(f"training needs at least {minimum} rows, got {n_rows}")
+    method = params.spec
+    if method.check_rows is not None:
+        method.check_rows(params.estimator(), fit_shape(params, (n_rows, 1))[0])
+        if method.export is None:
+            # A cross-fitted report fits the method on fewer rows, once per fold.
+            smallest = fold_fit_rows(n_rows, params["holdout_fraction"], params["report_folds"])
+            method.check_rows(params.estimator(), smallest)
+    n_clusters = params["n_clusters"]
+    # A distilled method's head clusters every row's embedding; an exported one's only the
+    # rows its method is fitted on (the held-out ones test the export).
+    head_rows = n_rows if method.export is None else fit_shape(params, (n_rows, 1))[0]
+    if n_clusters is not None and n_clusters > head_rows:
+        of = f" (of {n_rows})" if head_rows < n_rows else ""
+        raise ValueError(
+            f"n_clusters={n_clusters} is more than the {head_rows} rows the clustering head "
+            f"is fitted on{of}"
+        )
+
+
+# ---------------------------------------------------------------------- training
+
+
+def train_bundle(
+    X,
+    out_dir: str | os.PathLike[str],
+    *,
+    name: str,
+    params: TrainingParams | Mapping[str, Any] | None = None,
+    y=None,
+    model_id: str | None = None,
+    progress: ProgressCallback | None = None,
+    events: Callable[[TrainingEvent], object] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Train a method and its fast path on X and write the bundle to ``out_dir``.
+
+    Parameters
+    ----------
+    X : array-like or sparse matrix of shape (n_samples, n_features)
+    out_dir : path
+        The bundle directory to create (its parent must exist).
+    name : str
+        Human-readable model name.
+    params : TrainingParams or dict, default=None
+        None means the default method (MBN) with its defaults.
+    y : array-like of shape (n_samples,), default=None
+        Labels, used only for the fidelity report.
+    model_id : str, default=None
+        None means ``out_dir``'s name.
+    progress : callable, default=None
+        ``progress(phase, fraction)`` with phase in ``PHASES`` ("fit", "compressor",
+        "report", "export") and fraction of the whole job in 0..1, called as the method
+        reports, after every MLP epoch and after each fold of a cross-fitted report.
+        Returning True stops: ``TrainingStopped`` is raised and nothing is written. The last
+        call, ``("export", 1.0)``, comes after the bundle is written and cannot stop it.
+    events : callable, default=None
+        Receives a ``TrainingEvent`` at the same moments (for progress bars); returning
+        True stops too.
+    overwrite : bool, default=False
+        Replace an existing bundle at ``out_dir``.
+
+    Returns
+    -------
+    Path
+        The bundle directory.
+    """
+    if not isinstance(params, TrainingParams):
+        params = TrainingParams.from_dict(params)
+    out_dir = Path(out_dir)
+    # Everything checkable is checked before hours of training, not after.
+    validate_model_id(out_dir.name if model_id is None else model_id)
+    validate_name(name)
+    check_target(out_dir, overwrite=overwrite)
+    X = check_matrix(X)
+    check_spread(X)
+    labels = _check_labels(y, X.shape[0], "y")
+    method = params.spec
+    if sp.issparse(X) and not method.sparse:
+        raise ValueError(f"method {method.name!r} does not take sparse input")
+    check_feasible(params, X.shape[0])
+    estimator = params.estimator()
+
+    tracker = _Tracker(params, estimator, X.shape, progress, events)
+    started = time.perf_counter()
+    log.info("training %r with %s on %d x %d points", name, method.name, *X.shape)
+    model = fit_model(params, X, labels, estimator=estimator, tracker=tracker)
+    extra_files, sections = {}, {}
+    if params[MAP_POINTS.name] and model.training_embedding is not None:
+        if tracker.report("export", 0.0, "2-D map of the training embedding (t-SNE)"):
+            raise TrainingStopped("training stopped by the progress callback before the map")
+        map_started = time.perf_counter()
+        embedding_map = training_map(model, labels, params)
+        extra_files[MAP_FILE] = embedding_map.to_bytes()
+        sections["map"] = {
+            **embedding_map.summary(),
+            "seconds": round(time.perf_counter() - map_started, 3),
+        }
+    novelty_files, novelty_manifest = novelty_section(
+        X, model.training_rows, params.pipeline()["random_state"]
+    )
+    extra_files.update(novelty_files)
+    sections.update(novelty_manifest)
+    if tracker.report("export", 0.5, "writing the bundle"):
+        raise TrainingStopped("training stopped by the progress callback before export")
+    seconds = time.perf_counter() - started
+    path = save_bundle(
+        model,
+        out_dir,
+        name=name,
+        model_id=model_id,
+        overwrite=overwrite,
+        extra={"total_seconds": round(seconds, 3), "params": params.to_dict()},
+        extra_files=extra_files,
+        manifest_sections=sections,
+    )
+    tracker.report("export", 1.0, "bundle written")
+    return path
+
+
+def fit_model(
+    params: TrainingParams,
+    X,
+    y=None,
+    *,
+    estimator: Any = None,
+    tracker: _Tracker | None = None,
+) -> TrainedModel:
+    """Fit ``params``' method and make its fast path: a ``TrainedModel`` for ``save_bundle``.
+
+    A distilled method is the teacher of a ``CompressiveMBN``. An exported one is fitted on
+    all rows but the held-out ones; its own ONNX graph (plus the clustering head) is the fast
+    path, and fidelity compares that graph with the estimator on the held-out rows.
+    """
+    method = params.spec
+    estimator = params.estimator() if estimator is None else estimator
+    if tracker is not None and method.track is not None:
+        shape = fit_shape(params, X.shape)
+        method.track(estimator, shape, lambda f, message: tracker.report("fit", f, message))
+    if method.export is None:
+        compressor = CompressiveMBN(
+            estimator,
+            **params.compressor_kwargs(),
+            callback=tracker,
+        )
+        compressor.fit(X, y)
+        detach_callback(estimator)
+        model = TrainedModel.from_compressor(compressor)
+        model.training_embedding = compressor.embedding_
+        model.training_rows = np.setdiff1d(np.arange(X.shape[0]), compressor.holdout_)
+        model.hyperparameters[method.name] = estimator_hyperparameters(compressor.teacher_)
+        return model
+    return _fit_exported(method, params, estimator, X, y)
+
+
+def _fit_exported(method: Method, params: TrainingParams, estimator, X, y) -> TrainedModel:
+    from mbn_core.distill.onnx import add_cluster_head
+
+    assert method.export is not None
+    pipeline = params.pipeline()
+    result = run_pipeline(
+        X,
+        y,
+        ExportedFastPath(method, estimator),
+        holdout_fraction=pipeline["holdout_fraction"],
+        n_folds=None,
+        n_clusters=pipeline["n_clusters"],
+        rng=check_random_state(pipeline["random_state"]),
+    )
+    estimator = result.fitted.estimator
+    facts: dict[str, Any] = {
+        "n_samples": int(X.shape[0]),
+        "n_fit_samples": len(result.fitted_rows),
+        "input_sparse": bool(sp.issparse(X)),
+        "seconds": {
+            "fit": round(result.fitted.seconds["fit"], 3),
+            "evaluation": round(result.evaluation_seconds, 3),
+        },
+    }
+    if method.facts is not None:
+        facts.update(method.facts(estimator))
+    embedding = result.fitted.embedding
+    return TrainedModel(
+        method=method,
+        estimator=estimator,
+        fast_path=add_cluster_head(method.export(estimator), result.centers),
+        cluster_centers=result.centers,
+        fidelity=result.fidelity,
+        quality=result.quality,
+        hyperparameters={
+            method.name: estimator_hyperparameters(estimator),
+            "pipeline": pipeline,
+        },
+        facts=facts,
+        n_features_in=int(X.shape[1]),
+        n_components=int(embedding.shape[1]),
+        training_embedding=embedding.astype(np.float32),
+        training_rows=result.fitted_rows,
+    )
+
+
+def training_map(model: TrainedModel, labels, params: TrainingParams) -> EmbeddingMap:
+    """The bundle's 2-D map of ``model``'s training embedding: coloured by the labels when
+    given, else by the clustering head's clusters."""
+    embedding, rows = model.training_embedding, model.training_rows
+    assert embedding is not None and rows is not None
+    clusters = None
+    if model.cluster_centers is not None:
+        centers = model.cluster_centers
+        scores = embedding @ (-2.0 * centers.T) + np.sum(centers**2, axis=1)
+        clusters = np.argmin(scores, axis=1)
+    pipeline = params.pipeline()
+    embedding_map = build_map(
+        embedding,
+        clusters=clusters,
+        labels=None if labels is None else np.asarray(labels)[rows],
+        max_points=max(2, params[MAP_POINTS.name]),
+        random_state=pipeline["random_state"],
+        n_jobs=pipeline["n_jobs"],
+    )
+    # Row numbers of the training data, not of the rows the method was fitted on.
+    return dataclasses.replace(embedding_map, row=np.asarray(rows)[embedding_map.row])
+
+
+def fit_shape(params: TrainingParams, shape: tuple[int, int]) -> tuple[int, int]:
+    """The shape of the data ``params``' method is fitted on: all rows but the held-out ones
+    (kept for the fidelity report), or all rows when a distilled method's report is
+    cross-fitted (``report_folds``)."""
+    folds = params["report_folds"] if params.spec.export is None else None
+    return teacher_fit_rows(shape[0], params["holdout_fraction"], folds), shape[1]
+
+
+class _Tracker:
+    """Turns the method's and the MLP's reports into one cost-weighted fraction of the job."""
+
+    def __init__(self, params: TrainingParams, estimator, shape, progress, events) -> None:
+        method = params.spec
+        d = shape[1]
+        fit_cost = None
+        if method.cost is not None:
+            fit_cost = method.cost(estimator, fit_shape(params, shape))
+        mlp, folds = 0.0, None
+        if method.export is None:
+            values = params.values
+            hidden = tuple(values["hidden_layer_sizes"])
+            n_out = getattr(estimator, "n_components", None) or getattr(estimator, "n_classes", 10)
+            # Input wider than input_components is projected first (mbn_core.distill.input_map); for
+            # sparse input the projection costs nonzeros x width, counted here as dense.
+            width = projected_width(d, values["input_components"])
+            first = d if width is None else width
+            mlp_macs = (0 if width is None else d * width) + sum(
+                a * b for a, b in zip((first, *hidden), (*hidden, n_out), strict=True)
+            )
+            n_train = fit_shape(params, shape)[0] * (1 - values["validation_fraction"])
+            mlp = _MLP_COST * mlp_macs * n_train * values["max_epochs"]
+            folds = report_fold_count(shape[0], params["holdout_fraction"], params["report_folds"])
+        # Without a cost model the fit counts as much as the MLP (or as all, without one).
+        fit = fit_cost if fit_cost is not None else (mlp if mlp else 1.0)
+        # Each fold of a cross-fitted report refits the teacher and the MLP on (folds - 1) /
+        # folds of the rows, and the bottom layer's cost grows about as the rows squared (k1
+        # grows with them): 3.2 model fits for 5 folds, where a 2,000-row swiss roll
+        # measured 2.7.
+        report = 0.0 if folds is None else folds * ((folds - 1) / folds) ** 2 * (fit + mlp)
+        total = fit + mlp + report
+        costs = (fit, mlp, report) if total > 0 else (1.0, 0.0, 0.0)
+        scale = (1 - _EXPORT_SHARE) / sum(costs)
+        widths = (*(cost * scale for cost in costs), _EXPORT_SHARE)
+        self.widths = dict(zip(PHASES, widths, strict=True))
+        starts = np.cumsum([0.0, *self.widths.values()])[:-1]
+        self.starts = dict(zip(PHASES, starts.tolist(), strict=True))
+        self.progress = progress
+        self.events = events
+
+    def __call__(self, epoch: int, max_epochs: int, loss: float) -> bool:
+        """The compressor's callback: after each MLP epoch."""
+        message = f"epoch {epoch}/{max_epochs}"
+        if np.isfinite(loss):
+            message += f", validation loss {loss:.4g}"
+        return self.report("compressor", epoch / max_epochs, message)
+
+    def fold_done(self, done: int, total: int) -> bool:
+        """The compressor's callback: after each fold of a cross-fitted report."""
+        return self.report("report", done / total, f"fidelity report: fold {done}/{total}")
+
+    def report(self, phase: str, phase_fraction: float, message: str) -> bool:
+        fraction = min(1.0, self.starts[phase] + self.widths[phase] * phase_fraction)
+        stop = False
+        if self.progress is not None:
+            stop = bool(self.progress(phase, fraction))
+        if self.events is not None:
+            event = TrainingEvent(phase, fraction, phase_fraction, message)
+            stop = bool(self.events(event)) or stop
+        return stop
