@@ -26,15 +26,16 @@ from typing import Any
 import numpy as np
 
 from mbn_core.bundle import BundleError, bulk, check_target, load_bundle
-from mbn_core.distill.compressor import fidelity_report
 from mbn_core.exceptions import TrainingStopped
-from mbn_core.mbn.umap_output import UmapNotInstalled
+from mbn_core.mbn.outputs.umap import UmapNotInstalled
 from mbn_core.methods import DEFAULT_METHOD, get_method, method_names
 from mbn_core.params import metavar, parse_flag
+from mbn_core.pipeline.fidelity import fidelity_report
 from mbn_core.pipeline.quality import quality_summary
 from mbn_core.pipeline.training import (
     TrainingEvent,
     TrainingParams,
+    fit_shape,
     load_training_data,
     train_bundle,
 )
@@ -157,7 +158,13 @@ def build_parser(
         "lists another's.",
     )
     train.add_argument("data", metavar="DATA", help="training data file")
-    train.add_argument("--out", required=True, metavar="DIR", help="bundle directory to create")
+    train.add_argument("--out", metavar="DIR", help="bundle directory to create (required)")
+    train.add_argument(
+        "--plan",
+        action="store_true",
+        help="print what the fit will build (the 'auto' choices settled) and stop; "
+        "delta and output 'auto' are measured on the bottom layer, which costs its fit",
+    )
     train.add_argument(
         "--method",
         default=DEFAULT_METHOD,
@@ -312,6 +319,11 @@ def _train(args: argparse.Namespace) -> None:
         if hasattr(args, param.name)
     }
     params = TrainingParams.from_dict({"method": args.method, **options})
+    if args.plan:
+        _print_plan(args, params)
+        return
+    if not args.out:
+        raise UserError("train: --out DIR is required (or --plan to see the plan only)")
     out = Path(args.out)
     if out.exists() and not args.force:
         raise UserError(f"{out}: already exists (use --force to replace it)")
@@ -323,6 +335,26 @@ def _train(args: argparse.Namespace) -> None:
         where = f" on the Dask cluster at {args.scheduler}" if client is not None else ""
         _say(f"Training on {X.shape[0]} x {X.shape[1]} points from {args.data}{where}")
         _train_with_progress(args, X, y, out, params, name)
+
+
+def _print_plan(args: argparse.Namespace, params: TrainingParams) -> None:
+    estimator = params.estimator()
+    if not hasattr(estimator, "plan"):
+        raise UserError(f"train --plan: method {args.method!r} has no plan to show")
+    with _dask_client(args, for_fit=True):
+        X, _ = load_training_data(args.data)
+        n_fit = fit_shape(params, X.shape)[0]
+        if n_fit < X.shape[0]:
+            # The fit sees the rows the held-out split leaves: plan on as many, the first.
+            _say(f"Planned on the first {n_fit} of {X.shape[0]} rows: training fits on that "
+                 f"many, leaving {X.shape[0] - n_fit} out at random for its report")  # fmt: skip
+            X = X[:n_fit]
+        try:
+            plan = estimator.plan(X)
+        except ValueError as error:
+            raise UserError(f"train --plan: {error}") from None
+    for line in str(plan).splitlines():
+        _say(line)
 
 
 def _train_with_progress(args, X, y, out: Path, params: TrainingParams, name: str) -> None:

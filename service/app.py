@@ -194,7 +194,12 @@ class Runtime:
     def _disk_problems(self) -> list[str]:
         settings = self.settings
         problems = []
-        for what, path in (("data", settings.data_dir), ("model", settings.models_path)):
+        watched = (
+            ("data", settings.data_dir),
+            ("model", settings.models_path),
+            ("upload spool", settings.spool_path),
+        )
+        for what, path in watched:
             try:
                 stats = os.statvfs(path)
             except OSError as exc:

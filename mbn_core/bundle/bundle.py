@@ -99,6 +99,25 @@ def _upgrade_v2(manifest: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
+# Options that bundles may have been trained with and that this mbn no longer has, as
+# (hyperparameter section, option, value) -> what to do instead. Such a bundle is refused
+# when read, naming the option: its models cannot be rebuilt, or not as the manifest says.
+REMOVED_OPTIONS: dict[tuple[str, str, str], str] = {
+    ("mbn", "output", "spectral"): 'retrain it with output "auto", "pca" or "umap"',
+    ("compressor", "targets", "leave-self-out"): 'retrain it with targets "in-sample"',
+}
+
+
+def _refuse_removed_options(file: Path, manifest: dict[str, Any]) -> None:
+    for (section, option, value), advice in REMOVED_OPTIONS.items():
+        options = manifest["hyperparameters"].get(section)
+        if isinstance(options, dict) and options.get(option) == value:
+            raise BundleError(
+                f"{file}: the model was trained with {section} option {option}={value!r}, "
+                f"which this mbn (version {_own_version()}) no longer has; {advice}"
+            )
+
+
 # Manifest upgrades: _UPGRADES[v] turns a version-v manifest into a version v+1 one.
 # Version 2 only added the self-digest, which a version-1 manifest cannot have: its fields
 # are read as they are (and a warning says that the manifest itself is not protected).
@@ -662,6 +681,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         version += 1
         manifest["format_version"] = version
     _check_manifest_fields(file, manifest)
+    _refuse_removed_options(file, manifest)
     return manifest
 
 

@@ -37,7 +37,7 @@ from sklearn.utils import check_random_state
 
 from mbn_core.bundle import REFERENCE_FILE, Bundle, BundleError
 from mbn_core.bundle.trained import TrainedModel
-from mbn_core.distill.compressor import knn_overlap
+from mbn_core.pipeline.fidelity import knn_overlap
 from mbn_core.distill.onnx import EMBEDDING
 
 # Reference rows kept in a bundle: enough for a c x c rotation many times over and for a

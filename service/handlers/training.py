@@ -71,7 +71,7 @@ class TrainingHandler:
         align_to: str | None = None,
     ) -> Job:
         """Queue a job whose rows (and optional labels) came inline."""
-        full_params = check_params(params, method)
+        full_params = check_params(params, method, bound=self.submitter.settings.max_train_rows)
         x = rows_to_matrix(
             data, expected_dim=None, max_rows=self.submitter.settings.max_train_rows, what="data"
         )
@@ -94,7 +94,7 @@ class TrainingHandler:
     ) -> Job:
         """Queue a job whose data is an uploaded file (its type by ``filename``'s suffix),
         copying ``source`` to disk."""
-        full_params = check_params(params, method)
+        full_params = check_params(params, method, bound=self.submitter.settings.max_train_rows)
         suffix = PurePath(filename or "").suffix.lower()
         job = self.submitter.submit_file(
             name, full_params, suffix, source, promote=promote, prepare=self._aligned(align_to)

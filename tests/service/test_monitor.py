@@ -62,7 +62,7 @@ def test_a_model_without_traffic_answers_zeros_and_says_so(shadowing: TestClient
     assert (
         body["training"]
         == load_bundle(shadowing.app.state.registry.get("m-novel").path).manifest["fidelity"]
-    )  # noqa: E501
+    )
     assert shadowing.get("/models/nope/monitor").status_code == 404
 
 
