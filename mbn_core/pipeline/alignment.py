@@ -37,8 +37,8 @@ from sklearn.utils import check_random_state
 
 from mbn_core.bundle import REFERENCE_FILE, Bundle, BundleError
 from mbn_core.bundle.trained import TrainedModel
-from mbn_core.pipeline.fidelity import knn_overlap
 from mbn_core.distill.onnx import EMBEDDING
+from mbn_core.pipeline.fidelity import knn_overlap
 
 # Reference rows kept in a bundle: enough for a c x c rotation many times over and for a
 # 10-NN overlap, small beside the exact model.
