@@ -197,7 +197,9 @@ def test_monitor_of_a_real_server(
         for n, row in enumerate(x, start=1):
             assert client.post("/embed", json={"inputs": [row.tolist()]}).status_code == 200
             # The next row only once this one is shadowed: none is replaced while waiting.
-            body = wait_for(lambda n=n: processed(n), 60, f"row {n} processed")
+            # The first waits for the exact model's read and its kernels' compilation.
+            timeout = 600 if n == 1 else 120
+            body = wait_for(lambda n=n: processed(n), timeout, f"row {n} processed")
         metrics = client.get("/metrics").text
     assert body["replica"] == "replica-a" and body["rows_seen"] == len(x)
     assert body["shadow_rows"] == len(x) and body["dropped_behind"] == 0
