@@ -39,7 +39,7 @@ PROJECT = "mbn"
 DEMO_ROW = [float(i % 17) for i in range(64)]  # the demo model: 64 digit pixels
 TINY_PARAMS = {"n_clusterings": 20, "hidden_layer_sizes": [16], "max_epochs": 3}
 # A job that runs long enough to be interrupted (tens of seconds here).
-LONG_PARAMS = {"n_clusterings": 200, "hidden_layer_sizes": [32], "max_epochs": 20}
+LONG_PARAMS = {"n_clusterings": 100, "hidden_layer_sizes": [16], "max_epochs": 8}
 
 
 def container(service: str, number: int = 1) -> str:
@@ -475,7 +475,7 @@ def kill_worker(checks: Checks, rate: float) -> Scenario:
     scenario = Scenario("worker container killed mid-job")
     workers = [container("worker", n) for n in (1, 2)]
     with Load(rate) as load:
-        submitted = train("compose-check-long", LONG_PARAMS, n=1500, seed=2)
+        submitted = train("compose-check-long", LONG_PARAMS, n=1000, seed=2)
         job_id = submitted.json()["id"]
         wait_until(
             "the job makes progress",
@@ -523,7 +523,7 @@ def restart_postgres(checks: Checks, rate: float) -> Scenario:
     name = container("postgres")
     accepted: list[str] = []
     with Load(rate) as load:
-        first = train("compose-check-before-pg", LONG_PARAMS, n=1500, seed=3)
+        first = train("compose-check-before-pg", LONG_PARAMS, n=1000, seed=3)
         accepted.append(first.json()["id"])
         wait_until("the job runs", lambda: job(accepted[0]).get("status") == "running", 300)
         fault = time.monotonic()
