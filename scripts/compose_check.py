@@ -545,7 +545,12 @@ def restart_postgres(checks: Checks, rate: float) -> Scenario:
         checks.expect(after.status == 202, f"POST /train after PostgreSQL is back: {after.status}")
         if after.status == 202:
             accepted.append(after.json()["id"])
-        outcomes = {job_id: wait_for_job(job_id, 900)["status"] for job_id in accepted}
+        finished = {job_id: wait_for_job(job_id, 900) for job_id in accepted}
+        outcomes = {job_id: found["status"] for job_id, found in finished.items()}
+        scenario.notes.append(
+            f"the job running during the outage took {finished[accepted[0]].get('attempts')} "
+            "attempt(s)"
+        )
     summarize(load, scenario, fault, recovered)
     scenario.recovery_s = recovered - fault
     not_ready = sorted(set(readiness[3:]))
