@@ -175,6 +175,12 @@ def build_parser(
     train.add_argument("--model-id", help="model id (default: DIR's name)")
     train.add_argument("--force", action="store_true", help="replace an existing bundle at DIR")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
+    train.add_argument(
+        "--align-to",
+        metavar="BUNDLE",
+        help="an earlier model's bundle directory: map the new model's embedding into its "
+        "space (same features and output dimension), so vectors of both stay comparable",
+    )
     _add_scheduler_options(train, "run each layer's clusterings on this Dask cluster")
     if method in names:
         _add_training_options(train, method)
@@ -355,7 +361,7 @@ def _train_with_progress(args, X, y, out: Path, params: TrainingParams, name: st
     with _ProgressBars(disable=True if args.quiet else None) as bars:
         path = train_bundle(
             X, out, name=name, params=params, y=y, model_id=args.model_id,
-            events=bars.update, overwrite=args.force,
+            events=bars.update, overwrite=args.force, align_to=args.align_to,
         )  # fmt: skip
     bundle = load_bundle(path)
     _say(f"Wrote bundle {bundle.id!r} ({bundle.name}) to {path}")
@@ -476,6 +482,19 @@ def _describe(manifest: dict[str, Any], *, brief: bool) -> list[str]:
     quality = manifest.get("quality")
     if quality:
         lines.append(f"quality:     {quality_summary(quality)}")
+    alignment = manifest.get("alignment")
+    if alignment:
+        lines.append(
+            f"aligned to:  {alignment['reference_model']} on {alignment['reference_rows']} "
+            f"reference rows, residual {alignment['residual']:.4f} "
+            f"(unaligned {alignment['unaligned_residual']:.4f})"
+        )
+    novelty = manifest.get("novelty")
+    if novelty and "threshold" in novelty:
+        lines.append(
+            f"novelty:     threshold {novelty['threshold']:.4g} (the {novelty['quantile']:.0%} "
+            f"quantile of {novelty['n_calibration_rows']} training rows)"
+        )
     if not brief:
         for part, params in manifest["hyperparameters"].items():
             text = ", ".join(f"{key}={value}" for key, value in sorted(params.items()))
