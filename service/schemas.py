@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validat
 
 from service.jobs import Job
 
-# A model id (mbn_core.bundle.bundle's rule) or a name given through the API: one path component,
+# A model id (mbn_core.bundle.manifest's rule) or a name given through the API: one path component,
 # never "." or "..", no separators.
 MODEL_REF_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # Names of bundles made elsewhere (the CLI) may be any printable text up to 200 characters;

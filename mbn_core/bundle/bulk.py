@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mbn_core.bundle.bundle import Bundle, OutOfRangeInput, load_bundle
+from mbn_core.bundle.load import Bundle, OutOfRangeInput, load_bundle
 
 if TYPE_CHECKING:
     from distributed import Client

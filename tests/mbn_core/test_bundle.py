@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-import mbn_core.bundle.bundle as bundle_module
+import mbn_core.bundle.manifest as manifest_module
+import mbn_core.bundle.save as save_module
 from mbn_core import MBN, CompressiveMBN
 from mbn_core.bundle import (
     EXACT_FILE,
@@ -193,7 +194,7 @@ def test_overwrite_never_replaces_other_files(model, tmp_path):
 
 def test_interrupted_write_leaves_nothing(model, tmp_path, monkeypatch):
     written = []
-    real_write = bundle_module._write_synced
+    real_write = save_module._write_synced
 
     def write_then_interrupt(path, data):
         written.append(path.name)
@@ -201,7 +202,7 @@ def test_interrupted_write_leaves_nothing(model, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         real_write(path, data)
 
-    monkeypatch.setattr(bundle_module, "_write_synced", write_then_interrupt)
+    monkeypatch.setattr(save_module, "_write_synced", write_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         save_bundle(model, tmp_path / "m", name="m")
     assert list(tmp_path.iterdir()) == []
@@ -413,8 +414,8 @@ def test_older_supported_format_is_upgraded(copy, digits, monkeypatch):
     def upgrade(manifest):
         return {**manifest, "upgraded": True}
 
-    monkeypatch.setattr(bundle_module, "FORMAT_VERSION", FORMAT_VERSION + 1)
-    monkeypatch.setitem(bundle_module._UPGRADES, FORMAT_VERSION, upgrade)
+    monkeypatch.setattr(manifest_module, "FORMAT_VERSION", FORMAT_VERSION + 1)
+    monkeypatch.setitem(manifest_module._UPGRADES, FORMAT_VERSION, upgrade)
     bundle = load_bundle(copy)
     assert bundle.manifest["upgraded"] is True
     assert bundle.manifest["format_version"] == FORMAT_VERSION + 1
