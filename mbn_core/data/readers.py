@@ -68,7 +68,7 @@ def load_training_data(path: str | os.PathLike[str]) -> tuple[Any, np.ndarray | 
         elif not message.startswith(str(path)):
             message = f"{path}: unreadable {suffix} file: {message}"
         raise ValueError(message) from None
-    return check_matrix(X, str(path)), _check_labels(y, X.shape[0], str(path))
+    return check_matrix(X, str(path)), check_labels(y, X.shape[0], str(path))
 
 
 def check_matrix(X, source: str = "X"):
@@ -133,7 +133,7 @@ def _read_csv(path: Path) -> np.ndarray:
     return read_csv(path)
 
 
-def _check_labels(y, n_samples: int, source: str) -> np.ndarray | None:
+def check_labels(y, n_samples: int, source: str) -> np.ndarray | None:
     if y is None:
         return None
     y = np.asarray(y)

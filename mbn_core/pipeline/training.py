@@ -26,7 +26,7 @@ from mbn_core.bundle import check_target, save_bundle, validate_model_id, valida
 from mbn_core.bundle.embedding_map import MAP_FILE, MAP_POINTS, EmbeddingMap, build_map
 from mbn_core.bundle.trained import TrainedModel, estimator_hyperparameters
 from mbn_core.data.checks import check_spread
-from mbn_core.data.readers import _check_labels, check_matrix
+from mbn_core.data.readers import check_labels, check_matrix
 from mbn_core.distill.compressor import CompressiveMBN
 from mbn_core.distill.input_map import projected_width
 from mbn_core.exceptions import TrainingStopped
@@ -281,7 +281,7 @@ def train_bundle(
     check_target(out_dir, overwrite=overwrite)
     X = check_matrix(X)
     check_spread(X)
-    labels = _check_labels(y, X.shape[0], "y")
+    labels = check_labels(y, X.shape[0], "y")
     method = params.spec
     if sp.issparse(X) and not method.sparse:
         raise ValueError(f"method {method.name!r} does not take sparse input")
