@@ -226,8 +226,8 @@ class Bundle:
 
 
 def _check_finite(embedding: np.ndarray, mode: str) -> None:
-    # On every embed: the whole-array test first (0.13 ms on 100,000 x 10, against 1.8 ms
-    # for the per-row reduction, which only a failing batch needs).
+    # On every embed: the whole-array test first, an order of magnitude cheaper than the
+    # per-row reduction, which only a failing batch needs.
     if np.isfinite(embedding).all():
         return
     rows = np.flatnonzero(~np.isfinite(embedding).all(axis=1))

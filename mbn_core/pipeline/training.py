@@ -49,7 +49,8 @@ PHASES = ("fit", "compressor", "report", "export")
 ProgressCallback = Callable[[str, float], object]
 
 # An MLP weight costs about this many bottom-layer multiply-adds per point and epoch (forward,
-# backward and update, on one BLAS thread against the bottom layer's two; measured on MNIST).
+# backward and update, on one BLAS thread against the bottom layer's two;
+# docs/decisions/0023-training-progress.md).
 _MLP_COST = 7.0
 # Share of the whole job left to the fidelity evaluation and the export.
 _EXPORT_SHARE = 0.02
@@ -465,8 +466,7 @@ class _Tracker:
         fit = fit_cost if fit_cost is not None else (mlp if mlp else 1.0)
         # Each fold of a cross-fitted report refits the teacher and the MLP on (folds - 1) /
         # folds of the rows, and the bottom layer's cost grows about as the rows squared (k1
-        # grows with them): 3.2 model fits for 5 folds, where a 2,000-row swiss roll
-        # measured 2.7.
+        # grows with them): 3.2 model fits for 5 folds, a little more than measured.
         report = 0.0 if folds is None else folds * ((folds - 1) / folds) ** 2 * (fit + mlp)
         total = fit + mlp + report
         costs = (fit, mlp, report) if total > 0 else (1.0, 0.0, 0.0)
