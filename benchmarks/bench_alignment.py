@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
             (
                 "residual aligned / unaligned",
                 f"{section['residual']:.3f} / {section['unaligned_residual']:.3f}",
-            ),  # fmt: skip
+            ),
         ]
         exact_new = new.load_exact()
         for mode in ("exact", "fast"):

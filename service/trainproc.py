@@ -108,7 +108,8 @@ def _train(spec: TrainSpec, conn: Connection, stopped: Any) -> tuple[str, str]:
     from threadpoolctl import threadpool_limits
 
     from mbn_core import TrainingStopped
-    from mbn_core.pipeline.training import TrainingParams, load_training_data, train_bundle
+    from mbn_core.data.readers import load_training_data
+    from mbn_core.pipeline.training import TrainingParams, train_bundle
 
     parent = os.getppid()
     last_sent = 0.0

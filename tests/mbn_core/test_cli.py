@@ -217,7 +217,7 @@ def test_the_library_and_the_cli_import_nothing_of_the_service():
     web = {"service", "fastapi", "uvicorn", "sqlalchemy", "psycopg", "msgspec", "pybase64",
            "starlette", "pydantic"}  # fmt: skip
     code = (
-        "import sys, mbn_core, mbn_core.cli, mbn_core.pipeline.training, mbn_core.bundle.bundle;"
+        "import sys, mbn_core, mbn_core.cli, mbn_core.pipeline.training, mbn_core.bundle.load;"
         "print(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:])))"
     )
     result = subprocess.run(
