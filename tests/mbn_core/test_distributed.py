@@ -14,8 +14,8 @@ from sklearn.datasets import load_digits
 distributed = pytest.importorskip("distributed")
 
 from mbn_core import MBN, TrainingStopped, cli, model_to_arrays  # noqa: E402
-from mbn_core.mbn.backends import dask as mbn_distributed  # noqa: E402
 from mbn_core.bundle import EXACT_FILE  # noqa: E402
+from mbn_core.mbn.backends import dask as mbn_distributed  # noqa: E402
 from mbn_core.mbn.backends.dask import SchedulerUnreachable, last_transfers, use_dask  # noqa: E402
 
 # Slow: MBN fitted on a Dask cluster of worker processes.

@@ -145,6 +145,7 @@ for offset, jitter in [(1.0, 1e-8), (0.0, 1e-30)]:
 """
 
 
+@pytest.mark.slow
 def test_a_near_constant_embedding_does_not_crash_the_process():
     done = subprocess.run(
         [sys.executable, "-X", "faulthandler", "-c", _NEAR_CONSTANT],
@@ -163,6 +164,7 @@ def wide_map():
     return wide, build_map(wide, random_state=0)
 
 
+@pytest.mark.slow
 def test_the_pca_start_survives_a_lapack_fault(wide_map, svd_fails):
     wide, clean = wide_map
     with pytest.raises(np.linalg.LinAlgError):  # the fault is real for sklearn's own start
@@ -216,6 +218,7 @@ def mapped_bundle(digits, tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_training_stores_a_map_of_a_sample(mapped_bundle, digits):
     x, y = digits
     bundle = load_bundle(mapped_bundle)
@@ -234,6 +237,7 @@ def test_training_stores_a_map_of_a_sample(mapped_bundle, digits):
     np.testing.assert_array_equal(stored.cluster, bundle.predict_clusters(x[stored.row], "exact"))
 
 
+@pytest.mark.slow
 def test_unseen_digits_land_beside_their_class(mapped_bundle, digits):
     x, y = digits
     bundle = load_bundle(mapped_bundle)
@@ -246,6 +250,7 @@ def test_unseen_digits_land_beside_their_class(mapped_bundle, digits):
     assert agreement > 0.8, agreement
 
 
+@pytest.mark.slow
 def test_a_tampered_map_is_refused(mapped_bundle, tmp_path):
     import shutil
 
@@ -258,6 +263,7 @@ def test_a_tampered_map_is_refused(mapped_bundle, tmp_path):
         load_bundle(copy)
 
 
+@pytest.mark.slow
 def test_no_map_when_asked_for_none(digits, tmp_path):
     x, _ = digits
     path = train_bundle(
@@ -271,6 +277,7 @@ def test_no_map_when_asked_for_none(digits, tmp_path):
         bundle.embedding_map()
 
 
+@pytest.mark.slow
 def test_a_one_component_model_trains_with_a_map(digits, tmp_path):
     x, _ = digits
     params = {**SMALL, "n_components": 1, "map_points": 200}

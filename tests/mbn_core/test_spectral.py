@@ -17,6 +17,7 @@ def fitted(codes_output_fit):
     return codes_output_fit("spectral")
 
 
+@pytest.mark.slow
 def test_training_rows_get_unit_rows_of_the_weighted_eigenvectors(digits_split, fitted):
     model, embedding, _ = fitted
     assert embedding.shape == (500, 10)
@@ -46,6 +47,7 @@ def test_affinity_is_the_product_of_shared_bottom_and_top_codes():
     assert one_hot(bottom, 4).shape == (30, 24)
 
 
+@pytest.mark.slow
 def test_transform_reproduces_fit_and_is_batch_independent(digits_split, fitted):
     X, _, X_new, _ = digits_split
     model, embedding, _ = fitted
@@ -56,6 +58,7 @@ def test_transform_reproduces_fit_and_is_batch_independent(digits_split, fitted)
     np.testing.assert_allclose(np.linalg.norm(batch, axis=1), 1.0)
 
 
+@pytest.mark.slow
 def test_leave_self_out_rows_are_coded_as_new_rows(fitted):
     _, embedding, left_out = fitted
     assert left_out.shape == embedding.shape and np.isfinite(left_out).all()
@@ -65,6 +68,7 @@ def test_leave_self_out_rows_are_coded_as_new_rows(fitted):
     assert np.median(cosine) > 0.8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("output", "fitted_nmi", "new_nmi"),
     [("spectral", 0.75, 0.7), ("umap", 0.8, 0.75), ("umap-bottom", 0.8, 0.75)],
@@ -79,6 +83,7 @@ def test_new_rows_cluster_like_the_training_rows(
     assert normalized_mutual_info_score(y_new, kmeans.predict(model.transform(X_new))) > new_nmi
 
 
+@pytest.mark.slow
 def test_separates_the_two_moons():
     X, y = make_moons(400, noise=0.06, random_state=7)
     model = MBN(n_classes=2, n_clusterings=100, output="spectral", random_state=0)
@@ -90,6 +95,7 @@ def test_separates_the_two_moons():
 CODES_OUTPUTS = ["spectral", "umap", "umap-bottom"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("output", "own_array", "misshapen", "other_output"),
     [
@@ -124,6 +130,7 @@ def test_arrays_round_trip_and_corruption_is_named(
         model_from_arrays(model_to_arrays(other), dict(other.get_params(), output=output))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("output", CODES_OUTPUTS)
 @pytest.mark.parametrize(("n", "d"), [(10, 1), (12, 3), (40, 1), (60, 7)])
 def test_any_small_shape(n, d, output):
@@ -134,6 +141,7 @@ def test_any_small_shape(n, d, output):
     assert np.isfinite(model.transform(X[:3] + 0.01)).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("output", CODES_OUTPUTS)
 def test_deterministic_for_a_seed(digits_split, output):
     X, _, _, _ = digits_split
@@ -144,6 +152,7 @@ def test_deterministic_for_a_seed(digits_split, output):
     np.testing.assert_array_equal(*runs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("output", CODES_OUTPUTS)
 def test_constant_and_duplicate_rows(output):
     X = np.vstack([np.zeros((20, 3)), np.ones((5, 3))])
@@ -173,6 +182,7 @@ def test_a_row_sharing_no_top_cluster_falls_back_to_its_bottom_share():
     np.testing.assert_allclose(Z[0], expected / np.linalg.norm(expected), atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("output", CODES_OUTPUTS)
 def test_blocks_of_rows_change_no_value(digits_split, codes_output_fit, output, monkeypatch):
     # The co-association read a few rows at a time (as on all of MNIST) gives the same fit,
