@@ -380,6 +380,7 @@ class PlanRecorder:
         return stage == "layout" and done == self.stop_at_epoch
 
 
+@pytest.mark.slow
 def test_a_callback_hears_the_plan_the_fit_settles_on():
     X, _ = make_circles(300, factor=0.5, noise=0.04, random_state=7)
     recorder = PlanRecorder()
@@ -393,6 +394,7 @@ def test_a_callback_hears_the_plan_the_fit_settles_on():
         stopper.transform(X)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("output", ["umap", "umap-bottom"])
 def test_a_callback_hears_the_umap_outputs_search_then_each_epoch(output):
     X, _ = make_circles(300, factor=0.5, noise=0.04, random_state=7)
@@ -412,6 +414,7 @@ def test_a_callback_hears_the_umap_outputs_search_then_each_epoch(output):
     np.testing.assert_array_equal(heard, plain)
 
 
+@pytest.mark.slow
 def test_a_callback_stops_the_umap_layout_between_epochs():
     X, _ = make_circles(300, factor=0.5, noise=0.04, random_state=7)
     recorder = PlanRecorder(stop_at_epoch=7)
