@@ -454,6 +454,7 @@ def _epoch_inputs(monkeypatch, model, X) -> list:
     return seen
 
 
+@pytest.mark.slow
 def test_input_noise_is_a_fresh_draw_each_epoch(monkeypatch, digits):
     X, _ = digits
     clean = _epoch_inputs(
@@ -473,6 +474,7 @@ def test_input_noise_is_a_fresh_draw_each_epoch(monkeypatch, digits):
     assert all(np.array_equal(a, b) for a, b in zip(noisy, again, strict=True))
 
 
+@pytest.mark.slow
 def test_auto_input_noise_is_what_the_epochs_see(monkeypatch, digits):
     X, _ = digits
     params = {"max_epochs": 2, "validation_fraction": 0.0}
@@ -488,6 +490,7 @@ def test_auto_input_noise_is_what_the_epochs_see(monkeypatch, digits):
     assert all(np.array_equal(a, b) for a, b in zip(noisy, fixed, strict=True))
 
 
+@pytest.mark.slow
 def test_input_noise_leaves_sparse_input_as_it_is(monkeypatch, digits):
     X, _ = digits
     # Standardised sparse input stays sparse, so there is nothing to add noise to (projected
