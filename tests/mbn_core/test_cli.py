@@ -61,6 +61,7 @@ def trained(workdir):
     return workdir / "model", result
 
 
+@pytest.mark.slow
 def test_train_writes_a_bundle_and_prints_the_report(trained):
     path, result = trained
     assert "Traceback" not in result.stderr
@@ -73,6 +74,7 @@ def test_train_writes_a_bundle_and_prints_the_report(trained):
     assert sorted(p.name for p in path.parent.iterdir() if p.name.startswith(".")) == []
 
 
+@pytest.mark.slow
 def test_embed_with_clusters(trained, workdir):
     path, _ = trained
     bundle = load_bundle(path)
@@ -86,12 +88,14 @@ def test_embed_with_clusters(trained, workdir):
     )
 
 
+@pytest.mark.slow
 def test_user_error_is_one_line_with_status_2(trained, workdir):
     result = run_mbn("embed", "model", "narrow.npy", "--out", "x.npy", cwd=workdir)
     assert_user_error(result, "narrow.npy", "10 columns", "expects 64")
     assert not (workdir / "x.npy").exists()
 
 
+@pytest.mark.slow
 def test_interrupt_leaves_no_bundle(workdir):
     # Big enough to still be fitting MBN when the signal arrives.
     process = subprocess.Popen(
@@ -122,6 +126,7 @@ def test_interrupt_leaves_no_bundle(workdir):
 # ---------------------------------------------------------------------- in process
 
 
+@pytest.mark.slow
 def test_info(trained, workdir, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
     assert cli.main(["info", "model"]) == 0
@@ -133,6 +138,7 @@ def test_info(trained, workdir, monkeypatch, capsys):
     assert "verified:" in out
 
 
+@pytest.mark.slow
 def test_embed_exact_from_sparse_input(trained, workdir, monkeypatch):
     path, _ = trained
     monkeypatch.chdir(workdir)
@@ -143,6 +149,7 @@ def test_embed_exact_from_sparse_input(trained, workdir, monkeypatch):
     np.testing.assert_array_equal(np.load(workdir / "exact.npy"), expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "fragments"),
     [
@@ -192,6 +199,7 @@ def test_bad_option_syntax_is_a_usage_error(capsys):
     assert "comma-separated integers" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_info_json(trained, workdir, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
     assert cli.main(["info", "model", "--json"]) == 0
@@ -213,6 +221,7 @@ def test_a_command_whose_extra_is_missing_says_what_to_install(capsys):
     )
 
 
+@pytest.mark.slow
 def test_the_library_and_the_cli_import_nothing_of_the_service():
     web = {"service", "fastapi", "uvicorn", "sqlalchemy", "psycopg", "msgspec", "pybase64",
            "starlette", "pydantic"}  # fmt: skip
@@ -226,6 +235,7 @@ def test_the_library_and_the_cli_import_nothing_of_the_service():
     assert result.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_the_service_commands_parse(tmp_path):
     # The service's commands as `mbn` gets them from its entry points (python -m service uses
     # the same functions): options and help, without starting anything.
