@@ -21,6 +21,7 @@ from threadpoolctl import threadpool_limits
 from mbn_core.data.checks import check_magnitude
 from mbn_core.exceptions import TrainingStopped
 from mbn_core.mbn import _kernels
+from mbn_core.mbn._integer_scores import IntegerRows, integer_codes
 from mbn_core.mbn.auto import (
     bottom_feature_count,
     choose_delta,
@@ -36,12 +37,12 @@ from mbn_core.mbn.layers import (
     UpperLayer,
     bottom_codes_leave_self_out,
     bottom_codes_sparse_leave_self_out,
+    bottom_input,
     canonical_sparse,
     compact_values,
     input_row_norms,
     smallest_uint,
     upper_clustering_codes,
-    with_ones_column,
 )
 from mbn_core.mbn.spectral import MAX_COASSOCIATION_PAIRS, SpectralTop, fit_spectral
 from mbn_core.mbn.umap_output import OutputProgress, UmapTop, fit_umap, require_umap
@@ -641,7 +642,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 codes = layer.codes_few(codes)
             return bottom_codes, codes
         n_threads = _effective_threads(self.n_jobs)
-        X_work = _float32_input(X)
+        X_work = bottom_input(X, bottom)
         with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_threads) as pool:
             runner = _LayerRunner(pool, None)
             bottom = self.bottom_layer_
@@ -751,7 +752,7 @@ def bottom_encoder(
     X is the validated input (dense or CSR); its float32 working copy, shared by all
     clusterings, is built here once, and so are its row norms unless given.
     """
-    X_work = _float32_input(X)
+    X_work = bottom_input(X, layer)
     if norms is None:
         norms = input_row_norms(X)
     return lambda v: layer.clustering_codes(X_work, v, norms)
@@ -808,7 +809,7 @@ class _LayerRunner:
     ) -> tuple[np.ndarray, np.ndarray]:
         """``bottom_codes`` and the leave-self-out codes: in clustering v, training row
         ``centers[v, j]`` may not take center j (one GEMM per clustering gives both)."""
-        X_work = _float32_input(X)
+        X_work = bottom_input(X, layer)
         norms = input_row_norms(X)
         n_rows, (n_clusterings, k) = X.shape[0], centers.shape
         left = np.empty((n_rows, n_clusterings), dtype=code_dtype)
@@ -824,6 +825,10 @@ class _LayerRunner:
                 codes, left[:, v] = bottom_codes_sparse_leave_self_out(
                     X_work, layer, v, norms, exclude
                 )
+                return codes
+            if isinstance(X_work, IntegerRows):
+                features, values = layer.features(v), layer.center_values(v)
+                codes, left[:, v] = integer_codes(X_work, features, values, layer.metric, exclude)
                 return codes
             codes, left[:, v] = bottom_codes_leave_self_out(
                 X_work, layer.features(v), layer.center_values(v), layer.metric, norms, exclude
@@ -940,11 +945,6 @@ def _project(codes: np.ndarray, top: _Top) -> np.ndarray:
     out = np.empty((codes.shape[0], top.table.shape[2]), dtype=np.float64)
     _kernels.project_codes(codes, top.table, top.offset, out)
     return out
-
-
-def _float32_input(X):
-    """The bottom layer's working copy: float32 CSR, or dense float32 with a ones column."""
-    return float32_csr(X) if sp.issparse(X) else with_ones_column(X)
 
 
 def float32_csr(X) -> sp.csr_matrix:
