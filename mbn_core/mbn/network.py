@@ -170,6 +170,12 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
     n_jobs : int, default=None
         Threads running clusterings in parallel; BLAS is held to one thread meanwhile so the
         cores are not oversubscribed. None or -1 uses every available core.
+    device : {"cpu", "cuda", "auto"}, default="cpu"
+        Where the layers are computed. "cuda" fits every layer on one NVIDIA GPU and
+        encodes batches of more than a few rows there (needs the ``gpu`` extra, CuPy, and a
+        visible GPU, else ``fit`` raises ValueError); "auto" uses a GPU when one is present.
+        The codes and the embedding are the CPU's, bit for bit, on every device; sparse input
+        stays on the CPU. ``device_`` says which was used.
     callback : callable, default=None
         Called as ``callback(layer, clustering, total)`` after each clustering with the
         0-based layer index, the clusterings of that layer finished so far, and the
@@ -205,6 +211,8 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         largest first (None unless ``output_`` is "spectral").
     n_features_in_ : int
         Number of input features.
+    device_ : {"cpu", "cuda"}
+        The device the fit ran on.
 
     Examples
     --------
@@ -238,6 +246,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             Interval(Integral, None, -1, closed="right"),
             None,
         ],
+        "device": [StrOptions({"cpu", "cuda", "auto"})],
         "callback": [callable, None],
     }
 
@@ -256,6 +265,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         shift_fraction: float = 0.0,
         random_state: int | np.random.RandomState | None = None,
         n_jobs: int | None = None,
+        device: str = "cpu",
         callback: ProgressCallback | None = None,
     ) -> None:
         self.n_components = n_components
@@ -271,6 +281,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         self.shift_fraction = shift_fraction
         self.random_state = random_state
         self.n_jobs = n_jobs
+        self.device = device
         self.callback = callback
 
     # ------------------------------------------------------------------ fitting
@@ -358,10 +369,11 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                     f'(the limit is {MAX_COASSOCIATION_PAIRS:,}); use output="umap" or "pca", '
                     "fewer rows, more bottom centers or fewer clusterings"
                 )
+        device = _resolve_device(self.device)
         rng = check_random_state(self.random_state)
         n_chosen = self._n_bottom_features(X, rng)
         n_threads = _effective_threads(self.n_jobs)
-        factory = layer_runner_factory.get() or _LayerRunner
+        factory = layer_runner_factory.get() or _device_runner(device)
 
         with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_threads) as pool:
             runner = factory(pool, self.callback)
@@ -424,6 +436,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 left_out = None if left_codes is None else _project(left_codes, top)
 
         self.ks_ = list(ks)
+        self.device_ = device
         if delta is None and self.ks is None and output != "umap-bottom":
             delta = 0.5 if self.delta == "auto" else float(self.delta)
         self.delta_ = delta
@@ -602,6 +615,10 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             bottom_codes, codes = self._encode_layers(X, len(self.ks_))
             return self.top_.embed(bottom_codes, codes)
         codes = self._encode(X, len(self.ks_))
+        if codes.shape[0] > FEW_ROWS and _resolve_device(self.device) == "cuda":
+            from mbn_core.mbn.backends.cuda import project
+
+            return project(codes, self.top_.table, self.top_.offset)
         return _project(codes, self.top_)
 
     def encode(self, X, layer: int = -1) -> np.ndarray:
@@ -634,6 +651,11 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         X = canonical_sparse(X)
         n_samples = X.shape[0]
         bottom = self.bottom_layer_
+        dense = not sp.issparse(X) and not sp.issparse(bottom.center_data)
+        if n_samples > FEW_ROWS and dense and _resolve_device(self.device) == "cuda":
+            from mbn_core.mbn.backends.cuda import encode_layers
+
+            return encode_layers(bottom, self.upper_layers_, X, depth)
         if n_samples <= FEW_ROWS and not sp.issparse(X) and bottom.few_rows_supported:
             # A request of a few rows: one pass over each layer's centers, on this thread.
             codes = bottom.codes_few(np.asarray(X, dtype=np.float32), input_row_norms(X))
@@ -952,6 +974,23 @@ def float32_csr(X) -> sp.csr_matrix:
     X = sp.csr_matrix(X, dtype=np.float32)
     X.sort_indices()
     return X
+
+
+def _resolve_device(device: str) -> str:
+    """ "cpu" or "cuda" for the ``device`` parameter (ValueError when "cuda" cannot run)."""
+    if device == "cpu":
+        return "cpu"
+    from mbn_core.mbn.backends.cuda import resolve_device
+
+    return resolve_device(device)
+
+
+def _device_runner(device: str) -> LayerRunnerFactory:
+    if device == "cpu":
+        return _LayerRunner
+    from mbn_core.mbn.backends.cuda import runner_factory
+
+    return runner_factory()
 
 
 def _effective_threads(n_jobs: int | None) -> int:
