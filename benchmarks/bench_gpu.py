@@ -163,6 +163,14 @@ def main() -> None:
     )
     print(f"fit {fit_s:.2f} s: bottom {bottom_s:.2f} s, upper {upper_s:.2f} s, ks {model.ks_}",
           flush=True)  # fmt: skip
+    if args.device == "cuda":
+        budget = cuda.device_budget(cuda.require_cupy())
+        figures.update(
+            tf32=cuda.tf32_used(),
+            count_kernel=cuda.kernel_in_use(),
+            max_rows_at_this_V=cuda.max_rows(args.clusterings, budget),
+        )
+        print({key: figures[key] for key in ("tf32", "count_kernel", "max_rows_at_this_V")})
     figures["nmi"] = round(kmeans_nmi(embedding, y, args.n_init), 4)
     print(f"NMI {figures['nmi']}", flush=True)
 

@@ -14,6 +14,7 @@ upper layers hold the (n, V) codes and their posting lists on the device (``max_
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -27,15 +28,19 @@ from mbn_core.mbn.backends import gpu_arrays as ga
 from mbn_core.mbn.layers import BottomLayer, UpperLayer, input_row_norms, smallest_uint
 from mbn_core.mbn.network import UpperClusterings, _LayerRunner
 
+log = logging.getLogger(__name__)
+
 DEVICES = ("cpu", "cuda", "auto")
 INSTALL_HINT = "pip install 'mbn[gpu]' (CuPy for your CUDA version, e.g. cupy-cuda12x)"
-# Bytes of scores (rows x centers) held on the device at once per block.
-_SCORE_BYTES = 2 << 30
+# Bytes of scores (rows x centers) held on the device at once per block (at most a quarter
+# of the budget).
+_SCORE_BYTES = 4 << 30
 # Bytes of input rows uploaded at once.
 _INPUT_BYTES = 8 << 30
-# Device bytes per row and clustering that the upper layers hold: the codes (int32 on the
-# device, twice with leave-self-out), the posting lists and the sort behind them.
-_UPPER_BYTES_PER_CODE = 40
+# Device bytes per row and clustering that the upper layers hold at their peak: the codes
+# (int32, as batch and as centers), their keys (int64), the sort's output and scratch, and
+# the posting lists.
+_UPPER_BYTES_PER_CODE = 48
 
 _COUNT_SOURCE = r"""
 extern "C" __global__ void count_shared(
@@ -130,6 +135,16 @@ def _kernel_counter(xp: Any) -> ga.Counter:
     kernel = _count_kernel()
 
     def count(postings, lists, k, row_start, row_stop):
+        if _kernel_state.get("failed"):
+            return ga.count_shared_codes(xp, postings, lists, k, row_start, row_stop)
+        try:
+            return launch(postings, lists, k, row_start, row_stop)
+        except Exception as exc:  # NVRTC missing or too old: the array code counts the same
+            log.warning("CUDA count kernel unavailable (%s); counting with array code", exc)
+            _kernel_state["failed"] = True
+            return ga.count_shared_codes(xp, postings, lists, k, row_start, row_stop)
+
+    def launch(postings, lists, k, row_start, row_stop):
         counts = xp.zeros((row_stop - row_start, k), dtype=xp.int32)
         n_lists = int(lists.length.size)
         if n_lists:
@@ -148,10 +163,26 @@ def _kernel_counter(xp: Any) -> ga.Counter:
     return count
 
 
+_kernel_state: dict[str, bool] = {}
+
+
+def kernel_in_use() -> str:
+    """Which counter the upper layers used: the CUDA kernel or its array-code reference."""
+    return "array code (bincount)" if _kernel_state.get("failed") else "CUDA kernel"
+
+
 def _reference_counter(xp: Any) -> ga.Counter:
     return lambda postings, lists, k, start, stop: ga.count_shared_codes(
         xp, postings, lists, k, start, stop
     )
+
+
+_last_gemm: dict[str, bool] = {}
+
+
+def tf32_used() -> bool:
+    """Whether the last bottom layer's GEMMs ran in TF32."""
+    return bool(_last_gemm.get("tf32"))
 
 
 class _TF32:
@@ -172,8 +203,10 @@ class _TF32:
             self.previous = linalg.get_compute_type(np.float32)
             linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
             self.used = True
-        except (ImportError, AttributeError):
+        except Exception as exc:  # a CuPy without the switch: plain float32, same codes
+            log.info("TF32 not available in this CuPy (%s); float32 GEMMs", exc)
             self.previous = None
+        _last_gemm["tf32"] = self.used
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -212,9 +245,11 @@ def bottom_layer_codes(
         integer = ga.integer_exact(low, high, layer.n_features)
         tf32 = integer and max(abs(low), abs(high)) <= ga.TF32_EXACT_MAX
     budget = device_budget(xp) if budget is None else budget
-    block = max(1, min(n_rows, _SCORE_BYTES // (4 * k), _INPUT_BYTES // (4 * X32.shape[1] + 1)))
+    score_bytes = min(_SCORE_BYTES, budget // 4)
+    block = max(1, min(n_rows, score_bytes // (4 * k), _INPUT_BYTES // (4 * X32.shape[1] + 1)))
     n_blocks = (n_rows + block - 1) // block
-    center_data = xp.asarray(np.asarray(layer.center_data, dtype=np.float32))
+    # Kept in its compact dtype (uint8 for pixels), gathered to float32 per clustering.
+    center_data = xp.asarray(layer.center_data)
     centers = xp.asarray(layer.centers.astype(np.int64))
     norms = input_row_norms(X32)
     codes = np.empty((n_rows, V), dtype=code_dtype)
@@ -229,6 +264,7 @@ def bottom_layer_codes(
                 chosen = xp.asarray(features[v])
                 if layer.shift_masks is None:
                     values = xp.take(xp.take(center_data, centers[v], axis=0), chosen, axis=1)
+                    values = values.astype(xp.float32)
                 else:
                     values = xp.asarray(layer.center_values(v))
                 prepared = ga.prepare_centers(xp, values, layer.metric, integer)

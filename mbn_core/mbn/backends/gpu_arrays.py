@@ -235,9 +235,10 @@ def count_shared_codes(
     total = int(lists.length.sum())
     ends = xp.cumsum(lists.length.astype(xp.int64))
     first = ends - lists.length
-    # Entry e of the concatenated lists is entry e - first[q] of list q.
-    which = xp.repeat(xp.arange(lists.length.size), lists.length.astype(xp.int64))
-    position = lists.start[which] + (xp.arange(total, dtype=xp.int64) - first[which])
+    # Entry e of the concatenated lists belongs to the first list ending after it.
+    entries = xp.arange(total, dtype=xp.int64)
+    which = xp.searchsorted(ends, entries, side="right")
+    position = lists.start[which] + (entries - first[which])
     points = postings.rows[position].astype(xp.int64)
     inside = (points >= row_start) & (points < row_stop)
     flat = (points[inside] - row_start) * k + lists.owner[which][inside]
