@@ -88,9 +88,27 @@ def device_fit(X, params: dict, device: str) -> tuple[MBN, np.ndarray, LayerCloc
         network.layer_runner_factory.reset(token)
 
 
-def device_codes(model: MBN, X, depth: int, device: str) -> tuple[np.ndarray, np.ndarray]:
-    xp = None if device == "cuda" else np
-    return cuda.encode_layers(model.bottom_layer_, model.upper_layers_, X, depth, xp=xp)
+def layer_codes(model: MBN, X, device: str) -> list[np.ndarray]:
+    """Every layer's codes of X, layer after layer: on the device ("cuda", or "cpu" for the
+    device code run with numpy) or with the CPU's own kernels ("host")."""
+    if device == "host":
+        with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
+            runner = network._LayerRunner(pool, None)
+            codes = [model.encode(X, layer=0)]
+            for index, layer in enumerate(model.upper_layers_, start=1):
+                codes.append(network._encode_upper(codes[-1], layer, runner, index))
+        return codes
+    xp = cuda.require_cupy() if device == "cuda" else np
+    bottom = model.bottom_layer_
+    codes = [cuda.bottom_layer_codes(xp, bottom, X, smallest_uint(bottom.n_centers - 1))[0]]
+    for layer in model.upper_layers_:
+        codes.append(
+            cuda.upper_layer_codes(
+                xp, codes[-1], layer.center_codes, layer.centers.astype(np.int64), layer.seeds,
+                layer.n_values, layer.feature_fraction, smallest_uint(layer.n_centers - 1),
+            )
+        )  # fmt: skip
+    return codes
 
 
 def device_transform(model: MBN, X, device: str) -> np.ndarray:
@@ -100,7 +118,8 @@ def device_transform(model: MBN, X, device: str) -> np.ndarray:
             return model.transform(X)
         finally:
             model.set_params(device="cpu")
-    _, codes = device_codes(model, X, len(model.ks_), device)
+    xp = cuda.require_cupy() if device == "cuda" else np
+    _, codes = cuda.encode_layers(model.bottom_layer_, model.upper_layers_, X, len(model.ks_), xp)
     return cuda.project(codes, model.top_.table, model.top_.offset, xp=np)
 
 
@@ -128,7 +147,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=70_000)
     parser.add_argument("--clusterings", type=int, default=400)
     parser.add_argument("--k1", type=int, default=8000)
-    parser.add_argument("--sample", type=int, default=2000, help="rows checked against the CPU")
+    parser.add_argument("--sample", type=int, default=1000, help="rows checked against the CPU")
     parser.add_argument("--transform-rows", type=int, default=10_000)
     parser.add_argument("--cpu-clusterings", type=int, default=16)
     parser.add_argument("--subset-rows", type=int, default=4000)
@@ -176,12 +195,10 @@ def main() -> None:
 
     # Bit-identity: a sample of training rows, every layer, device against CPU.
     sample = np.random.default_rng(1).choice(len(X), min(args.sample, len(X)), replace=False)
-    depth = len(model.ks_)
     start = time.perf_counter()
-    layers_equal = []
-    for layer in range(depth):
-        _, on_device = device_codes(model, X[sample], layer + 1, args.device)
-        layers_equal.append(bool(np.array_equal(on_device, model.encode(X[sample], layer=layer))))
+    on_device = layer_codes(model, X[sample], args.device)
+    on_cpu = layer_codes(model, X[sample], "host")
+    layers_equal = [bool(np.array_equal(a, b)) for a, b in zip(on_device, on_cpu, strict=True)]
     embedding_equal = bool(np.array_equal(embedding[sample], model.transform(X[sample])))
     figures.update(codes_identical=layers_equal, embedding_identical=embedding_equal)
     print(f"sample of {len(sample)} rows: codes identical per layer {layers_equal}, "

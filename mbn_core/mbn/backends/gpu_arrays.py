@@ -213,15 +213,16 @@ def center_lists(
     ``center_codes`` (k, V_prev) are the centers' previous-layer codes; a dimension is kept
     when its splitmix64 hash under ``seed`` falls below the layer's threshold, as on the CPU.
     """
-    k, n_clusterings = center_codes.shape
+    n_clusterings = center_codes.shape[1]
     keys = xp.arange(n_clusterings, dtype=xp.int64)[None, :] * postings.n_values
     keys = keys + center_codes.astype(xp.int64)
     if feature_fraction >= 1.0:
         kept = xp.ones(keys.shape, dtype=bool)
     else:
         kept = splitmix64(xp, seed, keys) < xp.uint64(keep_threshold(feature_fraction))
-    owner = xp.broadcast_to(xp.arange(k, dtype=xp.int32)[:, None], keys.shape)[kept]
-    chosen = keys[kept]
+    owner, column = xp.nonzero(kept)  # row-major: each center's lists in clustering order
+    chosen = keys[owner, column]
+    owner = owner.astype(xp.int32)
     start = postings.indptr[chosen]
     length = (postings.indptr[chosen + 1] - start).astype(xp.int32)
     return CenterLists(start=start, length=length, owner=owner)
