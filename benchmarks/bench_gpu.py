@@ -37,9 +37,11 @@ from sklearn.metrics import normalized_mutual_info_score
 from threadpoolctl import threadpool_limits
 
 from mbn_core import MBN
-from mbn_core.mbn import network
-from mbn_core.mbn.backends import cuda
-from mbn_core.mbn.layers import bottom_input, input_row_norms, smallest_uint
+from mbn_core.mbn import persistence
+from mbn_core.mbn.backends import cuda, use_backend
+from mbn_core.mbn.backends.local import LocalBackend
+from mbn_core.mbn.bottom import bottom_input, input_row_norms
+from mbn_core.mbn.dtypes import smallest_uint
 
 
 class LayerClock:
@@ -76,38 +78,27 @@ def device_fit(X, params: dict, device: str) -> tuple[MBN, np.ndarray, LayerCloc
         # The checks below encode on the CPU unless they name the device.
         model.set_params(device="cpu", callback=None)
         return model, embedding, clock, seconds
-    token = network.layer_runner_factory.set(cuda.runner_factory(np))
-    try:
+    with use_backend(cuda.numpy_backend):
         model = MBN(**params, callback=clock)
         start = time.perf_counter()
         embedding = model.fit_transform(X)
         seconds = time.perf_counter() - start
         model.set_params(callback=None)
         return model, embedding, clock, seconds
-    finally:
-        network.layer_runner_factory.reset(token)
 
 
 def layer_codes(model: MBN, X, device: str) -> list[np.ndarray]:
     """Every layer's codes of X, layer after layer: on the device ("cuda", or "cpu" for the
     device code run with numpy) or with the CPU's own kernels ("host")."""
+    X = np.asarray(X, dtype=np.float64)
     if device == "host":
-        with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
-            runner = network._LayerRunner(pool, None)
-            codes = [model.encode(X, layer=0)]
-            for index, layer in enumerate(model.upper_layers_, start=1):
-                codes.append(network._encode_upper(codes[-1], layer, runner, index))
-        return codes
-    xp = cuda.require_cupy() if device == "cuda" else np
-    bottom = model.bottom_layer_
-    codes = [cuda.bottom_layer_codes(xp, bottom, X, smallest_uint(bottom.n_centers - 1))[0]]
-    for layer in model.upper_layers_:
-        codes.append(
-            cuda.upper_layer_codes(
-                xp, codes[-1], layer.center_codes, layer.centers.astype(np.int64), layer.seeds,
-                layer.n_values, layer.feature_fraction, smallest_uint(layer.n_centers - 1),
-            )
-        )  # fmt: skip
+        backend: LocalBackend | cuda.CudaBackend = LocalBackend()
+    else:
+        backend = cuda.CudaBackend(xp=None if device == "cuda" else np)
+    with threadpool_limits(limits=1, user_api="blas"), backend:
+        codes = [backend.bottom_codes(model.bottom_layer_, X)]
+        for index, layer in enumerate(model.upper_layers_, start=1):
+            codes.append(backend.upper_codes(index, codes[-1], layer))
     return codes
 
 
@@ -118,9 +109,8 @@ def device_transform(model: MBN, X, device: str) -> np.ndarray:
             return model.transform(X)
         finally:
             model.set_params(device="cpu")
-    xp = cuda.require_cupy() if device == "cuda" else np
-    _, codes = cuda.encode_layers(model.bottom_layer_, model.upper_layers_, X, len(model.ks_), xp)
-    return cuda.project(codes, model.top_.table, model.top_.offset, xp=np)
+    with use_backend(cuda.numpy_backend):
+        return model.transform(X)
 
 
 def cpu_bottom_seconds(model: MBN, X, n_clusterings: int, threads: int) -> float:
@@ -211,7 +201,7 @@ def main() -> None:
     sub_model, sub_embedding, _, _ = device_fit(X[:rows], sub, args.device)
     cpu_model = MBN(**sub).fit(X[:rows])
     same = bool(np.array_equal(sub_embedding, cpu_model.transform(X[:rows])))
-    mine, theirs = network.model_to_arrays(sub_model), network.model_to_arrays(cpu_model)
+    mine, theirs = persistence.model_to_arrays(sub_model), persistence.model_to_arrays(cpu_model)
     same &= mine.keys() == theirs.keys()
     same &= all(np.array_equal(mine[name], theirs[name]) for name in theirs)
     figures["subset_model_identical"] = same

@@ -28,7 +28,7 @@ from bench_data import load_mnist
 from threadpoolctl import threadpool_limits
 
 from mbn_core import MBN
-from mbn_core.mbn import layers
+from mbn_core.mbn import bottom
 
 
 def mnist_5k(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -66,15 +66,15 @@ def bare_gemms(X: np.ndarray, n_clusterings: int, k: int, threads: int, seed: in
 
 
 def timed_fit(X: np.ndarray, params: dict, integer: bool) -> tuple[float, np.ndarray]:
-    original = layers.integer_rows
+    original = bottom.integer_rows
     if not integer:
-        layers.integer_rows = lambda *args: None
+        bottom.integer_rows = lambda *args: None
     try:
         start = time.perf_counter()
         embedding = MBN(**params).fit_transform(X)
         return time.perf_counter() - start, embedding
     finally:
-        layers.integer_rows = original
+        bottom.integer_rows = original
 
 
 def main() -> None:

@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 
 from mbn_core.bundle import BundleError, bulk, check_target, load_bundle
-from mbn_core.distill.compressor import fidelity_report
 from mbn_core.exceptions import TrainingStopped
-from mbn_core.mbn.umap_output import UmapNotInstalled
+from mbn_core.mbn.outputs.umap import UmapNotInstalled
 from mbn_core.methods import DEFAULT_METHOD, get_method, method_names
 from mbn_core.params import metavar, parse_flag
+from mbn_core.pipeline.fidelity import fidelity_report
 from mbn_core.pipeline.quality import quality_summary
 from mbn_core.pipeline.training import (
     TrainingEvent,

@@ -31,7 +31,7 @@ class TrainedModel:
     cluster_centers : ndarray of shape (n_clusters, n_components) or None
         The clustering head's centroids.
     fidelity : dict
-        Fast against exact on held-out rows (``mbn_core.distill.compressor.measure_fidelity``).
+        Fast against exact on held-out rows (``mbn_core.pipeline.fidelity.measure_fidelity``).
     quality : dict
         Label-free quality of both on held-out rows (``mbn_core.pipeline.quality.quality_report``).
     hyperparameters : dict

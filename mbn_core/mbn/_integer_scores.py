@@ -110,8 +110,7 @@ def integer_codes(
     features: np.ndarray,
     center_values: np.ndarray,
     metric: str,
-    exclude: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray | None]:
+) -> np.ndarray:
     """Nearest center of every row for one bottom clustering, exactly, in integers.
 
     Parameters
@@ -123,15 +122,11 @@ def integer_codes(
         The centers on them (``BottomLayer.center_values``), whole numbers within the rows'
         256 levels.
     metric : {"euclidean", "cosine"}
-    exclude : ndarray of shape (n,), optional
-        Center each row may not take in the second result (-1: none).
 
     Returns
     -------
     codes : ndarray of shape (n,), int32
         The float path's codes: the nearest center, lowest index on exact ties.
-    left_out : ndarray of shape (n,), int32, or None
-        The same with center ``exclude[i]`` left out for row i (None without ``exclude``).
     """
     n_rows = rows.shape[0]
     n_centers, n_chosen = center_values.shape
@@ -151,8 +146,6 @@ def integer_codes(
         center_term = (centers * centers).sum(axis=1)  # |w'|^2, exact
         b_sums = np.zeros(n_centers, dtype=np.int64)
     codes = np.empty(n_rows, dtype=np.int32)
-    left_out = None if exclude is None else np.empty(n_rows, dtype=np.int32)
-    no_exclude = np.full(0, -1, dtype=np.int64)
     block = max(1, min(n_rows, _BLOCK_BYTES // (4 * max(n_centers, 1))))
     session = _session()
     for start in range(0, n_rows, block):
@@ -160,39 +153,31 @@ def integer_codes(
         a = np.ascontiguousarray(np.take(rows.shifted[start:stop], features, axis=1))
         dots = session.run(None, {"A": a, "B": b})[0]
         row_sums = a.sum(axis=1, dtype=np.int64)
-        excluded = no_exclude if exclude is None else exclude[start:stop].astype(np.int64)
-        out_left = codes[start:stop] if left_out is None else left_out[start:stop]
         integer_best(
-            dots, center_term, b_sums, row_sums, rows.low, n_chosen, cosine, excluded,
-            codes[start:stop], out_left,
-        )  # fmt: skip
-    return codes, left_out
+            dots, center_term, b_sums, row_sums, rows.low, n_chosen, cosine, codes[start:stop]
+        )
+    return codes
 
 
 @njit(nogil=True, cache=True)
-def integer_best(dots, center_term, b_sums, row_sums, low, n_chosen, cosine, exclude, best, left):
-    """Each row's best center from the exact integer products ``dots`` (= x'.b).
+def integer_best(dots, center_term, b_sums, row_sums, low, n_chosen, cosine, best):
+    """Each row's best center (the first arg-max) from the exact integer products ``dots``
+    (= x'.b).
 
     Euclidean: maximise ``2 * dots - center_term`` (``center_term`` = |w'|^2). Cosine:
     maximise ``x.w / sqrt(|w|^2)`` in float64, computed as the float path's re-rank computes
     it, with ``x.w`` rebuilt exactly from x'.b, the row sums of x', the column sums of b
     (``b_sums``) and the shift ``low`` (``center_term`` = |w|^2; a zero center scores 0).
-    ``best`` gets the first arg-max; ``left`` (when ``exclude`` has entries) the first
-    arg-max without center ``exclude[i]``.
     """
     n_rows, k = dots.shape
-    with_exclude = exclude.shape[0] > 0
     norms = np.empty(k, np.float64)
     if cosine:
         for j in range(k):
             norms[j] = np.sqrt(np.float64(center_term[j]))
     c = np.int64(_B_OFFSET) + np.int64(low)
     for i in range(n_rows):
-        skip = exclude[i] if with_exclude else np.int64(-1)
         top = -np.inf
         top_at = 0
-        second = -np.inf
-        second_at = 0
         row_term = c * row_sums[i] + np.int64(n_chosen) * np.int64(low) * c
         for j in range(k):
             if cosine:
@@ -203,14 +188,7 @@ def integer_best(dots, center_term, b_sums, row_sums, low, n_chosen, cosine, exc
             if score > top:
                 top = score
                 top_at = j
-            if j != skip and score > second:
-                second = score
-                second_at = j
         best[i] = top_at
-        if with_exclude and skip >= 0 and k > 1:
-            left[i] = second_at
-        elif with_exclude:
-            left[i] = top_at
 
 
 _lock = threading.RLock()

@@ -11,9 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import time
-import warnings
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,18 +27,10 @@ from mbn_core.bundle import check_target, save_bundle, validate_model_id, valida
 from mbn_core.bundle.embedding_map import MAP_FILE, MAP_POINTS, EmbeddingMap, build_map
 from mbn_core.bundle.trained import TrainedModel, estimator_hyperparameters
 from mbn_core.data.checks import check_spread
-from mbn_core.data.files import LABEL_KINDS, SPARSE_ARRAYS, is_header_row, peek_data_file
-from mbn_core.distill.compressor import (
-    CompressiveMBN,
-    _kmeans,
-    _report_clusters,
-    _seed,
-    _split,
-    fold_fit_rows,
-    measure_fidelity,
-    report_fold_count,
-    teacher_fit_rows,
-)
+from mbn_core.data.csv_scan import read_csv
+from mbn_core.data.files import LABEL_KINDS, SPARSE_ARRAYS, peek_data_file
+from mbn_core.data.npz_members import MEMBER_ERRORS, checked_members, read_member
+from mbn_core.distill.compressor import CompressiveMBN
 from mbn_core.distill.input_map import projected_width
 from mbn_core.exceptions import TrainingStopped
 from mbn_core.methods import (
@@ -51,7 +41,10 @@ from mbn_core.methods import (
     get_method,
 )
 from mbn_core.params import InvalidParameterError, Param
-from mbn_core.pipeline.quality import quality_report
+from mbn_core.pipeline.exported import ExportedFastPath, detach_callback
+from mbn_core.pipeline.novelty import novelty_section
+from mbn_core.pipeline.run import run_pipeline
+from mbn_core.pipeline.split import fold_fit_rows, report_fold_count, teacher_fit_rows
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +244,7 @@ def load_training_data(path: str | os.PathLike[str]) -> tuple[Any, np.ndarray | 
             raise ValueError(
                 f"{path}: unsupported format {suffix or '(no suffix)'!r}; use .npy, .npz or .csv"
             )
-    except (OSError, EOFError, zipfile.BadZipFile) as error:
+    except (OSError, *MEMBER_ERRORS) as error:
         raise ValueError(f"{path}: unreadable {suffix} file: {error}") from None
     except ValueError as error:
         message = str(error)
@@ -294,16 +287,19 @@ def _check_magic(path: Path, suffix: str) -> None:
 
 
 def _read_npz(path: Path):
-    with np.load(path, allow_pickle=False) as npz:
-        keys = set(npz.files)
-        if keys >= SPARSE_ARRAYS:
+    with zipfile.ZipFile(path) as archive:
+        # The members peek_data_file checked, read from the same entries.
+        members = checked_members(archive, f"{path}")
+        if members.keys() >= SPARSE_ARRAYS:
             return _checked_sparse(sp.load_npz(path)), None
-        if "x" not in keys:
+        if "x" not in members:
             raise ValueError(
                 f"{path}: an .npz needs an array named 'x' (and optionally 'y'), "
-                f"found {sorted(keys)}"
+                f"found {sorted(members)}"
             )
-        return npz["x"], npz["y"] if "y" in keys else None
+        x = read_member(archive, members["x"], f"{path}")
+        y = read_member(archive, members["y"], f"{path}") if "y" in members else None
+        return x, y
 
 
 def _checked_sparse(X) -> sp.csr_matrix:
@@ -318,47 +314,8 @@ def _checked_sparse(X) -> sp.csr_matrix:
 
 
 def _read_csv(path: Path) -> np.ndarray:
-    # utf-8-sig: a spreadsheet's byte order mark would make the first row unreadable.
-    with path.open("r", encoding="utf-8-sig", errors="replace") as handle:
-        header = 1 if is_header_row(handle.readline()) else 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "no data": reported below, by name
-        try:
-            X = np.loadtxt(
-                path, delimiter=",", skiprows=header, ndmin=2, dtype=np.float64,
-                encoding="utf-8-sig",
-            )  # fmt: skip
-        except ValueError as error:
-            raise ValueError(_csv_place(str(error))) from None
-    if X.size == 0:
-        raise ValueError(f"{path}: no data rows")
-    return X
-
-
-def _csv_place(message: str) -> str:
-    """numpy's CSV message with one way of counting rows: from 1, data rows only.
-
-    numpy counts a bad cell's row from 0 and a short row from 1, both without the header
-    and blank lines, and suggests its own ``usecols`` argument.
-    """
-    cell = re.fullmatch(
-        r"could not convert string (.*) to float64 at row (\d+), column (\d+)\.", message
-    )
-    if cell:
-        text, row, column = cell.groups()
-        return f"{text} is not a number: data row {int(row) + 1}, column {column}{_COUNTED}"
-    ragged = re.fullmatch(
-        r"the number of columns changed from (\d+) to (\d+) at row (\d+);.*", message
-    )
-    if ragged:
-        before, after, row = ragged.groups()
-        columns = "column" if after == "1" else "columns"
-        return f"data row {row} has {after} {columns} where the rows before have {before}{_COUNTED}"
-    return message
-
-
-# How the rows of a CSV message are counted.
-_COUNTED = " (rows count from 1, without the header and blank lines)"
+    # Blocks of lines in bounded memory; a bad cell is named with its data row.
+    return read_csv(path)
 
 
 def _check_labels(y, n_samples: int, source: str) -> np.ndarray | None:
@@ -493,6 +450,11 @@ def train_bundle(
             **embedding_map.summary(),
             "seconds": round(time.perf_counter() - map_started, 3),
         }
+    novelty_files, novelty_manifest = novelty_section(
+        X, model.training_rows, params.pipeline()["random_state"]
+    )
+    extra_files.update(novelty_files)
+    sections.update(novelty_manifest)
     if tracker.report("export", 0.5, "writing the bundle"):
         raise TrainingStopped("training stopped by the progress callback before export")
     seconds = time.perf_counter() - started
@@ -536,7 +498,7 @@ def fit_model(
             callback=tracker,
         )
         compressor.fit(X, y)
-        _detach(estimator)
+        detach_callback(estimator)
         model = TrainedModel.from_compressor(compressor)
         model.training_embedding = compressor.embedding_
         model.training_rows = np.setdiff1d(np.arange(X.shape[0]), compressor.holdout_)
@@ -546,58 +508,39 @@ def fit_model(
 
 
 def _fit_exported(method: Method, params: TrainingParams, estimator, X, y) -> TrainedModel:
-    from mbn_core.distill.onnx import OnnxEmbedder, add_cluster_head
+    from mbn_core.distill.onnx import add_cluster_head
 
     assert method.export is not None
     pipeline = params.pipeline()
-    rng = check_random_state(pipeline["random_state"])
-    holdout, _, train = _split(X.shape[0], pipeline["holdout_fraction"], 0.0, rng)
-    started = time.perf_counter()
-    embedding = np.asarray(estimator.fit_transform(X[train]), dtype=np.float64)
-    _detach(estimator)
-    fit_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    centers = None
-    n_clusters = pipeline["n_clusters"]
-    if n_clusters is not None:
-        centers = _kmeans(embedding, n_clusters, _seed(rng)).cluster_centers_.astype(np.float32)
-    proto = add_cluster_head(method.export(estimator), centers)
-    exact = np.asarray(estimator.transform(X[holdout]), dtype=np.float64)
-    fast = OnnxEmbedder(proto).embed(X[holdout])
-    fidelity = measure_fidelity(
-        exact,
-        fast,
-        None if y is None else y[holdout],
-        n_clusters=_report_clusters(n_clusters, None if y is None else y[holdout], estimator),
-        centers=centers,
-        seed=_seed(rng),
+    result = run_pipeline(
+        X,
+        y,
+        ExportedFastPath(method, estimator),
+        holdout_fraction=pipeline["holdout_fraction"],
+        n_folds=None,
+        n_clusters=pipeline["n_clusters"],
+        rng=check_random_state(pipeline["random_state"]),
     )
-    quality = quality_report(
-        X[train],
-        X[holdout],
-        {"exact": exact, "fast": fast},
-        n_components=int(embedding.shape[1]),
-        metric=getattr(estimator, "metric", "euclidean"),
-        random_state=rng,
-    )
+    estimator = result.fitted.estimator
     facts: dict[str, Any] = {
         "n_samples": int(X.shape[0]),
-        "n_fit_samples": len(train),
+        "n_fit_samples": len(result.fitted_rows),
         "input_sparse": bool(sp.issparse(X)),
         "seconds": {
-            "fit": round(fit_seconds, 3),
-            "evaluation": round(time.perf_counter() - started, 3),
+            "fit": round(result.fitted.seconds["fit"], 3),
+            "evaluation": round(result.evaluation_seconds, 3),
         },
     }
     if method.facts is not None:
         facts.update(method.facts(estimator))
+    embedding = result.fitted.embedding
     return TrainedModel(
         method=method,
         estimator=estimator,
-        fast_path=proto,
-        cluster_centers=centers,
-        fidelity=fidelity,
-        quality=quality,
+        fast_path=add_cluster_head(method.export(estimator), result.centers),
+        cluster_centers=result.centers,
+        fidelity=result.fidelity,
+        quality=result.quality,
         hyperparameters={
             method.name: estimator_hyperparameters(estimator),
             "pipeline": pipeline,
@@ -606,7 +549,7 @@ def _fit_exported(method: Method, params: TrainingParams, estimator, X, y) -> Tr
         n_features_in=int(X.shape[1]),
         n_components=int(embedding.shape[1]),
         training_embedding=embedding.astype(np.float32),
-        training_rows=train,
+        training_rows=result.fitted_rows,
     )
 
 
@@ -639,12 +582,6 @@ def fit_shape(params: TrainingParams, shape: tuple[int, int]) -> tuple[int, int]
     cross-fitted (``report_folds``)."""
     folds = params["report_folds"] if params.spec.export is None else None
     return teacher_fit_rows(shape[0], params["holdout_fraction"], folds), shape[1]
-
-
-def _detach(estimator: Any) -> None:
-    """Drop a progress callback from a fitted estimator: it is not a hyperparameter."""
-    if "callback" in estimator.get_params(deep=False):
-        estimator.set_params(callback=None)
 
 
 class _Tracker:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -13,12 +14,12 @@ from starlette.datastructures import UploadFile
 from service.deps import JobsHandlerDep, SettingsDep, TrainingHandlerDep, require_api_key
 from service.errors import (
     InvalidInput,
-    ServiceError,
     UnsupportedMediaType,
     invalid_from_validation,
 )
 from service.handlers import Job, TrainingHandler
 from service.routes._body import check_structure, is_json, json_body, parse_json
+from service.routes._multipart import read_form
 from service.schemas import JobList, JobOut, JobStatus, TrainOptions, TrainRequest, error_responses
 
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require_api_key)])
@@ -69,7 +70,7 @@ async def train(
     await run_in_threadpool(handler.admit)  # 429 before a large body is read
     content_type = request.headers.get("content-type", "")
     if content_type.lower().startswith("multipart/form-data"):
-        job = await _train_multipart(request, handler)
+        job = await _train_multipart(request, handler, settings.spool_path)
     elif is_json(content_type):
         # JSON rows become Python objects first: bounded by the (smaller) body limit.
         req = await parse_json(request, TrainRequest, limit=settings.max_body_bytes)
@@ -89,13 +90,8 @@ async def train(
     return JobOut.from_job(job)
 
 
-async def _train_multipart(request: Request, handler: TrainingHandler) -> Job:
-    try:
-        form = await request.form(max_files=1, max_fields=len(_FORM_FIELDS))
-    except ServiceError:
-        raise  # e.g. the body limit, hit while the form is read
-    except Exception as exc:  # malformed multipart or too many parts: Starlette's own errors
-        raise InvalidInput(f"unreadable multipart body: {exc}") from None
+async def _train_multipart(request: Request, handler: TrainingHandler, spool_dir: Path) -> Job:
+    form = await read_form(request, spool_dir, max_files=1, max_fields=len(_FORM_FIELDS))
     try:
         unknown = sorted(set(form.keys()) - set(_FORM_FIELDS))
         if unknown:
@@ -119,8 +115,8 @@ async def _train_multipart(request: Request, handler: TrainingHandler) -> Job:
             check_structure(fields["params"].encode("utf-8", "surrogatepass"), what="params")
             try:
                 fields["params"] = json.loads(fields["params"])
-            except json.JSONDecodeError as exc:
-                raise InvalidInput(f"params is not valid JSON: {exc}") from None
+            except ValueError as exc:  # JSONDecodeError, or an integer of > 4,300 digits
+                raise InvalidInput(f"params is not valid JSON: {str(exc)[:200]}") from None
         if "promote" in fields:
             # A form field is text: only the JSON words, so a typo is never read as "no".
             if fields["promote"] not in ("true", "false"):

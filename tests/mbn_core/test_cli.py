@@ -15,7 +15,7 @@ from sklearn.datasets import load_digits
 
 from mbn_core import cli
 from mbn_core.bundle import load_bundle
-from mbn_core.mbn.umap_output import INSTALL_HINT
+from mbn_core.mbn.outputs.umap import INSTALL_HINT
 
 SMALL = [
     "--n-clusterings", "20", "--k1", "0.1", "--hidden-layer-sizes", "32",

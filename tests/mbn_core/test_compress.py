@@ -13,17 +13,9 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from sklearn.utils.validation import check_is_fitted
 
 from mbn_core import MBN, CompressiveMBN, TrainingStopped, model_to_arrays
-from mbn_core.distill.compressor import (
-    AUTO_FOLDS,
-    CROSS_FIT_BELOW,
-    FINAL_STEP,
-    _partial_fit,
-    fidelity_report,
-    fold_fit_rows,
-    knn_overlap,
-    step_factor,
-    teacher_fit_rows,
-)
+from mbn_core.distill.student import FINAL_STEP, _partial_fit, step_factor
+from mbn_core.pipeline.fidelity import fidelity_report, knn_overlap
+from mbn_core.pipeline.split import AUTO_FOLDS, CROSS_FIT_BELOW, fold_fit_rows, teacher_fit_rows
 
 
 def small_mbn(**params):
@@ -204,18 +196,11 @@ def test_knn_overlap():
     assert knn_overlap(Z[:10], Z[:10]) is None  # no 10 neighbours among 10 rows
 
 
-def test_leave_self_out_targets(digits):
-    X, y = digits
-    default = small_model(max_epochs=2).fit(X[:600], y[:600])
-    left_out = small_model(max_epochs=2, targets="leave-self-out").fit(X[:600], y[:600])
-    # The same teacher, another target for the same training rows.
-    np.testing.assert_array_equal(
-        default.exact_transform(X[600:650]), left_out.exact_transform(X[600:650])
-    )
-    assert not np.array_equal(default.transform(X[600:650]), left_out.transform(X[600:650]))
-    assert left_out.fidelity_["holdout"] == "outside the teacher's fit"
-    with pytest.raises(ValueError, match="targets"):
-        small_model(targets="self").fit(X[:100])
+def test_removed_leave_self_out_targets_are_refused(digits):
+    X, _ = digits
+    for targets in ("leave-self-out", "self"):
+        with pytest.raises(ValueError, match="targets"):
+            small_model(targets=targets).fit(X[:100])
 
 
 def test_labels_are_optional(digits):
@@ -399,7 +384,7 @@ def test_the_step_decays_from_learning_rate_to_its_final_share():
 
 
 def test_each_epoch_updates_at_its_scheduled_step(monkeypatch, digits):
-    import mbn_core.distill.compressor as compress
+    import mbn_core.distill.student as student
 
     used = []
 
@@ -411,14 +396,14 @@ def test_each_epoch_updates_at_its_scheduled_step(monkeypatch, digits):
         correction = np.sqrt(1 - optimizer.beta_2**t) / (1 - optimizer.beta_1**t)
         used.append(optimizer.learning_rate / correction)
 
-    monkeypatch.setattr(compress, "_partial_fit", recording)
+    monkeypatch.setattr(student, "_partial_fit", recording)
     small_model(max_epochs=5, learning_rate=0.02).fit(digits[0])
     assert used == pytest.approx([0.02 * step_factor(epoch, 5) for epoch in range(1, 6)])
 
 
 def _epoch_inputs(monkeypatch, model, X) -> list:
     """The training matrix of each MLP epoch of ``model.fit(X)`` (recorded, then trained)."""
-    import mbn_core.distill.compressor as compress
+    import mbn_core.distill.student as student
 
     seen = []
 
@@ -426,7 +411,7 @@ def _epoch_inputs(monkeypatch, model, X) -> list:
         seen.append(X_epoch.toarray() if sp.issparse(X_epoch) else np.array(X_epoch))
         _partial_fit(mlp, X_epoch, Y)  # the real one, imported above
 
-    monkeypatch.setattr(compress, "_partial_fit", recording)
+    monkeypatch.setattr(student, "_partial_fit", recording)
     model.fit(X)
     return seen
 

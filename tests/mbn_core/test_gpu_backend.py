@@ -1,6 +1,6 @@
 """The CUDA backend's array code, run with numpy: the CPU's codes and embeddings, bit for bit.
 
-``DeviceLayerRunner`` and ``encode_layers`` take the array namespace; with numpy they run the
+``CudaBackend`` takes the array namespace; with numpy (``cuda.numpy_backend``) it runs the
 exact code CuPy runs on a GPU (the posting-list count through its ``bincount`` reference
 instead of the CUDA kernel), so CI checks the backend's logic without a GPU.
 """
@@ -12,19 +12,15 @@ import pytest
 from sklearn.datasets import load_digits
 
 from mbn_core import MBN
-from mbn_core.mbn import _kernels, network
-from mbn_core.mbn.backends import cuda
+from mbn_core.mbn import _kernels
+from mbn_core.mbn.backends import cuda, use_backend
 from mbn_core.mbn.backends import gpu_arrays as ga
 
 
-def _fit_on(runner_factory, X, **params):
-    token = network.layer_runner_factory.set(runner_factory)
-    try:
+def _fit_on(backend, X, **params):
+    with use_backend(backend):
         model = MBN(n_clusterings=12, k_max=120, random_state=0, n_jobs=2, **params)
-        embedding, left_out = model.fit_transform_leave_self_out(X)
-    finally:
-        network.layer_runner_factory.reset(token)
-    return model, embedding, left_out
+        return model, model.fit_transform(X)
 
 
 def _images(n=360, seed=3):
@@ -53,20 +49,16 @@ def test_device_code_gives_the_cpu_model(data, params):
         X = _images().astype(np.float32) / 255
     else:
         X = np.repeat(load_digits().data[:120], 3, axis=0)
-    device, embedding, left_out = _fit_on(cuda.runner_factory(np), X, **params)
-    cpu, cpu_embedding, cpu_left_out = _fit_on(network._LayerRunner, X, **params)
+    device, embedding = _fit_on(cuda.numpy_backend, X, **params)
+    cpu, cpu_embedding = _fit_on("local", X, **params)
     np.testing.assert_array_equal(embedding, cpu_embedding)
-    np.testing.assert_array_equal(left_out, cpu_left_out)
-    depth = len(cpu.ks_)
-    bottom_codes, top_codes = cuda.encode_layers(
-        cpu.bottom_layer_, cpu.upper_layers_, X, depth, xp=np
-    )
-    np.testing.assert_array_equal(bottom_codes, cpu.encode(X, layer=0))
-    np.testing.assert_array_equal(top_codes, cpu.encode(X))
-    for layer in range(depth):
-        np.testing.assert_array_equal(device.encode(X, layer=layer), cpu.encode(X, layer=layer))
-    projected = cuda.project(top_codes, cpu.top_.table, cpu.top_.offset, xp=np)
-    np.testing.assert_array_equal(projected, cpu.transform(X))
+    for layer in range(len(cpu.ks_)):
+        on_cpu = cpu.encode(X, layer=layer)
+        np.testing.assert_array_equal(device.encode(X, layer=layer), on_cpu)
+        with use_backend(cuda.numpy_backend):  # new rows encoded by the device code
+            np.testing.assert_array_equal(cpu.encode(X, layer=layer), on_cpu)
+    with use_backend(cuda.numpy_backend):
+        np.testing.assert_array_equal(cpu.transform(X), cpu_embedding)
 
 
 def test_splitmix_matches_the_kernels():
@@ -106,9 +98,5 @@ def test_cuda_without_a_gpu_is_refused(monkeypatch):
 def test_bad_input_is_refused_on_the_device_runner():
     X = load_digits().data[:100].copy()
     X[3, 4] = np.nan
-    token = network.layer_runner_factory.set(cuda.runner_factory(np))
-    try:
-        with pytest.raises(ValueError, match="NaN"):
-            MBN(n_clusterings=4, k_max=20).fit(X)
-    finally:
-        network.layer_runner_factory.reset(token)
+    with use_backend(cuda.numpy_backend), pytest.raises(ValueError, match="NaN"):
+        MBN(n_clusterings=4, k_max=20).fit(X)

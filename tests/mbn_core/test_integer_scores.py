@@ -8,7 +8,7 @@ import scipy.sparse as sp
 from sklearn.datasets import load_digits
 
 from mbn_core import MBN
-from mbn_core.mbn import _integer_scores, layers
+from mbn_core.mbn import _integer_scores, bottom
 from mbn_core.mbn._integer_scores import (
     IntegerRows,
     integer_codes,
@@ -16,8 +16,8 @@ from mbn_core.mbn._integer_scores import (
     integral_range,
     kernel_is_exact,
 )
-from mbn_core.mbn.layers import (
-    bottom_codes_leave_self_out,
+from mbn_core.mbn.bottom import (
+    bottom_clustering_codes,
     bottom_input,
     input_row_norms,
     with_ones_column,
@@ -29,23 +29,21 @@ def float_path(monkeypatch):
     """Run the block with the integer path switched off (every input takes float32)."""
 
     def switch_off():
-        monkeypatch.setattr(layers, "integer_rows", lambda *args: None)
+        monkeypatch.setattr(bottom, "integer_rows", lambda *args: None)
 
     return switch_off
 
 
-def _float_codes(X, features, centers, metric, exclude):
+def _float_codes(X, features, centers, metric):
     X_work = with_ones_column(X.astype(np.float32))
     norms = input_row_norms(X)
-    return bottom_codes_leave_self_out(
-        X_work, features, centers.astype(np.float32), metric, norms, exclude
-    )
+    return bottom_clustering_codes(X_work, features, centers.astype(np.float32), metric, norms)
 
 
-def _integer(X, centers, features, metric, exclude):
+def _integer(X, centers, features, metric):
     rows = integer_rows(X, centers)
     assert rows is not None
-    return integer_codes(rows, features, centers[:, features].astype(np.float32), metric, exclude)
+    return integer_codes(rows, features, centers[:, features].astype(np.float32), metric)
 
 
 def test_the_kernel_is_exact_here():
@@ -60,12 +58,8 @@ def test_random_bytes_match_the_float_path(metric):
     X = rng.integers(0, 256, size=(600, 50)).astype(np.float64)
     centers = X[rng.choice(600, 40, replace=False)]
     features = np.sort(rng.choice(50, 25, replace=False))
-    exclude = np.full(600, -1)
-    exclude[rng.choice(600, 40, replace=False)] = np.arange(40)
-    got = _integer(X, centers, features, metric, exclude)
-    want = _float_codes(X, features, centers[:, features], metric, exclude)
-    np.testing.assert_array_equal(got[0], want[0])
-    np.testing.assert_array_equal(got[1], want[1])
+    got = _integer(X, centers, features, metric)
+    np.testing.assert_array_equal(got, _float_codes(X, features, centers[:, features], metric))
 
 
 @pytest.mark.parametrize("metric", ["euclidean", "cosine"])
@@ -81,17 +75,13 @@ def test_exact_ties_go_to_the_lowest_index(metric):
     X = np.vstack([base, centers, middle, np.zeros((3, 16)), np.full((3, 16), 255.0), even])
     centers = np.vstack([centers, even[:5]])
     features = np.arange(16)
-    exclude = np.full(len(X), -1)
-    exclude[30:60] = np.arange(30)  # the duplicated centers' own rows
-    got = _integer(X, centers, features, metric, exclude)
-    want = _float_codes(X, features, centers, metric, exclude)
-    np.testing.assert_array_equal(got[0], want[0])
-    np.testing.assert_array_equal(got[1], want[1])
+    got = _integer(X, centers, features, metric)
+    np.testing.assert_array_equal(got, _float_codes(X, features, centers, metric))
     if metric == "euclidean":
         # Ties really occurred and were resolved to the first of the equal centers.
         distances = ((X[:, None, :] - centers[None]) ** 2).sum(axis=2)
         first = np.argmin(distances, axis=1)
-        np.testing.assert_array_equal(got[0], first)
+        np.testing.assert_array_equal(got, first)
         assert (np.sum(distances == distances.min(axis=1, keepdims=True), axis=1) > 1).sum() > 30
 
 
@@ -103,14 +93,10 @@ def test_shifted_ranges_match_the_float_path(low, metric):
     X = rng.integers(low, low + 256, size=(300, 20)).astype(np.float64)
     centers = X[:25]
     features = np.array([0, 3, 4, 9, 11, 12, 19])
-    exclude = np.full(300, -1)
-    exclude[:25] = np.arange(25)
     rows = integer_rows(X, centers)
     assert rows is not None and rows.low == low
-    got = _integer(X, centers, features, metric, exclude)
-    want = _float_codes(X, features, centers[:, features], metric, exclude)
-    np.testing.assert_array_equal(got[0], want[0])
-    np.testing.assert_array_equal(got[1], want[1])
+    got = _integer(X, centers, features, metric)
+    np.testing.assert_array_equal(got, _float_codes(X, features, centers[:, features], metric))
 
 
 def test_only_small_whole_numbers_qualify():
@@ -149,8 +135,7 @@ def _codes(model, X):
 
 def _fit(X, **params):
     model = MBN(n_clusterings=12, k_max=150, random_state=0, n_jobs=2, **params)
-    embedding, left_out = model.fit_transform_leave_self_out(X)
-    return model, embedding, left_out
+    return model, model.fit_transform(X)
 
 
 @pytest.mark.parametrize(
@@ -171,14 +156,13 @@ def test_networks_are_identical_to_the_float_path(name, params, float_path):
     else:  # every row three times: centers tie exactly at distance 0
         X = np.repeat(load_digits().data[:150], 3, axis=0)
     assert isinstance(bottom_input(np.asarray(X, np.float64), _bottom(X)), IntegerRows)
-    model, embedding, left_out = _fit(X, **params)
+    model, embedding = _fit(X, **params)
     codes = _codes(model, X)
     transformed = model.transform(X[:40])
     one_row = model.transform(X[7:8])
     float_path()
-    reference, ref_embedding, ref_left_out = _fit(X, **params)
+    reference, ref_embedding = _fit(X, **params)
     np.testing.assert_array_equal(embedding, ref_embedding)
-    np.testing.assert_array_equal(left_out, ref_left_out)
     for mine, theirs in zip(codes, _codes(reference, X), strict=True):
         np.testing.assert_array_equal(mine, theirs)
     np.testing.assert_array_equal(transformed, reference.transform(X[:40]))

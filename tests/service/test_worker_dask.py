@@ -11,8 +11,11 @@ import pytest
 from servicetest import TINY_PARAMS, make_settings, wait_for
 from test_worker import LONG_PARAMS, Setup, alive, training_pid
 
-from mbn_core.mbn.backends import dask as mbn_distributed
 from mbn_core.bundle import load_bundle
+from mbn_core.mbn.backends import dask as mbn_distributed
+
+# Slow: training jobs on a Dask cluster of worker processes.
+pytestmark = pytest.mark.slow
 
 pytest.importorskip("distributed")
 

@@ -1,7 +1,7 @@
 """MBN on one NVIDIA GPU: every layer's codes computed there, the CPU's codes bit for bit.
 
-``MBN(device="cuda")`` fits through ``DeviceLayerRunner`` (the layer-runner interface the
-Dask backend uses too) and encodes large batches with ``encode_layers``. The array code is
+``MBN(device="cuda")`` fits and encodes through ``CudaBackend``, the backend registered as
+"cuda" (``backends.base``). The array code is
 ``gpu_arrays``, written against a namespace ``xp``: CuPy here, numpy in the tests, where the
 same runner runs on the CPU. CuPy is imported lazily; without it (the ``gpu`` extra) or
 without a visible GPU, ``device="cuda"`` is refused with a ValueError that says so.
@@ -16,17 +16,18 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
-from mbn_core.exceptions import TrainingStopped
 from mbn_core.mbn._integer_scores import integral_range
 from mbn_core.mbn.backends import gpu_arrays as ga
-from mbn_core.mbn.layers import BottomLayer, UpperLayer, input_row_norms, smallest_uint
-from mbn_core.mbn.network import UpperClusterings, _LayerRunner
+from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback
+from mbn_core.mbn.bottom import BottomLayer, input_row_norms
+from mbn_core.mbn.dtypes import smallest_uint
+from mbn_core.mbn.encoders import UpperClusterings
+from mbn_core.mbn.upper import UpperLayer
 
 log = logging.getLogger(__name__)
 
@@ -224,13 +225,11 @@ def bottom_layer_codes(
     layer: BottomLayer,
     X: np.ndarray,
     code_dtype: type[np.unsignedinteger],
-    own_rows: np.ndarray | None = None,
     report: Callable[[int, int], None] | None = None,
     budget: int | None = None,
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """(n, V) bottom codes of dense X on the device, and with ``own_rows`` (V, k) (the
-    training row of each center) the leave-self-out codes too. ``report(done, total)`` hears
-    each clustering."""
+) -> np.ndarray:
+    """(n, V) bottom codes of dense X on the device; ``report(done, total)`` hears each
+    clustering."""
     if sp.issparse(X) or sp.issparse(layer.center_data):
         raise ValueError("the CUDA backend takes dense input; sparse input trains on the CPU")
     n_rows, _ = X.shape
@@ -253,7 +252,6 @@ def bottom_layer_codes(
     centers = xp.asarray(layer.centers.astype(np.int64))
     norms = input_row_norms(X32)
     codes = np.empty((n_rows, V), dtype=code_dtype)
-    left = None if own_rows is None else np.empty((n_rows, V), dtype=code_dtype)
     features = [layer.features(v) for v in range(V)]
     with _TF32(xp, tf32):
         for b, start in enumerate(range(0, n_rows, block)):
@@ -274,15 +272,9 @@ def bottom_layer_codes(
                 host_rows = _HostRows(X32, start, features[v], layer, v)
                 best = _pick(xp, scores, tolerance, A, prepared, layer.metric, integer, host_rows)
                 codes[start:stop, v] = _to_host(xp, best)
-                if own_rows is not None and left is not None:
-                    left[start:stop, v] = codes[start:stop, v]
-                    _pick_left_out(
-                        xp, scores, tolerance, A, prepared, layer.metric, integer, host_rows,
-                        own_rows[v], start, stop, left[:, v],
-                    )  # fmt: skip
                 if report is not None:
                     report((b * V + v + 1) // n_blocks, V)
-    return codes, left
+    return codes
 
 
 class _HostRows:
@@ -321,40 +313,6 @@ def _pick(xp, scores, tolerance, A, prepared, metric, integer, host_rows):
     return best
 
 
-def _pick_left_out(
-    xp, scores, tolerance, A, prepared, metric, integer, host_rows, own, start, stop, out
-) -> None:
-    """The codes of the block's rows that are centers, their own center scored out."""
-    own = np.asarray(own, dtype=np.int64)
-    j = np.flatnonzero((own >= start) & (own < stop))
-    if j.size == 0 or scores.shape[1] < 2:
-        return
-    local = own[j] - start
-    rows = xp.asarray(local)
-    masked = scores[rows]
-    masked[xp.arange(j.size), xp.asarray(j)] = -xp.inf
-    excluded = xp.asarray(j)
-    best, near = ga.best_and_near_ties(xp, masked, tolerance[rows])
-    near_rows = xp.flatnonzero(near)
-    if int(near_rows.size):
-        if integer:
-            rows64 = A[rows[near_rows]].astype(xp.float64)
-            exact = ga.exact_best_on_device(xp, rows64, prepared, metric, excluded[near_rows])
-        else:
-            picked = _to_host(xp, near_rows)
-            exact = xp.asarray(
-                ga.exact_best_on_host(
-                    _to_host(xp, masked[near_rows]),
-                    _to_host(xp, tolerance[rows][near_rows]),
-                    host_rows.rows(local[picked]),
-                    host_rows.values,
-                    metric,
-                )
-            )
-        best[near_rows] = exact
-    out[start + local] = _to_host(xp, best)
-
-
 def _to_host(xp: Any, array: Any) -> np.ndarray:
     return array if xp is np else xp.asnumpy(array)
 
@@ -371,14 +329,12 @@ def upper_layer_codes(
     n_values: int,
     feature_fraction: float,
     code_dtype: type[np.unsignedinteger],
-    exclude_self: bool = False,
     report: Callable[[int, int], None] | None = None,
     counter: ga.Counter | None = None,
 ) -> np.ndarray:
     """(n, V) codes of an upper layer for the batch's previous-layer ``batch_codes``.
 
     ``center_codes`` are the previous-layer codes of the rows ``centers`` (V, k) index.
-    ``exclude_self``: center row r is batch point r, which may not take it (leave-self-out).
     """
     counter = counter or (_kernel_counter(xp) if xp is not np else _reference_counter(xp))
     n_points = batch_codes.shape[0]
@@ -393,88 +349,71 @@ def upper_layer_codes(
         for start in range(0, n_points, block):
             stop = min(start + block, n_points)
             counts = counter(postings, lists, k, start, stop)
-            best = ga.upper_block_codes(xp, counts, start, rows if exclude_self else None)
+            best = ga.upper_block_codes(counts)
             out[start:stop, w] = _to_host(xp, best)
         if report is not None:
             report(w + 1, V)
     return out
 
 
-# ---------------------------------------------------------------------- the runner
+# ---------------------------------------------------------------------- the backend
 
 
-class DeviceLayerRunner(_LayerRunner):
-    """Fits every layer on the device of ``xp`` (CuPy; numpy runs the same code on the CPU).
+class CudaBackend(LayerBackend):
+    """Computes every layer on the device of ``xp`` (CuPy's current GPU; numpy runs the same
+    code on the CPU, as the tests do). Sparse input has no device path: its bottom layer runs
+    on the local backend's threads, with the same codes."""
 
-    Sparse input has no device path: its layers run on the CPU's threads, as without it.
-    """
+    name = "cuda"
 
-    def __init__(self, pool: ThreadPoolExecutor, callback, xp: Any = None) -> None:
-        super().__init__(pool, callback)
+    def __init__(
+        self,
+        *,
+        n_jobs: int | None = None,
+        callback: ProgressCallback | None = None,
+        xp: Any = None,
+    ) -> None:
+        super().__init__(n_jobs=n_jobs, callback=callback)
         self.xp = require_cupy() if xp is None else xp
+        self._local: LayerBackend | None = None
 
-    def _report(self, layer: int) -> Callable[[int, int], None]:
-        def report(done: int, total: int) -> None:
-            if self.callback is not None and self.callback(layer, done, total):
-                raise TrainingStopped(self.stop_message(layer, done, total))
+    def close(self) -> None:
+        if self._local is not None:
+            self._local.close()
+        if self.xp is not np:
+            self.xp.get_default_memory_pool().free_all_blocks()
 
-        return report
-
-    def bottom_codes(self, layer: BottomLayer, X, code_dtype) -> np.ndarray:
+    def bottom_codes(self, layer: BottomLayer, X) -> np.ndarray:
         if sp.issparse(X) or sp.issparse(layer.center_data):
-            return super().bottom_codes(layer, X, code_dtype)
-        return bottom_layer_codes(self.xp, layer, X, code_dtype, report=self._report(0))[0]
+            from mbn_core.mbn.backends.local import LocalBackend
 
-    def bottom_codes_leave_self_out(self, layer: BottomLayer, X, centers, code_dtype):
-        if sp.issparse(X) or sp.issparse(layer.center_data):
-            return super().bottom_codes_leave_self_out(layer, X, centers, code_dtype)
-        codes, left = bottom_layer_codes(
-            self.xp, layer, X, code_dtype, own_rows=centers, report=self._report(0)
-        )
-        assert left is not None
-        return codes, left
+            self._local = self._local or LocalBackend(n_jobs=self.n_jobs, callback=self.callback)
+            return self._local.bottom_codes(layer, X)
+        code_dtype = smallest_uint(layer.n_centers - 1)
+        return bottom_layer_codes(self.xp, layer, X, code_dtype, self._reporter(0))
 
-    def upper_codes(self, index: int, codes, clusterings: UpperClusterings, code_dtype):
+    def fit_upper_codes(
+        self, index: int, codes: np.ndarray, clusterings: UpperClusterings
+    ) -> np.ndarray:
         return upper_layer_codes(
             self.xp, codes, codes, clusterings.centers, clusterings.seeds,
-            clusterings.n_values, clusterings.feature_fraction, code_dtype,
-            report=self._report(index),
+            clusterings.n_values, clusterings.feature_fraction,
+            smallest_uint(clusterings.n_centers - 1), self._reporter(index),
         )  # fmt: skip
 
-    def upper_codes_leave_self_out(
-        self, index: int, codes, left_codes, clusterings: UpperClusterings, code_dtype
-    ):
-        new_codes = self.upper_codes(index, codes, clusterings, code_dtype)
-        left = upper_layer_codes(
-            self.xp, left_codes, codes, clusterings.centers, clusterings.seeds,
-            clusterings.n_values, clusterings.feature_fraction, code_dtype, exclude_self=True,
-        )  # fmt: skip
-        return new_codes, left
-
-
-def runner_factory(xp: Any = None) -> Callable[[ThreadPoolExecutor, Any], DeviceLayerRunner]:
-    """The ``layer_runner_factory`` that fits on the device of ``xp`` (default CuPy)."""
-    return lambda pool, callback: DeviceLayerRunner(pool, callback, xp)
-
-
-def encode_layers(
-    bottom: BottomLayer, upper: list[UpperLayer], X: np.ndarray, depth: int, xp: Any = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """The bottom codes of dense X and those of layer ``depth - 1``, on the device: the
-    codes ``MBN.transform`` computes on the CPU, bit for bit."""
-    xp = require_cupy() if xp is None else xp
-    codes, _ = bottom_layer_codes(xp, bottom, X, smallest_uint(bottom.n_centers - 1))
-    bottom_codes = codes
-    for layer in upper[: depth - 1]:
-        codes = upper_layer_codes(
-            xp, codes, layer.center_codes, layer.centers.astype(np.int64), layer.seeds,
+    def upper_codes(self, index: int, codes: np.ndarray, layer: UpperLayer) -> np.ndarray:
+        return upper_layer_codes(
+            self.xp, codes, layer.center_codes, layer.centers.astype(np.int64), layer.seeds,
             layer.n_values, layer.feature_fraction, smallest_uint(layer.n_centers - 1),
         )  # fmt: skip
-    return bottom_codes, codes
+
+    def _reporter(self, layer: int) -> Callable[[int, int], None]:
+        return lambda done, total: self.report(layer, done, total)
 
 
-def project(codes: np.ndarray, table: np.ndarray, offset: np.ndarray, xp: Any = None):
-    """The PCA output's embedding of top ``codes`` on the device (same bits as the CPU's)."""
-    xp = require_cupy() if xp is None else xp
-    out = ga.project_codes(xp, xp.asarray(codes), xp.asarray(table), xp.asarray(offset))
-    return _to_host(xp, out)
+def numpy_backend(
+    *, n_jobs: int | None = None, callback: ProgressCallback | None = None
+) -> CudaBackend:
+    """The CUDA backend's code run with numpy on the CPU (a ``BackendFactory``, for
+    ``use_backend``): what the tests and ``bench_gpu.py --device cpu`` check."""
+    return CudaBackend(n_jobs=n_jobs, callback=callback, xp=np)

@@ -12,7 +12,7 @@ The codes are the CPU's, bit for bit:
   re-ranked exactly. Small-integer data are re-ranked on the device in float64, which is exact
   for them (every sum is a whole number below 2**53); other data are re-ranked on the host by
   the CPU's own ``_exact_best``. Either way the result is the float64 nearest center, lowest
-  index on exact ties, as in ``layers._pick_centers``.
+  index on exact ties, as in ``bottom._pick_centers``.
 - upper layers: the number of kept one-hot dimensions each point shares with each center,
   counted through the points' posting lists (never a dense one-hot product), then the first
   arg-max: the CPU kernels' rule (ties to the lowest center, 0 when nothing is shared).
@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from mbn_core.mbn.layers import _TIE_MARGIN, _exact_best, keep_threshold
+from mbn_core.mbn.bottom import _TIE_MARGIN, _exact_best
+from mbn_core.mbn.upper import keep_threshold
 
 # splitmix64, as ``_kernels._splitmix64``.
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -113,14 +114,11 @@ def best_and_near_ties(xp: Any, scores: Any, tolerance: Any) -> tuple[Any, Any]:
     return best, close > 1
 
 
-def exact_best_on_device(
-    xp: Any, rows64: Any, centers: BottomCenters, metric: str, excluded: Any | None = None
-) -> Any:
+def exact_best_on_device(xp: Any, rows64: Any, centers: BottomCenters, metric: str) -> Any:
     """The exact nearest center of integer ``rows64`` (f, d_chosen) float64, computed in
     float64 (exact: every sum is a whole number below 2**53), lowest index on ties.
 
-    Cosine: ``x.w / sqrt(|w|^2)`` as ``layers._exact_best`` computes it (0 for a zero center).
-    ``excluded`` (f,) names a center each row may not take (-1: none).
+    Cosine: ``x.w / sqrt(|w|^2)`` as ``bottom._exact_best`` computes it (0 for a zero center).
     """
     assert centers.values64 is not None and centers.sq_norms64 is not None
     dots = rows64 @ centers.values64.T
@@ -129,9 +127,6 @@ def exact_best_on_device(
     else:
         norms = xp.sqrt(centers.sq_norms64)
         exact = xp.where(norms > 0, dots / xp.where(norms > 0, norms, 1.0), 0.0)
-    if excluded is not None:
-        rows = xp.flatnonzero(excluded >= 0)
-        exact[rows, excluded[rows]] = -xp.inf
     return exact.argmax(axis=1).astype(xp.int32)
 
 
@@ -142,12 +137,11 @@ def exact_best_on_host(
     values: np.ndarray,
     metric: str,
 ) -> np.ndarray:
-    """``layers._pick_centers``' re-rank of near-tie rows, on the host.
+    """``bottom._pick_centers``' re-rank of near-tie rows, on the host.
 
-    ``scores`` (f, k) and ``tolerance`` (f,) are the rows' float32 scores (an excluded
-    center already scored at -inf), ``rows`` (f, d_chosen) their float32 inputs, ``values``
-    (k, d_chosen) the float32 centers. Candidates within tolerance of the best are ranked
-    by ``_exact_best``, exactly as on the CPU.
+    ``scores`` (f, k) and ``tolerance`` (f,) are the rows' float32 scores, ``rows``
+    (f, d_chosen) their float32 inputs, ``values`` (k, d_chosen) the float32 centers.
+    Candidates within tolerance of the best are ranked by ``_exact_best``, as on the CPU.
     """
     out = np.empty(len(rows), dtype=np.int32)
     for i in range(len(rows)):
@@ -247,32 +241,10 @@ def count_shared_codes(
     return xp.bincount(flat, minlength=n_rows * k).reshape(n_rows, k).astype(xp.int32)
 
 
-def upper_block_codes(
-    xp: Any,
-    counts: Any,
-    row_start: int,
-    self_rows: Any | None = None,
-) -> Any:
-    """Each point's center with the most shared codes (first arg-max: ties to the lowest
-    center, 0 when nothing is shared). ``self_rows`` (k,) are the centers' own points,
-    which may not take them (leave-self-out); None: no exclusion."""
-    if self_rows is not None:
-        local = self_rows.astype(xp.int64) - row_start
-        inside = (local >= 0) & (local < counts.shape[0])
-        counts[local[inside], xp.flatnonzero(inside)] = 0
-    return counts.argmax(axis=1).astype(xp.int32)
-
-
-# ---------------------------------------------------------------------- output
-
-
-def project_codes(xp: Any, codes: Any, table: Any, offset: Any) -> Any:
-    """``_kernels.project_codes`` on the device: the same float64 sums, in the same order
-    (``-offset``, then each clustering's entry in turn), so the same bits."""
-    out = xp.broadcast_to(-offset, (codes.shape[0], offset.shape[0])).copy()
-    for v in range(codes.shape[1]):
-        out += table[v][codes[:, v].astype(xp.int64)]
-    return out
+def upper_block_codes(counts: Any) -> Any:
+    """Each point's center with the most shared codes: the first arg-max (ties to the
+    lowest center, 0 when nothing is shared), as the CPU kernels choose."""
+    return counts.argmax(axis=1).astype(counts.dtype)
 
 
 Counter = Callable[[DevicePostings, CenterLists, int, int, int], Any]
