@@ -35,6 +35,8 @@ LEVELS = 256
 _B_OFFSET = 128
 # x'.b summed in int32 by the GEMM: |x'.b| <= d * 255 * 128 must stay below 2**31.
 MAX_CHOSEN_DIMENSIONS = (2**31 - 1) // ((LEVELS - 1) * _B_OFFSET)
+# Euclidean scores 2 x'.b - |w'|^2 stay in int32 (the fast arg-max) up to this many.
+MAX_INT32_SCORE_DIMENSIONS = (2**31 - 1) // (2 * (LEVELS - 1) * _B_OFFSET + (LEVELS - 1) ** 2)
 # Rows per GEMM call: bounds the (rows, k) int32 scores each thread holds.
 _BLOCK_BYTES = 16 << 20
 
@@ -135,16 +137,19 @@ def integer_codes(
             f"{n_chosen} chosen dimensions exceed the integer kernel's exact range "
             f"({MAX_CHOSEN_DIMENSIONS}); integer_rows' caller must take the float path"
         )
-    centers = np.rint(center_values).astype(np.int64) - rows.low  # in [0, 255]
-    b = np.ascontiguousarray((centers - _B_OFFSET).T.astype(np.int8))  # (d_chosen, k)
+    # Whole numbers in [low, low + 255]: exact in float32, and in int16 once shifted.
+    centers = center_values.astype(np.int16) - np.int16(rows.low)  # in [0, 255]
+    b = np.ascontiguousarray((centers - _B_OFFSET).astype(np.int8).T)  # (d_chosen, k)
     cosine = metric == "cosine"
+    fast = not cosine and n_chosen <= MAX_INT32_SCORE_DIMENSIONS
     if cosine:
-        original = centers + rows.low
-        center_term = (original * original).sum(axis=1)  # |w|^2, exact
-        b_sums = (centers - _B_OFFSET).sum(axis=1)
+        original = centers.astype(np.int64) + rows.low
+        center_term = np.square(original).sum(axis=1)  # |w|^2, exact
+        b_sums = b.sum(axis=0, dtype=np.int64)
     else:
-        center_term = (centers * centers).sum(axis=1)  # |w'|^2, exact
+        center_term = np.square(centers.astype(np.int32)).sum(axis=1, dtype=np.int64)  # |w'|^2
         b_sums = np.zeros(n_centers, dtype=np.int64)
+    center_term32 = center_term.astype(np.int32) if fast else center_term
     codes = np.empty(n_rows, dtype=np.int32)
     block = max(1, min(n_rows, _BLOCK_BYTES // (4 * max(n_centers, 1))))
     session = _session()
@@ -152,11 +157,33 @@ def integer_codes(
         stop = min(start + block, n_rows)
         a = np.ascontiguousarray(np.take(rows.shifted[start:stop], features, axis=1))
         dots = session.run(None, {"A": a, "B": b})[0]
+        if fast:
+            euclidean_best(dots, center_term32, codes[start:stop])
+            continue
         row_sums = a.sum(axis=1, dtype=np.int64)
         integer_best(
             dots, center_term, b_sums, row_sums, rows.low, n_chosen, cosine, codes[start:stop]
         )
     return codes
+
+
+@njit(nogil=True, cache=True)
+def euclidean_best(dots, center_term, best):
+    """First arg-max of ``2 * dots - center_term`` per row, in int32 (the caller checked
+    that it cannot overflow): one vectorised pass for the maximum, one for its first index."""
+    n_rows, k = dots.shape
+    scores = np.empty(k, np.int32)
+    for i in range(n_rows):
+        row = dots[i]
+        top = np.int32(-(2**31))
+        for j in range(k):
+            score = np.int32(2) * row[j] - center_term[j]
+            scores[j] = score
+            top = max(top, score)
+        first = np.int32(k)
+        for j in range(k):
+            first = min(first, np.int32(j) if scores[j] == top else np.int32(k))
+        best[i] = first
 
 
 @njit(nogil=True, cache=True)

@@ -186,3 +186,16 @@ def test_sparse_counts_match_the_dense_integer_path():
     sparse = MBN(**params).fit(sp.csr_matrix(X))
     for mine, theirs in zip(_codes(dense, X), _codes(sparse, sp.csr_matrix(X)), strict=True):
         np.testing.assert_array_equal(mine, theirs)
+
+
+def test_the_int64_arg_max_gives_the_same_codes(monkeypatch):
+    # Past MAX_INT32_SCORE_DIMENSIONS the Euclidean scores are ranked in int64 instead.
+    rng = np.random.default_rng(4)
+    X = rng.integers(0, 256, size=(200, 30)).astype(np.float64)
+    X[100:] = X[:100]  # exact ties
+    features = np.arange(30)
+    fast = _integer(X, X[:50], features, "euclidean")
+    monkeypatch.setattr(_integer_scores, "MAX_INT32_SCORE_DIMENSIONS", 0)
+    wide = _integer(X, X[:50], features, "euclidean")
+    np.testing.assert_array_equal(fast, wide)
+    np.testing.assert_array_equal(wide, _float_codes(X, features, X[:50], "euclidean"))
