@@ -801,13 +801,10 @@ def _load_exact(
 
 
 def _load_params(method: Method, manifest: dict[str, Any], threads: int) -> dict[str, Any]:
-    """The estimator's parameters as stored, with the reader's thread count and device (the
-    CPU: a model fitted on a GPU embeds anywhere, with the same codes)."""
+    """The estimator's parameters as stored, with the reader's thread count."""
     params = dict(manifest["hyperparameters"].get(method.name, {}))
     if "n_jobs" in method.constraints:
         params["n_jobs"] = threads
-    if "device" in method.constraints:
-        params["device"] = "cpu"
     return params
 
 
