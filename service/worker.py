@@ -235,13 +235,13 @@ class Worker:
             except ValueError as exc:
                 self._fail(job, str(exc))
                 return
-            params = {**job.params, "n_jobs": self.settings.train_threads}
+            # Threads and the device are the server's to give (clients may set neither).
+            params = _server_params(job.params, self.settings)
             # The model to align to, checked at submission (service.alignment).
             align_to = params.pop(ALIGN_TO, None)
             spec = TrainSpec(
                 job_id=job.id,
                 name=job.name,
-                # Threads are the server's to give (clients may not set n_jobs).
                 params=params,
                 data_path=str(data_path),
                 out_dir=str(staging / model_id),
@@ -449,3 +449,13 @@ def _move_dir(source: Path, target: Path) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(source, ignore_errors=True)
+
+
+def _server_params(params: dict, settings: Settings) -> dict:
+    """A job's parameters with the server's threads and, for methods that have one, device
+    (a job's params are the full set, every default filled in: a method has "device" when
+    they hold it)."""
+    params = {**params, "n_jobs": settings.train_threads}
+    if "device" in params:
+        params["device"] = settings.train_device
+    return params

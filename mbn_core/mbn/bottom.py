@@ -21,6 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from mbn_core.mbn import _bottom_kernels, _kernels
+from mbn_core.mbn._integer_scores import IntegerRows, integer_codes, integer_rows
 from mbn_core.mbn._scratch import ScratchArrays
 from mbn_core.mbn.dtypes import smallest_uint
 
@@ -323,6 +324,24 @@ def input_row_norms(X: np.ndarray | sp.csr_matrix) -> np.ndarray:
     return norms
 
 
+def bottom_input(X, layer: BottomLayer) -> np.ndarray | sp.csr_matrix | IntegerRows:
+    """The working copy of validated input X that ``layer.clustering_codes`` reads.
+
+    Small-integer dense data (images) is scored in exact integer arithmetic
+    (``_integer_scores``); other dense input as float32 with a ones column; sparse input as
+    float32 CSR. Batches of a few rows keep the float copy, for the direct route.
+    """
+    if sp.issparse(X):
+        X = sp.csr_matrix(X, dtype=np.float32)
+        X.sort_indices()
+        return X
+    if X.shape[0] > DIRECT_MAX_ROWS and not sp.issparse(layer.center_data):
+        rows = integer_rows(X, layer.center_data)
+        if rows is not None:
+            return rows
+    return with_ones_column(X)
+
+
 def with_ones_column(X: np.ndarray) -> np.ndarray:
     """float32 copy of dense X with a trailing column of ones (the GEMM's bias input)."""
     out = np.empty((X.shape[0], X.shape[1] + 1), dtype=np.float32)
@@ -463,8 +482,11 @@ class BottomLayer:
         return codes.astype(smallest_uint(self.n_centers - 1))
 
     def clustering_codes(
-        self, X: np.ndarray | sp.csr_matrix, clustering: int, row_norms: np.ndarray
+        self, X: np.ndarray | sp.csr_matrix | IntegerRows, clustering: int, row_norms: np.ndarray
     ) -> np.ndarray:
+        if isinstance(X, IntegerRows):
+            features, values = self.features(clustering), self.center_values(clustering)
+            return integer_codes(X, features, values, self.metric)
         if sp.issparse(X) and sp.issparse(self.center_data) and self.shift_masks is None:
             return bottom_codes_sparse(X, self, clustering, row_norms)
         if (
