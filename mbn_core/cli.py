@@ -26,19 +26,14 @@ from typing import Any
 import numpy as np
 
 from mbn_core.bundle import BundleError, bulk, check_target, load_bundle
+from mbn_core.data.readers import load_training_data
 from mbn_core.exceptions import TrainingStopped
 from mbn_core.mbn.outputs.umap import UmapNotInstalled
 from mbn_core.methods import DEFAULT_METHOD, get_method, method_names
 from mbn_core.params import metavar, parse_flag
 from mbn_core.pipeline.fidelity import fidelity_report
 from mbn_core.pipeline.quality import quality_summary
-from mbn_core.pipeline.training import (
-    TrainingEvent,
-    TrainingParams,
-    fit_shape,
-    load_training_data,
-    train_bundle,
-)
+from mbn_core.pipeline.training import TrainingEvent, TrainingParams, fit_shape, train_bundle
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +170,12 @@ def build_parser(
     train.add_argument("--model-id", help="model id (default: DIR's name)")
     train.add_argument("--force", action="store_true", help="replace an existing bundle at DIR")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
+    train.add_argument(
+        "--align-to",
+        metavar="BUNDLE",
+        help="an earlier model's bundle directory: map the new model's embedding into its "
+        "space (same features and output dimension), so vectors of both stay comparable",
+    )
     _add_scheduler_options(train, "run each layer's clusterings on this Dask cluster")
     if method in names:
         _add_training_options(train, method)
@@ -355,7 +356,7 @@ def _train_with_progress(args, X, y, out: Path, params: TrainingParams, name: st
     with _ProgressBars(disable=True if args.quiet else None) as bars:
         path = train_bundle(
             X, out, name=name, params=params, y=y, model_id=args.model_id,
-            events=bars.update, overwrite=args.force,
+            events=bars.update, overwrite=args.force, align_to=args.align_to,
         )  # fmt: skip
     bundle = load_bundle(path)
     _say(f"Wrote bundle {bundle.id!r} ({bundle.name}) to {path}")
@@ -476,6 +477,19 @@ def _describe(manifest: dict[str, Any], *, brief: bool) -> list[str]:
     quality = manifest.get("quality")
     if quality:
         lines.append(f"quality:     {quality_summary(quality)}")
+    alignment = manifest.get("alignment")
+    if alignment:
+        lines.append(
+            f"aligned to:  {alignment['reference_model']} on {alignment['reference_rows']} "
+            f"reference rows, residual {alignment['residual']:.4f} "
+            f"(unaligned {alignment['unaligned_residual']:.4f})"
+        )
+    novelty = manifest.get("novelty")
+    if novelty and "threshold" in novelty:
+        lines.append(
+            f"novelty:     threshold {novelty['threshold']:.4g} (the {novelty['quantile']:.0%} "
+            f"quantile of {novelty['n_calibration_rows']} training rows)"
+        )
     if not brief:
         for part, params in manifest["hyperparameters"].items():
             text = ", ".join(f"{key}={value}" for key, value in sorted(params.items()))

@@ -1,7 +1,7 @@
 """A trained model as the bundle stores it: method, exact estimator, fast path, facts.
 
 Whatever the method and however its fast path was made (exported or distilled), training
-ends in a ``TrainedModel``; ``mbn_core.bundle.bundle.save_bundle`` writes one.
+ends in a ``TrainedModel``; ``mbn_core.bundle.save.save_bundle`` writes one.
 """
 
 from __future__ import annotations

@@ -217,7 +217,7 @@ def test_the_library_and_the_cli_import_nothing_of_the_service():
     web = {"service", "fastapi", "uvicorn", "sqlalchemy", "psycopg", "msgspec", "pybase64",
            "starlette", "pydantic"}  # fmt: skip
     code = (
-        "import sys, mbn_core, mbn_core.cli, mbn_core.pipeline.training, mbn_core.bundle.bundle;"
+        "import sys, mbn_core, mbn_core.cli, mbn_core.pipeline.training, mbn_core.bundle.load;"
         "print(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:])))"
     )
     result = subprocess.run(
@@ -236,6 +236,20 @@ def test_the_service_commands_parse(tmp_path):
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert option in result.stdout
+
+
+@pytest.mark.slow
+def test_train_aligned_to_an_earlier_bundle(trained, workdir):
+    path, _ = trained
+    result = run_mbn("train", "digits.npz", "--out", "aligned", "--name", "Digits",
+                     "--align-to", str(path), "--random-state", "1", *SMALL,
+                     cwd=workdir)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "aligned to:  model on" in result.stdout
+    assert load_bundle(workdir / "aligned").manifest["alignment"]["reference_model"] == "model"
+    bad = run_mbn("train", "narrow.npy", "--out", "bad", "--align-to", str(path), *SMALL,
+                  cwd=workdir)  # fmt: skip
+    assert_user_error(bad, "64 features")
 
 
 def test_train_plan_prints_what_the_fit_will_build_and_writes_nothing(workdir, monkeypatch, capsys):
