@@ -114,10 +114,11 @@ from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
 from mbn_core import MBN
-from mbn_core.mbn import auto, umap_output
+from mbn_core.mbn import auto
 from mbn_core.mbn.coassociation import one_hot
+from mbn_core.mbn.estimator import METRICS, OUTPUTS
 from mbn_core.mbn.method import METHOD, layer_costs
-from mbn_core.mbn.network import METRICS, OUTPUTS
+from mbn_core.mbn.outputs import umap as umap_output
 from mbn_core.pipeline.quality import neighbourhood_scores
 
 

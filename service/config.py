@@ -437,9 +437,16 @@ class Settings(BaseSettings):
         """Where training data is kept, one sub-directory per job id."""
         return self.data_dir / "jobs"
 
+    @property
+    def spool_path(self) -> Path:
+        """Where uploads are spooled while a multipart body is read (not the system's
+        temporary directory: its disk is the one readiness watches)."""
+        return self.data_dir / "spool"
+
     def make_directories(self) -> None:
-        """Create the data, model and job directories (``OSError`` when one cannot be)."""
-        for directory in (self.data_dir, self.models_path, self.jobs_path):
+        """Create the data, model, job and spool directories (``OSError`` when one cannot
+        be)."""
+        for directory in (self.data_dir, self.models_path, self.jobs_path, self.spool_path):
             directory.mkdir(parents=True, exist_ok=True)
 
     @property

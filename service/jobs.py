@@ -48,7 +48,14 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
 from mbn_core.methods import DEFAULT_METHOD
-from service.domain import Conflict, InsufficientStorage, NotFound, Overloaded, Unavailable
+from service.domain import (
+    Conflict,
+    InsufficientStorage,
+    NotFound,
+    Overloaded,
+    Unavailable,
+    shortened,
+)
 
 JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
 JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -322,7 +329,7 @@ class JobStore:
     def require(self, job_id: str) -> Job:
         job = self.get(job_id)
         if job is None:
-            raise NotFound(f"no job {job_id!r}")
+            raise NotFound(f"no job {shortened(job_id)!r}")
         return job
 
     def list_jobs(self, *, status: str | None = None, limit: int = 100) -> list[Job]:

@@ -147,6 +147,14 @@ class TrainOptions(_Request):
         description="Once the job succeeds, make its model the default model and the version "
         "its name means (as POST /models/{id}/promote). Otherwise training moves neither.",
     )
+    align_to: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MODEL_LOOKUP_MAX,
+        description="An earlier model (id, or name: the version it resolves to) whose "
+        "embedding space the new model's is mapped into, so that vectors of both stay "
+        "comparable. It must take the same features and embed in as many dimensions.",
+    )
 
 
 class TrainRequest(TrainOptions):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -125,7 +126,10 @@ class Submitter:
         *,
         job_id: str | None = None,
         promote: bool = False,
+        prepare: Callable[[dict[str, Any], int], dict[str, Any]] | None = None,
     ) -> Job:
+        """Store the rows and queue their job; ``prepare(params, n_features)`` gives the
+        job's params after the data's checks (it may refuse the job)."""
         if x.shape[0] > self.settings.max_train_rows:
             raise PayloadTooLarge(
                 f"data has {x.shape[0]} rows; at most {self.settings.max_train_rows} per job"
@@ -137,6 +141,8 @@ class Submitter:
             check_spread(x, "data")  # constant rows, or values float32 cannot train on
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
+        if prepare is not None:
+            params = prepare(params, x.shape[1])
         job_id = job_id or new_job_id()
         data_file = self.files.write_arrays(job_id, x, y)
         return self._queue(job_id, name, params, data_file, x.shape, promote)
@@ -149,7 +155,10 @@ class Submitter:
         source: BinaryIO,
         *,
         promote: bool = False,
+        prepare: Callable[[dict[str, Any], int], dict[str, Any]] | None = None,
     ) -> Job:
+        """Store an uploaded data file and queue its job; ``prepare(params, n_features)``
+        gives the job's params once the file's width is known (it may refuse the job)."""
         if suffix not in JobFiles.ALLOWED_SUFFIXES:
             raise InvalidInput(
                 f"the file name must end in one of {', '.join(JobFiles.ALLOWED_SUFFIXES)}"
@@ -168,6 +177,8 @@ class Submitter:
         try:
             shape = self._check_file(path)
             check_data(shape.n_rows, params)
+            if prepare is not None:
+                params = prepare(params, shape.n_features)
         except BaseException:
             self.files.remove(job_id)
             raise

@@ -60,10 +60,16 @@ class ExactModel:
     bundle_id: str
     estimator: Any
     centers: np.ndarray | None
+    # A version aligned to an earlier one (mbn_core.pipeline.alignment): the estimator's
+    # embedding times ``matrix`` plus ``shift``; None for an unaligned model.
+    alignment: tuple[np.ndarray, np.ndarray] | None = None
 
     def embed_with_clusters(self, X) -> tuple[np.ndarray, np.ndarray | None]:
         """Embedding (float32) and cluster ids (int64; None without a head) of checked X."""
         embedding = np.asarray(self.estimator.transform(X), dtype=np.float32)
+        if self.alignment is not None:
+            matrix, shift = self.alignment
+            embedding = (embedding.astype(np.float64) @ matrix + shift).astype(np.float32)
         if self.centers is None:
             return embedding, None
         scores = embedding @ (-2.0 * self.centers.T) + np.sum(self.centers**2, axis=1)
@@ -165,7 +171,12 @@ class Bundle:
         the file changed since the bundle was loaded.
         """
         estimator, centers = _load_exact(self.path, self.manifest, self.threads)
-        return ExactModel(bundle_id=self.id, estimator=estimator, centers=centers)
+        return ExactModel(
+            bundle_id=self.id,
+            estimator=estimator,
+            centers=centers,
+            alignment=_alignment(self.path, self.manifest),
+        )
 
     @property
     def has_map(self) -> bool:
@@ -342,6 +353,23 @@ def _load_exact(
     ):
         raise BundleError(f"{file}: clustering head centroids missing or misshapen")
     return model, None if centers is None else centers.astype(np.float32)
+
+
+def _alignment(path: Path, manifest: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The exact path's map into the space of the model it was aligned to (the manifest's
+    ``alignment`` section), or None."""
+    section = manifest.get("alignment")
+    if section is None:
+        return None
+    c = manifest["output_dim"]
+    try:
+        matrix = np.asarray(section["matrix"], dtype=np.float64)
+        shift = np.asarray(section["shift"], dtype=np.float64)
+    except (KeyError, TypeError, ValueError):
+        matrix = shift = np.empty(0)
+    if matrix.shape != (c, c) or shift.shape != (c,) or not np.isfinite(matrix).all():
+        raise BundleError(f"{path / MANIFEST}: alignment section malformed")
+    return matrix, shift
 
 
 def _load_params(method: Method, manifest: dict[str, Any], threads: int) -> dict[str, Any]:

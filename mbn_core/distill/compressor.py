@@ -28,7 +28,7 @@ from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 
 from mbn_core.distill.student import Distiller, EpochCallback, Student, predict
-from mbn_core.mbn.network import MBN
+from mbn_core.mbn.estimator import MBN
 from mbn_core.params import CheckedParams, check_int_items
 from mbn_core.pipeline.fidelity import fidelity_report
 from mbn_core.pipeline.head import nearest

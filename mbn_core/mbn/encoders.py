@@ -15,15 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from mbn_core.mbn.layers import (
-    BottomLayer,
-    PointPostings,
-    Postings,
-    UpperLayer,
-    input_row_norms,
-    upper_clustering_codes,
-    with_ones_column,
-)
+from mbn_core.mbn.bottom import BottomLayer, input_row_norms, with_ones_column
+from mbn_core.mbn.upper import PointPostings, Postings, UpperLayer, upper_clustering_codes
 
 Encoder = Callable[[int], np.ndarray]
 

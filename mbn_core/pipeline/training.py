@@ -22,7 +22,14 @@ import scipy.sparse as sp
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import validate_parameter_constraints
 
-from mbn_core.bundle import check_target, save_bundle, validate_model_id, validate_name
+from mbn_core.bundle import (
+    Bundle,
+    check_target,
+    load_bundle,
+    save_bundle,
+    validate_model_id,
+    validate_name,
+)
 from mbn_core.bundle.embedding_map import MAP_FILE, MAP_POINTS, EmbeddingMap, build_map
 from mbn_core.bundle.trained import TrainedModel, estimator_hyperparameters
 from mbn_core.data.checks import check_spread
@@ -38,6 +45,7 @@ from mbn_core.methods import (
     get_method,
 )
 from mbn_core.params import InvalidParameterError, Param
+from mbn_core.pipeline.alignment import check_compatible, reference_files
 from mbn_core.pipeline.exported import ExportedFastPath, detach_callback
 from mbn_core.pipeline.novelty import novelty_section
 from mbn_core.pipeline.run import run_pipeline
@@ -240,6 +248,7 @@ def train_bundle(
     progress: ProgressCallback | None = None,
     events: Callable[[TrainingEvent], object] | None = None,
     overwrite: bool = False,
+    align_to: str | os.PathLike[str] | Bundle | None = None,
 ) -> Path:
     """Train a method and its fast path on X and write the bundle to ``out_dir``.
 
@@ -267,6 +276,10 @@ def train_bundle(
         True stops too.
     overwrite : bool, default=False
         Replace an existing bundle at ``out_dir``.
+    align_to : path or Bundle, default=None
+        An earlier model (its bundle) whose embedding space the new model's is mapped into
+        (``mbn_core.pipeline.alignment``), so vectors of both stay comparable. It must take
+        the same features and embed in as many dimensions.
 
     Returns
     -------
@@ -281,6 +294,11 @@ def train_bundle(
     validate_name(name)
     check_target(out_dir, overwrite=overwrite)
     X = check_matrix(X)
+    old = None
+    if align_to is not None:
+        old = align_to if isinstance(align_to, Bundle) else load_bundle(align_to)
+        n_components = params.values.get("n_components")
+        check_compatible(old, X.shape[1], n_components if isinstance(n_components, int) else None)
     check_spread(X)
     labels = check_labels(y, X.shape[0], "y")
     method = params.spec
@@ -293,7 +311,7 @@ def train_bundle(
     started = time.perf_counter()
     log.info("training %r with %s on %d x %d points", name, method.name, *X.shape)
     model = fit_model(params, X, labels, estimator=estimator, tracker=tracker)
-    extra_files, sections = {}, {}
+    extra_files, sections = reference_files(model, X, old, params.pipeline()["random_state"])
     if params[MAP_POINTS.name] and model.training_embedding is not None:
         if tracker.report("export", 0.0, "2-D map of the training embedding (t-SNE)"):
             raise TrainingStopped("training stopped by the progress callback before the map")

@@ -35,8 +35,9 @@ from mbn_core.exceptions import TrainingStopped
 if TYPE_CHECKING:
     from typing import Self
 
+    from mbn_core.mbn.bottom import BottomLayer
     from mbn_core.mbn.encoders import UpperClusterings
-    from mbn_core.mbn.layers import BottomLayer, UpperLayer
+    from mbn_core.mbn.upper import UpperLayer
 
 ProgressCallback = Callable[[int, int, int], object]
 

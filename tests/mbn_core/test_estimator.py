@@ -22,9 +22,9 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from tqdm import tqdm
 
 from mbn_core import MBN, TrainingStopped, model_from_arrays, model_to_arrays
-from mbn_core.mbn import umap_output
 from mbn_core.mbn.coassociation import cell_index, coassociation
-from mbn_core.mbn.network import FEW_ROWS
+from mbn_core.mbn.estimator import FEW_ROWS
+from mbn_core.mbn.outputs import umap as umap_output
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +243,7 @@ def _own_blob_shares(X, y, blobs, **params):
     the UMAP output ranks them) that lie in the same blob."""
     model = MBN(n_classes=4, n_clusterings=100, random_state=0, **params).fit(X)
     bottom, top = model.encode(X, layer=0), model.encode(X, layer=-1)
-    K = coassociation(bottom, top, cell_index(bottom, model.ks_[0]), top, True).tocsr()
+    K = coassociation(bottom, top, cell_index(bottom, model.ks_[0]), top).tocsr()
     shares = []
     for blob in blobs:
         own = []

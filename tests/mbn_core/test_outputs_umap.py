@@ -11,9 +11,9 @@ from sklearn.datasets import make_circles, make_moons
 from sklearn.metrics import normalized_mutual_info_score
 
 from mbn_core import MBN, model_from_arrays, model_to_arrays
-from mbn_core.mbn import umap_output
 from mbn_core.mbn.coassociation import coassociation, expected_pairs
-from mbn_core.mbn.umap_output import N_NEIGHBORS, place
+from mbn_core.mbn.outputs import umap as umap_output
+from mbn_core.mbn.outputs.umap import N_NEIGHBORS, place
 
 
 @pytest.fixture(scope="module")
