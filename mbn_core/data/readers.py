@@ -17,7 +17,13 @@ import scipy.sparse as sp
 
 from mbn_core.data.csv_scan import read_csv
 from mbn_core.data.files import LABEL_KINDS, SPARSE_ARRAYS, peek_data_file
-from mbn_core.data.npz_members import MEMBER_ERRORS, checked_members, read_member
+from mbn_core.data.npz_members import (
+    HEADER_ERRORS,
+    MEMBER_ERRORS,
+    checked_members,
+    read_member,
+    sparse_format,
+)
 
 
 def load_training_data(path: str | os.PathLike[str]) -> tuple[Any, np.ndarray | None]:
@@ -59,7 +65,7 @@ def load_training_data(path: str | os.PathLike[str]) -> tuple[Any, np.ndarray | 
             raise ValueError(
                 f"{path}: unsupported format {suffix or '(no suffix)'!r}; use .npy, .npz or .csv"
             )
-    except (OSError, *MEMBER_ERRORS) as error:
+    except (OSError, *MEMBER_ERRORS, *HEADER_ERRORS) as error:
         raise ValueError(f"{path}: unreadable {suffix} file: {error}") from None
     except ValueError as error:
         message = str(error)
@@ -106,6 +112,7 @@ def _read_npz(path: Path):
         # The members peek_data_file checked, read from the same entries.
         members = checked_members(archive, f"{path}")
         if members.keys() >= SPARSE_ARRAYS:
+            sparse_format(archive, members, f"{path}")  # scipy raised KeyError for a gap
             return _checked_sparse(sp.load_npz(path)), None
         if "x" not in members:
             raise ValueError(
