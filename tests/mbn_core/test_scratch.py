@@ -8,6 +8,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
 from mbn_core.mbn._scratch import ScratchArrays
 from mbn_core.mbn.layers import bottom_clustering_codes, with_ones_column
