@@ -42,8 +42,8 @@ from pathlib import Path
 
 import numpy as np
 from bench_data import load_mnist, topic_corpus
-from bench_mbn import KNOWN_DATA
 from bench_report import add_training_option, command_line
+from harness import KNOWN_DATA
 from sklearn.cluster import KMeans
 from sklearn.datasets import load_breast_cancer, load_digits, load_wine
 from sklearn.metrics import normalized_mutual_info_score, r2_score

@@ -1,11 +1,11 @@
 """Issue 17 probe: what the UMAP output's graph lacks against UMAP's own, neighbours or weights.
 
-    python benchmarks/probe_graph_weights.py neighbours [--datasets swiss-roll ...]
+    python benchmarks/experiments/probe_graph_weights.py neighbours [--datasets swiss-roll ...]
         [--counts 15 20 30 45] [--seeds 5] [--clusterings 400]
-    python benchmarks/probe_graph_weights.py swaps [--datasets swiss-roll ...] [--seeds 5]
+    python benchmarks/experiments/probe_graph_weights.py swaps [--datasets swiss-roll ...] [--seeds 5]
         [--clusterings 400]
-    python benchmarks/probe_graph_weights.py purity [--datasets blobs-stretched ...]
-    python benchmarks/probe_graph_weights.py layouts [--datasets swiss-roll ...] [--seeds 5]
+    python benchmarks/experiments/probe_graph_weights.py purity [--datasets blobs-stretched ...]
+    python benchmarks/experiments/probe_graph_weights.py layouts [--datasets swiss-roll ...] [--seeds 5]
         [--layouts 6]
 
 ``neighbours`` and ``swaps`` fit ``MBN(n_classes=c, n_clusterings=V, random_state=seed)`` (V:
@@ -34,15 +34,22 @@ against its own fuzzy graph (a label-free pick among layouts), beside plain UMAP
 seeds as there are layouts in all.
 
 Exploratory, not a product feature.
+
+Decision record: docs/decisions/0004-output-auto.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-from bench_mbn import KNOWN_DATA, QUALITY_DATA, issue17_umap, kmeans_nmi, mean_sd, quality_data
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared harness
+
+from harness import KNOWN_DATA, QUALITY_DATA, issue17_umap, kmeans_nmi, mean_sd, quality_data
 from probe_graph_fill import neighbour_lists, others
 from scipy.spatial.distance import pdist, squareform
 from sklearn.neighbors import NearestNeighbors
