@@ -118,7 +118,7 @@ def _classification_rescaled() -> tuple[np.ndarray, np.ndarray]:
     return X * 10 ** np.random.RandomState(5).uniform(-2, 2, X.shape[1]), y
 
 
-# Data sets kept out of every choice of a default (issue 17): a rule chosen on QUALITY_DATA is
+# Data sets kept out of every choice of a default: a rule chosen on QUALITY_DATA is
 # checked here, on shapes the choice never saw. Fixed sets, as QUALITY_DATA.
 VALIDATION_DATA: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {
     "s-curve": lambda: _quartiles(*make_s_curve(2000, noise=0.1, random_state=7)),
@@ -148,8 +148,9 @@ def quality_data(name: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class OldDefaultsMBN(MBN):
-    """MBN as its defaults were before issue 17: delta 0.5, and "auto" features meaning at
-    least min(d, 8) of the d inputs at the bottom (0.5 at the upper layers)."""
+    """MBN as its defaults were before the "auto" rules (decisions 0002, 0003): delta 0.5, and
+    "auto" features meaning at least min(d, 8) of the d inputs at the bottom (0.5 at the upper
+    layers)."""
 
     def _n_bottom_features(self, X, rng) -> int:
         return max(round(0.5 * X.shape[1]), min(X.shape[1], 8))
@@ -161,7 +162,7 @@ def pca_output_mbn(c: int, seed: int, **params) -> MBN:
     return MBN(n_classes=c, output="pca", random_state=seed, **params)
 
 
-# The MBN configurations the issue-17 tables compare, as (c, seed) -> unfitted estimator.
+# The MBN configurations the quality tables compare, as (c, seed) -> unfitted estimator.
 MBN_MODELS: dict[str, Callable] = {
     "MBN, old defaults": lambda c, seed: OldDefaultsMBN(
         n_classes=c, delta=0.5, output="pca", random_state=seed
@@ -178,7 +179,7 @@ MBN_MODELS: dict[str, Callable] = {
 class NetworkEnsemble:
     """m networks that differ only in their seed (and, given ``k1s``, network j's k1); the
     embedding is PCA of their top codes side by side (the average of their co-associations),
-    the issue's "ensemble of networks"."""
+    an "ensemble of networks" (decision 0005)."""
 
     def __init__(
         self,
@@ -260,25 +261,25 @@ def fit_transform_of(name: str) -> Callable:
     return lambda X, c, seed: models[name](c, seed).fit_transform(X)
 
 
-def issue17_umap(X, c, seed, n_neighbors: int = 15):
+def quality_umap(X, c, seed, n_neighbors: int = 15):
     import umap
 
     model = umap.UMAP(n_components=c, n_neighbors=n_neighbors, random_state=seed)
     return model.fit_transform(np.asarray(X, np.float32))
 
 
-def issue17_pca(X, c, seed):
+def quality_pca(X, c, seed):
     return PCA(n_components=min(c, X.shape[1]), random_state=seed).fit_transform(X)
 
 
 QUALITY_METHODS: dict[str, Callable] = {
     **{name: fit_transform_of(name) for name in MBN_MODELS},
-    "UMAP": issue17_umap,
-    "PCA": issue17_pca,
+    "UMAP": quality_umap,
+    "PCA": quality_pca,
 }
 QUALITY_DEFAULT_METHODS = list(QUALITY_METHODS)
 QUALITY_METHODS.update({name: fit_transform_of(name) for name in MBN_VARIANTS})
-QUALITY_METHODS["UMAP, 30 neighbours"] = lambda X, c, seed: issue17_umap(X, c, seed, 30)
+QUALITY_METHODS["UMAP, 30 neighbours"] = lambda X, c, seed: quality_umap(X, c, seed, 30)
 
 
 def label_free(X: np.ndarray, Z: np.ndarray, seed: int) -> dict[str, float]:

@@ -1,6 +1,7 @@
 """Sparse input: one bottom-layer clustering scored two ways, on the same model.
 
-    python benchmarks/experiments/bench_sparse.py --documents 2000 --vocabulary 30000 --clusterings 16
+    python benchmarks/experiments/bench_sparse.py --documents 2000 --vocabulary 30000
+        --clusterings 16
 
 Fits ``MBN(n_clusterings=C, random_state=0)`` on ``bench_data.topic_corpus`` documents (the
 bottom layer's k1 = n / 2 centers, every other layer cut short, since only the bottom is

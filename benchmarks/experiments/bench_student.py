@@ -1,9 +1,11 @@
-"""The fast path's student on new data (issue 12): calibrate the bar, then compare students.
+"""The fast path's student on new data: calibrate the bar, then compare students.
 
     python benchmarks/experiments/bench_student.py cache --sets digits,mnist-5k,mnist-10k
     python benchmarks/experiments/bench_student.py calibrate --sets digits,mnist-5k
-    python benchmarks/experiments/bench_student.py students --sets digits,mnist-5k --variants base,alpha1e-3
-    python benchmarks/experiments/bench_student.py cache --sets mnist-5k --option 'metric="cosine"' --tag cosine
+    python benchmarks/experiments/bench_student.py students --sets digits,mnist-5k
+        --variants base,alpha1e-3
+    python benchmarks/experiments/bench_student.py cache --sets mnist-5k
+        --option 'metric="cosine"' --tag cosine
 
 ``cache`` fits, per set, the exact MBN as ``mbn train`` does (``TrainingParams()``'s
 estimator, seed 0) on the training rows but a held-out tenth (the selection rows, new to

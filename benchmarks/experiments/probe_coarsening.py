@@ -1,4 +1,4 @@
-"""Where MBN's coarse layers lose two moons (issue 17): a NumPy replica of the network, per layer.
+"""Where MBN's coarse layers lose two moons: a NumPy replica of the network, per layer.
 
     python benchmarks/experiments/probe_coarsening.py [--data moons] [--seeds 0 1 2] [--delta 0.7]
         [--orphans zero|random] [--projection pca|njw] [--layers N]

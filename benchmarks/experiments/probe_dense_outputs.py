@@ -1,7 +1,8 @@
-"""Issue 17 probe: what could lift the default's output on dense data (digits, iris) to UMAP's.
+"""Probe: what could lift the default's output on dense data (digits, iris) to UMAP's.
 
     python benchmarks/experiments/probe_dense_outputs.py variants --datasets iris digits --seeds 30
-    python benchmarks/experiments/probe_dense_outputs.py readout --datasets iris digits wine breast-cancer \
+    python benchmarks/experiments/probe_dense_outputs.py readout \
+        --datasets iris digits wine breast-cancer \
         --seeds 10 [--heldout]
     python benchmarks/experiments/probe_dense_outputs.py fast-path --seeds 10
 

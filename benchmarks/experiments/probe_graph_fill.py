@@ -1,4 +1,4 @@
-"""Issue 17 probe: does the UMAP output's graph starve on low-dimensional data?
+"""Probe: does the UMAP output's graph starve on low-dimensional data?
 
     python benchmarks/experiments/probe_graph_fill.py [--datasets swiss-roll moons ...] [--seeds 5]
         [--fill-layer 1] [--k1 0.25]
