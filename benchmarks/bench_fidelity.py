@@ -3,7 +3,6 @@
     python benchmarks/bench_fidelity.py --sets digits,wine,breast_cancer
     python benchmarks/bench_fidelity.py --sets mnist-5k,mnist-10k
     python benchmarks/bench_fidelity.py --sets mnist-60k
-    python benchmarks/bench_fidelity.py --sets mnist-5k --targets leave-self-out
     python benchmarks/bench_fidelity.py --sets digits --option input_noise=0.3
     python benchmarks/bench_fidelity.py --sets bag-of-words
     python benchmarks/bench_fidelity.py --sets moons,circles,swiss-roll --option n_classes=2

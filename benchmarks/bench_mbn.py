@@ -168,7 +168,6 @@ def quality(args) -> None:
 HELDOUT_METHODS: dict[str, Callable] = {
     "MBN, new defaults": MBN_MODELS["MBN, new defaults"],
     "MBN, PCA output": MBN_MODELS["MBN, PCA output"],
-    "MBN, spectral output": MBN_MODELS["MBN, spectral output"],
     "MBN, UMAP output": MBN_MODELS["MBN, UMAP output"],
     "MBN, cosine": MBN_MODELS["MBN, cosine"],
     "UMAP": lambda c, seed: __import__("umap").UMAP(n_components=c, random_state=seed),

@@ -170,7 +170,6 @@ MBN_MODELS: dict[str, Callable] = {
     "MBN, new defaults": lambda c, seed: MBN(n_classes=c, random_state=seed),
     # The defaults before output="auto": the paper's PCA output on every data set.
     "MBN, PCA output": pca_output_mbn,
-    "MBN, spectral output": lambda c, seed: MBN(n_classes=c, output="spectral", random_state=seed),
     "MBN, UMAP output": lambda c, seed: MBN(n_classes=c, output="umap", random_state=seed),
     "MBN, cosine": lambda c, seed: MBN(n_classes=c, metric="cosine", random_state=seed),
 }

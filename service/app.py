@@ -12,6 +12,7 @@ import contextlib
 import gc
 import logging
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -42,6 +43,7 @@ from service.limits import (
     RowBudget,
 )
 from service.metrics import Metrics, MetricsMiddleware
+from service.monitor import LiveMonitor
 from service.readiness import ReadinessMonitor
 from service.registry import ModelRegistry
 from service.submission import DEMO_JOB_ID, Submitter
@@ -83,6 +85,7 @@ class Runtime:
     submitter: Submitter
     gate: ExactGate
     worker: Worker | None
+    monitor: LiveMonitor
     # Seconds every /embed slot has been taken without a break (the row budget's).
     saturated_for: Callable[[], float] = lambda: 0.0
     initialized: bool = False
@@ -113,6 +116,14 @@ class Runtime:
             exact_models=lambda: registry.exact_loaded,
         )
         metrics.exact_in_flight.set_function(lambda: gate.in_flight)
+        monitor = LiveMonitor(
+            registry,
+            gate,
+            fraction=settings.shadow_fraction,
+            window=settings.monitor_window,
+            replica=settings.replica_name or socket.gethostname(),
+        )
+        metrics.watch_monitor(monitor.gauges, monitor.replica)
         log.info(
             "started: models in %s, job store %s, %s",
             settings.models_path,
@@ -120,7 +131,14 @@ class Runtime:
             "embedded worker" if worker else "no embedded worker",
         )
         return cls(
-            settings, store, files, registry, Submitter(settings, store, files), gate, worker
+            settings,
+            store,
+            files,
+            registry,
+            Submitter(settings, store, files),
+            gate,
+            worker,
+            monitor,
         )
 
     def first_scan(self) -> None:
@@ -196,6 +214,7 @@ class Runtime:
         if self.worker is not None:
             # Stops its training processes and gives their jobs back to the queue.
             self.worker.stop(timeout=30)
+        self.monitor.shutdown()
         self.gate.shutdown()
         self.store.dispose()
 
@@ -209,7 +228,9 @@ def _install_handlers(state: State, runtime: Runtime) -> None:
         state.row_budget,
         settings.inline_fast_rows,
         settings.max_rows_per_request,
+        monitor=runtime.monitor,
     )
+    state.monitor = runtime.monitor
     state.training_handler = TrainingHandler(
         runtime.submitter, wake=None if worker is None else worker.wake
     )
@@ -306,7 +327,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         pace=BodyPace(timeout=settings.body_timeout_seconds, min_rate=settings.min_body_rate),
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: times everything
-    for module in (routes.embed, routes.jobs, routes.models, routes.maps, routes.health):
+    for module in (
+        routes.embed,
+        routes.jobs,
+        routes.models,
+        routes.maps,
+        routes.monitor,
+        routes.health,
+    ):
         app.include_router(module.router)
     routes.console.install_console(app)
     _document_auth(app, settings)

@@ -230,6 +230,30 @@ class Settings(BaseSettings):
         description="Retry-After value sent with 429 and 503 answers.",
     )
 
+    # --- monitoring ----------------------------------------------------------------------------
+    shadow_fraction: float = Field(
+        default=0.01,
+        ge=0.0,
+        le=1.0,
+        description="Share of fast-mode rows sampled for the live monitor "
+        "(GET /models/{id}/monitor): each gets a novelty score and, while no exact-mode "
+        "request runs, an exact embedding in the background (shadow rows) that measures the "
+        "fast path's live fidelity. 0 turns monitoring off.",
+    )
+    monitor_window: int = Field(
+        default=1000,
+        ge=10,
+        le=100_000,
+        description="Sampled rows and shadow rows the monitor keeps per model (the sliding "
+        "window its figures are computed on).",
+    )
+    replica_name: str | None = Field(
+        default=None,
+        max_length=100,
+        description="This replica's name in the monitor and its metrics' replica label; "
+        "unset: the host name.",
+    )
+
     # --- jobs and workers --------------------------------------------------------------------
     embedded_worker: bool = Field(
         default=True,

@@ -182,11 +182,19 @@ class JobStore:
     retry_after : int
         Seconds after which to retry, given with the ``Overloaded`` and ``Unavailable``
         errors it raises.
+    clock : callable, optional
+        Returns the time, in seconds since the epoch, that the store records and compares
+        (submissions, claims, heartbeats, staleness). None, the default and what a service
+        uses: the database's clock, so that hosts whose clocks disagree still agree on which
+        job is stale. Tests pass a clock they move forward instead of sleeping.
     """
 
-    def __init__(self, url: str, *, retry_after: int = 1) -> None:
+    def __init__(
+        self, url: str, *, retry_after: int = 1, clock: Callable[[], float] | None = None
+    ) -> None:
         self.url = url
         self.retry_after = retry_after
+        self.clock = clock
         self.sqlite_path = _sqlite_path(url)
         self.engine = _make_engine(url)
         self.is_postgres = self.engine.dialect.name == "postgresql"
@@ -195,6 +203,7 @@ class JobStore:
         # instead of writing jobs into a deleted file that nobody will ever read again.
         self._identity: tuple[int, int] | None = None
         self._file_lost = False
+        self._immutable: Engine | None = None  # reads on a full disk (SQLite)
 
     # --- lifecycle ---------------------------------------------------------------------------
     def create_schema(self) -> None:
@@ -236,6 +245,8 @@ class JobStore:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        if self._immutable is not None:
+            self._immutable.dispose()
 
     # --- API side ----------------------------------------------------------------------------
     def queued_count(self) -> int:
@@ -281,7 +292,7 @@ class JobStore:
                     n_rows=n_rows,
                     n_features=n_features,
                     attempts=0,
-                    created_at=db_now(),
+                    created_at=self._now(),
                     method=str(params.get("method", "mbn")),
                     promote=promote,
                 )
@@ -336,7 +347,7 @@ class JobStore:
                     jobs_table.c.id == job_id,
                     jobs_table.c.status.in_(("queued", "running")),
                 )
-                .values(status="cancelled", finished_at=db_now())
+                .values(status="cancelled", finished_at=self._now())
             ).rowcount
         job = self.require(job_id)
         if not done:
@@ -364,8 +375,8 @@ class JobStore:
                 .values(
                     status="running",
                     worker_id=worker_id,
-                    started_at=db_now(),
-                    heartbeat_at=db_now(),
+                    started_at=self._now(),
+                    heartbeat_at=self._now(),
                     progress=0.0,
                     phase=None,
                     attempts=jobs_table.c.attempts + 1,
@@ -382,7 +393,7 @@ class JobStore:
             return bool(
                 conn.execute(
                     self._owned(job_id, worker_id).values(
-                        heartbeat_at=db_now(),
+                        heartbeat_at=self._now(),
                         progress=min(1.0, max(0.0, progress)),
                         phase=phase,
                     )
@@ -400,7 +411,7 @@ class JobStore:
     ) -> bool:
         """Record the outcome; False when the worker lost the job meanwhile."""
         assert status in TERMINAL_STATUSES
-        values: dict[str, Any] = {"status": status, "finished_at": db_now(), "phase": None}
+        values: dict[str, Any] = {"status": status, "finished_at": self._now(), "phase": None}
         if status == "succeeded":
             values.update(progress=1.0, model_id=model_id)
         if error is not None:
@@ -454,7 +465,7 @@ class JobStore:
     def recover_stale(self, *, stale_after: float, max_attempts: int) -> list[tuple[str, str]]:
         """Requeue or fail running jobs whose heartbeat is older than ``stale_after`` seconds.
         Returns ``(job_id, new_status)`` for each job recovered by this call."""
-        cutoff = db_now() - stale_after
+        cutoff = self._now() - stale_after
         with self._read() as conn:
             stale = conn.execute(
                 sa.select(jobs_table.c.id, jobs_table.c.attempts, jobs_table.c.heartbeat_at).where(
@@ -475,7 +486,7 @@ class JobStore:
             else:
                 values = {
                     "status": "failed",
-                    "finished_at": db_now(),
+                    "finished_at": self._now(),
                     "error": f"its worker stopped responding {attempts} times; not retried",
                 }
             with self._write() as conn:
@@ -497,6 +508,13 @@ class JobStore:
         return recovered
 
     # --- helpers -----------------------------------------------------------------------------
+    def _now(self) -> sa.ColumnElement[float]:
+        """The time to record or compare against, as an SQL expression: the database's
+        clock, or the injected one's reading as a bound value."""
+        if self.clock is None:
+            return db_now()
+        return sa.literal(self.clock(), sa.Double())
+
     def _announce(self, conn: Connection, job_id: str) -> None:
         """Tell listening workers that ``job_id`` is queued (sent when the transaction
         commits, never for one that rolls back)."""
@@ -521,8 +539,27 @@ class JobStore:
     @contextmanager
     def _read(self) -> Iterator[Connection]:
         self._check_file()
-        with self._translate(), self.engine.connect() as conn:
+        engine = self.engine
+        if self._disk_full():
+            # Each operation's connection is the only one (no pool): it makes SQLite's WAL
+            # files anew, which a full disk refuses ("disk I/O error"), so a plain read
+            # answered 507. The last connection closed checkpointed the WAL into the file:
+            # read it as it is, making nothing (a write from another process not yet
+            # checkpointed is missed until space returns).
+            engine = self._immutable_engine()
+        with self._translate(), engine.connect() as conn:
             yield conn
+
+    def _immutable_engine(self) -> Engine:
+        assert self.sqlite_path is not None
+        if self._immutable is None:
+            path = urllib.parse.quote(str(self.sqlite_path))
+            self._immutable = sa.create_engine(
+                f"sqlite:///file:{path}?immutable=1&uri=true",
+                connect_args={"check_same_thread": False},
+                poolclass=sa.pool.NullPool,
+            )
+        return self._immutable
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
+import os
 import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,7 +51,7 @@ from mbn_core.bundle import (
     validate_model_id,
 )
 from service.aliases import Aliases, AliasFile
-from service.domain import Conflict, InvalidInput, NotFound, Unavailable
+from service.domain import Conflict, InsufficientStorage, InvalidInput, NotFound, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +288,8 @@ class ModelRegistry:
             bundle = self.get(model_id)
             if bundle.id != model_id:
                 raise NotFound(f"no model with id {model_id!r} (promote takes an id)")
-            self._alias_file.promote(bundle.id, bundle.name, default=default)
+            with _storage_errors("record the promotion"):
+                self._alias_file.promote(bundle.id, bundle.name, default=default)
             self._swap(self._snapshot.by_id.values())
         log.info("model %s promoted (%s)", model_id, "default and name" if default else "name")
         return bundle
@@ -409,9 +412,19 @@ class ModelRegistry:
             # Rename first: other replicas stop seeing it at once, even if the removal of a
             # large directory is slow or interrupted (dot-directories are skipped by scans).
             trash = self.model_dir / f".deleted-{model_id}-{uuid.uuid4().hex[:8]}"
-            with contextlib.suppress(FileNotFoundError):  # another replica was first
-                path.rename(trash)
-            self._alias_file.update(lambda aliases: aliases.without(model_id))
+            # The choices that name it are forgotten first: a write the disk refuses (507)
+            # leaves the model and the choices as they were, never a default naming a model
+            # that is gone. (No write at all when no choice names it.)
+            with _storage_errors("forget the choices naming the model"):
+                before = self._alias_file.read()
+                self._alias_file.update(lambda aliases: aliases.without(model_id))
+            try:
+                with contextlib.suppress(FileNotFoundError):  # another replica was first
+                    path.rename(trash)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    self._alias_file.update(lambda _: before)
+                raise
             self._signatures.pop(model_id, None)
             self._damaged.pop(model_id, None)
             bundles = {k: v for k, v in self._snapshot.by_id.items() if k != model_id}
@@ -525,3 +538,22 @@ class ModelRegistry:
         with self._exact_lock:
             for model_id in model_ids:
                 self._exact.pop(model_id, None)
+
+
+@contextlib.contextmanager
+def _storage_errors(what: str) -> Iterator[None]:
+    """What the disk refused while writing the choices file, as the client's error: 507 on
+    a full disk (or quota), 503 otherwise; the file itself is replaced atomically, so it
+    holds the old choices or the new, never half."""
+    try:
+        yield
+    except OSError as exc:
+        log.error("could not %s: %s", what, exc)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise InsufficientStorage(
+                f"no space left to {what}; nothing was changed; free disk space and retry"
+            ) from None
+        raise Unavailable(
+            f"could not {what} ({os.strerror(exc.errno or 0)}); nothing was changed; retry",
+            retry_after=5,
+        ) from None

@@ -71,6 +71,11 @@ class EmbedRequest(_Request):
         default=True,
         description="Include cluster ids when the model has a clustering head.",
     )
+    return_novelty: bool = Field(
+        default=False,
+        description="Include each row's novelty score (novelty) and whether it is above "
+        "the threshold calibrated on held-out training rows (novel).",
+    )
 
     @model_validator(mode="after")
     def _one_input_form(self, info: ValidationInfo) -> EmbedRequest:
@@ -101,6 +106,18 @@ class EmbedResponse(BaseModel):
     )
     clusters: list[int] | None = Field(
         default=None, description="Cluster id per row, when the model has a clustering head."
+    )
+    novelty: list[float] | None = Field(
+        default=None,
+        description="Novelty score per row (return_novelty); null when the model has none.",
+    )
+    novel: list[bool] | None = Field(
+        default=None,
+        description="Whether each row's novelty is above the model's calibrated threshold "
+        "(about 1% of rows like the training data are).",
+    )
+    novelty_unavailable: str | None = Field(
+        default=None, description="Why novelty is null although asked for."
     )
 
 

@@ -23,6 +23,7 @@ from mbn_core.data.files import DataShape, peek_data_file
 from mbn_core.pipeline.training import TrainingParams, check_feasible
 from service.config import Settings
 from service.domain import Conflict, InvalidInput, Overloaded, PayloadTooLarge
+from service.errors import shortened
 from service.jobs import Job, JobFiles, JobStore, new_job_id
 
 log = logging.getLogger(__name__)
@@ -45,9 +46,12 @@ DEMO_PARAMS: dict[str, Any] = {
 DEMO_JOB_ID = uuid.uuid5(uuid.NAMESPACE_URL, f"mbn-demo:{sorted(DEMO_PARAMS.items())}").hex
 
 
-def check_params(params: dict[str, Any], method: str | None = None) -> dict[str, Any]:
+def check_params(
+    params: dict[str, Any], method: str | None = None, *, bound: int = 200_000
+) -> dict[str, Any]:
     """The full parameter set (the method and every default filled in) or InvalidInput
-    naming the bad key. ``method`` may come beside the params or inside them, not both."""
+    naming the bad key. ``method`` may come beside the params or inside them, not both;
+    no integer option may exceed ``bound`` (the job's row limit)."""
     if method is not None:
         if params.get("method", method) != method:
             raise InvalidInput(f"method {method!r} disagrees with params.method")
@@ -57,10 +61,32 @@ def check_params(params: dict[str, Any], method: str | None = None) -> dict[str,
         raise InvalidInput(
             f"training parameter {server[0]!r} is set by the server (MBN_TRAIN_THREADS)"
         )
+    _check_counts(params, bound)
     try:
         return TrainingParams.from_dict(params).to_dict()
     except ValueError as exc:
         raise InvalidInput(f"params: {exc}") from None
+
+
+# Options that are not counts: a seed may be any 32-bit value.
+_NOT_COUNTS = frozenset({"random_state"})
+
+
+def _check_counts(params: dict[str, Any], bound: int) -> None:
+    """Refuse an integer option (or list entry) above ``bound``. The estimators bound few of
+    their counts from above (clusterings, epochs, layer widths): 5,000,000 clusterings ran
+    45 s at progress 0 before anything could stop them, and a layer of 10^18 units was queued.
+    No count a job's data can use exceeds its row limit (MBN_MAX_TRAIN_ROWS)."""
+    for key, value in params.items():
+        if key in _NOT_COUNTS:
+            continue
+        values = value if isinstance(value, list) else [value]
+        for item in values:
+            if isinstance(item, int) and not isinstance(item, bool) and abs(item) > bound:
+                raise InvalidInput(
+                    f"params: {shortened(str(key))} = {shortened(str(item))} is beyond what a "
+                    f"job may use (at most {bound}, MBN_MAX_TRAIN_ROWS)"
+                )
 
 
 def check_data(n_rows: int, params: dict[str, Any]) -> None:

@@ -269,6 +269,11 @@ def test_compose_healthchecks_survive_podman_compose() -> None:
         test = service.get("healthcheck", {}).get("test")
         if isinstance(test, list) and test[0] == "CMD":
             assert all(shlex.quote(arg) == arg for arg in test[1:]), name
+        # `disable: true` is ignored by podman-compose 1.0.3: the image's HEALTHCHECK (an HTTP
+        # probe) stayed on the workers, which have no HTTP port. ["NONE"] works in both.
+        assert "disable" not in service.get("healthcheck", {}), name
+    for name in ("worker", "dask-worker"):
+        assert compose()["services"][name]["healthcheck"]["test"] == ["NONE"]
 
 
 @contextlib.contextmanager

@@ -83,7 +83,7 @@ def probe(name: str, seeds: int, fill_layer: int, k1) -> str:
         bottom, top = network.encode(X, layer=0), network.encode(X, layer=-1)
         upper = one_hot(network.encode(X, layer=fill_layer), network.ks_[fill_layer])
         V = bottom.shape[1]
-        K = coassociation(bottom, top, cell_index(bottom, network.ks_[0]), top, False)
+        K = coassociation(bottom, top, cell_index(bottom, network.ks_[0]), top)
         fill = ((upper @ upper.T) / V).tocsr()
         for graph, fill_with in (("product", None), ("filled", fill)):
             indices, distances, share = neighbour_lists(K, fill_with)

@@ -65,8 +65,13 @@ EXACT_FILE = "exact.npz"
 LEGACY_EXACT_FILE = "mbn.npz"
 ONNX_FILE = "compressor.onnx"
 DATA_FILES = (EXACT_FILE, ONNX_FILE)
-# Files a bundle may hold besides its data files (hashed like them when present): the 2-D map.
-OPTIONAL_FILES = (MAP_FILE,)
+# The input's novelty model (mbn_core.pipeline.novelty) and the reference rows that later
+# versions are aligned on (mbn_core.pipeline.alignment).
+NOVELTY_FILE = "novelty.npz"
+REFERENCE_FILE = "reference.npz"
+# Files a bundle may hold besides its data files (hashed like them when present): the 2-D map,
+# the novelty model, the reference rows.
+OPTIONAL_FILES = (MAP_FILE, NOVELTY_FILE, REFERENCE_FILE)
 MODEL_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # A manifest is a few kilobytes; refuse to parse anything absurdly larger.
 _MAX_MANIFEST_BYTES = 1 << 20
@@ -92,6 +97,25 @@ def _upgrade_v2(manifest: dict[str, Any]) -> dict[str, Any]:
         training.setdefault("metric", manifest["metric"])
     manifest["training"] = training
     return manifest
+
+
+# Options that bundles may have been trained with and that this mbn no longer has, as
+# (hyperparameter section, option, value) -> what to do instead. Such a bundle is refused
+# when read, naming the option: its models cannot be rebuilt, or not as the manifest says.
+REMOVED_OPTIONS: dict[tuple[str, str, str], str] = {
+    ("mbn", "output", "spectral"): 'retrain it with output "auto", "pca" or "umap"',
+    ("compressor", "targets", "leave-self-out"): 'retrain it with targets "in-sample"',
+}
+
+
+def _refuse_removed_options(file: Path, manifest: dict[str, Any]) -> None:
+    for (section, option, value), advice in REMOVED_OPTIONS.items():
+        options = manifest["hyperparameters"].get(section)
+        if isinstance(options, dict) and options.get(option) == value:
+            raise BundleError(
+                f"{file}: the model was trained with {section} option {option}={value!r}, "
+                f"which this mbn (version {_own_version()}) no longer has; {advice}"
+            )
 
 
 # Manifest upgrades: _UPGRADES[v] turns a version-v manifest into a version v+1 one.
@@ -512,6 +536,16 @@ class Bundle:
                 self._map = loaded
             return self._map
 
+    def optional_bytes(self, file_name: str) -> bytes:
+        """The verified bytes of one of ``OPTIONAL_FILES`` the bundle holds.
+
+        Raises BundleError when the bundle has none (``file_name not in
+        manifest["files"]``) or it is damaged.
+        """
+        if file_name not in OPTIONAL_FILES or file_name not in self.manifest["files"]:
+            raise BundleError(f"{self.path / file_name}: model {self.id!r} has no {file_name}")
+        return _verified_bytes(self.path, self.manifest, file_name)
+
     def _check_input(self, X, mode: str):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -636,6 +670,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         version += 1
         manifest["format_version"] = version
     _check_manifest_fields(file, manifest)
+    _refuse_removed_options(file, manifest)
     return manifest
 
 

@@ -12,10 +12,6 @@ On small data a held-out tenth is too few rows for k-means to compare the two em
 (NMI on 120 rows moves by about 0.02 with one point), so there the report is cross-fitted:
 teacher and network are fitted again on K - 1 of K folds and measured on the fold left out,
 every row once (``report_folds``); the model itself is fitted on every row.
-The network can also learn an MBN teacher's *leave-self-out* embedding of its training rows
-(``targets``): a training row that is a center matches itself exactly, which no new row does.
-Measured on MNIST and digits that changes the fast path on new rows by less than the noise
-(benchmarks/RESULTS.md), so the cheaper in-sample targets are the default.
 """
 
 from __future__ import annotations
@@ -54,7 +50,9 @@ log = logging.getLogger(__name__)
 
 EpochCallback = Callable[[int, int, float], object]
 MODES = ("fast", "exact")
-TARGETS = ("in-sample", "leave-self-out")
+# What the MLP learns for a training row: the teacher's in-sample embedding. (Leave-self-out
+# targets were measured and removed: bundles trained with them are refused on load.)
+TARGETS = ("in-sample",)
 
 # k-means restarts when fitting the clustering head ...
 _KMEANS_INIT = 10
@@ -175,13 +173,9 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         times the teacher's fit for an MBN (k1 grows with the rows). "auto": K = 5 when the
         held-out set would have fewer than 500 rows (``CROSS_FIT_BELOW``), else None. A
         prefit teacher always uses the held-out set.
-    targets : {"in-sample", "leave-self-out"}, default="in-sample"
-        What the MLP learns for a training row of an MBN teacher: its in-sample embedding
-        (``fit_transform``) or its leave-self-out one (coded as if it were none of the
-        centers, as a new row is; one more pass over the upper layers). On MNIST-5k the
-        latter moved the fast path's test NMI by +0.003 and R^2 by -0.002 (noise). Other
-        teachers, and prefit ones, give ``fit_transform`` or ``transform`` whatever this
-        says.
+    targets : {"in-sample"}, default="in-sample"
+        What the MLP learns for a training row: the teacher's in-sample embedding
+        (``fit_transform``; ``transform`` for a prefit teacher). The only choice left.
     n_clusters : int, default=None
         If set, k-means with this many clusters on the exact embedding of the training set; the
         model then answers a cluster id for any input (``predict_clusters``): the nearest
@@ -386,7 +380,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         exact = _as_embedding(parts.teacher.transform(X[holdout])) if len(holdout) else None
         self.cluster_centers_ = None
         if self.n_clusters is not None:
-            # Clusters of the embedding as new rows get it (leave-self-out and held out).
+            # Clusters of the embedding of the training rows and of the held-out rows.
             head = parts.embedding if exact is None else np.concatenate([parts.embedding, exact])
             centers = _kmeans(head, self.n_clusters, _seed(rng)).cluster_centers_
             self.cluster_centers_ = centers.astype(np.float32)
@@ -533,8 +527,8 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
     def _fit_teacher(
         self, X, rng, quiet: bool = False, model_teacher=None
     ) -> tuple[Any, np.ndarray]:
-        """The fitted teacher and its targets for X: leave-self-out for an MBN (unless
-        ``targets`` says in-sample), else ``fit_transform``; ``transform`` when prefit.
+        """The fitted teacher and its targets for X: ``fit_transform``; ``transform`` when
+        prefit.
         ``quiet``: without the teacher's progress callback (a fold of the report).
         ``model_teacher``: a fold's teacher takes the output this fitted teacher chose."""
         if self.prefit:
@@ -556,8 +550,6 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
             # On its fewer rows a fold could choose the other output, whose coordinates no
             # rotation maps onto the model's.
             teacher.set_params(output=model_teacher.output_)
-        if self.targets == "leave-self-out" and hasattr(teacher, "fit_transform_leave_self_out"):
-            return teacher, _as_embedding(teacher.fit_transform_leave_self_out(X)[1])
         return teacher, _as_embedding(teacher.fit_transform(X))
 
     def _fit_mlp(

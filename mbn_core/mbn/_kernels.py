@@ -155,14 +155,11 @@ ROW_PAD = 4
 
 
 @njit(inline="always")
-def _count_and_select(points, n, count, best_count, out, j, excluded):
+def _count_and_select(points, n, count, best_count, out, j):
     """Count how often each point occurs in ``points[:n]`` (its codes shared with center j),
-    and make j the point's center where that beats its best so far (ties keep the lower j).
-    Point ``excluded`` (-1: none) may not take center j: it is the center's own point."""
+    and make j the point's center where that beats its best so far (ties keep the lower j)."""
     for e in range(n):
         count[points[e]] += 1
-    if excluded >= 0:
-        count[excluded] = 0
     for e in range(n):
         i = points[e]
         c = count[i]
@@ -175,7 +172,7 @@ def _count_and_select(points, n, count, best_count, out, j, excluded):
 @njit(nogil=True, cache=True)
 def upper_codes(
     rows, start, length, center_codes, centers, n_values, seed, threshold, keep_all, n_points,
-    exclude_self, out,
+    out,
 ):  # fmt: skip
     """One upper-layer clustering: each point's center with the most shared chosen codes.
 
@@ -185,9 +182,6 @@ def upper_codes(
     pairs that share a code, so the cost is k * V + (number of shared codes), never the
     dense n x k similarity matrix. Ties go to the lowest center index; a point sharing
     nothing with any center gets center 0 (all similarities are 0).
-
-    ``exclude_self`` says that center row r is also the batch's point r (a training row
-    encoded as if it were no center: leave-self-out), which then never takes that center.
     """
     n_clusterings = center_codes.shape[1]
     best_count = np.zeros(n_points, np.int32)
@@ -213,8 +207,6 @@ def upper_codes(
                 s = range_start[q]
                 for p in range(s, s + range_length[q]):
                     count[rows[p]] += 1
-            if exclude_self:
-                count[r] = 0
             for i in range(n_points):
                 c = count[i]
                 if c > best_count[i]:
@@ -232,7 +224,7 @@ def upper_codes(
                 for p in range(ROW_PAD, range_length[q]):
                     points[t + p] = rows[s + p]
                 t += range_length[q]
-            _count_and_select(points, total, count, best_count, out, j, r if exclude_self else -1)
+            _count_and_select(points, total, count, best_count, out, j)
 
 
 @njit(nogil=True, cache=True)
@@ -287,7 +279,6 @@ def upper_codes_inline(
     keep_all,
     skip_self,
     n_points,
-    exclude_self,
     out,
 ):
     """``upper_codes`` over inline posting lists (``inline_postings``); same result."""
@@ -325,7 +316,7 @@ def upper_codes_inline(
             # The center's own point shares every kept code with it.
             best_count[r] = n_lists
             out[r] = j
-        _count_and_select(points, t, count, best_count, out, j, r if exclude_self else -1)
+        _count_and_select(points, t, count, best_count, out, j)
 
 
 @njit(nogil=True, cache=True)

@@ -94,29 +94,10 @@ def bottom_clustering_codes(
     -------
     codes : ndarray of shape (n,), int32
     """
-    return _bottom_codes(X, features, center_values, metric, row_norms, None)[0]
+    return _bottom_codes(X, features, center_values, metric, row_norms)
 
 
-def bottom_codes_leave_self_out(
-    X: np.ndarray | sp.csr_matrix,
-    features: np.ndarray,
-    center_values: np.ndarray,
-    metric: str,
-    row_norms: np.ndarray,
-    exclude: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
-    """``bottom_clustering_codes`` and, from the same scores, the codes with one center
-    per row left out.
-
-    ``exclude[i]`` is the center row i may not take in the second array (-1: none): a
-    training row's own center. Returns ``(codes, left_out)``, both int32 of shape (n,).
-    """
-    codes, left_out = _bottom_codes(X, features, center_values, metric, row_norms, exclude)
-    assert left_out is not None
-    return codes, left_out
-
-
-def _bottom_codes(X, features, center_values, metric, row_norms, exclude):
+def _bottom_codes(X, features, center_values, metric, row_norms) -> np.ndarray:
     if sp.issparse(X):
         X = sp.csr_matrix(X)
     n_centers, n_chosen = center_values.shape
@@ -137,7 +118,6 @@ def _bottom_codes(X, features, center_values, metric, row_norms, exclude):
 
     n_rows = X.shape[0]
     codes = np.empty(n_rows, dtype=np.int32)
-    left_out = None if exclude is None else np.empty(n_rows, dtype=np.int32)
     block = _block_rows(n_centers)
     sparse_input = isinstance(X, sp.csr_matrix)
     if isinstance(X, sp.csr_matrix):
@@ -175,32 +155,7 @@ def _bottom_codes(X, features, center_values, metric, row_norms, exclude):
             metric,
             best,
         )
-        if exclude is not None and left_out is not None:
-            left_out[start:stop] = best
-            _pick_left_out(
-                scores, tolerance, exclude[start:stop], chosen_row,
-                lambda idx: center_values[idx].astype(np.float64), metric, left_out[start:stop],
-            )  # fmt: skip
-    return codes, left_out
-
-
-def _pick_left_out(scores, tolerance, exclude, chosen_row, candidate_values, metric, out) -> None:
-    """``_pick_centers`` again for the rows with an excluded center, that center scored out."""
-    rows = np.flatnonzero(exclude >= 0)
-    if rows.size == 0 or scores.shape[1] < 2:
-        return
-    masked = scores[rows]
-    masked[np.arange(rows.size), exclude[rows]] = np.finfo(np.float32).min
-    best = np.empty(rows.size, dtype=np.int32)
-    _pick_centers(
-        masked,
-        tolerance[rows],
-        lambda i: chosen_row(rows[i]),
-        candidate_values,
-        metric,
-        best,
-    )
-    out[rows] = best
+    return codes
 
 
 def _error_terms(
@@ -291,21 +246,7 @@ def bottom_codes_sparse(
     X: sp.csr_matrix, layer: BottomLayer, clustering: int, row_norms: np.ndarray
 ) -> np.ndarray:
     """``layer.clustering_codes`` for sparse rows and sparse centers (``_sparse_codes``)."""
-    return _sparse_codes(X, layer, clustering, row_norms, None)[0]
-
-
-def bottom_codes_sparse_leave_self_out(
-    X: sp.csr_matrix,
-    layer: BottomLayer,
-    clustering: int,
-    row_norms: np.ndarray,
-    exclude: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
-    """``bottom_codes_leave_self_out`` for sparse rows and sparse centers: the codes and,
-    from the same scores, those with center ``exclude[i]`` left out for row i (-1: none)."""
-    codes, left_out = _sparse_codes(X, layer, clustering, row_norms, exclude)
-    assert left_out is not None
-    return codes, left_out
+    return _sparse_codes(X, layer, clustering, row_norms)
 
 
 def _sparse_codes(
@@ -313,8 +254,7 @@ def _sparse_codes(
     layer: BottomLayer,
     clustering: int,
     row_norms: np.ndarray,
-    exclude: np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray | None]:
+) -> np.ndarray:
     """``layer.clustering_codes`` for sparse rows and sparse centers: same codes, nothing
     made dense but the (rows, k) scores.
 
@@ -344,7 +284,6 @@ def _sparse_codes(
     # are re-ranked from dense vectors scattered through ``position``, not CSR column slices.
     X = canonical_sparse(sp.csr_matrix(X))
     codes = np.empty(X.shape[0], dtype=np.int32)
-    left_out = None if exclude is None else np.empty(X.shape[0], dtype=np.int32)
     block = _block_rows(len(norms))
 
     def candidate_values(idx):
@@ -364,13 +303,7 @@ def _sparse_codes(
 
         best = codes[start:stop]
         _pick_centers(scores, tolerance, chosen_row, candidate_values, layer.metric, best)
-        if exclude is not None and left_out is not None:
-            left_out[start:stop] = best
-            _pick_left_out(
-                scores, tolerance, exclude[start:stop], chosen_row, candidate_values,
-                layer.metric, left_out[start:stop],
-            )  # fmt: skip
-    return codes, left_out
+    return codes
 
 
 def _chosen_dense(matrix: sp.csr_matrix, rows, position: np.ndarray, n_chosen: int) -> np.ndarray:
@@ -889,7 +822,6 @@ def upper_clustering_codes(
     n_values: int,
     seed: np.uint64,
     feature_fraction: float,
-    exclude_self: bool = False,
 ) -> np.ndarray:
     """Nearest center of every point of a batch for one upper-layer clustering.
 
@@ -908,18 +840,12 @@ def upper_clustering_codes(
         Seed of this clustering's choice of one-hot dimensions.
     feature_fraction : float
         Probability that a one-hot dimension is chosen.
-    exclude_self : bool, default=False
-        Center row r is the batch's point r (training rows, encoded leave-self-out): point
-        r never takes a center that is itself. Needs ``Postings`` built without
-        ``centers_are_points``.
 
     Returns
     -------
     codes : ndarray of shape (n_points,), int32
     """
     out = np.empty(postings.n_points, dtype=np.int32)
-    if exclude_self and (isinstance(postings, PointPostings) or postings.centers_are_points):
-        raise ValueError("exclude_self needs Postings built with centers_are_points=False")
     choice = (np.uint64(seed), keep_threshold(feature_fraction), feature_fraction >= 1.0)
     if isinstance(postings, PointPostings):
         _kernels.upper_codes_by_point(
@@ -943,7 +869,6 @@ def upper_clustering_codes(
             *choice,
             postings.centers_are_points,
             postings.n_points,
-            exclude_self,
             out,
         )
     else:
@@ -956,7 +881,6 @@ def upper_clustering_codes(
             n_values,
             *choice,
             postings.n_points,
-            exclude_self,
             out,
         )
     return out

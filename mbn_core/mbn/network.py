@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import numbers
-import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextvars import ContextVar
 from dataclasses import dataclass
 from numbers import Integral, Real
 
@@ -28,44 +25,29 @@ from mbn_core.mbn.auto import (
     least_bottom_features,
     thin_manifold_is_measurable,
 )
-from mbn_core.mbn.coassociation import CodesTop, expected_pairs, one_hot
+from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback, get_backend
+from mbn_core.mbn.coassociation import CodesTop, one_hot
+from mbn_core.mbn.encoders import UpperClusterings
 from mbn_core.mbn.layers import (
     BottomLayer,
-    PointPostings,
-    Postings,
     UpperLayer,
-    bottom_codes_leave_self_out,
-    bottom_codes_sparse_leave_self_out,
     canonical_sparse,
     compact_values,
     input_row_norms,
     smallest_uint,
-    upper_clustering_codes,
-    with_ones_column,
 )
-from mbn_core.mbn.spectral import MAX_COASSOCIATION_PAIRS, SpectralTop, fit_spectral
 from mbn_core.mbn.umap_output import OutputProgress, UmapTop, fit_umap, require_umap
 from mbn_core.params import CheckedParams, check_int_items
 from mbn_core.utils.pca import fit_pca
 
-ProgressCallback = Callable[[int, int, int], object]
-
 METRICS = ("euclidean", "cosine")
-OUTPUTS = ("auto", "pca", "spectral", "umap", "umap-bottom")
+OUTPUTS = ("auto", "pca", "umap", "umap-bottom")
 # Requests of up to this many dense rows are encoded row by row over the stored centers
 # (``BottomLayer.codes_few``, ``UpperLayer.codes_few``); larger batches share GEMMs and
 # posting lists between their rows.
 FEW_ROWS = 16
 # Above this many one-hot entries the top PCA runs sparse (ARPACK) instead of dense.
 _DENSE_PCA_MAX_ENTRIES = 5_000_000
-
-
-# Builds the object that maps each layer's clusterings during ``fit``: ``_LayerRunner`` (a
-# thread pool) unless ``mbn_core.mbn.backends.dask.use_dask`` set a factory for this context.
-LayerRunnerFactory = Callable[[ThreadPoolExecutor, "ProgressCallback | None"], "_LayerRunner"]
-layer_runner_factory: ContextVar[LayerRunnerFactory | None] = ContextVar(
-    "mbn_layer_runner_factory", default=None
-)
 
 
 @dataclass(frozen=True)
@@ -121,25 +103,18 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
     metric : {"euclidean", "cosine"}, default="euclidean"
         Bottom-layer similarity: squared Euclidean distance, or cosine similarity on the
         chosen dimensions (for bag-of-words text, and for images whose rows differ in overall
-        intensity: NMI +0.03 on 5,000 MNIST digits, +0.013 on 70,000). Upper layers always
+        intensity). Upper layers always
         count shared codes.
-    output : {"auto", "pca", "spectral", "umap", "umap-bottom"}, default="auto"
+    output : {"auto", "pca", "umap", "umap-bottom"}, default="auto"
         How the top of the network becomes the embedding. "pca": PCA of the top layer's
-        one-hot codes (the paper). "spectral": the leading eigenvectors of the bottom x top
+        one-hot codes (the paper). "umap": UMAP's layout (umap-learn) of the bottom x top
         co-association (rows alike when they share fine bottom cells and coarse top
-        clusters), new rows placed by the Nystrom extension (see ``mbn_core.mbn.spectral``).
-        It suits clustering more than maps: it separates thin manifolds (two moons) but
-        pulls each cluster together, which lowers continuity. "umap": UMAP's layout of the
-        same co-association (umap-learn), every row placed at the weighted mean of its 15
-        most co-associated training rows' layout (see ``mbn_core.mbn.umap_output``); it
-        separates thin manifolds and keeps neighbourhoods. Both keep the training rows'
-        codes. "spectral" solves an eigenproblem over the whole co-association and refuses
-        training sets whose co-association would hold more than 20 million pairs (about
-        25,000 rows at k1 = n / 2; 10,000 at k1 = 2,000); "umap" keeps only each row's
-        strongest pairs and takes any size. "umap-bottom": the same layout of the bottom
-        layer's co-association alone, from a network of that one layer (``ks_`` has one
-        entry): for thin manifolds, whose coarse layers merge the manifold's branches.
-        It takes neither a number for ``delta`` nor more than one layer in ``ks``.
+        clusters), every row placed at the weighted mean of its 15 most co-associated
+        training rows' layout (see ``mbn_core.mbn.umap_output``); it separates thin manifolds
+        and keeps neighbourhoods, and keeps the training rows' codes. "umap-bottom": the same
+        layout of the bottom layer's co-association alone, from a network of that one layer
+        (``ks_`` has one entry): for thin manifolds, whose coarse layers merge the manifold's
+        branches. It takes neither a number for ``delta`` nor more than one layer in ``ks``.
         "auto" is "umap-bottom" on thin manifolds and "pca" otherwise, decided by the
         measurement behind ``delta="auto"`` (the paper's 0.5 would leave more than 1% of
         the points sharing no code with the second layer's centers: two moons, rings,
@@ -190,7 +165,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
     delta_ : float or None
         The shrink factor used (measured when ``delta="auto"``); None with explicit ``ks``
         and for the one-layer network of ``output_`` "umap-bottom".
-    output_ : {"pca", "spectral", "umap", "umap-bottom"}
+    output_ : {"pca", "umap", "umap-bottom"}
         The output used (chosen when ``output="auto"``).
     bottom_layer_ : BottomLayer
         The fitted bottom layer.
@@ -199,9 +174,6 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
     explained_variance_ratio_ : ndarray of shape (n_components_,) or None
         Variance of the top codes explained by each embedding dimension (None unless
         ``output_`` is "pca").
-    eigenvalues_ : ndarray of shape (n_components_,) or None
-        Eigenvalues of the normalised co-association behind each embedding dimension,
-        largest first (None unless ``output_`` is "spectral").
     n_features_in_ : int
         Number of input features.
 
@@ -292,39 +264,19 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
 
     def fit_transform(self, X, y=None):
         """Fit the network and return the embedding of X (equal to ``fit(X).transform(X)``)."""
-        return self._fit(X)[0]
+        return self._fit(X)
 
-    def fit_transform_leave_self_out(self, X) -> tuple[np.ndarray, np.ndarray]:
-        """Fit the network; return the embedding of X and its leave-self-out embedding.
-
-        A training row that is also a center matches itself at distance 0 (bottom layer) or
-        shares all its codes with itself (upper layers), which no new row does. The
-        leave-self-out embedding codes each training row with every center that is that row
-        left out, layer after layer: a training row seen as new data, the target a student
-        network (``CompressiveMBN``) should learn. It costs one more pass over the upper
-        layers; the bottom layer's scores are shared.
-
-        Returns
-        -------
-        embedding : ndarray of shape (n_samples, n_components_), float64
-            Equal to ``fit_transform(X)``.
-        left_out : ndarray of shape (n_samples, n_components_), float64
-        """
-        embedding, left_out = self._fit(X, leave_self_out=True)
-        assert left_out is not None
-        return embedding, left_out
-
-    def _fit(self, X, leave_self_out: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    def _fit(self, X) -> np.ndarray:
         # A stopped or failed fit leaves the estimator exactly as it was.
         previous_state = dict(self.__dict__)
         try:
-            return self._fit_network(X, leave_self_out)
+            return self._fit_network(X)
         except BaseException:
             self.__dict__.clear()
             self.__dict__.update(previous_state)
             raise
 
-    def _fit_network(self, X, leave_self_out: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    def _fit_network(self, X) -> np.ndarray:
         self._validate_params()
         self._check_output_layers()
         X = validate_data(
@@ -348,26 +300,14 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             )
         if self.output in ("umap", "umap-bottom"):
             require_umap()
-        if self.output == "spectral":
-            pairs = expected_pairs(n_samples, self.n_clusterings, ks[0])
-            if pairs > MAX_COASSOCIATION_PAIRS:
-                raise ValueError(
-                    f"output='spectral' would store about {pairs:,} co-association pairs for "
-                    f"{n_samples} rows with k1={ks[0]} and n_clusterings={self.n_clusterings} "
-                    f'(the limit is {MAX_COASSOCIATION_PAIRS:,}); use output="umap" or "pca", '
-                    "fewer rows, more bottom centers or fewer clusterings"
-                )
         rng = check_random_state(self.random_state)
         n_chosen = self._n_bottom_features(X, rng)
-        n_threads = _effective_threads(self.n_jobs)
-        factory = layer_runner_factory.get() or _LayerRunner
-
-        with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_threads) as pool:
-            runner = factory(pool, self.callback)
-            bottom, codes, left_codes = self._fit_bottom(
-                X, ks[0], n_chosen, rng, runner, leave_self_out
-            )
-            bottom_codes, bottom_left_codes = codes, left_codes
+        backend = get_backend(n_jobs=self.n_jobs, callback=self.callback)
+        # One BLAS thread for the whole fit: the backend's workers do not oversubscribe the
+        # cores, and the top's PCA sums in the same order wherever the layers ran.
+        with threadpool_limits(limits=1, user_api="blas"), backend:
+            bottom, codes = self._fit_bottom(X, ks[0], n_chosen, rng, backend)
+            bottom_codes = codes
             delta = measured_delta = None
             delta_is_measured = (
                 self.delta == "auto" and self.ks is None and self.output != "umap-bottom"
@@ -399,28 +339,20 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 raise TrainingStopped("training stopped by the callback after the bottom layer")
             upper: list[UpperLayer] = []
             for index, k in enumerate(ks[1:], start=1):
-                layer, codes, left_codes = self._fit_upper(
-                    codes, left_codes, ks[index - 1], k, rng, runner, index
-                )
+                layer, codes = self._fit_upper(codes, ks[index - 1], k, rng, backend, index)
                 upper.append(layer)
-            top: _Top | SpectralTop | UmapTop
-            if output in ("spectral", "umap", "umap-bottom"):
+            top: _Top | UmapTop
+            if output in ("umap", "umap-bottom"):
                 seed = rng.randint(np.iinfo(np.int32).max)
-                if output == "spectral":
-                    top, embedding = fit_spectral(bottom_codes, codes, ks[0], n_components, seed)
-                else:  # "umap-bottom" lays out the bottom layer's co-association alone
-                    top_codes = None if output == "umap-bottom" else codes
-                    top, embedding = fit_umap(
-                        bottom_codes, top_codes, ks[0], n_components, seed,
-                        _output_progress(self.callback),
-                    )  # fmt: skip
-                left_out = None
-                if left_codes is not None:
-                    left_out = top.embed(bottom_left_codes, left_codes, exclude_self=True)
+                # "umap-bottom" lays out the bottom layer's co-association alone
+                top_codes = None if output == "umap-bottom" else codes
+                top, embedding = fit_umap(
+                    bottom_codes, top_codes, ks[0], n_components, seed,
+                    _output_progress(self.callback),
+                )  # fmt: skip
             else:
                 top = _fit_top(codes, ks[-1], n_components, rng)
                 embedding = _project(codes, top)
-                left_out = None if left_codes is None else _project(left_codes, top)
 
         self.ks_ = list(ks)
         if delta is None and self.ks is None and output != "umap-bottom":
@@ -432,18 +364,15 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         self.upper_layers_ = upper
         self.top_ = top
         self._set_output_attributes()
-        return embedding, left_out
+        return embedding
 
     def _set_output_attributes(self) -> None:
         top = self.top_
         self.explained_variance_ratio_: np.ndarray | None
-        self.eigenvalues_: np.ndarray | None
-        if isinstance(top, SpectralTop):
-            self.explained_variance_ratio_, self.eigenvalues_ = None, top.eigenvalues
-        elif isinstance(top, UmapTop):
-            self.explained_variance_ratio_, self.eigenvalues_ = None, None
+        if isinstance(top, UmapTop):
+            self.explained_variance_ratio_ = None
         else:
-            self.explained_variance_ratio_, self.eigenvalues_ = top.explained_variance_ratio, None
+            self.explained_variance_ratio_ = top.explained_variance_ratio
 
     def _check_output_layers(self) -> None:
         """ValueError when the output cannot have the layers asked for."""
@@ -512,7 +441,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
     def _upper_fraction(self) -> float:
         return 0.5 if self.feature_fraction == "auto" else float(self.feature_fraction)
 
-    def _fit_bottom(self, X, k, n_chosen, rng, runner, leave_self_out):
+    def _fit_bottom(self, X, k, n_chosen, rng, backend: LayerBackend):
         n_samples, n_features = X.shape
         V = self.n_clusterings
         # Packed row by row: a (V, d) boolean matrix is V bytes per input feature, 40 GB for
@@ -548,27 +477,16 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             center_data=center_data,
             metric=self.metric,
         )
-        if not leave_self_out:
-            return layer, runner.bottom_codes(layer, X, smallest_uint(k - 1)), None
-        codes, left_codes = runner.bottom_codes_leave_self_out(
-            layer, X, centers, smallest_uint(k - 1)
-        )
-        return layer, codes, left_codes
+        return layer, backend.bottom_codes(layer, X)
 
-    def _fit_upper(self, codes, left_codes, n_values, k, rng, runner, index):
+    def _fit_upper(self, codes, n_values, k, rng, backend: LayerBackend, index):
         n_samples = codes.shape[0]
         V = self.n_clusterings
         fraction = self._upper_fraction()
         centers = np.stack([rng.choice(n_samples, k, replace=False) for _ in range(V)])
         seeds = rng.randint(0, 2**63, size=V, dtype=np.int64).astype(np.uint64)
         clusterings = UpperClusterings(centers.astype(np.int32), seeds, n_values, fraction)
-        new_left = None
-        if left_codes is None:
-            new_codes = runner.upper_codes(index, codes, clusterings, smallest_uint(k - 1))
-        else:
-            new_codes, new_left = runner.upper_codes_leave_self_out(
-                index, codes, left_codes, clusterings, smallest_uint(k - 1)
-            )
+        new_codes = backend.fit_upper_codes(index, codes, clusterings)
         rows, local = np.unique(centers, return_inverse=True)
         layer = UpperLayer.create(
             centers=local.reshape(V, k).astype(smallest_uint(len(rows) - 1)),
@@ -577,7 +495,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             n_values=n_values,
             feature_fraction=fraction,
         )
-        return layer, new_codes, new_left
+        return layer, new_codes
 
     # ------------------------------------------------------------------ inference
 
@@ -640,22 +558,12 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             for layer in self.upper_layers_[: depth - 1]:
                 codes = layer.codes_few(codes)
             return bottom_codes, codes
-        n_threads = _effective_threads(self.n_jobs)
-        X_work = _float32_input(X)
-        with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(n_threads) as pool:
-            runner = _LayerRunner(pool, None)
-            bottom = self.bottom_layer_
-            norms = input_row_norms(X)
-            codes = runner.run_layer(
-                0,
-                len(bottom.centers),
-                lambda v: bottom.clustering_codes(X_work, v, norms),
-                n_samples,
-                smallest_uint(bottom.n_centers - 1),
-            )
+        backend = get_backend(n_jobs=self.n_jobs)
+        with threadpool_limits(limits=1, user_api="blas"), backend:
+            codes = backend.bottom_codes(self.bottom_layer_, X)
             bottom_codes = codes
             for index, layer in enumerate(self.upper_layers_[: depth - 1], start=1):
-                codes = _encode_upper(codes, layer, runner, index)
+                codes = backend.upper_codes(index, codes, layer)
         return bottom_codes, codes
 
     # ------------------------------------------------------------------ helpers
@@ -685,78 +593,6 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             check_int_items(type(self).__name__, "ks", self.ks, 2)
 
 
-@dataclass(frozen=True)
-class UpperClusterings:
-    """The random choices of an upper layer's V clusterings during ``fit``.
-
-    Attributes
-    ----------
-    centers : ndarray of shape (V, k), int32
-        Each clustering's centers, as training points (rows of the previous layer's codes).
-    seeds : ndarray of shape (V,), uint64
-        Seeds of each clustering's choice of one-hot dimensions.
-    n_values : int
-        k of the previous layer.
-    feature_fraction : float
-    """
-
-    centers: np.ndarray
-    seeds: np.ndarray
-    n_values: int
-    feature_fraction: float
-
-    def encoder(
-        self, codes: np.ndarray, pool: ThreadPoolExecutor | None = None
-    ) -> Callable[[int], np.ndarray]:
-        """``encode(v)``: the codes of every training point for clustering v.
-
-        Builds the layer's posting lists once (the shared, per-layer cost); each call then
-        runs one clustering's kernel.
-        """
-        postings = Postings.build(codes, codes, self.n_values, centers_are_points=True, pool=pool)
-
-        def encode(v: int) -> np.ndarray:
-            return upper_clustering_codes(
-                postings, codes, self.centers[v], self.n_values, self.seeds[v],
-                self.feature_fraction,
-            )  # fmt: skip
-
-        return encode
-
-    def left_out_encoder(
-        self, codes: np.ndarray, left_codes: np.ndarray, pool: ThreadPoolExecutor | None = None
-    ) -> Callable[[int], np.ndarray]:
-        """``encode(v)``: the leave-self-out codes of every training point for clustering v.
-
-        ``left_codes`` are the points' previous-layer leave-self-out codes; the centers keep
-        their own (in-sample) ``codes``, as the fitted layer stores them, and no point may
-        take a center that is itself.
-        """
-        postings = Postings.build(left_codes, codes, self.n_values, pool=pool)
-
-        def encode(v: int) -> np.ndarray:
-            return upper_clustering_codes(
-                postings, codes, self.centers[v], self.n_values, self.seeds[v],
-                self.feature_fraction, exclude_self=True,
-            )  # fmt: skip
-
-        return encode
-
-
-def bottom_encoder(
-    layer: BottomLayer, X, norms: np.ndarray | None = None
-) -> Callable[[int], np.ndarray]:
-    """``encode(v)``: the codes of every row of X for bottom clustering v.
-
-    X is the validated input (dense or CSR); its float32 working copy, shared by all
-    clusterings, is built here once, and so are its row norms unless given.
-    """
-    X_work = _float32_input(X)
-    if norms is None:
-        norms = input_row_norms(X)
-    return lambda v: layer.clustering_codes(X_work, v, norms)
-
-
 def _output_progress(callback: ProgressCallback | None) -> OutputProgress | None:
     """The UMAP output's progress function for this callback: it tells the callback's
     ``output_progress`` and stops the fit when that returns True."""
@@ -771,152 +607,6 @@ def _output_progress(callback: ProgressCallback | None) -> OutputProgress | None
             )
 
     return progress
-
-
-class _LayerRunner:
-    """Runs a layer's clusterings on a thread pool, reporting progress to the callback.
-
-    ``bottom_codes`` and ``upper_codes`` are what ``fit`` calls per layer; a subclass can map
-    the same per-clustering kernels elsewhere (``mbn_core.mbn.backends.dask``).
-    """
-
-    def __init__(self, pool: ThreadPoolExecutor, callback: ProgressCallback | None) -> None:
-        self.pool = pool
-        self.callback = callback
-
-    def bottom_codes(
-        self, layer: BottomLayer, X, code_dtype: type[np.unsignedinteger]
-    ) -> np.ndarray:
-        """(n, V) codes of the training data X for the bottom layer."""
-        encode = bottom_encoder(layer, X)
-        return self.run_layer(0, len(layer.centers), encode, X.shape[0], code_dtype)
-
-    def upper_codes(
-        self,
-        index: int,
-        codes: np.ndarray,
-        clusterings: UpperClusterings,
-        code_dtype: type[np.unsignedinteger],
-    ) -> np.ndarray:
-        """(n, V) codes of upper layer ``index`` from the previous layer's (n, V_prev) codes."""
-        encode = clusterings.encoder(codes, self.pool)
-        n_clusterings = len(clusterings.centers)
-        return self.run_layer(index, n_clusterings, encode, codes.shape[0], code_dtype)
-
-    def bottom_codes_leave_self_out(
-        self, layer: BottomLayer, X, centers: np.ndarray, code_dtype: type[np.unsignedinteger]
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``bottom_codes`` and the leave-self-out codes: in clustering v, training row
-        ``centers[v, j]`` may not take center j (one GEMM per clustering gives both)."""
-        X_work = _float32_input(X)
-        norms = input_row_norms(X)
-        n_rows, (n_clusterings, k) = X.shape[0], centers.shape
-        left = np.empty((n_rows, n_clusterings), dtype=code_dtype)
-
-        # Sparse rows against sparse centers take the masked route, as bottom_codes does.
-        sparse = sp.issparse(X_work) and sp.issparse(layer.center_data)
-        sparse = sparse and layer.shift_masks is None
-
-        def encode(v: int) -> np.ndarray:
-            exclude = np.full(n_rows, -1, dtype=np.int64)
-            exclude[centers[v]] = np.arange(k)
-            if sparse:
-                codes, left[:, v] = bottom_codes_sparse_leave_self_out(
-                    X_work, layer, v, norms, exclude
-                )
-                return codes
-            codes, left[:, v] = bottom_codes_leave_self_out(
-                X_work, layer.features(v), layer.center_values(v), layer.metric, norms, exclude
-            )
-            return codes
-
-        return self.run_layer(0, n_clusterings, encode, n_rows, code_dtype), left
-
-    def upper_codes_leave_self_out(
-        self,
-        index: int,
-        codes: np.ndarray,
-        left_codes: np.ndarray,
-        clusterings: UpperClusterings,
-        code_dtype: type[np.unsignedinteger],
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``upper_codes`` and, from the previous layer's leave-self-out ``left_codes``,
-        this layer's (both clusterings run in one task, so progress counts them once)."""
-        encode = clusterings.encoder(codes, self.pool)
-        encode_left = clusterings.left_out_encoder(codes, left_codes, self.pool)
-        n_rows, n_clusterings = codes.shape[0], len(clusterings.centers)
-        left = np.empty((n_rows, n_clusterings), dtype=code_dtype)
-
-        def both(v: int) -> np.ndarray:
-            left[:, v] = encode_left(v)
-            return encode(v)
-
-        return self.run_layer(index, n_clusterings, both, n_rows, code_dtype), left
-
-    def stop_message(self, layer: int, done: int, n_clusterings: int) -> str:
-        return (
-            f"training stopped by the callback in layer {layer} after {done} "
-            f"of {n_clusterings} clusterings"
-        )
-
-    def run_layer(
-        self,
-        layer: int,
-        n_clusterings: int,
-        encode: Callable[[int], np.ndarray],
-        n_rows: int,
-        code_dtype: type[np.unsignedinteger],
-    ) -> np.ndarray:
-        codes = np.empty((n_rows, n_clusterings), dtype=code_dtype)
-        stopped = False
-
-        def task(v: int) -> None:
-            if not stopped:
-                codes[:, v] = encode(v)
-
-        futures: list[Future[None]] = [self.pool.submit(task, v) for v in range(n_clusterings)]
-        try:
-            for done, future in enumerate(futures, start=1):
-                future.result()
-                if self.callback is not None and self.callback(layer, done, n_clusterings):
-                    stopped = True
-                    raise TrainingStopped(self.stop_message(layer, done, n_clusterings))
-        finally:
-            for future in futures:
-                future.cancel()
-        return codes
-
-
-def _encode_upper(codes, layer: UpperLayer, runner: _LayerRunner, index: int) -> np.ndarray:
-    center_codes = layer.center_codes
-    n_clusterings = len(layer.centers)
-    postings: Postings | PointPostings
-    if PointPostings.cheaper(
-        codes.shape[0],
-        center_codes.shape[0],
-        layer.n_values,
-        layer.n_centers,
-        n_clusterings,
-        layer.feature_fraction,
-    ):
-        postings = PointPostings.build(codes, center_codes, layer.n_values)
-    else:
-        postings = Postings.build(codes, center_codes, layer.n_values, pool=runner.pool)
-    centers = layer.centers.astype(np.int32)
-
-    def encode(v: int) -> np.ndarray:
-        return upper_clustering_codes(
-            postings,
-            center_codes,
-            centers[v],
-            layer.n_values,
-            layer.seeds[v],
-            layer.feature_fraction,
-        )
-
-    return runner.run_layer(
-        index, n_clusterings, encode, codes.shape[0], smallest_uint(layer.n_centers - 1)
-    )
 
 
 def _fit_top(codes: np.ndarray, n_values: int, n_components: int, rng) -> _Top:
@@ -940,28 +630,6 @@ def _project(codes: np.ndarray, top: _Top) -> np.ndarray:
     out = np.empty((codes.shape[0], top.table.shape[2]), dtype=np.float64)
     _kernels.project_codes(codes, top.table, top.offset, out)
     return out
-
-
-def _float32_input(X):
-    """The bottom layer's working copy: float32 CSR, or dense float32 with a ones column."""
-    return float32_csr(X) if sp.issparse(X) else with_ones_column(X)
-
-
-def float32_csr(X) -> sp.csr_matrix:
-    """Sparse X as the bottom layer reads it: float32 CSR with sorted indices."""
-    X = sp.csr_matrix(X, dtype=np.float32)
-    X.sort_indices()
-    return X
-
-
-def _effective_threads(n_jobs: int | None) -> int:
-    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    available = available or 1
-    if n_jobs is None:
-        return available
-    if n_jobs < 0:
-        return max(1, available + 1 + n_jobs)
-    return int(n_jobs)
 
 
 # ---------------------------------------------------------------------- persistence
@@ -997,11 +665,7 @@ def model_to_arrays(model: MBN) -> dict[str, np.ndarray]:
         arrays[f"layer{index}.seeds"] = layer.seeds
         arrays[f"layer{index}.feature_fraction"] = np.asarray(layer.feature_fraction)
     top = model.top_
-    if isinstance(top, SpectralTop):
-        arrays.update(_codes_arrays("spectral", top))
-        arrays["spectral.basis"] = top.basis
-        arrays["spectral.eigenvalues"] = top.eigenvalues
-    elif isinstance(top, UmapTop):
+    if isinstance(top, UmapTop):
         arrays.update(_codes_arrays("umap", top))
         arrays["umap.anchors"] = top.anchors
     else:
@@ -1030,6 +694,11 @@ def model_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MBN:
             raise ValueError(f"model array {name!r} is missing")
         return np.asarray(arrays[name])
 
+    if params.get("output") == "spectral" or any(name.startswith("spectral.") for name in arrays):
+        raise ValueError(
+            'output="spectral" was removed from MBN; retrain the model with output "auto", '
+            '"pca" or "umap"'
+        )
     model = MBN(**{key: value for key, value in params.items() if key != "callback"})
     model._validate_params()
     ks = [int(k) for k in get("ks")]
@@ -1088,10 +757,8 @@ def model_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MBN:
         if any(name.startswith("umap.") for name in arrays):
             bottom_only = len(ks) == 1 and "umap.top_codes" not in arrays
             output = "umap-bottom" if bottom_only else "umap"
-    top: _Top | SpectralTop | UmapTop
-    if output == "spectral":
-        top = _spectral_top(get, ks, V)
-    elif output in ("umap", "umap-bottom"):
+    top: _Top | UmapTop
+    if output in ("umap", "umap-bottom"):
         top = _umap_top(arrays, get, ks, V, bottom_only=output == "umap-bottom")
     else:
         top = _pca_top(get, ks, V)
@@ -1122,7 +789,7 @@ def _pca_top(get: Callable[[str], np.ndarray], ks: list[int], V: int) -> _Top:
 def _training_codes(
     get: Callable[[str], np.ndarray], prefix: str, ks: list[int], V: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The training rows' bottom and top codes that the spectral and UMAP outputs keep."""
+    """The training rows' bottom and top codes that the UMAP output keeps."""
     bottom_codes = _training_bottom_codes(get, prefix, ks, V)
     top_codes = get(f"{prefix}.top_codes")
     _expect_shape(f"{prefix}.top_codes", top_codes, bottom_codes.shape)
@@ -1138,24 +805,6 @@ def _training_bottom_codes(
         raise ValueError(f"model array '{prefix}.bottom_codes' has shape {bottom_codes.shape}")
     _expect_index(f"{prefix}.bottom_codes", bottom_codes, ks[0])
     return bottom_codes
-
-
-def _spectral_top(get: Callable[[str], np.ndarray], ks: list[int], V: int) -> SpectralTop:
-    bottom_codes, top_codes = _training_codes(get, "spectral", ks, V)
-    basis = np.ascontiguousarray(get("spectral.basis"), dtype=np.float64)
-    eigenvalues = np.asarray(get("spectral.eigenvalues"), dtype=np.float64)
-    if eigenvalues.ndim != 1 or eigenvalues.size < 1:
-        raise ValueError(f"model array 'spectral.eigenvalues' has shape {eigenvalues.shape}")
-    _expect_shape("spectral.basis", basis, (len(bottom_codes), eigenvalues.size))
-    if not (np.isfinite(basis).all() and np.isfinite(eigenvalues).all()):
-        raise ValueError("model arrays 'spectral.basis' and 'spectral.eigenvalues' must be finite")
-    return SpectralTop.restore(
-        bottom_codes=bottom_codes,
-        top_codes=top_codes,
-        n_bottom_values=ks[0],
-        basis=basis,
-        eigenvalues=eigenvalues,
-    )
 
 
 def _umap_top(

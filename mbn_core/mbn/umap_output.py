@@ -1,17 +1,16 @@
 """UMAP output of an MBN: UMAP's layout of the network's own similarity.
 
-The similarity is the spectral output's affinity (``mbn_core.mbn.coassociation``): the share of
-bottom clusterings that put two rows in one cell times the share of top clusterings that do. PCA of
-the top codes keeps the coarse layers' merges (two moons in one cluster), and the spectral
-output pulls each cluster to a point; UMAP's fuzzy simplicial set and layout keep local
-neighbourhoods and separate clusters. So the network supplies the similarity and umap-learn
-only the layout (its per-row scaling is what makes the layout work: the raw affinities laid
-out directly fall apart in sparse regions).
+The similarity is the co-association (``mbn_core.mbn.coassociation``): the share of bottom
+clusterings that put two rows in one cell times the share of top clusterings that do. PCA of
+the top codes keeps the coarse layers' merges (two moons in one cluster); UMAP's fuzzy
+simplicial set and layout keep local neighbourhoods and separate clusters. So the network
+supplies the similarity and umap-learn only the layout (its per-row scaling is what makes
+the layout work: the raw affinities laid out directly fall apart in sparse regions).
 
 ``output="umap-bottom"`` lays out the bottom share alone, from a network of that one layer.
 On thin manifolds the coarse layers' clusters straddle the branches (turns of a swiss roll),
 so the top share pulls rows of different branches together: there the bottom share alone
-scores higher (benchmarks/RESULTS.md, issue 17: "The bottom layer alone").
+scores higher.
 
 Fitting: each training row's ``GRAPH_NEIGHBORS`` most similar other rows, at distance
 1 - affinity, become UMAP's fuzzy simplicial set, laid out into ``n_components`` dimensions
@@ -19,10 +18,6 @@ Fitting: each training row's ``GRAPH_NEIGHBORS`` most similar other rows, at dis
 same way: at the affinity-weighted mean of the anchors of its ``N_NEIGHBORS`` most similar
 training rows (a training row is among its own). That is deterministic and looks at one row
 at a time, so ``transform`` is batch independent and reproduces ``fit_transform``.
-
-Measured by ``benchmarks/probe_layouts.py`` (benchmarks/RESULTS.md, issue 17): at or above
-plain UMAP's k-means NMI on moons, circles, digits, iris, wine, breast cancer and MNIST-5k,
-below it on the swiss roll (0.852 against 0.881).
 """
 
 from __future__ import annotations
@@ -199,7 +194,7 @@ def fit_umap(
     distances = np.ones((n_rows, n_neighbors))
     distances[:, 0] = 0.0
     nearest = []  # each row's placement: (columns, weights), the row itself among them
-    blocks = coassociation_blocks(bottom_codes, top_codes, cells, top_codes, exclude_self=False)
+    blocks = coassociation_blocks(bottom_codes, top_codes, cells, top_codes)
     for start, affinity in blocks:
         for local in range(affinity.shape[0]):
             row = start + local
@@ -257,8 +252,7 @@ def place(affinity: sp.csr_matrix, anchors: np.ndarray) -> np.ndarray:
 
     Every row has a positive affinity to some training row (it shares a bottom cell with
     that cell's center, and ``coassociation`` falls back to the bottom share when no top cluster
-    is shared), except leave-self-out rows alone in all their cells: those take the mean
-    anchor.
+    is shared); a row without any would take the mean anchor.
     """
     placed = np.empty((affinity.shape[0], anchors.shape[1]))
     for row in range(affinity.shape[0]):

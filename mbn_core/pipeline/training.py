@@ -11,9 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import time
-import warnings
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,7 +27,9 @@ from mbn_core.bundle import check_target, save_bundle, validate_model_id, valida
 from mbn_core.bundle.embedding_map import MAP_FILE, MAP_POINTS, EmbeddingMap, build_map
 from mbn_core.bundle.trained import TrainedModel, estimator_hyperparameters
 from mbn_core.data.checks import check_spread
-from mbn_core.data.files import LABEL_KINDS, SPARSE_ARRAYS, is_header_row, peek_data_file
+from mbn_core.data.csv_scan import read_csv
+from mbn_core.data.files import LABEL_KINDS, SPARSE_ARRAYS, peek_data_file
+from mbn_core.data.npz_members import MEMBER_ERRORS, checked_members, read_member
 from mbn_core.distill.compressor import (
     CompressiveMBN,
     _kmeans,
@@ -51,6 +51,7 @@ from mbn_core.methods import (
     get_method,
 )
 from mbn_core.params import InvalidParameterError, Param
+from mbn_core.pipeline.novelty import novelty_section
 from mbn_core.pipeline.quality import quality_report
 
 log = logging.getLogger(__name__)
@@ -251,7 +252,7 @@ def load_training_data(path: str | os.PathLike[str]) -> tuple[Any, np.ndarray | 
             raise ValueError(
                 f"{path}: unsupported format {suffix or '(no suffix)'!r}; use .npy, .npz or .csv"
             )
-    except (OSError, EOFError, zipfile.BadZipFile) as error:
+    except (OSError, *MEMBER_ERRORS) as error:
         raise ValueError(f"{path}: unreadable {suffix} file: {error}") from None
     except ValueError as error:
         message = str(error)
@@ -294,16 +295,19 @@ def _check_magic(path: Path, suffix: str) -> None:
 
 
 def _read_npz(path: Path):
-    with np.load(path, allow_pickle=False) as npz:
-        keys = set(npz.files)
-        if keys >= SPARSE_ARRAYS:
+    with zipfile.ZipFile(path) as archive:
+        # The members peek_data_file checked, read from the same entries.
+        members = checked_members(archive, f"{path}")
+        if members.keys() >= SPARSE_ARRAYS:
             return _checked_sparse(sp.load_npz(path)), None
-        if "x" not in keys:
+        if "x" not in members:
             raise ValueError(
                 f"{path}: an .npz needs an array named 'x' (and optionally 'y'), "
-                f"found {sorted(keys)}"
+                f"found {sorted(members)}"
             )
-        return npz["x"], npz["y"] if "y" in keys else None
+        x = read_member(archive, members["x"], f"{path}")
+        y = read_member(archive, members["y"], f"{path}") if "y" in members else None
+        return x, y
 
 
 def _checked_sparse(X) -> sp.csr_matrix:
@@ -318,47 +322,8 @@ def _checked_sparse(X) -> sp.csr_matrix:
 
 
 def _read_csv(path: Path) -> np.ndarray:
-    # utf-8-sig: a spreadsheet's byte order mark would make the first row unreadable.
-    with path.open("r", encoding="utf-8-sig", errors="replace") as handle:
-        header = 1 if is_header_row(handle.readline()) else 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "no data": reported below, by name
-        try:
-            X = np.loadtxt(
-                path, delimiter=",", skiprows=header, ndmin=2, dtype=np.float64,
-                encoding="utf-8-sig",
-            )  # fmt: skip
-        except ValueError as error:
-            raise ValueError(_csv_place(str(error))) from None
-    if X.size == 0:
-        raise ValueError(f"{path}: no data rows")
-    return X
-
-
-def _csv_place(message: str) -> str:
-    """numpy's CSV message with one way of counting rows: from 1, data rows only.
-
-    numpy counts a bad cell's row from 0 and a short row from 1, both without the header
-    and blank lines, and suggests its own ``usecols`` argument.
-    """
-    cell = re.fullmatch(
-        r"could not convert string (.*) to float64 at row (\d+), column (\d+)\.", message
-    )
-    if cell:
-        text, row, column = cell.groups()
-        return f"{text} is not a number: data row {int(row) + 1}, column {column}{_COUNTED}"
-    ragged = re.fullmatch(
-        r"the number of columns changed from (\d+) to (\d+) at row (\d+);.*", message
-    )
-    if ragged:
-        before, after, row = ragged.groups()
-        columns = "column" if after == "1" else "columns"
-        return f"data row {row} has {after} {columns} where the rows before have {before}{_COUNTED}"
-    return message
-
-
-# How the rows of a CSV message are counted.
-_COUNTED = " (rows count from 1, without the header and blank lines)"
+    # Blocks of lines in bounded memory; a bad cell is named with its data row.
+    return read_csv(path)
 
 
 def _check_labels(y, n_samples: int, source: str) -> np.ndarray | None:
@@ -493,6 +458,11 @@ def train_bundle(
             **embedding_map.summary(),
             "seconds": round(time.perf_counter() - map_started, 3),
         }
+    novelty_files, novelty_manifest = novelty_section(
+        X, model.training_rows, params.pipeline()["random_state"]
+    )
+    extra_files.update(novelty_files)
+    sections.update(novelty_manifest)
     if tracker.report("export", 0.5, "writing the bundle"):
         raise TrainingStopped("training stopped by the progress callback before export")
     seconds = time.perf_counter() - started

@@ -50,7 +50,7 @@ class TrainingHandler:
         promote: bool,
     ) -> Job:
         """Queue a job whose rows (and optional labels) came inline."""
-        full_params = check_params(params, method)
+        full_params = check_params(params, method, bound=self.submitter.settings.max_train_rows)
         x = rows_to_matrix(
             data, expected_dim=None, max_rows=self.submitter.settings.max_train_rows, what="data"
         )
@@ -69,7 +69,7 @@ class TrainingHandler:
     ) -> Job:
         """Queue a job whose data is an uploaded file (its type by ``filename``'s suffix),
         copying ``source`` to disk."""
-        full_params = check_params(params, method)
+        full_params = check_params(params, method, bound=self.submitter.settings.max_train_rows)
         suffix = PurePath(filename or "").suffix.lower()
         job = self.submitter.submit_file(name, full_params, suffix, source, promote=promote)
         return self._queued(job)

@@ -119,8 +119,8 @@ async def _train_multipart(request: Request, handler: TrainingHandler) -> Job:
             check_structure(fields["params"].encode("utf-8", "surrogatepass"), what="params")
             try:
                 fields["params"] = json.loads(fields["params"])
-            except json.JSONDecodeError as exc:
-                raise InvalidInput(f"params is not valid JSON: {exc}") from None
+            except ValueError as exc:  # JSONDecodeError, or an integer of > 4,300 digits
+                raise InvalidInput(f"params is not valid JSON: {str(exc)[:200]}") from None
         if "promote" in fields:
             # A form field is text: only the JSON words, so a typo is never read as "no".
             if fields["promote"] not in ("true", "false"):

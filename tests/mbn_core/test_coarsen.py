@@ -97,7 +97,28 @@ def test_fixed_order_is_deterministic_and_random_order_follows_the_seed():
     graph = _graph(points, rows, cols)
     assert np.array_equal(_states(graph, "fixed", 1), _states(graph, "fixed", 2))
     assert np.array_equal(_states(graph, "random", 7), _states(graph, "random", 7))
+    # The seed's uniforms decide the order: each seed's states are those of its draws.
+    indptr, indices = graph.indptr.astype(np.int64), graph.indices.astype(np.int64)
+    for seed in (7, 8):
+        uniforms = np.random.RandomState(seed).random_sample(400)
+        np.testing.assert_array_equal(
+            _states(graph, "random", seed),
+            _coarsen.independent_set_random(indptr, indices, uniforms),
+        )
     assert not np.array_equal(_states(graph, "random", 7), _states(graph, "random", 8))
+
+
+def test_random_order_starts_at_the_vertex_its_uniforms_rank_first():
+    # Path 0-1-2-3-4. Starting at an even vertex, the coarse set is {0, 2, 4}; at an odd one,
+    # {1, 3} (each coarse vertex makes its neighbours fine, the next coarse one is 2 hops on).
+    graph = _graph(np.arange(5.0)[:, None], [0, 1, 2, 3], [1, 2, 3, 4])
+    indptr, indices = graph.indptr.astype(np.int64), graph.indices.astype(np.int64)
+    for start in range(5):
+        uniforms = np.full(10, 0.5)
+        uniforms[5 + start] = 0.0  # the last n numbers rank the start vertices
+        state = _coarsen.independent_set_random(indptr, indices, uniforms)
+        coarse = np.flatnonzero(state == _coarsen.COARSE).tolist()
+        assert coarse == ([0, 2, 4] if start % 2 == 0 else [1, 3]), start
 
 
 def test_fixed_order_starts_at_vertex_zero_and_expands_first_in_first_out():

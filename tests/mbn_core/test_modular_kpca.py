@@ -86,13 +86,30 @@ def test_loss_curve_decreases_and_fit_reports_its_shape(fitted):
     assert fitted.loss_curve_[-1] < 0.5 * fitted.loss_curve_[0]
 
 
+def loss_against_kernel(model, X, seed):
+    """The training loss of ``model`` recomputed in sample space (as in the test above),
+    against the centred Nyström kernel whose landmarks ``random_state=seed`` draws."""
+    features = fit_kernel_features(X, model.n_landmarks, "auto", np.random.RandomState(seed))
+    psi = features.centred(X)
+    K = psi @ psi.T
+    inner = np.einsum("imh,jmh->mij", *[model.transform_modules(X)] * 2)
+    per_module = np.mean([np.mean((P - K) ** 2) for P in inner])
+    composite = np.mean((inner.mean(axis=0) - K) ** 2)
+    return (1 - model.diversity_) * per_module + model.diversity_ * composite
+
+
 def test_same_seed_same_model_and_different_seed_differs(digits):
     X = digits[0][:150]
     a = ModularKPCA(**SMALL, max_epochs=5).fit(X).transform(X)
     b = ModularKPCA(**SMALL, max_epochs=5).fit(X).transform(X)
-    c = ModularKPCA(**{**SMALL, "random_state": 1}, max_epochs=5).fit(X).transform(X)
+    other = ModularKPCA(**{**SMALL, "random_state": 1}, max_epochs=5).fit(X)
     assert np.array_equal(a, b)
-    assert not np.allclose(a, c)
+    # The seed draws the landmarks: the other seed's model was fitted to seed 1's kernel
+    # (its training loss is recomputed against it), not to seed 0's.
+    loss = other.loss_curve_[-1]
+    np.testing.assert_allclose(loss_against_kernel(other, X, 1), loss, rtol=1e-6)
+    assert not np.isclose(loss_against_kernel(other, X, 0), loss, rtol=1e-3)
+    assert not np.allclose(a, other.transform(X))
 
 
 def test_callback_sees_every_module_and_can_stop(digits):

@@ -93,26 +93,6 @@ def test_few_row_requests_give_the_batch_codes_at_every_layer(digits, fitted):
     np.testing.assert_array_equal(again, embedding[5:8])
 
 
-def test_leave_self_out_embedding(digits, fitted):
-    X, _ = digits
-    model, embedding = fitted
-    fresh = MBN(n_clusterings=30, delta=0.5, random_state=0)
-    in_sample, left_out = fresh.fit_transform_leave_self_out(X)
-    np.testing.assert_array_equal(in_sample, embedding)  # the same fit, the same model
-    for name, array in model_to_arrays(model).items():
-        np.testing.assert_array_equal(model_to_arrays(fresh)[name], array, err_msg=name)
-    # Training rows are centers in most bottom clusterings (k1 = n / 2): their own codes
-    # move, and the left-out embedding differs from the in-sample one...
-    assert np.mean(np.any(left_out != in_sample, axis=1)) > 0.9
-    # ... except for rows that are nobody's center: a model of two clusterings.
-    small = MBN(n_clusterings=2, ks=[20, 15], n_components=2, random_state=0)
-    in_sample, left_out = small.fit_transform_leave_self_out(X)
-    center_rows = {tuple(row) for row in small.bottom_layer_.center_data.astype(float)}
-    never = [i for i in range(600) if tuple(X[i]) not in center_rows]
-    same = np.all(left_out == in_sample, axis=1)
-    assert len(never) > 400 and np.mean(same[never]) > 0.8
-
-
 def test_same_seed_same_model_any_thread_count(digits, fitted):
     X, _ = digits
     model, embedding = fitted
@@ -120,8 +100,12 @@ def test_same_seed_same_model_any_thread_count(digits, fitted):
     for name, array in model_to_arrays(model).items():
         np.testing.assert_array_equal(model_to_arrays(again)[name], array, err_msg=name)
     np.testing.assert_array_equal(again.transform(X), embedding)
+    # Another seed makes other random choices, and a model nearly as good: seed 0 passes
+    # test_embedding_clusters_digits' 0.75, seed 1 measured 0.74.
     other = MBN(n_clusterings=30, delta=0.5, random_state=1).fit_transform(X)
     assert not np.array_equal(other, embedding)
+    labels = KMeans(10, n_init=10, random_state=0).fit_predict(other)
+    assert normalized_mutual_info_score(digits[1], labels) > 0.7
 
 
 def test_embedding_clusters_digits(digits, fitted):
@@ -297,12 +281,28 @@ def test_auto_feature_fraction_handles_low_dimensional_manifolds():
     assert _nmi_of_embedding(X, y, feature_fraction=0.5, **moons) < 0.1
 
 
-def test_random_reconstruction_changes_the_model(digits):
-    X, _ = digits
-    plain = MBN(n_clusterings=10, random_state=0).fit(X[:200])
-    shifted = MBN(n_clusterings=10, random_state=0, shift_fraction=0.5).fit(X[:200])
-    assert shifted.layers_[0].shift_masks is not None
-    assert not np.array_equal(plain.transform(X[:200]), shifted.transform(X[:200]))
+def test_random_reconstruction_codes_against_shifted_centers(digits):
+    X = digits[0][:200]
+    shifted = MBN(n_clusterings=10, random_state=0, shift_fraction=0.5).fit(X)
+    bottom = shifted.layers_[0]
+    assert bottom.shift_masks is not None
+    codes = shifted.encode(X, layer=0)
+    changed = 0
+    for v in range(10):
+        features = bottom.features(v)
+        moved = np.unpackbits(bottom.shift_masks[v], count=bottom.n_features)[features] == 1
+        # Half of the clustering's own dimensions are shifted ...
+        assert moved.sum() == round(0.5 * len(features))
+        # ... each taking the previous center's value there (cyclically), and every row's
+        # code is its nearest center so reconstructed (float64, lowest index on ties).
+        centers = np.asarray(bottom.center_data, dtype=np.float64)[bottom.centers[v]][:, features]
+        rebuilt = centers.copy()
+        rebuilt[:, moved] = np.roll(centers, 1, axis=0)[:, moved]
+        distances = ((X[:, None, features] - rebuilt[None]) ** 2).sum(axis=2)
+        np.testing.assert_array_equal(codes[:, v], distances.argmin(axis=1), err_msg=str(v))
+        unshifted = ((X[:, None, features] - centers[None]) ** 2).sum(axis=2).argmin(axis=1)
+        changed += int(np.sum(unshifted != codes[:, v]))
+    assert changed > 0  # the reconstruction moved some rows to other centers
     np.testing.assert_array_equal(
         shifted.transform(X[:20]), np.vstack([shifted.transform(X[i : i + 1]) for i in range(20)])
     )

@@ -3,6 +3,11 @@
 import re
 from pathlib import Path
 
+import pytest
+
+# Slow: the README's example trains on all of digits.
+pytestmark = pytest.mark.slow
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 

@@ -23,6 +23,9 @@ from servicetest import FAST_JOBS_ENV, REPO, TINY_PARAMS, Server, wait_for
 
 from mbn_core.pipeline.training import train_bundle
 
+# Slow: a Chromium driving the console against a served model.
+pytestmark = pytest.mark.slow
+
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (dev extra)")
 
 KEY = "console-test-key-0123456789"

@@ -25,6 +25,9 @@ from servicetest import (
     wait_for_progress,
 )
 
+# Slow: mbn serve processes and real training jobs over HTTP.
+pytestmark = pytest.mark.slow
+
 log = logging.getLogger(__name__)
 Digits = tuple[np.ndarray, np.ndarray]
 LONG_PARAMS = {"n_clusterings": 3000, "hidden_layer_sizes": [16], "max_epochs": 2}

@@ -33,6 +33,9 @@ from mbn_core.bundle import save_bundle
 from mbn_core.distill.compressor import CompressiveMBN
 from service.jobs import JobStore
 
+# Slow: a real mbn serve per fault, killed, starved of disk or of its store.
+pytestmark = pytest.mark.slow
+
 ROWS = [[float(i), float(i % 7)] for i in range(40)]
 SMALL_JOB = {"data": ROWS, "params": {"n_clusterings": 5, "n_components": 2}}
 LONG_PARAMS = {"n_clusterings": 3000, "hidden_layer_sizes": [16], "max_epochs": 2}
@@ -175,6 +178,41 @@ def test_full_disk(tmpfs: Path, serve: Callable[..., Server]) -> None:
         wait_for(lambda: _status(client, "/health/ready") == 200, 10, "ready again")
         assert client.post("/train", json=SMALL_JOB).status_code == 202
     assert not list((tmpfs / "data" / "jobs").glob("*/.upload-*"))  # no partial uploads
+
+
+def test_full_disk_forced_delete_and_promote_change_nothing(
+    tmpfs: Path, serve: Callable[..., Server], write_bundle: Callable[..., Path]
+) -> None:
+    """Both wrote the choices file after acting and answered 500: the default's bundle was
+    renamed away while the file still named it, and readiness stayed 503 for good. A read
+    (GET /jobs) answered 507."""
+    data = tmpfs / "data"
+    write_bundle(data / "models", "m-two", "two", created="2030-01-01T00:00:00+00:00")
+    server = serve(data)
+    filler = tmpfs / "filler"
+    aliases = data / "models" / ".aliases.json"
+    with server.client() as client:
+        wait_for(lambda: _status(client, "/health/ready") == 200, 20, "ready")
+        assert client.post("/models/m-two/promote").status_code == 200
+        chosen = aliases.read_bytes()
+        with filler.open("wb") as handle, contextlib.suppress(OSError):
+            while True:  # until ENOSPC
+                handle.write(bytes(MIB))
+                handle.flush()
+        assert_error(client.post("/models/m-digits/promote"), 507, "insufficient_storage")
+        assert_error(client.delete("/models/m-two?force=true"), 507, "insufficient_storage")
+        assert aliases.read_bytes() == chosen
+        assert client.get("/models/m-two").status_code == 200
+        assert client.post("/embed", json={"inputs": [[0.0] * 64]}).headers["x-model-id"] == (
+            "m-two"
+        )
+        assert client.get("/jobs").status_code == 200
+
+        filler.unlink()
+        wait_for(lambda: _status(client, "/health/ready") == 200, 10, "ready again")
+        assert client.delete("/models/m-two?force=true").status_code in (200, 204)
+        assert client.post("/embed", json={"inputs": [[0.0] * 64]}).status_code == 200
+        assert _status(client, "/health/ready") == 200
 
 
 def test_kill_9_leftovers_are_cleaned_on_recovery(

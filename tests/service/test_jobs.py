@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -17,13 +16,33 @@ from service.jobs import Job, JobFiles, JobStore, new_job_id
 from service.schemas import JobOut
 
 
+class ManualClock:
+    """A clock that only moves when the test moves it: staleness and ordering are tested
+    without sleeping. (The database's own clock, the default, is tested in
+    test_migrations.py.)"""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> JobStore:
+def store(request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock) -> JobStore:
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
     else:
         url = request.getfixturevalue("postgres_url")
-    job_store = JobStore(url, retry_after=7)
+    job_store = JobStore(url, retry_after=7, clock=clock)
     job_store.create_schema()
     job_store.create_schema()  # idempotent
     request.addfinalizer(job_store.dispose)
@@ -42,11 +61,13 @@ def submit(store: JobStore, name: str = "m", max_queued: int | None = None) -> J
     )
 
 
-def test_submit_get_list(store: JobStore) -> None:
+def test_submit_get_list(store: JobStore, clock: ManualClock) -> None:
     first = submit(store, "a")
-    time.sleep(0.01)
+    first_time = clock.now
+    clock.advance(0.001)
     second = submit(store, "b")
     assert first.status == "queued" and first.progress == 0 and first.attempts == 0
+    assert (first.created_at, second.created_at) == (first_time, clock.now)
     assert store.get(first.id) == first
     assert first.params == {"n_clusterings": 20}
     assert [j.id for j in store.list_jobs()] == [second.id, first.id]
@@ -84,15 +105,16 @@ def test_duplicate_id_is_a_conflict(store: JobStore) -> None:
         )  # fmt: skip
 
 
-def test_claim_takes_the_oldest_and_marks_it_running(store: JobStore) -> None:
+def test_claim_takes_the_oldest_and_marks_it_running(store: JobStore, clock: ManualClock) -> None:
     assert store.claim("w1") is None
     first = submit(store)
-    time.sleep(0.01)
+    clock.advance(0.001)
     submit(store)
+    clock.advance(1.0)
     claimed = store.claim("w1")
     assert claimed is not None and claimed.id == first.id
     assert claimed.status == "running" and claimed.worker_id == "w1" and claimed.attempts == 1
-    assert claimed.started_at is not None and claimed.heartbeat_at is not None
+    assert claimed.started_at == claimed.heartbeat_at == clock.now
 
 
 def test_concurrent_claims_take_each_job_exactly_once(store: JobStore) -> None:
@@ -168,21 +190,29 @@ def test_release_requeues_without_counting_the_attempt(store: JobStore) -> None:
     assert reclaimed is not None and reclaimed.attempts == 1
 
 
-def test_stale_jobs_are_requeued_then_failed(store: JobStore) -> None:
+def test_stale_jobs_are_requeued_then_failed(store: JobStore, clock: ManualClock) -> None:
     submit(store)
     job = store.claim("dead-worker")
     assert job is not None
-    assert store.recover_stale(stale_after=5.0, max_attempts=2) == []  # fresh heartbeat
-    time.sleep(0.3)
-    assert store.recover_stale(stale_after=0.2, max_attempts=2) == [(job.id, "queued")]
+    clock.advance(59.0)
+    assert store.recover_stale(stale_after=60.0, max_attempts=2) == []  # not yet stale
+    clock.advance(2.0)
+    assert store.recover_stale(stale_after=60.0, max_attempts=2) == [(job.id, "queued")]
     # The dead worker, should it wake up, owns nothing any more.
     assert not store.heartbeat(job.id, "dead-worker", progress=0.5, phase=None)
     second = store.claim("dead-worker-2")
     assert second is not None and second.attempts == 2
-    time.sleep(0.3)
-    assert store.recover_stale(stale_after=0.2, max_attempts=2) == [(job.id, "failed")]
+    # Heartbeats keep a job alive however long it runs ...
+    for _ in range(3):
+        clock.advance(50.0)
+        assert store.heartbeat(job.id, "dead-worker-2", progress=0.5, phase=None)
+        assert store.recover_stale(stale_after=60.0, max_attempts=2) == []
+    # ... and the second worker's silence, once its attempts are used up, fails it.
+    clock.advance(61.0)
+    assert store.recover_stale(stale_after=60.0, max_attempts=2) == [(job.id, "failed")]
     failed = store.require(job.id)
     assert failed.status == "failed" and "2 times" in (failed.error or "")
+    assert failed.finished_at == clock.now
 
 
 def test_unreachable_database_is_unavailable() -> None:

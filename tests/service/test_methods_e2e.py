@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 from servicetest import FAST_JOBS_ENV, Server, assert_error, wait_for_job
 
+# Slow: an mbn serve process training and serving a registered method.
+pytestmark = pytest.mark.slow
+
 TOY_DIR = Path(__file__).resolve().parents[1] / "mbn_core"
 
 

@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pytest
 from servicetest import (
     FAST_JOBS_ENV,
     MBN_COMMAND,
@@ -18,6 +19,9 @@ from servicetest import (
     wait_for_job,
     wait_for_progress,
 )
+
+# Slow: API and worker processes sharing a PostgreSQL, training real jobs.
+pytestmark = pytest.mark.slow
 
 Digits = tuple[np.ndarray, np.ndarray]
 LONG_PARAMS = {"n_clusterings": 3000, "hidden_layer_sizes": [16], "max_epochs": 2}

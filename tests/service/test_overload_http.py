@@ -17,6 +17,9 @@ from servicetest import Process, Server, wait_for
 
 from service.limits import FAST_THREAD_NICENESS, RowBudget
 
+# Slow: uvicorn servers pushed into backpressure.
+pytestmark = pytest.mark.slow
+
 KEY = "a-key-of-twenty-characters"
 BIG = b"[" + b"0," * (4 << 20) + b"0]"  # 8 MiB: more than the socket buffers hold
 HELD = 16 << 20  # the bytes of /embed bodies the server holds at once

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,9 @@ from service.config import Settings
 from service.jobs import Job, JobFiles, JobStore
 from service.submission import Submitter, check_params
 from service.worker import Worker, model_id_for
+
+# Slow: the worker with real training processes (each job trains for seconds).
+pytestmark = pytest.mark.slow
 
 Digits = tuple[np.ndarray, np.ndarray]
 # Long enough to be caught running (tens of seconds), stopped long before it ends.
@@ -176,8 +178,8 @@ def test_a_job_taken_away_is_stopped_not_finished_twice(setup: Setup, digits: Di
     first = setup.wait_running(job)
     first_pid = training_pid(worker, job)
     # Another worker decided this one was dead (missed heartbeats) and requeued the job.
-    time.sleep(0.05)
-    assert setup.store.recover_stale(stale_after=0.0, max_attempts=5) == [(job.id, "queued")]
+    # (A minus-second threshold: stale at once by the database's clock, no sleeping.)
+    assert setup.store.recover_stale(stale_after=-1.0, max_attempts=5) == [(job.id, "queued")]
     # The worker notices at its next heartbeat, stops its training, and (being free) may
     # claim the job again as a new attempt; never two trainings of one job at once.
     second = wait_for(
@@ -200,8 +202,7 @@ def test_a_new_attempt_removes_what_a_lost_one_published(setup: Setup, digits: D
     leftover = setup.settings.models_path / model_id_for(job.id, 1)
     leftover.mkdir()
     (leftover / "manifest.json").write_text("{}")
-    time.sleep(0.05)
-    assert setup.store.recover_stale(stale_after=0.0, max_attempts=3) == [(job.id, "queued")]
+    assert setup.store.recover_stale(stale_after=-1.0, max_attempts=3) == [(job.id, "queued")]
     setup.worker()
     done = setup.wait_status(job, {"succeeded", "failed"})
     assert done.status == "succeeded", done.error

@@ -14,6 +14,9 @@ from test_worker import LONG_PARAMS, Setup, alive, training_pid
 from mbn_core.bundle import load_bundle
 from mbn_core.mbn.backends import dask as mbn_distributed
 
+# Slow: training jobs on a Dask cluster of worker processes.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("distributed")
 
 Digits = tuple[np.ndarray, np.ndarray]
