@@ -81,7 +81,7 @@ class DataShape:
 # What training holds per input feature of sparse data besides its nonzeros, rounded up: the
 # V clusterings' chosen features as packed bits (V / 8 bytes; 50 at V = 400), per thread one
 # clustering's draw and position lookup (about 13 bytes), the input map's fit (a peak of
-# about 400 bytes, measured with tracemalloc; ARPACK's workspace besides) and the range
+# about 400 bytes under tracemalloc; ARPACK's workspace besides) and the range
 # checks' sums (16 bytes).
 SPARSE_BYTES_PER_FEATURE = 1024
 

@@ -223,7 +223,7 @@ def test_auto_feature_fraction_measures_whether_half_the_inputs_suffice(digits):
 @pytest.mark.slow
 def test_auto_feature_fraction_does_not_depend_on_the_inputs_units():
     # Raw wine: one input's scale sets every neighbourhood, so the choice followed the seed's
-    # subsets on raw units (benchmarks/RESULTS.md, "Raw wine").
+    # subsets on raw units (docs/decisions/0002-feature-fraction-auto.md).
     wine = load_wine().data
     assert {_auto_features(wine, seed) for seed in range(6)} == {6}
     X = make_swiss_roll(300, noise=0.2, random_state=0)[0]
