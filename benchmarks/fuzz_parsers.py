@@ -539,6 +539,7 @@ def _write_model(model_dir: Path) -> None:
     from mbn_core.distill.compressor import CompressiveMBN
 
     x = load_digits().data.astype(np.float32)
+    model_dir.mkdir(parents=True, exist_ok=True)
     model = CompressiveMBN(
         MBN(n_clusterings=10, random_state=0, n_jobs=1),
         hidden_layer_sizes=(16,),
