@@ -11,9 +11,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
+from mbn_core.methods import DEFAULT_METHOD
 from service.jobs import Job
 
-# A model id (mbn_core.bundle.bundle's rule) or a name given through the API: one path component,
+# A model id (mbn_core.bundle.manifest's rule) or a name given through the API: one path component,
 # never "." or "..", no separators.
 MODEL_REF_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # Names of bundles made elsewhere (the CLI) may be any printable text up to 200 characters;
@@ -35,7 +36,7 @@ class EmbedRequest(_Request):
     """Rows to embed, as JSON numbers (``inputs``) or base64 little-endian float32
     (``inputs_b64`` with ``dim``: row-major, ``n * dim * 4`` bytes)."""
 
-    # pydantic-core decodes base64 in Rust while parsing: 3-4x faster than Python's base64.
+    # pydantic-core decodes base64 in Rust while parsing, faster than Python's base64.
     model_config = ConfigDict(extra="forbid", strict=True, val_json_bytes="base64")
 
     model: str | None = Field(
@@ -60,7 +61,8 @@ class EmbedRequest(_Request):
     )
     mode: Mode = Field(
         default="fast",
-        description="fast: the distilled ONNX compressor; exact: the full MBN (slow, bounded).",
+        description="fast: the model's fast path (ONNX: a distilled network or the method's "
+        "exported map); exact: the method's own exact model (slow, bounded).",
     )
     encoding_format: Literal["float", "base64"] = Field(
         default="float",
@@ -132,7 +134,8 @@ class TrainOptions(_Request):
     )
     method: str | None = Field(
         default=None,
-        description="Embedding method (a registered one; default mbn). Its options are the params.",
+        description=f"Embedding method (a registered one; default {DEFAULT_METHOD}). Its options "
+        "are the params.",
     )
     params: dict[str, Any] = Field(
         default_factory=dict,
@@ -168,13 +171,18 @@ class TrainRequest(TrainOptions):
 class JobOut(BaseModel):
     id: str
     name: str
-    method: str = Field(default="mbn", description="The embedding method trained.")
+    method: str = Field(default=DEFAULT_METHOD, description="The embedding method trained.")
     promote: bool = Field(
         default=False, description="Whether its model is promoted once the job succeeds."
     )
     status: JobStatus
     progress: float = Field(ge=0.0, le=1.0, description="Fraction done, 0..1.")
-    phase: str | None = Field(default=None, description="Training phase now running.")
+    phase: str | None = Field(
+        default=None,
+        description="Training phase now running: 'starting' (the training process loads its "
+        "data), then the method's own ('fit', 'compressor', 'report', 'export'); null once "
+        "the job ended.",
+    )
     model_id: str | None = Field(default=None, description="The model made (succeeded jobs).")
     error: str | None = Field(default=None, description="Why it failed (failed jobs).")
     attempts: int = Field(description="Times a worker started it.")

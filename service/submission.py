@@ -29,8 +29,9 @@ from service.jobs import Job, JobFiles, JobStore, new_job_id
 
 log = logging.getLogger(__name__)
 
-# Resources are the server's to give: threads come from MBN_TRAIN_THREADS.
-SERVER_PARAMS = frozenset({"n_jobs"})
+# Resources are the server's to give: threads come from MBN_TRAIN_THREADS, the device from
+# MBN_TRAIN_DEVICE.
+SERVER_PARAMS = {"n_jobs": "MBN_TRAIN_THREADS", "device": "MBN_TRAIN_DEVICE"}
 
 DEMO_NAME = "demo-digits"
 # Small: about 18 s on one core of an AMD EPYC, half of it the cross-fitted report, which
@@ -57,10 +58,10 @@ def check_params(
         if params.get("method", method) != method:
             raise InvalidInput(f"method {method!r} disagrees with params.method")
         params = {**params, "method": method}
-    server = sorted(SERVER_PARAMS & params.keys())
+    server = sorted(SERVER_PARAMS.keys() & params.keys())
     if server:
         raise InvalidInput(
-            f"training parameter {server[0]!r} is set by the server (MBN_TRAIN_THREADS)"
+            f"training parameter {server[0]!r} is set by the server ({SERVER_PARAMS[server[0]]})"
         )
     _check_counts(params, bound)
     try:

@@ -108,7 +108,8 @@ def _train(spec: TrainSpec, conn: Connection, stopped: Any) -> tuple[str, str]:
     from threadpoolctl import threadpool_limits
 
     from mbn_core import TrainingStopped
-    from mbn_core.pipeline.training import TrainingParams, load_training_data, train_bundle
+    from mbn_core.data.readers import load_training_data
+    from mbn_core.pipeline.training import TrainingParams, train_bundle
 
     parent = os.getppid()
     last_sent = 0.0
@@ -152,7 +153,8 @@ def _train(spec: TrainSpec, conn: Connection, stopped: Any) -> tuple[str, str]:
         log.exception("job %s: training failed", spec.job_id)
         # Clients see the error: name their data, not where the server keeps it.
         message = str(exc).replace(spec.data_path, "the training data")
-        return ("error", f"{type(exc).__name__}: {message}")
+        # The message says what went wrong; the exception's class is for the log, not users.
+        return ("error", message or "training failed; the server log has the details")
     return ("done", str(path))
 
 

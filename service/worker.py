@@ -46,7 +46,7 @@ from service.aliases import AliasFile
 from service.alignment import ALIGN_TO
 from service.config import Settings
 from service.domain import Unavailable
-from service.jobs import Job, JobFiles, JobStore
+from service.jobs import STARTING_PHASE, Job, JobFiles, JobStore
 from service.trainproc import TrainSpec
 
 log = logging.getLogger(__name__)
@@ -235,13 +235,13 @@ class Worker:
             except ValueError as exc:
                 self._fail(job, str(exc))
                 return
-            params = {**job.params, "n_jobs": self.settings.train_threads}
+            # Threads and the device are the server's to give (clients may set neither).
+            params = _server_params(job.params, self.settings)
             # The model to align to, checked at submission (service.alignment).
             align_to = params.pop(ALIGN_TO, None)
             spec = TrainSpec(
                 job_id=job.id,
                 name=job.name,
-                # Threads are the server's to give (clients may not set n_jobs).
                 params=params,
                 data_path=str(data_path),
                 out_dir=str(staging / model_id),
@@ -277,7 +277,7 @@ class Worker:
     def _watch(self, job: Job, proc: Any, receiver: Connection) -> _Run:
         settings = self.settings
         run = _Run()
-        progress, phase = 0.0, None
+        progress, phase = 0.0, STARTING_PHASE
         started = last_ok = time.monotonic()
         last_beat = 0.0  # beat at once: starting the process may have taken a while
         stop_deadline = 0.0
@@ -304,7 +304,7 @@ class Worker:
                         if not self.store.heartbeat(
                             job.id, self.worker_id, progress=progress, phase=phase
                         ):
-                            run.stop_reason = "lost"
+                            run.stop_reason = self._why_not_ours(job.id)
                         last_ok = now
                     except Unavailable:
                         if now - last_ok > settings.stale_after_seconds / 2:
@@ -322,12 +322,21 @@ class Worker:
         run.exitcode = proc.exitcode
         return run
 
+    def _why_not_ours(self, job_id: str) -> str:
+        """Why a heartbeat found the job no longer ours: a user's cancel, or lost (another
+        worker took it over, or it is gone)."""
+        try:
+            current = self.store.get(job_id)
+        except Unavailable:
+            return "lost"
+        return "cancelled" if current is not None and current.status == "cancelled" else "lost"
+
     def _conclude(self, job: Job, run: _Run, model_id: str) -> None:
         if run.stop_reason == "shutdown":
             if self.store.release(job.id, self.worker_id):
                 log.info("job %s: given back to the queue (shutdown)", job.id)
             return
-        if run.stop_reason in ("lost", "fenced"):
+        if run.stop_reason in ("cancelled", "lost", "fenced"):
             current = self.store.get(job.id)
             if current is not None and current.finished:
                 self.files.remove(job.id)
@@ -449,3 +458,13 @@ def _move_dir(source: Path, target: Path) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(source, ignore_errors=True)
+
+
+def _server_params(params: dict, settings: Settings) -> dict:
+    """A job's parameters with the server's threads and, for methods that have one, device
+    (a job's params are the full set, every default filled in: a method has "device" when
+    they hold it)."""
+    params = {**params, "n_jobs": settings.train_threads}
+    if "device" in params:
+        params["device"] = settings.train_device
+    return params

@@ -21,7 +21,14 @@ from typing import IO
 import numpy as np
 
 from mbn_core.data.csv_scan import is_header_row, scan_csv
-from mbn_core.data.npz_members import MEMBER_ERRORS, checked_members, open_member, read_member
+from mbn_core.data.npz_members import (
+    HEADER_ERRORS,
+    MEMBER_ERRORS,
+    checked_members,
+    open_member,
+    read_member,
+    sparse_format,
+)
 
 _NPY_MAGIC = b"\x93NUMPY"
 # Headers numpy writes are a few hundred bytes; this bounds what a hostile one makes us parse.
@@ -67,14 +74,17 @@ class DataShape:
         the file's own arrays, if larger); for sparse data, which training never makes
         dense, the file's arrays plus ``SPARSE_BYTES_PER_FEATURE`` for each feature."""
         if self.sparse:
-            return self.data_bytes + self.n_features * SPARSE_BYTES_PER_FEATURE
+            # A conversion to CSR (from COO, CSC...) makes a row pointer of n_rows + 1 int64s.
+            return (
+                self.data_bytes + self.n_features * SPARSE_BYTES_PER_FEATURE + (self.n_rows + 1) * 8
+            )
         return max(self.data_bytes, self.n_rows * self.n_features * 4)
 
 
 # What training holds per input feature of sparse data besides its nonzeros, rounded up: the
 # V clusterings' chosen features as packed bits (V / 8 bytes; 50 at V = 400), per thread one
 # clustering's draw and position lookup (about 13 bytes), the input map's fit (a peak of
-# about 400 bytes, measured with tracemalloc; ARPACK's workspace besides) and the range
+# about 400 bytes under tracemalloc; ARPACK's workspace besides) and the range
 # checks' sums (16 bytes).
 SPARSE_BYTES_PER_FEATURE = 1024
 
@@ -134,7 +144,7 @@ def _npy_header(handle: IO[bytes], source: str, *, numeric: bool = True) -> _Hea
             )
         else:
             raise ValueError(f"format version {version[0]}.{version[1]} is not supported")
-    except ValueError as error:
+    except (ValueError, *HEADER_ERRORS) as error:
         raise ValueError(f"{source}: unreadable .npy header: {error}") from None
     if dtype.hasobject:
         raise ValueError(f"{source}: holds Python objects (pickled data), which mbn never loads")
@@ -204,6 +214,7 @@ def _sparse_shape(
     shape_header = headers["shape.npy"]
     if shape_header.shape != (2,) or shape_header.dtype.kind not in "iu":
         raise ValueError(f"{path}: a sparse .npz needs a 'shape' of two integers")
+    sparse_format(archive, members, f"{path}")
     rows, features = (int(n) for n in read_member(archive, members["shape"], f"{path}"))
     if rows < 0 or features < 0:
         raise ValueError(f"{path}: negative sparse shape ({rows}, {features})")

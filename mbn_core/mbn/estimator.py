@@ -118,6 +118,13 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
     n_jobs : int, default=None
         Threads running clusterings in parallel; BLAS is held to one thread meanwhile so the
         cores are not oversubscribed. None or -1 uses every available core.
+    device : {"cpu", "cuda", "auto"}, default="cpu"
+        Where the layers are computed. "cuda" fits every layer on one NVIDIA GPU and
+        encodes batches of more than a few rows there (the "cuda" backend: needs the ``gpu``
+        extra, CuPy, and a visible GPU, else ``fit`` raises ValueError); "auto" uses a GPU
+        when one is present. "cpu" runs the layers on this machine's threads (or on the
+        backend ``use_backend`` set). The codes and the embedding are the same bit for bit on
+        every device; sparse input stays on the CPU. ``device_`` says which was used.
     callback : callable, default=None
         Called as ``callback(layer, clustering, total)`` after each clustering with the
         0-based layer index, the clusterings of that layer finished so far, and the
@@ -150,6 +157,8 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         ``output_`` is "pca").
     n_features_in_ : int
         Number of input features.
+    device_ : {"cpu", "cuda"}
+        The device the fit ran on.
 
     Examples
     --------
@@ -183,6 +192,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             Interval(Integral, None, -1, closed="right"),
             None,
         ],
+        "device": [StrOptions({"cpu", "cuda", "auto"})],
         "callback": [callable, None],
     }
 
@@ -201,6 +211,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         shift_fraction: float = 0.0,
         random_state: int | np.random.RandomState | None = None,
         n_jobs: int | None = None,
+        device: str = "cpu",
         callback: ProgressCallback | None = None,
     ) -> None:
         self.n_components = n_components
@@ -216,6 +227,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         self.shift_fraction = shift_fraction
         self.random_state = random_state
         self.n_jobs = n_jobs
+        self.device = device
         self.callback = callback
 
     # ------------------------------------------------------------------ fitting
@@ -271,7 +283,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         rng = check_random_state(
             copy.deepcopy(seed) if isinstance(seed, np.random.RandomState) else seed
         )
-        with get_backend(n_jobs=self.n_jobs) as backend:
+        with get_backend(_backend_name(self.device), n_jobs=self.n_jobs) as backend:
             return settle(self, X, rng, backend, keep_bottom=False).plan
 
     def fit_transform(self, X, y=None):
@@ -302,7 +314,10 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         X = canonical_sparse(X)
         check_magnitude(X)  # beyond it, float32 center scores overflow
         rng = check_random_state(self.random_state)
-        with get_backend(n_jobs=self.n_jobs, callback=self.callback) as backend:
+        backend = get_backend(
+            _backend_name(self.device), n_jobs=self.n_jobs, callback=self.callback
+        )
+        with backend:
             settled = settle(self, X, rng, backend, keep_bottom=True)
             plan, bottom, codes = settled.plan, settled.bottom, settled.bottom_codes
             assert bottom is not None and codes is not None
@@ -323,6 +338,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 )  # fmt: skip
 
         self.ks_ = ks
+        self.device_ = "cuda" if backend.name == "cuda" else "cpu"
         self.delta_ = plan.delta
         self.output_ = output
         self.n_components_ = plan.n_components
@@ -519,7 +535,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             for layer in self.upper_layers_[: depth - 1]:
                 codes = layer.codes_few(codes)
             return bottom_codes, codes
-        backend = get_backend(n_jobs=self.n_jobs)
+        backend = get_backend(_backend_name(self.device), n_jobs=self.n_jobs)
         with threadpool_limits(limits=1, user_api="blas"), backend:
             codes = backend.bottom_codes(self.bottom_layer_, X)
             bottom_codes = codes
@@ -552,6 +568,16 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
     def _check_params(self) -> None:
         if self.ks is not None:
             check_int_items(type(self).__name__, "ks", self.ks, 2)
+
+
+def _backend_name(device: str) -> str:
+    """The backend for the ``device`` parameter: "cuda" (ValueError when it cannot run here,
+    naming what is missing), or "auto" (this context's backend, else the local threads)."""
+    if device == "cpu":
+        return AUTO
+    from mbn_core.mbn.backends.cuda import resolve_device
+
+    return "cuda" if resolve_device(device) == "cuda" else AUTO
 
 
 def _output_progress(callback: ProgressCallback | None) -> OutputProgress | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mbn_core.pipeline.training import load_training_data
+from mbn_core.data.readers import load_training_data
 from service.errors import Conflict, NotFound, Overloaded, Unavailable
 from service.jobs import Job, JobFiles, JobStore, new_job_id
 from service.schemas import JobOut
@@ -115,6 +115,8 @@ def test_claim_takes_the_oldest_and_marks_it_running(store: JobStore, clock: Man
     assert claimed is not None and claimed.id == first.id
     assert claimed.status == "running" and claimed.worker_id == "w1" and claimed.attempts == 1
     assert claimed.started_at == claimed.heartbeat_at == clock.now
+    # Running means a phase: null only before the first progress report was (a friction).
+    assert claimed.phase == "starting"
 
 
 def test_concurrent_claims_take_each_job_exactly_once(store: JobStore) -> None:
