@@ -35,7 +35,7 @@ import numpy as np
 from bench_data import load_mnist
 
 from mbn_core import MBN
-from mbn_core.mbn.layers import Postings
+from mbn_core.mbn.upper import Postings
 
 
 def layer_timer():

@@ -51,7 +51,7 @@ from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
 from mbn_core.bundle import load_bundle
-from mbn_core.distill.compressor import knn_overlap
+from mbn_core.pipeline.fidelity import knn_overlap
 from mbn_core.pipeline.training import TrainingParams, train_bundle
 
 N_TEST_MNIST = 10_000

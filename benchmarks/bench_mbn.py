@@ -63,7 +63,7 @@ from sklearn.metrics import normalized_mutual_info_score
 from threadpoolctl import threadpool_limits
 
 from mbn_core import MBN
-from mbn_core.mbn.network import METRICS, OUTPUTS
+from mbn_core.mbn.estimator import METRICS, OUTPUTS
 
 
 def embed_mbn(X, y, seed, **params):

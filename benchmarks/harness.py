@@ -47,8 +47,9 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from mbn_core import MBN
-from mbn_core.mbn import auto, umap_output
+from mbn_core.mbn import auto
 from mbn_core.mbn.coassociation import one_hot
+from mbn_core.mbn.outputs import umap as umap_output
 from mbn_core.pipeline.quality import neighbourhood_scores
 
 

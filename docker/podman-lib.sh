@@ -62,6 +62,15 @@ runroot = "$CACHE/run"
 CONF
     export CONTAINERS_CONF=$CACHE/containers.conf CONTAINERS_STORAGE_CONF=$CACHE/storage.conf
     podman=(podman)
+    # A store first used without a driver named (check-image.sh before this file) records ""
+    # as its driver; conmon's clean-up command names "overlay" and is then refused, and with it
+    # every restart policy (a killed container stayed down). Such a store is made anew, once.
+    if [[ -d $CACHE/storage ]] && ! env -u CONTAINERS_STORAGE_CONF podman --root "$CACHE/storage" \
+        --runroot "$CACHE/run" --storage-driver overlay info >/dev/null 2>&1; then
+        t "resetting $CACHE/storage: it was made with another storage driver"
+        podman system reset --force >/dev/null 2>&1 || true
+        rm -rf "$CACHE/storage" "$CACHE/run"
+    fi
 }
 
 # Without systemd, podman complains about healthcheck timers at every run, stop and rm.

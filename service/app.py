@@ -194,7 +194,12 @@ class Runtime:
     def _disk_problems(self) -> list[str]:
         settings = self.settings
         problems = []
-        for what, path in (("data", settings.data_dir), ("model", settings.models_path)):
+        watched = (
+            ("data", settings.data_dir),
+            ("model", settings.models_path),
+            ("upload spool", settings.spool_path),
+        )
+        for what, path in watched:
             try:
                 stats = os.statvfs(path)
             except OSError as exc:
@@ -232,7 +237,7 @@ def _install_handlers(state: State, runtime: Runtime) -> None:
     )
     state.monitor = runtime.monitor
     state.training_handler = TrainingHandler(
-        runtime.submitter, wake=None if worker is None else worker.wake
+        runtime.submitter, wake=None if worker is None else worker.wake, registry=registry
     )
     state.jobs_handler = JobsHandler(runtime.store, runtime.files)
     state.models_handler = ModelsHandler(registry)

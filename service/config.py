@@ -272,6 +272,12 @@ class Settings(BaseSettings):
         le=256,
         description="Threads each training job may use.",
     )
+    train_device: Literal["cpu", "cuda", "auto"] = Field(
+        default="cpu",
+        description="Where MBN training jobs compute their layers: cpu, cuda (one NVIDIA GPU; "
+        "needs the 'gpu' extra, and jobs fail when none is visible) or auto (a GPU when one "
+        "is present). The models, and the codes they give, are the same on every device.",
+    )
     dask_scheduler: str | None = Field(
         default=None,
         description="Address of a Dask scheduler (tcp://host:8786): training jobs run each "
@@ -437,9 +443,16 @@ class Settings(BaseSettings):
         """Where training data is kept, one sub-directory per job id."""
         return self.data_dir / "jobs"
 
+    @property
+    def spool_path(self) -> Path:
+        """Where uploads are spooled while a multipart body is read (not the system's
+        temporary directory: its disk is the one readiness watches)."""
+        return self.data_dir / "spool"
+
     def make_directories(self) -> None:
-        """Create the data, model and job directories (``OSError`` when one cannot be)."""
-        for directory in (self.data_dir, self.models_path, self.jobs_path):
+        """Create the data, model, job and spool directories (``OSError`` when one cannot
+        be)."""
+        for directory in (self.data_dir, self.models_path, self.jobs_path, self.spool_path):
             directory.mkdir(parents=True, exist_ok=True)
 
     @property

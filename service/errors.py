@@ -33,6 +33,7 @@ from service.domain import (
     Unauthorized,
     Unavailable,
     UnsupportedMediaType,
+    shortened,
 )
 from service.metrics import CLIENT_CLOSED_REQUEST
 
@@ -49,6 +50,7 @@ __all__ = [
     "Unavailable",
     "UnsupportedMediaType",
     "install_error_handlers",
+    "shortened",
     "status_of",
 ]
 
@@ -109,7 +111,14 @@ def error_response(error: ServiceError) -> JSONResponse:
     headers = dict(error.headers)
     if error.retry_after is not None:
         headers["Retry-After"] = str(error.retry_after)
-    return JSONResponse(error_body(error_type, error.message), status_code=status, headers=headers)
+    message = error.message
+    if len(message) > _MAX_MESSAGE_CHARS:  # a backstop: echoed input is shortened at its source
+        message = f"{message[:_MAX_MESSAGE_CHARS]}... (truncated)"
+    return JSONResponse(error_body(error_type, message), status_code=status, headers=headers)
+
+
+# The longest error message answered.
+_MAX_MESSAGE_CHARS = 2000
 
 
 def describe_validation(errors: Sequence[Any], *, limit: int = 5) -> str:
@@ -122,17 +131,6 @@ def describe_validation(errors: Sequence[Any], *, limit: int = 5) -> str:
     if len(errors) > limit:
         parts.append(f"... and {len(errors) - limit} more")
     return "; ".join(parts) or "invalid request"
-
-
-# A location is a client's key: one of megabytes would come back whole in the answer.
-_MAX_LOCATION_CHARS = 80
-
-
-def shortened(name: str) -> str:
-    """``name`` as an answer may quote it: a client's key can be megabytes long."""
-    if len(name) <= _MAX_LOCATION_CHARS:
-        return name
-    return f"{name[:_MAX_LOCATION_CHARS]}... ({len(name)} characters)"
 
 
 def invalid_from_validation(exc: ValidationError) -> InvalidInput:

@@ -47,7 +47,15 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
-from service.domain import Conflict, InsufficientStorage, NotFound, Overloaded, Unavailable
+from mbn_core.methods import DEFAULT_METHOD
+from service.domain import (
+    Conflict,
+    InsufficientStorage,
+    NotFound,
+    Overloaded,
+    Unavailable,
+    shortened,
+)
 
 JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
 JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -78,6 +86,8 @@ jobs_table = sa.Table(
     sa.Column("started_at", sa.Double),
     sa.Column("finished_at", sa.Double),
     sa.Column("heartbeat_at", sa.Double),
+    # Rows from before the column were all MBN jobs: the migration's default is that fact, not
+    # the registry's default method.
     sa.Column("method", sa.String(32), nullable=False, server_default="mbn"),
     # Whether the job asked for its model to become the default and its name's version.
     sa.Column("promote", sa.Boolean, nullable=False, server_default=sa.false()),
@@ -150,7 +160,7 @@ class Job:
     started_at: float | None
     finished_at: float | None
     heartbeat_at: float | None
-    method: str = "mbn"
+    method: str = DEFAULT_METHOD
     promote: bool = False
 
     @property
@@ -293,7 +303,7 @@ class JobStore:
                     n_features=n_features,
                     attempts=0,
                     created_at=self._now(),
-                    method=str(params.get("method", "mbn")),
+                    method=str(params.get("method", DEFAULT_METHOD)),
                     promote=promote,
                 )
             )
@@ -319,7 +329,7 @@ class JobStore:
     def require(self, job_id: str) -> Job:
         job = self.get(job_id)
         if job is None:
-            raise NotFound(f"no job {job_id!r}")
+            raise NotFound(f"no job {shortened(job_id)!r}")
         return job
 
     def list_jobs(self, *, status: str | None = None, limit: int = 100) -> list[Job]:

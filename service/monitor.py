@@ -12,7 +12,7 @@ Memory is bounded: one sample is processed at a time and at most one waits (a ne
 replaces it; replaced and skipped rows are counted), and each model keeps its last
 ``MBN_MONITOR_WINDOW`` sampled rows and shadow rows. The report over the window uses the
 very function that measures the bundle's fidelity at training time
-(``mbn_core.distill.compressor.measure_fidelity``), computed when asked and cached until the
+(``mbn_core.pipeline.fidelity.measure_fidelity``), computed when asked and cached until the
 window changes.
 
 Shadow work never takes an exact-mode slot: exact requests are never refused because of it.
@@ -35,7 +35,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import r2_score
 
 from mbn_core.bundle import NOVELTY_FILE, Bundle, BundleError
-from mbn_core.distill.compressor import measure_fidelity
+from mbn_core.pipeline.fidelity import measure_fidelity
 from mbn_core.pipeline.novelty import Novelty, load_novelty
 from service.limits import ExactGate, lower_thread_priority
 from service.registry import ModelRegistry

@@ -51,7 +51,14 @@ from mbn_core.bundle import (
     validate_model_id,
 )
 from service.aliases import Aliases, AliasFile
-from service.domain import Conflict, InsufficientStorage, InvalidInput, NotFound, Unavailable
+from service.domain import (
+    Conflict,
+    InsufficientStorage,
+    InvalidInput,
+    NotFound,
+    Unavailable,
+    shortened,
+)
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +270,7 @@ class ModelRegistry:
             raise refusal
         if ref is None:
             raise Unavailable("no model is loaded yet; train one with POST /train", retry_after=5)
-        raise NotFound(f"no model {ref!r}")
+        raise NotFound(f"no model {shortened(ref)!r}")
 
     def damaged(self) -> list[Damaged]:
         """Model directories whose bundles failed verification, by id."""
@@ -287,7 +294,7 @@ class ModelRegistry:
         with self._write_lock:
             bundle = self.get(model_id)
             if bundle.id != model_id:
-                raise NotFound(f"no model with id {model_id!r} (promote takes an id)")
+                raise NotFound(f"no model with id {shortened(model_id)!r} (promote takes an id)")
             with _storage_errors("record the promotion"):
                 self._alias_file.promote(bundle.id, bundle.name, default=default)
             self._swap(self._snapshot.by_id.values())
@@ -400,12 +407,12 @@ class ModelRegistry:
         ``Conflict`` unless ``force``: deleting them would move requests to another model.
         A forced delete forgets those choices."""
         if not is_model_id(model_id):
-            raise NotFound(f"no model {model_id!r}")
+            raise NotFound(f"no model {shortened(model_id)!r}")
         with self._write_lock:
             snapshot = self._snapshot
             bundle = snapshot.by_id.get(model_id)
             if bundle is None and model_id not in snapshot.damaged:
-                raise NotFound(f"no model {model_id!r}")
+                raise NotFound(f"no model {shortened(model_id)!r}")
             if not force:
                 self._refuse_moving_delete(snapshot, model_id, bundle)
             path = self._inside(model_id)
@@ -531,7 +538,7 @@ class ModelRegistry:
         root = self.model_dir.resolve()
         path = (root / model_id).resolve()
         if path.parent != root:
-            raise InvalidInput(f"model id {model_id!r} does not name a model directory")
+            raise InvalidInput(f"model id {shortened(model_id)!r} does not name a model directory")
         return path
 
     def _forget_exact(self, model_ids: Iterable[str]) -> None:

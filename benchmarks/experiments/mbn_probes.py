@@ -80,9 +80,10 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import normalized_mutual_info_score, silhouette_score
 
 from mbn_core import MBN
-from mbn_core.mbn import auto, umap_output
+from mbn_core.mbn import auto
+from mbn_core.mbn.estimator import METRICS, OUTPUTS
 from mbn_core.mbn.method import METHOD, layer_costs
-from mbn_core.mbn.network import METRICS, OUTPUTS
+from mbn_core.mbn.outputs import umap as umap_output
 
 
 def restarts(args) -> None:

@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the
 from harness import QUALITY_DATA, kmeans_nmi, mean_sd, quality_data
 
 from mbn_core import MBN
-from mbn_core.mbn import umap_output
 from mbn_core.mbn.coassociation import cell_index, coassociation, one_hot
+from mbn_core.mbn.outputs import umap as umap_output
 
 
 def others(K: sp.csr_matrix, row: int, count: int) -> tuple[np.ndarray, np.ndarray]:

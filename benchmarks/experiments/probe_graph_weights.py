@@ -57,8 +57,8 @@ from scipy.spatial.distance import pdist, squareform
 from sklearn.neighbors import NearestNeighbors
 
 from mbn_core import MBN
-from mbn_core.mbn import umap_output
 from mbn_core.mbn.coassociation import cell_index, coassociation
+from mbn_core.mbn.outputs import umap as umap_output
 
 
 def fitted_affinity(X: np.ndarray, c: int, seed: int, n_clusterings: int) -> sp.csr_matrix:

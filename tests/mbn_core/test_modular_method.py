@@ -31,6 +31,7 @@ def test_registered_with_an_exported_fast_path_and_its_options():
     assert "callback" not in names
 
 
+@pytest.mark.slow
 def test_bundle_stores_plain_arrays_and_serves_both_paths(digits, tmp_path):
     X, y, new = digits
     path = train_bundle(

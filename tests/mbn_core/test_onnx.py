@@ -41,6 +41,7 @@ def assert_parity(expected, actual):
     assert np.abs(expected - actual).max() <= 1e-4 * scale
 
 
+@pytest.mark.slow
 def test_embedding_parity(with_head, exported, X):
     embedder = OnnxEmbedder(exported.SerializeToString())
     result = embedder.embed(X)
@@ -66,6 +67,7 @@ def test_parity_for_every_input_map(X, input_components, sparse):
     assert_parity(model.transform(X), embedder.embed(X))
 
 
+@pytest.mark.slow
 def test_cluster_parity(with_head, exported, X):
     embedder = OnnxEmbedder(exported)
     clusters = embedder.predict_clusters(X)
@@ -74,6 +76,7 @@ def test_cluster_parity(with_head, exported, X):
     assert np.mean(clusters == with_head.predict_clusters(X)) >= 0.995
 
 
+@pytest.mark.slow
 def test_graph_is_float32_and_self_contained(exported):
     (graph_input,) = exported.graph.input
     assert graph_input.name == INPUT
@@ -84,6 +87,7 @@ def test_graph_is_float32_and_self_contained(exported):
     onnx.checker.check_model(exported, full_check=True)
 
 
+@pytest.mark.slow
 def test_thread_settings_do_not_change_results(exported, X):
     one = OnnxEmbedder(exported, threads=1).embed(X[:300])
     two = OnnxEmbedder(exported, threads=2).embed(X[:300])
@@ -92,6 +96,7 @@ def test_thread_settings_do_not_change_results(exported, X):
         OnnxEmbedder(exported, threads=0)
 
 
+@pytest.mark.slow
 def test_from_file(exported, X, tmp_path):
     path = tmp_path / "compressor.onnx"
     path.write_bytes(exported.SerializeToString())
@@ -112,6 +117,7 @@ def test_without_head_and_one_output_dimension(X):
         embedder.predict_clusters(X[:2])
 
 
+@pytest.mark.slow
 def test_sparse_and_chunked_input(with_head, exported, X, monkeypatch):
     import mbn_core.distill.onnx as onnx_module
 
@@ -120,6 +126,7 @@ def test_sparse_and_chunked_input(with_head, exported, X, monkeypatch):
     assert_parity(with_head.transform(X), embedder.embed(sp.csr_matrix(X)))
 
 
+@pytest.mark.slow
 def test_bad_input(exported, X):
     embedder = OnnxEmbedder(exported)
     with pytest.raises(ValueError, match="shape"):
@@ -132,6 +139,7 @@ def test_bad_input(exported, X):
         embedder.embed(bad)
 
 
+@pytest.mark.slow
 def test_external_data_is_refused(exported):
     proto = onnx.ModelProto()
     proto.CopyFrom(exported)

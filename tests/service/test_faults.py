@@ -195,7 +195,7 @@ def test_full_disk_forced_delete_and_promote_change_nothing(
         wait_for(lambda: _status(client, "/health/ready") == 200, 20, "ready")
         assert client.post("/models/m-two/promote").status_code == 200
         chosen = aliases.read_bytes()
-        with filler.open("wb") as handle, contextlib.suppress(OSError):
+        with contextlib.suppress(OSError), filler.open("wb") as handle:
             while True:  # until ENOSPC
                 handle.write(bytes(MIB))
                 handle.flush()
@@ -212,6 +212,29 @@ def test_full_disk_forced_delete_and_promote_change_nothing(
         wait_for(lambda: _status(client, "/health/ready") == 200, 10, "ready again")
         assert client.delete("/models/m-two?force=true").status_code in (200, 204)
         assert client.post("/embed", json={"inputs": [[0.0] * 64]}).status_code == 200
+        assert _status(client, "/health/ready") == 200
+
+
+def test_uploads_spool_to_the_data_directory_not_tmpdir(
+    tmp_path: Path, tmpfs: Path, serve: Callable[..., Server]
+) -> None:
+    """Multipart files rolled over to the system temporary directory past 1 MB: a full
+    TMPDIR answered 422, a disk readiness never looked at. They now spool under the data
+    directory (whose full disk is a 507, test_full_disk)."""
+    server = serve(tmp_path / "data", TMPDIR=str(tmpfs))
+    content = "\n".join(f"{i},{i % 7},{i % 3}.5" for i in range(200_000)).encode()
+    assert len(content) > 2 * MIB
+    with server.client() as client:
+        # The first spool to disk fixes Python's temporary directory (TMPDIR, while it has
+        # room); then TMPDIR fills up.
+        assert client.post("/train", files={"file": ("d.csv", content)}).status_code == 202
+        filler = tmpfs / "filler"
+        with contextlib.suppress(OSError), filler.open("wb") as handle:
+            while True:  # until ENOSPC
+                handle.write(bytes(MIB))
+                handle.flush()
+        answer = client.post("/train", files={"file": ("d.csv", content)})
+        assert answer.status_code == 202, answer.text
         assert _status(client, "/health/ready") == 200
 
 

@@ -19,7 +19,7 @@ import scipy.sparse as sp
 from fastapi.testclient import TestClient
 from servicetest import TINY_PARAMS, assert_error, make_settings, running_app, wait_for
 
-from mbn_core.pipeline.training import load_training_data
+from mbn_core.data.readers import load_training_data
 from service.aliases import AliasFile
 from service.jobs import JobFiles
 

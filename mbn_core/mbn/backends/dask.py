@@ -55,6 +55,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback, use_backend
+from mbn_core.mbn.bottom import BottomLayer, input_row_norms
+from mbn_core.mbn.dtypes import compact_values, smallest_uint
 from mbn_core.mbn.encoders import (
     Encoder,
     UpperClusterings,
@@ -62,13 +64,7 @@ from mbn_core.mbn.encoders import (
     float32_csr,
     upper_encoder,
 )
-from mbn_core.mbn.layers import (
-    BottomLayer,
-    UpperLayer,
-    compact_values,
-    input_row_norms,
-    smallest_uint,
-)
+from mbn_core.mbn.upper import UpperLayer
 
 if TYPE_CHECKING:
     from distributed import Client

@@ -12,8 +12,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback
+from mbn_core.mbn.bottom import BottomLayer
+from mbn_core.mbn.dtypes import smallest_uint
 from mbn_core.mbn.encoders import Encoder, UpperClusterings, bottom_encoder, upper_encoder
-from mbn_core.mbn.layers import BottomLayer, UpperLayer, smallest_uint
+from mbn_core.mbn.upper import UpperLayer
 
 
 class LocalBackend(LayerBackend):

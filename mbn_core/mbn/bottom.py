@@ -1,6 +1,7 @@
-"""The k-centers layers of an MBN: a dense bottom layer and one-hot upper layers.
+"""The bottom layer of an MBN: k-centers clusterings of the input rows.
 
-A layer is V independent k-centers clusterings. Each clustering picks a random subset of the
+A layer is V independent k-centers clusterings (``mbn_core.mbn.upper`` holds the one-hot
+upper layers). Each clustering picks a random subset of the
 input dimensions and k random training points as centers, and codes every point by its
 nearest center. The functions that encode one clustering are pure functions of
 (data, chosen features, centers) so a layer can be mapped over any pool of workers.
@@ -13,15 +14,16 @@ equals ``transform`` of each row alone, bit for bit.
 
 from __future__ import annotations
 
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 import scipy.sparse as sp
 
-from mbn_core.mbn import _kernels
+from mbn_core.mbn import _bottom_kernels, _kernels
+from mbn_core.mbn._integer_scores import IntegerRows, integer_codes, integer_rows
 from mbn_core.mbn._scratch import ScratchArrays
+from mbn_core.mbn.dtypes import smallest_uint
 
 _FLOAT32_EPS = float(np.finfo(np.float32).eps) / 2  # unit roundoff u
 _FLOAT64_EPS = float(np.finfo(np.float64).eps) / 2
@@ -36,30 +38,6 @@ _BLOCK_BYTES = 16 << 20
 DIRECT_MAX_ROWS = 16
 # The GEMM blocks' gathered input and scores, reused by each thread (see ``_scratch``).
 _scratch = ScratchArrays()
-
-
-def smallest_uint(max_value: int) -> type[np.unsignedinteger]:
-    """The narrowest unsigned dtype holding values in [0, max_value]."""
-    for dtype in (np.uint8, np.uint16, np.uint32):
-        if max_value <= np.iinfo(dtype).max:
-            return dtype
-    return np.uint64
-
-
-def compact_values(X: np.ndarray) -> np.ndarray:
-    """Store dense input in the smallest dtype that holds it exactly as float32.
-
-    Images arrive as uint8 pixels or floats that are whole numbers; storing them as uint8 or
-    uint16 quarters or halves the exact model without changing any computed distance.
-    """
-    X32 = np.asarray(X, dtype=np.float32)
-    if X32.size and np.array_equal(X32, np.rint(X32)):
-        low, high = float(X32.min()), float(X32.max())
-        if low >= 0:
-            dtype = smallest_uint(int(high))
-            if dtype in (np.uint8, np.uint16):
-                return X32.astype(dtype)
-    return X32
 
 
 def _block_rows(n_centers: int) -> int:
@@ -105,7 +83,7 @@ def _bottom_codes(X, features, center_values, metric, row_norms) -> np.ndarray:
     # The GEMM computes x.w + bias, then argmax: bias = -|w|^2 / 2 gives the nearest center.
     weights = _scratch.array("weights", (n_chosen + 1, n_centers), np.float32)
     sq_norms = np.empty(n_centers, dtype=np.float64)
-    _kernels.squared_norms(center_values, sq_norms)
+    _bottom_kernels.squared_norms(center_values, sq_norms)
     norms = np.sqrt(sq_norms)
     if metric == "euclidean":
         weights[:n_chosen] = center_values.T
@@ -184,7 +162,7 @@ def _pick_centers(scores, tolerance, chosen_row, candidate_values, metric, best)
     result is the float64 nearest center (lowest index on exact ties).
     """
     near_tie = np.empty(scores.shape[0], dtype=np.bool_)
-    _kernels.best_scores(scores, tolerance, best, near_tie)
+    _bottom_kernels.best_scores(scores, tolerance, best, near_tie)
     for i in np.flatnonzero(near_tie):
         row = scores[i]
         candidates = np.flatnonzero(row >= row.max() - tolerance[i])
@@ -197,7 +175,7 @@ def bottom_codes_direct(
 ) -> np.ndarray:
     """``layer.clustering_codes`` for a few dense rows: same codes, no (k, d) center matrix.
 
-    Scores come from ``_kernels.bottom_scores_direct``, read straight from the stored center
+    Scores come from ``_bottom_kernels.bottom_scores_direct``, read straight from the stored center
     rows, so a one-row request costs k * d multiply-adds per clustering instead of gathering
     and converting every clustering's centers.
     """
@@ -213,7 +191,7 @@ def bottom_codes_direct(
     scores = np.empty((X.shape[0], len(rows)), dtype=np.float32)
     sq_norms = np.empty(len(rows), dtype=np.float64)
     X_chosen = X[:, : layer.n_features] * mask
-    _kernels.bottom_scores_direct(
+    _bottom_kernels.bottom_scores_direct(
         X_chosen, layer.center_data, rows, mask, shifted, layer.metric == "cosine", scores, sq_norms
     )
     error_per_norm, error_const = _error_terms(np.sqrt(sq_norms), len(features), layer.metric)
@@ -233,7 +211,7 @@ def canonical_sparse(X):
     """Dense X as it is; sparse X with each (row, column) stored once, in order.
 
     A CSR matrix may list an entry twice, meaning the sum. The sparse products add both, but
-    exact re-ranking reads entries one by one: without this, 129 of 10,000 codes differed
+    exact re-ranking reads entries one by one: without this, some codes differed
     from the dense route's on such input.
     """
     if sp.issparse(X) and not X.has_canonical_format:
@@ -346,6 +324,24 @@ def input_row_norms(X: np.ndarray | sp.csr_matrix) -> np.ndarray:
     return norms
 
 
+def bottom_input(X, layer: BottomLayer) -> np.ndarray | sp.csr_matrix | IntegerRows:
+    """The working copy of validated input X that ``layer.clustering_codes`` reads.
+
+    Small-integer dense data (images) is scored in exact integer arithmetic
+    (``_integer_scores``); other dense input as float32 with a ones column; sparse input as
+    float32 CSR. Batches of a few rows keep the float copy, for the direct route.
+    """
+    if sp.issparse(X):
+        X = sp.csr_matrix(X, dtype=np.float32)
+        X.sort_indices()
+        return X
+    if X.shape[0] > DIRECT_MAX_ROWS and not sp.issparse(layer.center_data):
+        rows = integer_rows(X, layer.center_data)
+        if rows is not None:
+            return rows
+    return with_ones_column(X)
+
+
 def with_ones_column(X: np.ndarray) -> np.ndarray:
     """float32 copy of dense X with a trailing column of ones (the GEMM's bias input)."""
     out = np.empty((X.shape[0], X.shape[1] + 1), dtype=np.float32)
@@ -412,7 +408,7 @@ class BottomLayer:
             values = self.center_data[rows][:, features].toarray()
             return np.asarray(values, dtype=np.float32)
         out = np.empty((len(rows), len(features)), dtype=np.float32)
-        _kernels.gather_rows(self.center_data, rows, features, out)
+        _bottom_kernels.gather_rows(self.center_data, rows, features, out)
         return out
 
     @property
@@ -433,7 +429,7 @@ class BottomLayer:
         d = self.n_features
         exact_uint32 = self.center_data.dtype == np.uint8 and d * 255**2 < 2**32
         out = np.empty(self.centers.shape, dtype=np.uint32 if exact_uint32 else np.float64)
-        _kernels.bottom_center_norms(self.center_data, self.centers, self._masks, out)
+        _bottom_kernels.bottom_center_norms(self.center_data, self.centers, self._masks, out)
         return out
 
     @cached_property
@@ -468,7 +464,7 @@ class BottomLayer:
         codes = np.empty((n_points, V), dtype=np.int32)
         near_tie = np.empty((n_points, V), dtype=np.bool_)
         row_start, pairs = self._row_pairs
-        _kernels.bottom_codes_few(
+        _bottom_kernels.bottom_codes_few(
             np.ascontiguousarray(X[:, : self.n_features], dtype=np.float32),
             self.center_data,
             row_start,
@@ -486,8 +482,11 @@ class BottomLayer:
         return codes.astype(smallest_uint(self.n_centers - 1))
 
     def clustering_codes(
-        self, X: np.ndarray | sp.csr_matrix, clustering: int, row_norms: np.ndarray
+        self, X: np.ndarray | sp.csr_matrix | IntegerRows, clustering: int, row_norms: np.ndarray
     ) -> np.ndarray:
+        if isinstance(X, IntegerRows):
+            features, values = self.features(clustering), self.center_values(clustering)
+            return integer_codes(X, features, values, self.metric)
         if sp.issparse(X) and sp.issparse(self.center_data) and self.shift_masks is None:
             return bottom_codes_sparse(X, self, clustering, row_norms)
         if (
@@ -511,376 +510,3 @@ class BottomLayer:
         else:
             arrays.append(data)
         return sum(a.nbytes for a in arrays)
-
-
-def keep_threshold(fraction: float) -> np.uint64:
-    """Hash threshold that keeps a one-hot dimension with probability ``fraction``."""
-    return np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))
-
-
-@dataclass(frozen=True)
-class CodeIndex:
-    """The center rows of an upper layer by (clustering, code): the center codes inverted.
-
-    Each row has one code per clustering, so clustering v's lists fill ``rows[v * n_rows:
-    (v + 1) * n_rows]``; the rows whose code in clustering v is c are
-    ``rows[v * n_rows + offsets[v, c]:v * n_rows + offsets[v, c + 1]]``, in increasing order
-    (``rows_with``). ``rows`` has as many entries as the code matrix and ``offsets`` V x
-    (n_values + 1), both in the smallest dtype that numbers the rows, so the index replaces
-    the matrix in memory; the matrix is rebuilt from it when a large batch needs it
-    (``codes``).
-    """
-
-    offsets: np.ndarray
-    rows: np.ndarray
-    n_rows: int
-    n_values: int
-    code_dtype: np.dtype
-
-    @classmethod
-    def build(cls, center_codes: np.ndarray, n_values: int) -> CodeIndex:
-        """Invert a (n_rows, V) code matrix with values in [0, n_values)."""
-        n_rows, n_clusterings = center_codes.shape
-        offsets = np.empty((n_clusterings, n_values + 1), dtype=smallest_uint(n_rows))
-        rows = np.empty(n_rows * n_clusterings, dtype=smallest_uint(max(n_rows - 1, 0)))
-        _kernels.build_code_index(center_codes, offsets, rows)
-        return cls(
-            offsets=offsets,
-            rows=rows,
-            n_rows=n_rows,
-            n_values=n_values,
-            code_dtype=center_codes.dtype,
-        )
-
-    def rows_with(self, clustering: int, code: int) -> np.ndarray:
-        """The rows whose code in ``clustering`` is ``code``, in increasing order."""
-        base = clustering * self.n_rows
-        start, stop = self.offsets[clustering, code : code + 2].astype(np.int64)
-        return self.rows[base + start : base + stop]
-
-    def codes(self) -> np.ndarray:
-        """The (n_rows, V) code matrix the index was built from."""
-        out = np.empty((self.n_rows, self.offsets.shape[0]), dtype=self.code_dtype)
-        _kernels.fill_codes_from_index(self.offsets, self.rows, out)
-        return out
-
-    @property
-    def nbytes(self) -> int:
-        return self.offsets.nbytes + self.rows.nbytes
-
-
-@dataclass(frozen=True)
-class UpperLayer:
-    """A fitted upper layer: V k-centers clusterings of the previous layer's one-hot codes.
-
-    The input is the concatenation of the previous layer's V one-hot codes, V * k_prev
-    dimensions. Each clustering keeps every one of them with probability
-    ``feature_fraction``, decided by hashing (seed, dimension): the choice is never
-    materialised, and is evaluated only where a center has a one.
-
-    Build with ``UpperLayer.create``: it stores the center codes either as the matrix or as
-    its ``CodeIndex`` (the faster for small requests, kept where it is no larger).
-
-    Attributes
-    ----------
-    centers : ndarray of shape (V, k), unsigned int
-        Rows of ``center_codes`` that serve as each clustering's centers.
-    seeds : ndarray of shape (V,), uint64
-        Seeds of each clustering's dimension choice.
-    n_values : int
-        k of the previous layer (codes lie in [0, n_values)).
-    feature_fraction : float
-        Probability that a one-hot dimension is chosen.
-    stored_codes : ndarray of shape (n_center_rows, V_prev), unsigned int, or None
-        Previous-layer codes of the training points used as centers, when kept as a matrix.
-    index : CodeIndex or None
-        The same codes inverted, when kept as an index.
-    """
-
-    centers: np.ndarray
-    seeds: np.ndarray
-    n_values: int
-    feature_fraction: float
-    stored_codes: np.ndarray | None = None
-    index: CodeIndex | None = None
-
-    @classmethod
-    def create(
-        cls,
-        centers: np.ndarray,
-        center_codes: np.ndarray,
-        seeds: np.ndarray,
-        n_values: int,
-        feature_fraction: float,
-    ) -> UpperLayer:
-        """A layer storing ``center_codes`` as the matrix or as its index (see the class).
-
-        The index answers a small request in fewer steps in every layer measured (MNIST-60k
-        default model: 2.2 to 2.8 ms a row for the wide layers, against 7.5 ms for the
-        matrix of layer 3), so it is kept wherever it takes no more memory than the matrix:
-        where the row numbers are no wider than the codes. Deep layers (codes < 256 of
-        thousands of rows) keep the matrix, half the size.
-        """
-        n_rows = center_codes.shape[0]
-        row_dtype = np.dtype(smallest_uint(max(n_rows - 1, 0)))
-        if row_dtype.itemsize <= center_codes.dtype.itemsize:
-            return cls(
-                centers, seeds, n_values, feature_fraction,
-                index=CodeIndex.build(center_codes, n_values),
-            )  # fmt: skip
-        return cls(centers, seeds, n_values, feature_fraction, stored_codes=center_codes)
-
-    @property
-    def center_codes(self) -> np.ndarray:
-        """(n_center_rows, V_prev) previous-layer codes of the center rows (rebuilt from the
-        index when the layer keeps one: a copy, not a view)."""
-        if self.stored_codes is not None:
-            return self.stored_codes
-        assert self.index is not None
-        return self.index.codes()
-
-    @property
-    def n_centers(self) -> int:
-        return int(self.centers.shape[1])
-
-    def codes_few(self, codes: np.ndarray) -> np.ndarray:
-        """This layer's codes of a few points from their previous-layer ``codes``.
-
-        Every clustering, over the index or the code matrix, with nothing rebuilt per call:
-        the same codes as ``upper_clustering_codes`` over any layout.
-        """
-        out = np.empty((codes.shape[0], self.centers.shape[0]), dtype=np.int32)
-        threshold = keep_threshold(self.feature_fraction)
-        keep_all = self.feature_fraction >= 1.0
-        row_start, pairs = self._row_pairs
-        if self.index is not None:
-            _kernels.upper_codes_indexed_by_row(
-                codes, self.index.offsets, self.index.rows, row_start, pairs, self.n_centers,
-                self.seeds, self.n_values, threshold, keep_all, out,
-            )  # fmt: skip
-        else:
-            assert self.stored_codes is not None
-            _kernels.upper_codes_dense_by_row(
-                codes.astype(self.stored_codes.dtype), self.stored_codes, row_start, pairs,
-                self.n_centers, self.seeds, self.n_values, threshold, keep_all, out,
-            )  # fmt: skip
-        return out.astype(smallest_uint(self.n_centers - 1))
-
-    @cached_property
-    def _row_pairs(self) -> tuple[np.ndarray, np.ndarray]:
-        # The centers by stored code row, for ``codes_few``: V * k keys plus a pointer per
-        # stored row, so that each stored row is visited once for every center it is.
-        n_rows = self.index.n_rows if self.index is not None else len(self.center_codes)
-        row_start = np.empty(n_rows + 1, dtype=np.int32 if self.centers.size < 2**31 else np.int64)
-        pairs = np.empty(self.centers.size, dtype=smallest_uint(max(self.centers.size - 1, 0)))
-        _kernels.build_row_pairs(self.centers, row_start, pairs)
-        return row_start, pairs
-
-    @property
-    def nbytes(self) -> int:
-        stored = self.stored_codes.nbytes if self.stored_codes is not None else 0
-        indexed = self.index.nbytes if self.index is not None else 0
-        return self.centers.nbytes + stored + indexed + self.seeds.nbytes
-
-
-# Posting lists are laid out per center row (see ``_kernels.inline_postings``) while they
-# average at most this many points and the copy stays under INLINE_MAX_BYTES; longer lists
-# are read in place, where they are long sequential runs anyway. Measured on MNIST 5k: lists
-# of 8 points are read twice as fast inline, lists of 16 equally fast, for a dearer copy.
-INLINE_MAX_MEAN = 12.0
-INLINE_MAX_BYTES = 256 << 20
-
-
-@dataclass(frozen=True)
-class Postings:
-    """Posting lists of a batch's previous-layer codes, located for a layer's center rows.
-
-    Shared by all V clusterings of a layer: built once per layer and batch. Stored in the
-    narrowest dtypes that fit, because the kernels' random reads are only cheap while these
-    arrays stay within a few megabytes of cache. Either ``rows`` / ``start`` / ``length``
-    (lists read in place) or ``segments`` / ``neighbors`` (lists copied per center row) are set.
-    """
-
-    n_points: int
-    centers_are_points: bool = False
-    rows: np.ndarray | None = None
-    start: np.ndarray | None = None
-    length: np.ndarray | None = None
-    segments: np.ndarray | None = None
-    neighbors: np.ndarray | None = None
-
-    @classmethod
-    def build(
-        cls,
-        codes: np.ndarray,
-        center_codes: np.ndarray,
-        n_values: int,
-        inline: bool | None = None,
-        centers_are_points: bool = False,
-        pool: Executor | None = None,
-    ) -> Postings:
-        """Invert ``codes`` and locate the lists of every center row.
-
-        ``inline`` forces a layout; None chooses by the lists' mean length and size.
-        ``centers_are_points`` says that center row r is the batch's point r (training: the
-        centers are training points), which the inline layout uses to skip self matches.
-        ``pool`` shares the copy of the inline layout between two of its threads.
-        """
-        n_points = codes.shape[0]
-        indptr, rows = _kernels.build_postings(codes, n_values)
-        point_dtype = smallest_uint(max(n_points - 1, 0))
-        n_centers, n_clusterings = center_codes.shape
-        start = np.empty(center_codes.shape, dtype=np.int32 if rows.size < 2**31 else np.int64)
-        longest = int(np.diff(indptr).max()) if indptr.size > 1 else 0
-        length = np.empty(center_codes.shape, dtype=smallest_uint(longest))
-        _kernels.locate_postings(indptr, center_codes, n_values, start, length)
-        total = int(length.sum(dtype=np.int64))
-        if inline is None:
-            inline = (
-                total <= INLINE_MAX_MEAN * n_centers * n_clusterings
-                and total * np.dtype(point_dtype).itemsize <= INLINE_MAX_BYTES
-            )
-        if inline:
-            # Self matches are left out when the centers are the points.
-            counts = length.astype(np.int64) - (1 if centers_are_points else 0)
-            ends = np.cumsum(counts, axis=None).reshape(counts.shape)
-            segments = np.empty(
-                (n_centers, n_clusterings + 1), dtype=np.int32 if total < 2**31 else np.int64
-            )
-            segments[:, :n_clusterings] = ends - counts
-            segments[:, n_clusterings] = ends[:, -1]
-            neighbors = np.zeros(int(ends[-1, -1]) + _kernels.ROW_PAD, dtype=point_dtype)
-
-            def fill(part: tuple[int, int]) -> None:
-                if centers_are_points:
-                    _kernels.inline_own_postings(indptr, rows, n_values, segments, neighbors, *part)
-                else:
-                    _kernels.inline_postings(
-                        indptr, rows, center_codes, n_values, segments, neighbors, *part
-                    )
-
-            # Memory-latency bound: worth both cores even though it runs once per layer.
-            n_parts = n_clusterings if centers_are_points else n_centers
-            cuts = np.linspace(0, n_parts, 3 if pool is not None else 2).astype(int)
-            parts = list(zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True))
-            if pool is None:
-                fill(parts[0])
-            else:
-                list(pool.map(fill, parts))
-            return cls(
-                n_points=n_points,
-                centers_are_points=centers_are_points,
-                segments=segments,
-                neighbors=neighbors,
-            )
-        padded = np.zeros(rows.size + _kernels.ROW_PAD, dtype=point_dtype)
-        padded[: rows.size] = rows
-        return cls(n_points=n_points, rows=padded, start=start, length=length)
-
-
-@dataclass(frozen=True)
-class PointPostings:
-    """The center rows sharing each code of a small batch (``_kernels.batch_key_postings``).
-
-    The layout for a few rows (a request): one pass over the center codes per layer, then
-    each clustering costs about k + (shared codes) per point instead of k * V.
-    """
-
-    n_points: int
-    n_center_rows: int
-    codes: np.ndarray
-    point_keys: np.ndarray
-    indptr: np.ndarray
-    rows: np.ndarray
-
-    @classmethod
-    def build(cls, codes: np.ndarray, center_codes: np.ndarray, n_values: int) -> PointPostings:
-        point_keys, indptr, rows = _kernels.batch_key_postings(codes, center_codes, n_values)
-        return cls(
-            n_points=codes.shape[0],
-            n_center_rows=center_codes.shape[0],
-            codes=codes,
-            point_keys=point_keys,
-            indptr=indptr,
-            rows=rows,
-        )
-
-    @staticmethod
-    def cheaper(
-        n_points: int, n_center_rows: int, n_values: int, k: int, V: int, fraction: float
-    ) -> bool:
-        """Whether this layout beats ``Postings`` for a batch (estimated work per clustering)."""
-        per_point = V + fraction * V * n_center_rows / n_values + k
-        per_center = V * (1 + fraction * n_points / n_values)
-        return n_points * per_point < k * per_center
-
-
-def upper_clustering_codes(
-    postings: Postings | PointPostings,
-    center_codes: np.ndarray,
-    centers: np.ndarray,
-    n_values: int,
-    seed: np.uint64,
-    feature_fraction: float,
-) -> np.ndarray:
-    """Nearest center of every point of a batch for one upper-layer clustering.
-
-    Parameters
-    ----------
-    postings : Postings or PointPostings
-        The batch's previous-layer codes, inverted (``Postings.build``), or the center rows
-        sharing each of them (``PointPostings.build``, for small batches).
-    center_codes : ndarray of shape (n_center_rows, V_prev), unsigned int
-        Previous-layer codes of the candidate center rows.
-    centers : ndarray of shape (k,), int32
-        This clustering's centers, as rows of ``center_codes``.
-    n_values : int
-        k of the previous layer.
-    seed : uint64
-        Seed of this clustering's choice of one-hot dimensions.
-    feature_fraction : float
-        Probability that a one-hot dimension is chosen.
-
-    Returns
-    -------
-    codes : ndarray of shape (n_points,), int32
-    """
-    out = np.empty(postings.n_points, dtype=np.int32)
-    choice = (np.uint64(seed), keep_threshold(feature_fraction), feature_fraction >= 1.0)
-    if isinstance(postings, PointPostings):
-        _kernels.upper_codes_by_point(
-            postings.codes,
-            postings.point_keys,
-            postings.indptr,
-            postings.rows,
-            centers,
-            postings.n_center_rows,
-            n_values,
-            *choice,
-            out,
-        )
-    elif postings.segments is not None:
-        _kernels.upper_codes_inline(
-            postings.segments,
-            postings.neighbors,
-            center_codes,
-            centers,
-            n_values,
-            *choice,
-            postings.centers_are_points,
-            postings.n_points,
-            out,
-        )
-    else:
-        _kernels.upper_codes(
-            postings.rows,
-            postings.start,
-            postings.length,
-            center_codes,
-            centers,
-            n_values,
-            *choice,
-            postings.n_points,
-            out,
-        )
-    return out

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import numbers
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from numbers import Integral, Real
 
 import numpy as np
@@ -12,59 +12,33 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, RealNotInt, StrOptions
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 from threadpoolctl import threadpool_limits
 
 from mbn_core.data.checks import check_magnitude
 from mbn_core.exceptions import TrainingStopped
-from mbn_core.mbn import _kernels
-from mbn_core.mbn.auto import (
-    bottom_feature_count,
-    choose_delta,
-    choose_output,
-    least_bottom_features,
-    thin_manifold_is_measurable,
-)
+from mbn_core.mbn.auto import bottom_feature_count, least_bottom_features
 from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback, get_backend
-from mbn_core.mbn.coassociation import CodesTop, one_hot
+from mbn_core.mbn.bottom import BottomLayer, canonical_sparse, input_row_norms
+from mbn_core.mbn.dtypes import compact_values, smallest_uint
 from mbn_core.mbn.encoders import UpperClusterings
-from mbn_core.mbn.layers import (
-    BottomLayer,
-    UpperLayer,
-    canonical_sparse,
-    compact_values,
-    input_row_norms,
-    smallest_uint,
+from mbn_core.mbn.outputs import (
+    AUTO,
+    Output,
+    OutputProgress,
+    get_output,
+    output_names,
 )
-from mbn_core.mbn.umap_output import OutputProgress, UmapTop, fit_umap, require_umap
+from mbn_core.mbn.plan import Plan, settle
+from mbn_core.mbn.upper import UpperLayer
 from mbn_core.params import CheckedParams, check_int_items
-from mbn_core.utils.pca import fit_pca
 
 METRICS = ("euclidean", "cosine")
-OUTPUTS = ("auto", "pca", "umap", "umap-bottom")
+OUTPUTS = (AUTO, *output_names())
 # Requests of up to this many dense rows are encoded row by row over the stored centers
 # (``BottomLayer.codes_few``, ``UpperLayer.codes_few``); larger batches share GEMMs and
 # posting lists between their rows.
 FEW_ROWS = 16
-# Above this many one-hot entries the top PCA runs sparse (ARPACK) instead of dense.
-_DENSE_PCA_MAX_ENTRIES = 5_000_000
-
-
-@dataclass(frozen=True)
-class _Top:
-    """PCA of the last layer's one-hot codes, as a lookup table."""
-
-    table: np.ndarray  # (V, k_L, n_components) float64
-    offset: np.ndarray  # (n_components,) float64
-    explained_variance_ratio: np.ndarray
-
-    @property
-    def nbytes(self) -> int:
-        return self.table.nbytes + self.offset.nbytes
-
-    @property
-    def n_components(self) -> int:
-        return int(self.table.shape[2])
 
 
 class MBN(CheckedParams, TransformerMixin, BaseEstimator):
@@ -110,7 +84,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         one-hot codes (the paper). "umap": UMAP's layout (umap-learn) of the bottom x top
         co-association (rows alike when they share fine bottom cells and coarse top
         clusters), every row placed at the weighted mean of its 15 most co-associated
-        training rows' layout (see ``mbn_core.mbn.umap_output``); it separates thin manifolds
+        training rows' layout (see ``mbn_core.mbn.outputs.umap``); it separates thin manifolds
         and keeps neighbourhoods, and keeps the training rows' codes. "umap-bottom": the same
         layout of the bottom layer's co-association alone, from a network of that one layer
         (``ks_`` has one entry): for thin manifolds, whose coarse layers merge the manifold's
@@ -144,6 +118,13 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
     n_jobs : int, default=None
         Threads running clusterings in parallel; BLAS is held to one thread meanwhile so the
         cores are not oversubscribed. None or -1 uses every available core.
+    device : {"cpu", "cuda", "auto"}, default="cpu"
+        Where the layers are computed. "cuda" fits every layer on one NVIDIA GPU and
+        encodes batches of more than a few rows there (the "cuda" backend: needs the ``gpu``
+        extra, CuPy, and a visible GPU, else ``fit`` raises ValueError); "auto" uses a GPU
+        when one is present. "cpu" runs the layers on this machine's threads (or on the
+        backend ``use_backend`` set). The codes and the embedding are the same bit for bit on
+        every device; sparse input stays on the CPU. ``device_`` says which was used.
     callback : callable, default=None
         Called as ``callback(layer, clustering, total)`` after each clustering with the
         0-based layer index, the clusterings of that layer finished so far, and the
@@ -176,6 +157,8 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         ``output_`` is "pca").
     n_features_in_ : int
         Number of input features.
+    device_ : {"cpu", "cuda"}
+        The device the fit ran on.
 
     Examples
     --------
@@ -209,6 +192,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             Interval(Integral, None, -1, closed="right"),
             None,
         ],
+        "device": [StrOptions({"cpu", "cuda", "auto"})],
         "callback": [callable, None],
     }
 
@@ -227,6 +211,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         shift_fraction: float = 0.0,
         random_state: int | np.random.RandomState | None = None,
         n_jobs: int | None = None,
+        device: str = "cpu",
         callback: ProgressCallback | None = None,
     ) -> None:
         self.n_components = n_components
@@ -242,6 +227,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         self.shift_fraction = shift_fraction
         self.random_state = random_state
         self.n_jobs = n_jobs
+        self.device = device
         self.callback = callback
 
     # ------------------------------------------------------------------ fitting
@@ -261,6 +247,44 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         """
         self._fit(X)
         return self
+
+    def plan(self, X) -> Plan:
+        """What ``fit(X)`` will build, every "auto" choice settled, without fitting.
+
+        Side-effect free: the estimator is left as it was (a ``RandomState`` given as
+        ``random_state`` is copied, not advanced), and ``fit`` reaches the same choices by the
+        same code (``mbn_core.mbn.plan.settle``): with an int ``random_state``, ``plan(X).ks``
+        is the fitted ``ks_``, and likewise ``delta_``, ``output_`` and ``n_components_``.
+        With ``random_state=None`` each call draws anew, so the plan may differ from a fit.
+
+        ``feature_fraction="auto"`` is measured on a sample of the rows, quickly.
+        ``delta="auto"`` and ``output="auto"`` are measured on the bottom layer's codes, so
+        planning them costs a fit of the bottom layer (most of a fit's time on wide data),
+        whose result is then dropped; given values cost nothing.
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix of shape (n_samples, n_features)
+            The training data ``fit`` would get.
+
+        Returns
+        -------
+        plan : Plan
+            ``str(plan)`` reads as a short report.
+        """
+        self._validate_params()
+        self._check_output_layers()
+        X = check_array(
+            X, accept_sparse="csr", dtype=[np.float64, np.float32], ensure_min_samples=2
+        )
+        X = canonical_sparse(X)
+        check_magnitude(X)
+        seed = self.random_state
+        rng = check_random_state(
+            copy.deepcopy(seed) if isinstance(seed, np.random.RandomState) else seed
+        )
+        with get_backend(_backend_name(self.device), n_jobs=self.n_jobs) as backend:
+            return settle(self, X, rng, backend, keep_bottom=False).plan
 
     def fit_transform(self, X, y=None):
         """Fit the network and return the embedding of X (equal to ``fit(X).transform(X)``)."""
@@ -289,77 +313,35 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         )
         X = canonical_sparse(X)
         check_magnitude(X)  # beyond it, float32 center scores overflow
-        n_samples = X.shape[0]
-        ks = self.layer_sizes(n_samples)
-        n_components = self.n_classes if self.n_components is None else self.n_components
-        n_top = self.n_clusterings * ks[-1]
-        if n_components > min(n_samples, n_top):
-            raise ValueError(
-                f"n_components={n_components} must be <= min(n_samples, n_clusterings * "
-                f"ks[-1]) = {min(n_samples, n_top)}"
-            )
-        if self.output in ("umap", "umap-bottom"):
-            require_umap()
         rng = check_random_state(self.random_state)
-        n_chosen = self._n_bottom_features(X, rng)
-        backend = get_backend(n_jobs=self.n_jobs, callback=self.callback)
-        # One BLAS thread for the whole fit: the backend's workers do not oversubscribe the
-        # cores, and the top's PCA sums in the same order wherever the layers ran.
-        with threadpool_limits(limits=1, user_api="blas"), backend:
-            bottom, codes = self._fit_bottom(X, ks[0], n_chosen, rng, backend)
-            bottom_codes = codes
-            delta = measured_delta = None
-            delta_is_measured = (
-                self.delta == "auto" and self.ks is None and self.output != "umap-bottom"
-            )
-            output_is_measured = self.output == "auto" and thin_manifold_is_measurable(
-                n_samples, self.n_clusterings, ks[0]
-            )
-            if delta_is_measured or output_is_measured:
-                min_k = 1.5 * self.n_classes
-                measured_delta = choose_delta(codes, ks[0], self._upper_fraction(), min_k, rng)
-            output = self.output
-            if output == "auto":
-                output = "pca"
-                if output_is_measured and measured_delta is not None:
-                    output = choose_output(measured_delta, self._upper_layers_are_given())
-            if output == "umap-bottom":
-                ks, delta_is_measured = ks[:1], False
-            if delta_is_measured:
-                delta = measured_delta
-                chosen = self.layer_sizes(n_samples, delta)
-                # A larger delta may end on a smaller top layer: keep the one that was
-                # checked against n_components when it no longer fits.
-                if n_components <= min(n_samples, self.n_clusterings * chosen[-1]):
-                    ks = chosen
-                else:
-                    delta = 0.5
+        backend = get_backend(
+            _backend_name(self.device), n_jobs=self.n_jobs, callback=self.callback
+        )
+        with backend:
+            settled = settle(self, X, rng, backend, keep_bottom=True)
+            plan, bottom, codes = settled.plan, settled.bottom, settled.bottom_codes
+            assert bottom is not None and codes is not None
+            bottom_codes, ks, output = codes, list(plan.ks), plan.output
             fit_plan = getattr(self.callback, "fit_plan", None)
             if fit_plan is not None and fit_plan(list(ks), output):  # "auto" settles them here
                 raise TrainingStopped("training stopped by the callback after the bottom layer")
-            upper: list[UpperLayer] = []
-            for index, k in enumerate(ks[1:], start=1):
-                layer, codes = self._fit_upper(codes, ks[index - 1], k, rng, backend, index)
-                upper.append(layer)
-            top: _Top | UmapTop
-            if output in ("umap", "umap-bottom"):
-                seed = rng.randint(np.iinfo(np.int32).max)
-                # "umap-bottom" lays out the bottom layer's co-association alone
-                top_codes = None if output == "umap-bottom" else codes
-                top, embedding = fit_umap(
-                    bottom_codes, top_codes, ks[0], n_components, seed,
+            # One BLAS thread (as while settling): the backend's workers do not oversubscribe
+            # the cores, and the top's PCA sums in the same order wherever the layers ran.
+            with threadpool_limits(limits=1, user_api="blas"):
+                upper: list[UpperLayer] = []
+                for index, k in enumerate(ks[1:], start=1):
+                    layer, codes = self._fit_upper(codes, ks[index - 1], k, rng, backend, index)
+                    upper.append(layer)
+                top, embedding = get_output(output).fit(
+                    bottom_codes, codes, ks, plan.n_components, rng,
                     _output_progress(self.callback),
                 )  # fmt: skip
-            else:
-                top = _fit_top(codes, ks[-1], n_components, rng)
-                embedding = _project(codes, top)
 
-        self.ks_ = list(ks)
-        if delta is None and self.ks is None and output != "umap-bottom":
-            delta = 0.5 if self.delta == "auto" else float(self.delta)
-        self.delta_ = delta
+        self.ks_ = ks
+        self.device_ = "cuda" if backend.name == "cuda" else "cpu"
+        self.delta_ = plan.delta
         self.output_ = output
-        self.n_components_ = n_components
+        self.n_components_ = plan.n_components
         self.bottom_layer_ = bottom
         self.upper_layers_ = upper
         self.top_ = top
@@ -367,20 +349,17 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         return embedding
 
     def _set_output_attributes(self) -> None:
-        top = self.top_
-        self.explained_variance_ratio_: np.ndarray | None
-        if isinstance(top, UmapTop):
-            self.explained_variance_ratio_ = None
-        else:
-            self.explained_variance_ratio_ = top.explained_variance_ratio
+        self.explained_variance_ratio_ = self.top_.explained_variance_ratio
 
     def _check_output_layers(self) -> None:
         """ValueError when the output cannot have the layers asked for."""
-        if self.output == "umap-bottom" and self._upper_layers_are_given():
-            raise ValueError(
-                'output="umap-bottom" is a network of the bottom layer alone: give at most one '
-                'layer in ks (ks=[k1]) and leave delta at "auto", or use output="umap"'
-            )
+        requested = self._requested_output()
+        if requested is not None:
+            requested.check_layers(self._upper_layers_are_given())
+
+    def _requested_output(self) -> Output | None:
+        """The output asked for, None for "auto" (which the data decides during ``fit``)."""
+        return None if self.output == AUTO else get_output(self.output)
 
     def _upper_layers_are_given(self) -> bool:
         """Whether the caller fixed the upper layers (several ``ks``, or a number for delta)."""
@@ -395,7 +374,8 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         whose network is the first of these layers alone (``ks_``).
         """
         ks = self._network_sizes(n_samples, delta)
-        return ks[:1] if self.output == "umap-bottom" else ks
+        requested = self._requested_output()
+        return ks if requested is None else requested.network_sizes(ks)
 
     def _network_sizes(self, n_samples: int, delta: float | None) -> list[int]:
         if self.ks is not None:
@@ -515,11 +495,8 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         embedding : ndarray of shape (n_samples, n_components_), float64
         """
         check_is_fitted(self)
-        if isinstance(self.top_, CodesTop):
-            bottom_codes, codes = self._encode_layers(X, len(self.ks_))
-            return self.top_.embed(bottom_codes, codes)
-        codes = self._encode(X, len(self.ks_))
-        return _project(codes, self.top_)
+        bottom_codes, codes = self._encode_layers(X, len(self.ks_))
+        return self.top_.embed(bottom_codes, codes)
 
     def encode(self, X, layer: int = -1) -> np.ndarray:
         """Integer codes of X at one layer: column v is the center index in clustering v.
@@ -558,7 +535,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             for layer in self.upper_layers_[: depth - 1]:
                 codes = layer.codes_few(codes)
             return bottom_codes, codes
-        backend = get_backend(n_jobs=self.n_jobs)
+        backend = get_backend(_backend_name(self.device), n_jobs=self.n_jobs)
         with threadpool_limits(limits=1, user_api="blas"), backend:
             codes = backend.bottom_codes(self.bottom_layer_, X)
             bottom_codes = codes
@@ -593,6 +570,16 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             check_int_items(type(self).__name__, "ks", self.ks, 2)
 
 
+def _backend_name(device: str) -> str:
+    """The backend for the ``device`` parameter: "cuda" (ValueError when it cannot run here,
+    naming what is missing), or "auto" (this context's backend, else the local threads)."""
+    if device == "cpu":
+        return AUTO
+    from mbn_core.mbn.backends.cuda import resolve_device
+
+    return "cuda" if resolve_device(device) == "cuda" else AUTO
+
+
 def _output_progress(callback: ProgressCallback | None) -> OutputProgress | None:
     """The UMAP output's progress function for this callback: it tells the callback's
     ``output_progress`` and stops the fit when that returns True."""
@@ -607,237 +594,3 @@ def _output_progress(callback: ProgressCallback | None) -> OutputProgress | None
             )
 
     return progress
-
-
-def _fit_top(codes: np.ndarray, n_values: int, n_components: int, rng) -> _Top:
-    """PCA of the one-hot top codes, returned as a (V, k, n_components) lookup table."""
-    n_samples, n_clusterings = codes.shape
-    n_dims = n_clusterings * n_values
-    onehot = one_hot(codes, n_values, dtype=np.float64)
-    seed = rng.randint(np.iinfo(np.int32).max)
-    if n_samples * n_dims <= _DENSE_PCA_MAX_ENTRIES or n_components >= min(n_samples, n_dims):
-        pca = fit_pca(onehot.toarray(), n_components, svd_solver="full", random_state=seed)
-    else:
-        pca = fit_pca(onehot, n_components, svd_solver="arpack", random_state=seed)
-    components = pca.components_
-    table = np.ascontiguousarray(components.T.reshape(n_clusterings, n_values, n_components))
-    offset = components @ pca.mean_
-    ratio = np.nan_to_num(pca.explained_variance_ratio_)
-    return _Top(table=table, offset=offset, explained_variance_ratio=ratio)
-
-
-def _project(codes: np.ndarray, top: _Top) -> np.ndarray:
-    out = np.empty((codes.shape[0], top.table.shape[2]), dtype=np.float64)
-    _kernels.project_codes(codes, top.table, top.offset, out)
-    return out
-
-
-# ---------------------------------------------------------------------- persistence
-
-
-def model_to_arrays(model: MBN) -> dict[str, np.ndarray]:
-    """Every array exact prediction needs, keyed by name (for ``np.savez``, no pickle).
-
-    The hyperparameters are not included: store ``model.get_params()`` (minus ``callback``)
-    beside the arrays and pass them back to ``model_from_arrays``.
-    """
-    check_is_fitted(model)
-    arrays: dict[str, np.ndarray] = {
-        "ks": np.asarray(model.ks_, dtype=np.int64),
-        "n_features_in": np.asarray(model.n_features_in_, dtype=np.int64),
-    }
-    bottom = model.bottom_layer_
-    arrays["layer0.feature_masks"] = bottom.feature_masks
-    arrays["layer0.centers"] = bottom.centers
-    if bottom.shift_masks is not None:
-        arrays["layer0.shift_masks"] = bottom.shift_masks
-    data = bottom.center_data
-    if isinstance(data, sp.csr_matrix):
-        arrays["layer0.center_data.data"] = data.data
-        arrays["layer0.center_data.indices"] = data.indices
-        arrays["layer0.center_data.indptr"] = data.indptr
-        arrays["layer0.center_data.shape"] = np.asarray(data.shape, dtype=np.int64)
-    else:
-        arrays["layer0.center_data"] = data
-    for index, layer in enumerate(model.upper_layers_, start=1):
-        arrays[f"layer{index}.centers"] = layer.centers
-        arrays[f"layer{index}.center_codes"] = layer.center_codes
-        arrays[f"layer{index}.seeds"] = layer.seeds
-        arrays[f"layer{index}.feature_fraction"] = np.asarray(layer.feature_fraction)
-    top = model.top_
-    if isinstance(top, UmapTop):
-        arrays.update(_codes_arrays("umap", top))
-        arrays["umap.anchors"] = top.anchors
-    else:
-        arrays["top.table"] = top.table
-        arrays["top.offset"] = top.offset
-        arrays["top.explained_variance_ratio"] = top.explained_variance_ratio
-    return arrays
-
-
-def _codes_arrays(prefix: str, top: CodesTop) -> dict[str, np.ndarray]:
-    """The training rows' codes an output keeps ("umap-bottom" keeps no top codes)."""
-    arrays = {f"{prefix}.bottom_codes": top.bottom_codes}
-    if top.top_codes is not None:
-        arrays[f"{prefix}.top_codes"] = top.top_codes
-    return arrays
-
-
-def model_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MBN:
-    """Rebuild a fitted MBN from ``model_to_arrays`` output and its hyperparameters.
-
-    Raises ``ValueError`` naming the array when one is missing or inconsistent.
-    """
-
-    def get(name: str) -> np.ndarray:
-        if name not in arrays:
-            raise ValueError(f"model array {name!r} is missing")
-        return np.asarray(arrays[name])
-
-    if params.get("output") == "spectral" or any(name.startswith("spectral.") for name in arrays):
-        raise ValueError(
-            'output="spectral" was removed from MBN; retrain the model with output "auto", '
-            '"pca" or "umap"'
-        )
-    model = MBN(**{key: value for key, value in params.items() if key != "callback"})
-    model._validate_params()
-    ks = [int(k) for k in get("ks")]
-    n_features = int(get("n_features_in"))
-    if not ks or min(ks) < 2:
-        raise ValueError(f"model array 'ks' holds invalid layer sizes {ks}")
-    V = model.n_clusterings
-    if "layer0.center_data" in arrays:
-        center_data: np.ndarray | sp.csr_matrix = get("layer0.center_data")
-    else:
-        shape = tuple(int(s) for s in get("layer0.center_data.shape"))
-        center_data = sp.csr_matrix(
-            (
-                get("layer0.center_data.data"),
-                get("layer0.center_data.indices"),
-                get("layer0.center_data.indptr"),
-            ),
-            shape=shape,
-        )
-    bottom = BottomLayer(
-        feature_masks=get("layer0.feature_masks"),
-        shift_masks=get("layer0.shift_masks") if "layer0.shift_masks" in arrays else None,
-        centers=get("layer0.centers"),
-        center_data=center_data,
-        metric=model.metric,
-    )
-    _expect_shape("layer0.centers", bottom.centers, (V, ks[0]))
-    _expect_shape("layer0.feature_masks", bottom.feature_masks, (V, (n_features + 7) // 8))
-    if center_data.ndim != 2 or center_data.shape[1] != n_features:
-        raise ValueError(f"model array 'layer0.center_data' has shape {center_data.shape}")
-    _expect_index("layer0.centers", bottom.centers, center_data.shape[0])
-    upper: list[UpperLayer] = []
-    for index in range(1, len(ks)):
-        centers = get(f"layer{index}.centers")
-        center_codes = get(f"layer{index}.center_codes")
-        seeds = get(f"layer{index}.seeds").astype(np.uint64)
-        _expect_shape(f"layer{index}.centers", centers, (V, ks[index]))
-        _expect_shape(f"layer{index}.seeds", seeds, (V,))
-        if center_codes.ndim != 2 or center_codes.shape[1] != V:
-            raise ValueError(
-                f"model array 'layer{index}.center_codes' has shape {center_codes.shape}"
-            )
-        _expect_index(f"layer{index}.centers", centers, center_codes.shape[0])
-        _expect_index(f"layer{index}.center_codes", center_codes, ks[index - 1])
-        layer = UpperLayer.create(
-            centers=centers,
-            center_codes=center_codes,
-            seeds=seeds,
-            n_values=ks[index - 1],
-            feature_fraction=float(get(f"layer{index}.feature_fraction")),
-        )
-        upper.append(layer)
-    output = model.output
-    if output == "auto":  # the fit's choice is the arrays it left
-        output = "pca"
-        if any(name.startswith("umap.") for name in arrays):
-            bottom_only = len(ks) == 1 and "umap.top_codes" not in arrays
-            output = "umap-bottom" if bottom_only else "umap"
-    top: _Top | UmapTop
-    if output in ("umap", "umap-bottom"):
-        top = _umap_top(arrays, get, ks, V, bottom_only=output == "umap-bottom")
-    else:
-        top = _pca_top(get, ks, V)
-    model.output_ = output
-    model.ks_ = ks
-    model.n_features_in_ = n_features
-    model.n_components_ = top.n_components
-    model.bottom_layer_ = bottom
-    model.upper_layers_ = upper
-    model.top_ = top
-    model._set_output_attributes()
-    return model
-
-
-def _pca_top(get: Callable[[str], np.ndarray], ks: list[int], V: int) -> _Top:
-    top = _Top(
-        table=np.ascontiguousarray(get("top.table"), dtype=np.float64),
-        offset=np.asarray(get("top.offset"), dtype=np.float64),
-        explained_variance_ratio=get("top.explained_variance_ratio"),
-    )
-    if top.table.ndim != 3 or top.table.shape[:2] != (V, ks[-1]):
-        raise ValueError(f"model array 'top.table' has shape {top.table.shape}")
-    if top.offset.shape != (top.table.shape[2],):
-        raise ValueError(f"model array 'top.offset' has shape {top.offset.shape}")
-    return top
-
-
-def _training_codes(
-    get: Callable[[str], np.ndarray], prefix: str, ks: list[int], V: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """The training rows' bottom and top codes that the UMAP output keeps."""
-    bottom_codes = _training_bottom_codes(get, prefix, ks, V)
-    top_codes = get(f"{prefix}.top_codes")
-    _expect_shape(f"{prefix}.top_codes", top_codes, bottom_codes.shape)
-    _expect_index(f"{prefix}.top_codes", top_codes, ks[-1])
-    return bottom_codes, top_codes
-
-
-def _training_bottom_codes(
-    get: Callable[[str], np.ndarray], prefix: str, ks: list[int], V: int
-) -> np.ndarray:
-    bottom_codes = get(f"{prefix}.bottom_codes")
-    if bottom_codes.ndim != 2 or bottom_codes.shape[1] != V or bottom_codes.shape[0] < 2:
-        raise ValueError(f"model array '{prefix}.bottom_codes' has shape {bottom_codes.shape}")
-    _expect_index(f"{prefix}.bottom_codes", bottom_codes, ks[0])
-    return bottom_codes
-
-
-def _umap_top(
-    arrays: dict[str, np.ndarray],
-    get: Callable[[str], np.ndarray],
-    ks: list[int],
-    V: int,
-    bottom_only: bool,
-) -> UmapTop:
-    top_codes: np.ndarray | None
-    if bottom_only:
-        if len(ks) != 1:
-            raise ValueError(f'output="umap-bottom" is a network of one layer, not {len(ks)}')
-        if "umap.top_codes" in arrays:
-            raise ValueError("model array 'umap.top_codes' is not part of output 'umap-bottom'")
-        bottom_codes, top_codes = _training_bottom_codes(get, "umap", ks, V), None
-    else:
-        bottom_codes, top_codes = _training_codes(get, "umap", ks, V)
-    anchors = np.ascontiguousarray(get("umap.anchors"), dtype=np.float64)
-    if anchors.ndim != 2 or anchors.shape[0] != len(bottom_codes) or anchors.shape[1] < 1:
-        raise ValueError(f"model array 'umap.anchors' has shape {anchors.shape}")
-    if not np.isfinite(anchors).all():
-        raise ValueError("model array 'umap.anchors' must be finite")
-    return UmapTop.restore(bottom_codes, top_codes, ks[0], anchors=anchors)
-
-
-def _expect_shape(name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
-    if array.shape != shape:
-        raise ValueError(f"model array {name!r} has shape {array.shape}, expected {shape}")
-
-
-def _expect_index(name: str, array: np.ndarray, bound: int) -> None:
-    if array.dtype.kind not in "ui":
-        raise ValueError(f"model array {name!r} must hold integers, not {array.dtype}")
-    if array.size and (array.min() < 0 or array.max() >= bound):
-        raise ValueError(f"model array {name!r} holds indices outside [0, {bound})")
