@@ -74,7 +74,10 @@ class DataShape:
         the file's own arrays, if larger); for sparse data, which training never makes
         dense, the file's arrays plus ``SPARSE_BYTES_PER_FEATURE`` for each feature."""
         if self.sparse:
-            return self.data_bytes + self.n_features * SPARSE_BYTES_PER_FEATURE
+            # A conversion to CSR (from COO, CSC...) makes a row pointer of n_rows + 1 int64s.
+            return (
+                self.data_bytes + self.n_features * SPARSE_BYTES_PER_FEATURE + (self.n_rows + 1) * 8
+            )
         return max(self.data_bytes, self.n_rows * self.n_features * 4)
 
 

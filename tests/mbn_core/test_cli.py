@@ -284,3 +284,35 @@ def test_train_needs_out_unless_it_plans(workdir, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
     assert cli.main(["train", "digits.npz"]) == cli.EXIT_USAGE
     assert "--out DIR is required" in capsys.readouterr().err
+
+
+def test_version() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "mbn_core.cli", "--version"], capture_output=True, text=True
+    )
+    assert result.returncode == 0 and result.stdout.strip() == f"mbn {metadata.version('mbn')}"
+
+
+def test_train_creates_missing_parent_directories(workdir):
+    """The README's `mbn train data.npz --out models/mnist` failed without models/."""
+    result = run_mbn("train", "digits.npz", "--out", "new/models/digits", *SMALL, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert load_bundle(workdir / "new" / "models" / "digits").input_dim == 64
+
+
+def test_embed_writes_csv_for_a_csv_path(trained, workdir):
+    """A .csv --out held NumPy binary."""
+    path, _ = trained
+    result = run_mbn("embed", "model", "queries.npy", "--out", "emb.csv", "--clusters",
+                     "clusters.csv", cwd=workdir)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    written = np.loadtxt(workdir / "emb.csv", delimiter=",", ndmin=2)
+    expected = load_bundle(path).embed(np.load(workdir / "queries.npy"))
+    np.testing.assert_allclose(written, expected, rtol=1e-6, atol=1e-6)
+    clusters = np.loadtxt(workdir / "clusters.csv", delimiter=",", dtype=np.int64)
+    assert clusters.shape == (25,)
+
+
+def test_embed_refuses_an_unknown_output_suffix(trained, workdir):
+    result = run_mbn("embed", "model", "queries.npy", "--out", "emb.txt", cwd=workdir)
+    assert_user_error(result, "emb.txt", ".npy, .csv, .zarr")

@@ -133,6 +133,7 @@ def test_distilled_method_gets_a_compressor(digits, tmp_path):
     assert residual < 0.3
 
 
+@pytest.mark.slow
 def test_cli_trains_and_embeds_with_a_registered_method(digits, tmp_path, monkeypatch, capsys):
     X, y, new = digits
     monkeypatch.chdir(tmp_path)

@@ -50,6 +50,7 @@ def test_embedding_parity(with_head, exported, X):
     assert_parity(with_head.transform(X), result)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("input_components", "sparse"),
     [(None, False), (None, True), (16, False), (16, True)],
@@ -104,6 +105,7 @@ def test_from_file(exported, X, tmp_path):
     assert (embedder.input_dim, embedder.output_dim, embedder.has_clusters) == (64, 10, True)
 
 
+@pytest.mark.slow
 def test_without_head_and_one_output_dimension(X):
     # One output dimension exercises skl2onnx's (-1, 1) reshape of MLPRegressor outputs.
     model = fit_model(X, n_components=1)
