@@ -80,7 +80,11 @@ def modules_in_readme_layout() -> dict[str, int]:
             root = line.split()[0].rstrip("/")
         elif in_block and line.strip() and line.split()[0].endswith(".py"):
             assert root is not None, f"README.md line {number}: a module before any package"
-            listed[f"{root}/{line.split()[0]}"] = number
+            name = f"{root}/{line.split()[0]}"
+            assert name not in listed, (
+                f"README.md lines {listed[name]} and {number} both list {name}: remove one"
+            )
+            listed[name] = number
     assert listed, "README.md has no '## Layout' section with a code block of modules"
     return listed
 
