@@ -20,6 +20,7 @@ from ``bench_data.load_mnist()`` (``MBN_MNIST``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -34,7 +35,7 @@ import numpy as np
 from bench_data import load_mnist
 
 from mbn_core import MBN
-from mbn_core.mbn.layers import Postings
+from mbn_core.mbn.upper import Postings
 
 
 def layer_timer():
@@ -69,27 +70,23 @@ def timed_fit(X, params, client=None):
 
 def bottom_codes(X, params) -> np.ndarray:
     """The bottom layer's codes of the training data, from a fit that stops right after it."""
-    from mbn_core.mbn.network import _LayerRunner, layer_runner_factory
+    from mbn_core.mbn.backends import use_backend
+    from mbn_core.mbn.backends.local import LocalBackend
 
-    class Recording(_LayerRunner):
-        def bottom_codes(self, layer, X, code_dtype):
-            self.codes = super().bottom_codes(layer, X, code_dtype)
+    class Recording(LocalBackend):
+        def bottom_codes(self, layer, X):
+            self.codes = super().bottom_codes(layer, X)
             raise StopIteration  # the codes are all this needs
 
-    runners: list[Recording] = []
+    backends: list[Recording] = []
 
-    def factory(pool, callback):
-        runners.append(Recording(pool, callback))
-        return runners[-1]
+    def factory(*, n_jobs=None, callback=None):
+        backends.append(Recording(n_jobs=n_jobs, callback=callback))
+        return backends[-1]
 
-    token = layer_runner_factory.set(factory)
-    try:
+    with use_backend(factory), contextlib.suppress(StopIteration):
         MBN(**params, n_jobs=2).fit(X)
-    except StopIteration:
-        pass
-    finally:
-        layer_runner_factory.reset(token)
-    return runners[0].codes
+    return backends[0].codes
 
 
 def cmd_fit(args) -> None:

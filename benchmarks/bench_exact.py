@@ -46,7 +46,7 @@ _RSS_PROBE = """
 import json, sys
 import numpy as np
 from mbn_core import MBN, model_from_arrays
-from mbn_core.mbn.network import model_to_arrays
+from mbn_core.mbn.persistence import model_to_arrays
 # Load the compiled kernels (and numba's runtime) first: they are the process's, not the model's.
 rng = np.random.default_rng(0)
 tiny = MBN(n_clusterings=40, ks=[300, 150, 20], n_components=2, random_state=0)

@@ -3,7 +3,6 @@
     python benchmarks/bench_fidelity.py --sets digits,wine,breast_cancer
     python benchmarks/bench_fidelity.py --sets mnist-5k,mnist-10k
     python benchmarks/bench_fidelity.py --sets mnist-60k
-    python benchmarks/bench_fidelity.py --sets mnist-5k --targets leave-self-out
     python benchmarks/bench_fidelity.py --sets digits --option input_noise=0.3
     python benchmarks/bench_fidelity.py --sets bag-of-words
     python benchmarks/bench_fidelity.py --sets moons,circles,swiss-roll --option n_classes=2
@@ -52,7 +51,7 @@ from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
 from mbn_core.bundle import load_bundle
-from mbn_core.distill.compressor import knn_overlap
+from mbn_core.pipeline.fidelity import knn_overlap
 from mbn_core.pipeline.training import TrainingParams, train_bundle
 
 N_TEST_MNIST = 10_000

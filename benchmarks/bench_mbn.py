@@ -114,10 +114,11 @@ from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
 from mbn_core import MBN
-from mbn_core.mbn import auto, umap_output
+from mbn_core.mbn import auto
 from mbn_core.mbn.coassociation import one_hot
+from mbn_core.mbn.estimator import METRICS, OUTPUTS
 from mbn_core.mbn.method import METHOD, layer_costs
-from mbn_core.mbn.network import METRICS, OUTPUTS
+from mbn_core.mbn.outputs import umap as umap_output
 from mbn_core.pipeline.quality import neighbourhood_scores
 
 
@@ -311,7 +312,6 @@ MBN_MODELS: dict[str, Callable] = {
     "MBN, new defaults": lambda c, seed: MBN(n_classes=c, random_state=seed),
     # The defaults before output="auto": the paper's PCA output on every data set.
     "MBN, PCA output": pca_output_mbn,
-    "MBN, spectral output": lambda c, seed: MBN(n_classes=c, output="spectral", random_state=seed),
     "MBN, UMAP output": lambda c, seed: MBN(n_classes=c, output="umap", random_state=seed),
     "MBN, cosine": lambda c, seed: MBN(n_classes=c, metric="cosine", random_state=seed),
 }
@@ -481,7 +481,6 @@ def quality(args) -> None:
 HELDOUT_METHODS: dict[str, Callable] = {
     "MBN, new defaults": MBN_MODELS["MBN, new defaults"],
     "MBN, PCA output": MBN_MODELS["MBN, PCA output"],
-    "MBN, spectral output": MBN_MODELS["MBN, spectral output"],
     "MBN, UMAP output": MBN_MODELS["MBN, UMAP output"],
     "MBN, cosine": MBN_MODELS["MBN, cosine"],
     "UMAP": lambda c, seed: __import__("umap").UMAP(n_components=c, random_state=seed),

@@ -24,7 +24,7 @@ from bench_data import topic_corpus
 from bench_report import command_line
 
 from mbn_core import MBN
-from mbn_core.mbn.layers import bottom_clustering_codes, bottom_codes_sparse, input_row_norms
+from mbn_core.mbn.bottom import bottom_clustering_codes, bottom_codes_sparse, input_row_norms
 
 
 def main(argv=None) -> None:

@@ -56,14 +56,12 @@ from bench_report import add_training_option, command_line
 from sklearn.metrics import r2_score
 from sklearn.neighbors import NearestNeighbors
 
-from mbn_core.distill.compressor import (
-    CompressiveMBN,
-    _predict,
-    _split,
-    knn_overlap,
-    target_scaling,
-)
+from mbn_core.distill.compressor import CompressiveMBN
 from mbn_core.distill.input_map import InputMap
+from mbn_core.distill.student import predict as mlp_predict
+from mbn_core.distill.student import target_scaling
+from mbn_core.pipeline.fidelity import knn_overlap
+from mbn_core.pipeline.split import split_rows
 from mbn_core.pipeline.training import TrainingParams
 
 OUT = Path(__file__).parent / "out"
@@ -78,8 +76,8 @@ def cache(name: str, args: argparse.Namespace) -> None:
     X_train, _, X_test, _ = load_set(name, 0, args.data)
     X_train = np.asarray(X_train, dtype=np.float32)
     X_test = np.asarray(X_test, dtype=np.float32)
-    holdout, validation, train = _split(len(X_train), 0.1, 0.0, np.random.RandomState(0))
-    fitted = np.sort(np.concatenate([validation, train]))
+    split = split_rows(len(X_train), 0.1, 0.0, np.random.RandomState(0))
+    holdout, fitted = split.holdout, split.fitted
     arrays: dict[str, Any] = {"holdout": holdout, "fitted": fitted}
     seconds = {}
     others = [] if args.no_calibration else [("_seed1", {"random_state": 1}), ("_v100", {"V": 100})]
@@ -221,7 +219,8 @@ def students(name: str, args: argparse.Namespace) -> None:
     X_sel = X_train[data["holdout"]]
     target = data["fit"]
     # The compressor's own split of the fitted rows into validation and training.
-    _, validation, train = _split(len(X_fit), None, 0.1, np.random.RandomState(0))
+    split = split_rows(len(X_fit), None, 0.1, np.random.RandomState(0))
+    validation, train = split.validation, split.train
     print(f"### {name}\n")
     print(
         "| variant | weights | epochs | s | selection R^2 | selection 10-NN | test R^2 "
@@ -261,7 +260,7 @@ def students(name: str, args: argparse.Namespace) -> None:
         seconds = time.perf_counter() - started + label_seconds
 
         def fast(X, mlp=mlp, input_map=input_map, mean=mean, scale=scale, prepare=prepare):
-            out = _predict(mlp, input_map.transform(prepare(X)), target.shape[1]) * scale + mean
+            out = mlp_predict(mlp, input_map.transform(prepare(X)), target.shape[1]) * scale + mean
             return np.asarray(out, dtype=np.float64)
 
         sel, tst = fast(X_sel), fast(X_test)
@@ -317,7 +316,8 @@ def scaling(name: str, args: argparse.Namespace) -> None:
     X_pool = np.asarray(X_all[EXTRA_FIRST_ROW : EXTRA_FIRST_ROW + counts[-1]], dtype=np.float32)
     Y_pool = _extra_labels(name, X_fit, X_pool, args)
     target = data["fit"]
-    _, validation, train = _split(len(X_fit), None, 0.1, np.random.RandomState(0))
+    split = split_rows(len(X_fit), None, 0.1, np.random.RandomState(0))
+    validation, train = split.validation, split.train
     nmi_exact = kmeans_nmi(data["test"], y_test, 0)
     print(f"### {name}: the default student on teacher-labelled extra rows\n")
     print(
@@ -342,7 +342,8 @@ def scaling(name: str, args: argparse.Namespace) -> None:
                 None,
             )
             seconds = time.perf_counter() - started
-            predicted = _predict(mlp, input_map.transform(X_test), target.shape[1]) * scale + mean
+            scaled = mlp_predict(mlp, input_map.transform(X_test), target.shape[1])
+            predicted = scaled * scale + mean
             predicted = np.asarray(predicted, dtype=np.float64)
             nmi_fast = kmeans_nmi(predicted, y_test, 0)
             print(
@@ -397,7 +398,8 @@ def kernel(name: str, args: argparse.Namespace) -> None:
     X_train, _, X_test, y_test = load_set(name, 0, args.data)
     X_train = np.asarray(X_train, dtype=np.float32)
     X_fit, X_sel, target = X_train[data["fitted"]], X_train[data["holdout"]], data["fit"]
-    _, validation, train = _split(len(X_fit), None, 0.1, np.random.RandomState(0))
+    split = split_rows(len(X_fit), None, 0.1, np.random.RandomState(0))
+    validation, train = split.validation, split.train
     model = CompressiveMBN(random_state=0)
     started = time.perf_counter()
     input_map = InputMap.fit(X_fit[train], model.input_components)
@@ -411,7 +413,7 @@ def kernel(name: str, args: argparse.Namespace) -> None:
         None,
     )
     mlp_seconds = time.perf_counter() - started
-    mlp_test = _predict(mlp, input_map.transform(X_test), target.shape[1]) * scale + mean
+    mlp_test = mlp_predict(mlp, input_map.transform(X_test), target.shape[1]) * scale + mean
     nmi_exact = kmeans_nmi(data["test"], y_test, 0)
 
     def row(what, seconds, predicted):

@@ -32,8 +32,8 @@ import scipy.sparse as sp
 from bench_mbn import QUALITY_DATA, kmeans_nmi, mean_sd, quality_data
 
 from mbn_core import MBN
-from mbn_core.mbn import umap_output
 from mbn_core.mbn.coassociation import cell_index, coassociation, one_hot
+from mbn_core.mbn.outputs import umap as umap_output
 
 
 def others(K: sp.csr_matrix, row: int, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -76,7 +76,7 @@ def probe(name: str, seeds: int, fill_layer: int, k1) -> str:
         bottom, top = network.encode(X, layer=0), network.encode(X, layer=-1)
         upper = one_hot(network.encode(X, layer=fill_layer), network.ks_[fill_layer])
         V = bottom.shape[1]
-        K = coassociation(bottom, top, cell_index(bottom, network.ks_[0]), top, False)
+        K = coassociation(bottom, top, cell_index(bottom, network.ks_[0]), top)
         fill = ((upper @ upper.T) / V).tocsr()
         for graph, fill_with in (("product", None), ("filled", fill)):
             indices, distances, share = neighbour_lists(K, fill_with)

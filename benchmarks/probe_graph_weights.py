@@ -48,15 +48,15 @@ from scipy.spatial.distance import pdist, squareform
 from sklearn.neighbors import NearestNeighbors
 
 from mbn_core import MBN
-from mbn_core.mbn import umap_output
 from mbn_core.mbn.coassociation import cell_index, coassociation
+from mbn_core.mbn.outputs import umap as umap_output
 
 
 def fitted_affinity(X: np.ndarray, c: int, seed: int, n_clusterings: int) -> sp.csr_matrix:
     """The network's bottom x top co-association of its training rows."""
     network = MBN(n_classes=c, n_clusterings=n_clusterings, random_state=seed).fit(X)
     bottom, top = network.encode(X, layer=0), network.encode(X, layer=-1)
-    return coassociation(bottom, top, cell_index(bottom, network.ks_[0]), top, False).tocsr()
+    return coassociation(bottom, top, cell_index(bottom, network.ks_[0]), top).tocsr()
 
 
 def coassociation_lists(K: sp.csr_matrix, n_neighbors: int) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,6 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-CACHE=${MBN_IMAGE_CACHE:-/var/tmp/mbn-image}
 PORT=${MBN_CHECK_PORT:-18931}
 IMAGE=localhost/mbn:check
 NAME=mbn-check-$$
@@ -23,78 +22,12 @@ fail() {
     exit 1
 }
 
-[[ $(id -u) == 0 ]] || fail "needs root (debootstrap and podman's root storage)"
-
-if ! command -v podman >/dev/null || ! command -v debootstrap >/dev/null \
-    || ! command -v runc >/dev/null || ! command -v curl >/dev/null; then
-    t "installing podman, runc, debootstrap, curl"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends podman runc debootstrap curl ca-certificates >/dev/null
-fi
-mkdir -p "$CACHE"
-# One run at a time per cache (shared podman store, image tag and port).
-exec 9>"$CACHE/lock"
-flock -n 9 || { t "waiting for another check-image run to finish"; flock 9; }
-
-# ---- the base image -------------------------------------------------------------------------
-if [[ ! -s $CACHE/base.tar ]]; then
-    mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
-    mirror=${mirror:-http://deb.debian.org/debian}
-    t "debootstrap bookworm from $mirror (once; cached in $CACHE/base.tar)"
-    rootfs=$CACHE/rootfs
-    rm -rf "$rootfs"
-    debootstrap --variant=minbase --include=python3,python3-pip,python3-venv,ca-certificates \
-        bookworm "$rootfs" "$mirror" >"$CACHE/debootstrap.log" 2>&1 \
-        || { tail -n 20 "$CACHE/debootstrap.log" >&2; fail "debootstrap"; }
-    # pip inside the build reaches PyPI through whatever CA this machine trusts.
-    cp /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/" 2>/dev/null || true
-    chroot "$rootfs" update-ca-certificates >/dev/null
-    # Where python:3.11-slim has them.
-    ln -sf /usr/bin/python3 "$rootfs/usr/local/bin/python"
-    ln -sf /usr/bin/pip3 "$rootfs/usr/local/bin/pip"
-    chroot "$rootfs" apt-get clean
-    tar -C "$rootfs" -cf "$CACHE/base.tar.tmp" . && mv "$CACHE/base.tar.tmp" "$CACHE/base.tar"
-    rm -rf "$rootfs"
-fi
-
-# crun refuses this kind of VM's cgroups, and podman's default rlimits exceed the hard limits here.
-cat >"$CACHE/containers.conf" <<'CONF'
-[containers]
-default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
-[engine]
-runtime = "runc"
-CONF
-export CONTAINERS_CONF=$CACHE/containers.conf
-podman=(podman --root "$CACHE/storage" --runroot "$CACHE/run")
-# Without systemd, podman complains about healthcheck timers at every run, stop and rm.
-quiet() {
-    "$@" 2> >(grep -v 'unable to get systemd connection' >&2)
-}
-
-base_id=$(sha256sum "$CACHE/base.tar" | cut -c1-12)
-if ! "${podman[@]}" image exists "localhost/mbn-base:$base_id"; then
-    t "importing the base image"
-    "${podman[@]}" import -q --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' \
-        "$CACHE/base.tar" "localhost/mbn-base:$base_id" >/dev/null
-fi
-for from in $(awk 'toupper($1) == "FROM" { for (i = 2; i <= NF; i++) if ($i !~ /^--/) { print $i; break } }' \
-    "$ROOT/Dockerfile" | sort -u); do
-    case $from in
-        scratch | \$* | builder) continue ;;
-    esac
-    "${podman[@]}" tag "localhost/mbn-base:$base_id" "$from"
-done
+# shellcheck source=docker/podman-lib.sh
+source "$ROOT/docker/podman-lib.sh"
+podman_setup
 
 # ---- build ----------------------------------------------------------------------------------
-# Layers of builds older than a day go: the cache stays warm without growing without bound.
-"${podman[@]}" image prune -f --filter until=24h >/dev/null
-t "building $IMAGE"
-build_start=$SECONDS
-# --format docker: the OCI format has no HEALTHCHECK.
-"${podman[@]}" build --pull=never --network=host --format docker --layers -t "$IMAGE" "$ROOT" \
-    || fail "podman build"
-t "built in $((SECONDS - build_start)) s"
+build_app_image "$IMAGE"
 
 # ---- run and probe --------------------------------------------------------------------------
 cleanup() {

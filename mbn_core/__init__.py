@@ -13,15 +13,16 @@ from mbn_core.exceptions import TrainingStopped
 
 if TYPE_CHECKING:
     from mbn_core.distill.compressor import CompressiveMBN
-    from mbn_core.mbn.network import MBN, model_from_arrays, model_to_arrays
+    from mbn_core.mbn.estimator import MBN
+    from mbn_core.mbn.persistence import model_from_arrays, model_to_arrays
     from mbn_core.modular.baselines import ModularBaseline
     from mbn_core.modular.kpca import ModularKPCA
     from mbn_core.multilevel.embedding import MultilevelEmbedding, MultilevelKMeans
 
 _LAZY = {
-    "MBN": "mbn_core.mbn.network",
-    "model_from_arrays": "mbn_core.mbn.network",
-    "model_to_arrays": "mbn_core.mbn.network",
+    "MBN": "mbn_core.mbn.estimator",
+    "model_from_arrays": "mbn_core.mbn.persistence",
+    "model_to_arrays": "mbn_core.mbn.persistence",
     "CompressiveMBN": "mbn_core.distill.compressor",
     "ModularBaseline": "mbn_core.modular.baselines",
     "ModularKPCA": "mbn_core.modular.kpca",

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Regenerate the documentation tables that are derived from the code.
 
-- README.md, "Training options": one table per registered method and part, from the
+- docs/GUIDE.md, "Training options": one table per registered method and part, from the
   estimators' ``_parameter_constraints``, signatures and docstrings (``mbn_core.methods``);
-- README.md, "Configuration": the settings table, from ``service.config.Settings``.
+- docs/DEPLOYMENT.md, "Configuration": the settings table, from ``service.config.Settings``.
 
 Each table sits between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``.
 ``tests/test_docs.py`` fails when a table differs from what this script writes; then run
@@ -57,8 +57,8 @@ def settings() -> str:
 
 
 SECTIONS: dict[str, tuple[Path, Callable[[], str]]] = {
-    "training-options": (REPO / "README.md", training_options),
-    "settings": (REPO / "README.md", settings),
+    "training-options": (REPO / "docs" / "GUIDE.md", training_options),
+    "settings": (REPO / "docs" / "DEPLOYMENT.md", settings),
 }
 
 

@@ -12,6 +12,7 @@ import contextlib
 import gc
 import logging
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -34,8 +35,15 @@ from service.handlers import (
     TrainingHandler,
 )
 from service.jobs import JobFiles, JobStore
-from service.limits import AdmissionMiddleware, BodyLimitMiddleware, ExactGate, RowBudget
+from service.limits import (
+    AdmissionMiddleware,
+    BodyLimitMiddleware,
+    BodyPace,
+    ExactGate,
+    RowBudget,
+)
 from service.metrics import Metrics, MetricsMiddleware
+from service.monitor import LiveMonitor
 from service.readiness import ReadinessMonitor
 from service.registry import ModelRegistry
 from service.submission import DEMO_JOB_ID, Submitter
@@ -77,6 +85,9 @@ class Runtime:
     submitter: Submitter
     gate: ExactGate
     worker: Worker | None
+    monitor: LiveMonitor
+    # Seconds every /embed slot has been taken without a break (the row budget's).
+    saturated_for: Callable[[], float] = lambda: 0.0
     initialized: bool = False
 
     @classmethod
@@ -105,6 +116,14 @@ class Runtime:
             exact_models=lambda: registry.exact_loaded,
         )
         metrics.exact_in_flight.set_function(lambda: gate.in_flight)
+        monitor = LiveMonitor(
+            registry,
+            gate,
+            fraction=settings.shadow_fraction,
+            window=settings.monitor_window,
+            replica=settings.replica_name or socket.gethostname(),
+        )
+        metrics.watch_monitor(monitor.gauges, monitor.replica)
         log.info(
             "started: models in %s, job store %s, %s",
             settings.models_path,
@@ -112,7 +131,14 @@ class Runtime:
             "embedded worker" if worker else "no embedded worker",
         )
         return cls(
-            settings, store, files, registry, Submitter(settings, store, files), gate, worker
+            settings,
+            store,
+            files,
+            registry,
+            Submitter(settings, store, files),
+            gate,
+            worker,
+            monitor,
         )
 
     def first_scan(self) -> None:
@@ -147,6 +173,14 @@ class Runtime:
         # Ready means /embed can answer a request that names no model.
         checks["model_available"] = snapshot.default is not None
         problems = store_problems + disk_problems
+        saturated = self.saturated_for()
+        checks["embed_capacity"] = saturated <= self.settings.saturated_after_seconds
+        if not checks["embed_capacity"]:
+            slots = self.settings.max_inflight_requests
+            problems.append(
+                f"every /embed slot (MBN_MAX_INFLIGHT_REQUESTS={slots}) has been taken for "
+                f"{saturated:.0f} s; new /embed requests are refused"
+            )
         if not checks["models_scanned"]:
             problems.append("model directory not scanned yet")
         elif not checks["model_available"]:
@@ -160,7 +194,12 @@ class Runtime:
     def _disk_problems(self) -> list[str]:
         settings = self.settings
         problems = []
-        for what, path in (("data", settings.data_dir), ("model", settings.models_path)):
+        watched = (
+            ("data", settings.data_dir),
+            ("model", settings.models_path),
+            ("upload spool", settings.spool_path),
+        )
+        for what, path in watched:
             try:
                 stats = os.statvfs(path)
             except OSError as exc:
@@ -180,6 +219,7 @@ class Runtime:
         if self.worker is not None:
             # Stops its training processes and gives their jobs back to the queue.
             self.worker.stop(timeout=30)
+        self.monitor.shutdown()
         self.gate.shutdown()
         self.store.dispose()
 
@@ -193,9 +233,11 @@ def _install_handlers(state: State, runtime: Runtime) -> None:
         state.row_budget,
         settings.inline_fast_rows,
         settings.max_rows_per_request,
+        monitor=runtime.monitor,
     )
+    state.monitor = runtime.monitor
     state.training_handler = TrainingHandler(
-        runtime.submitter, wake=None if worker is None else worker.wake
+        runtime.submitter, wake=None if worker is None else worker.wake, registry=registry
     )
     state.jobs_handler = JobsHandler(runtime.store, runtime.files)
     state.models_handler = ModelsHandler(registry)
@@ -226,6 +268,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = await run_in_threadpool(Runtime.start, settings, metrics)
         state = app.state
+        runtime.saturated_for = state.row_budget.saturated_for
         state.store, state.files, state.registry = runtime.store, runtime.files, runtime.registry
         state.submitter, state.exact_gate, state.worker = (
             runtime.submitter,
@@ -278,6 +321,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         retry_after=settings.retry_after_seconds,
         on_reject=lambda reason: metrics.rejected.labels(f"embed_{reason}").inc(),
         threads=settings.fast_threads,
+        max_buffered_bytes=settings.max_buffered_body_bytes,
     )
     install_error_handlers(app)
     app.add_middleware(AdmissionMiddleware, budget=app.state.row_budget)
@@ -285,9 +329,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         BodyLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,
         max_upload_bytes=settings.max_upload_bytes,
+        pace=BodyPace(timeout=settings.body_timeout_seconds, min_rate=settings.min_body_rate),
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: times everything
-    for module in (routes.embed, routes.jobs, routes.models, routes.maps, routes.health):
+    for module in (
+        routes.embed,
+        routes.jobs,
+        routes.models,
+        routes.maps,
+        routes.monitor,
+        routes.health,
+    ):
         app.include_router(module.router)
     routes.console.install_console(app)
     _document_auth(app, settings)

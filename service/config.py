@@ -71,7 +71,9 @@ class Settings(BaseSettings):
     )
     default_model: str | None = Field(
         default=None,
-        description="Model id or name used when a request names none. Default: the newest model.",
+        description="Model id or name used when a request names none, unless an operator "
+        "promoted another (POST /models/{id}/promote). Unset: the first model ever seen (the demo "
+        "model on a fresh install). A training job moves it only when submitted with promote.",
     )
     demo_model: bool = Field(
         default=True,
@@ -133,8 +135,8 @@ class Settings(BaseSettings):
         default=8,
         ge=1,
         le=100_000,
-        description="/embed requests one process reads, parses and computes at once; one "
-        "more is refused with 429 and Retry-After before its body is read.",
+        description="/embed requests one process parses and computes at once (a slot is "
+        "taken once the body has been read); one more is refused with 429 and Retry-After.",
     )
     fast_threads: int = Field(
         default=2,
@@ -156,6 +158,50 @@ class Settings(BaseSettings):
         le=64,
         description="Exact models (the full MBN, large) kept in memory; least recently used "
         "ones are dropped beyond this.",
+    )
+    body_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="How long a request body may take beyond what MBN_MIN_BODY_RATE allows "
+        "(the body must be in by this many seconds plus one second per MBN_MIN_BODY_RATE bytes "
+        "received); a slower body is dropped with 408 and its connection closed.",
+    )
+    min_body_rate: int = Field(
+        default=16 * KIB,
+        ge=1,
+        le=1 * GIB,
+        description="Slowest request body accepted, in bytes per second, past the first "
+        "MBN_BODY_TIMEOUT_SECONDS.",
+    )
+    max_buffered_body_bytes: int = Field(
+        default=256 * MIB,
+        ge=1 * KIB,
+        le=64 * GIB,
+        description="/embed bodies are read whole before they take an in-flight slot; at most "
+        "this many bytes of them are held at once (429 with Retry-After past it). At least "
+        "MBN_MAX_BODY_BYTES.",
+    )
+    max_header_bytes: int = Field(
+        default=32 * KIB,
+        ge=1 * KIB,
+        le=16 * MIB,
+        description="Largest request line plus headers, in bytes (431 above it), checked as "
+        "the bytes arrive, before any header is parsed.",
+    )
+    header_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="How long a request's line and headers may take to arrive once the first "
+        "byte has (408 and the connection closed after it).",
+    )
+    saturated_after_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="/health/ready answers 503 once every /embed in-flight slot has been "
+        "taken for this long without a break (the replica refuses all new /embed work).",
     )
     max_queued_jobs: int = Field(
         default=16,
@@ -184,6 +230,30 @@ class Settings(BaseSettings):
         description="Retry-After value sent with 429 and 503 answers.",
     )
 
+    # --- monitoring ----------------------------------------------------------------------------
+    shadow_fraction: float = Field(
+        default=0.01,
+        ge=0.0,
+        le=1.0,
+        description="Share of fast-mode rows sampled for the live monitor "
+        "(GET /models/{id}/monitor): each gets a novelty score and, while no exact-mode "
+        "request runs, an exact embedding in the background (shadow rows) that measures the "
+        "fast path's live fidelity. 0 turns monitoring off.",
+    )
+    monitor_window: int = Field(
+        default=1000,
+        ge=10,
+        le=100_000,
+        description="Sampled rows and shadow rows the monitor keeps per model (the sliding "
+        "window its figures are computed on).",
+    )
+    replica_name: str | None = Field(
+        default=None,
+        max_length=100,
+        description="This replica's name in the monitor and its metrics' replica label; "
+        "unset: the host name.",
+    )
+
     # --- jobs and workers --------------------------------------------------------------------
     embedded_worker: bool = Field(
         default=True,
@@ -201,6 +271,12 @@ class Settings(BaseSettings):
         ge=1,
         le=256,
         description="Threads each training job may use.",
+    )
+    train_device: Literal["cpu", "cuda", "auto"] = Field(
+        default="cpu",
+        description="Where MBN training jobs compute their layers: cpu, cuda (one NVIDIA GPU; "
+        "needs the 'gpu' extra, and jobs fail when none is visible) or auto (a GPU when one "
+        "is present). The models, and the codes they give, are the same on every device.",
     )
     dask_scheduler: str | None = Field(
         default=None,
@@ -343,6 +419,11 @@ class Settings(BaseSettings):
                 f"MBN_MAX_INFLIGHT_ROWS ({self.max_inflight_rows}) must be at least "
                 f"MBN_MAX_ROWS_PER_REQUEST ({self.max_rows_per_request})"
             )
+        if self.max_buffered_body_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"MBN_MAX_BUFFERED_BODY_BYTES ({self.max_buffered_body_bytes}) must be at least "
+                f"MBN_MAX_BODY_BYTES ({self.max_body_bytes})"
+            )
         if self.max_upload_bytes < self.max_body_bytes:
             raise ValueError(
                 f"MBN_MAX_UPLOAD_BYTES ({self.max_upload_bytes}) must be at least "
@@ -362,9 +443,16 @@ class Settings(BaseSettings):
         """Where training data is kept, one sub-directory per job id."""
         return self.data_dir / "jobs"
 
+    @property
+    def spool_path(self) -> Path:
+        """Where uploads are spooled while a multipart body is read (not the system's
+        temporary directory: its disk is the one readiness watches)."""
+        return self.data_dir / "spool"
+
     def make_directories(self) -> None:
-        """Create the data, model and job directories (``OSError`` when one cannot be)."""
-        for directory in (self.data_dir, self.models_path, self.jobs_path):
+        """Create the data, model, job and spool directories (``OSError`` when one cannot
+        be)."""
+        for directory in (self.data_dir, self.models_path, self.jobs_path, self.spool_path):
             directory.mkdir(parents=True, exist_ok=True)
 
     @property

@@ -26,6 +26,7 @@ from service.handlers import (
     TrainingHandler,
 )
 from service.metrics import Metrics
+from service.monitor import LiveMonitor
 
 T = TypeVar("T")
 
@@ -78,3 +79,4 @@ JobsHandlerDep = Annotated[JobsHandler, Depends(_state("jobs_handler", JobsHandl
 ModelsHandlerDep = Annotated[ModelsHandler, Depends(_state("models_handler", ModelsHandler))]
 MapsHandlerDep = Annotated[MapsHandler, Depends(_state("maps_handler", MapsHandler))]
 MetricsDep = Annotated[Metrics, Depends(_state("metrics", Metrics))]
+MonitorDep = Annotated[LiveMonitor, Depends(_state("monitor", LiveMonitor))]

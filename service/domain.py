@@ -8,6 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+# A client's key, id or name can be megabytes long: an answer quotes only its start.
+_MAX_LOCATION_CHARS = 80
+
+
+def shortened(name: str) -> str:
+    """``name`` as an answer may quote it: a client's key can be megabytes long."""
+    if len(name) <= _MAX_LOCATION_CHARS:
+        return name
+    return f"{name[:_MAX_LOCATION_CHARS]}... ({len(name)} characters)"
+
 
 class ServiceError(Exception):
     """Base of every error the service answers deliberately.
@@ -56,6 +66,10 @@ class Conflict(ServiceError):
 
 class PayloadTooLarge(ServiceError):
     """Body, upload or batch over the configured limits."""
+
+
+class RequestTimeout(ServiceError):
+    """The request's body (or head) arrived too slowly; the connection is closed."""
 
 
 class UnsupportedMediaType(ServiceError):

@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 from service.domain import (
@@ -27,11 +28,14 @@ from service.domain import (
     NotFound,
     Overloaded,
     PayloadTooLarge,
+    RequestTimeout,
     ServiceError,
     Unauthorized,
     Unavailable,
     UnsupportedMediaType,
+    shortened,
 )
+from service.metrics import CLIENT_CLOSED_REQUEST
 
 __all__ = [
     "Conflict",
@@ -40,11 +44,13 @@ __all__ = [
     "NotFound",
     "Overloaded",
     "PayloadTooLarge",
+    "RequestTimeout",
     "ServiceError",
     "Unauthorized",
     "Unavailable",
     "UnsupportedMediaType",
     "install_error_handlers",
+    "shortened",
     "status_of",
 ]
 
@@ -57,6 +63,7 @@ STATUS: dict[type[ServiceError], tuple[int, str]] = {
     Unauthorized: (401, "unauthorized"),
     NotFound: (404, "not_found"),
     Conflict: (409, "conflict"),
+    RequestTimeout: (408, "request_timeout"),
     PayloadTooLarge: (413, "payload_too_large"),
     UnsupportedMediaType: (415, "unsupported_media_type"),
     Overloaded: (429, "overloaded"),
@@ -81,11 +88,14 @@ _HTTP_TYPES = {
     404: "not_found",
     405: "method_not_allowed",
     406: "not_acceptable",
+    408: "request_timeout",
     409: "conflict",
     413: "payload_too_large",
+    414: "uri_too_long",
     415: "unsupported_media_type",
     422: "invalid_input",
     429: "overloaded",
+    431: "headers_too_large",
     503: "unavailable",
     507: "insufficient_storage",
 }
@@ -101,7 +111,14 @@ def error_response(error: ServiceError) -> JSONResponse:
     headers = dict(error.headers)
     if error.retry_after is not None:
         headers["Retry-After"] = str(error.retry_after)
-    return JSONResponse(error_body(error_type, error.message), status_code=status, headers=headers)
+    message = error.message
+    if len(message) > _MAX_MESSAGE_CHARS:  # a backstop: echoed input is shortened at its source
+        message = f"{message[:_MAX_MESSAGE_CHARS]}... (truncated)"
+    return JSONResponse(error_body(error_type, message), status_code=status, headers=headers)
+
+
+# The longest error message answered.
+_MAX_MESSAGE_CHARS = 2000
 
 
 def describe_validation(errors: Sequence[Any], *, limit: int = 5) -> str:
@@ -114,17 +131,6 @@ def describe_validation(errors: Sequence[Any], *, limit: int = 5) -> str:
     if len(errors) > limit:
         parts.append(f"... and {len(errors) - limit} more")
     return "; ".join(parts) or "invalid request"
-
-
-# A location is a client's key: one of megabytes would come back whole in the answer.
-_MAX_LOCATION_CHARS = 80
-
-
-def shortened(name: str) -> str:
-    """``name`` as an answer may quote it: a client's key can be megabytes long."""
-    if len(name) <= _MAX_LOCATION_CHARS:
-        return name
-    return f"{name[:_MAX_LOCATION_CHARS]}... ({len(name)} characters)"
 
 
 def invalid_from_validation(exc: ValidationError) -> InvalidInput:
@@ -165,6 +171,15 @@ def install_error_handlers(app: FastAPI) -> None:
             headers["Allow"] = ", ".join(_allowed_methods(request))
         return JSONResponse(error_body(error_type, message), exc.status_code, headers)
 
+    async def on_client_gone(request: Request, exc: Exception) -> JSONResponse:
+        # Not a server error: nobody reads this answer; 499 (nginx's "client closed
+        # request") keeps it apart from the server's own failures in the metrics.
+        log.info("%s %s: the client left before its body was in", request.method, request.url.path)
+        return JSONResponse(
+            error_body("client_closed_request", "the client closed the connection"),
+            status_code=CLIENT_CLOSED_REQUEST,
+        )
+
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error in %s %s", request.method, request.url.path)
         return JSONResponse(
@@ -175,4 +190,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ServiceError, on_service_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(ClientDisconnect, on_client_gone)
     app.add_exception_handler(Exception, on_unexpected)

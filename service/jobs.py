@@ -47,7 +47,15 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
-from service.domain import Conflict, InsufficientStorage, NotFound, Overloaded, Unavailable
+from mbn_core.methods import DEFAULT_METHOD
+from service.domain import (
+    Conflict,
+    InsufficientStorage,
+    NotFound,
+    Overloaded,
+    Unavailable,
+    shortened,
+)
 
 JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
 JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -78,6 +86,8 @@ jobs_table = sa.Table(
     sa.Column("started_at", sa.Double),
     sa.Column("finished_at", sa.Double),
     sa.Column("heartbeat_at", sa.Double),
+    # Rows from before the column were all MBN jobs: the migration's default is that fact, not
+    # the registry's default method.
     sa.Column("method", sa.String(32), nullable=False, server_default="mbn"),
     # Whether the job asked for its model to become the default and its name's version.
     sa.Column("promote", sa.Boolean, nullable=False, server_default=sa.false()),
@@ -150,7 +160,7 @@ class Job:
     started_at: float | None
     finished_at: float | None
     heartbeat_at: float | None
-    method: str = "mbn"
+    method: str = DEFAULT_METHOD
     promote: bool = False
 
     @property
@@ -203,6 +213,7 @@ class JobStore:
         # instead of writing jobs into a deleted file that nobody will ever read again.
         self._identity: tuple[int, int] | None = None
         self._file_lost = False
+        self._immutable: Engine | None = None  # reads on a full disk (SQLite)
 
     # --- lifecycle ---------------------------------------------------------------------------
     def create_schema(self) -> None:
@@ -244,6 +255,8 @@ class JobStore:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        if self._immutable is not None:
+            self._immutable.dispose()
 
     # --- API side ----------------------------------------------------------------------------
     def queued_count(self) -> int:
@@ -290,7 +303,7 @@ class JobStore:
                     n_features=n_features,
                     attempts=0,
                     created_at=self._now(),
-                    method=str(params.get("method", "mbn")),
+                    method=str(params.get("method", DEFAULT_METHOD)),
                     promote=promote,
                 )
             )
@@ -316,7 +329,7 @@ class JobStore:
     def require(self, job_id: str) -> Job:
         job = self.get(job_id)
         if job is None:
-            raise NotFound(f"no job {job_id!r}")
+            raise NotFound(f"no job {shortened(job_id)!r}")
         return job
 
     def list_jobs(self, *, status: str | None = None, limit: int = 100) -> list[Job]:
@@ -536,8 +549,27 @@ class JobStore:
     @contextmanager
     def _read(self) -> Iterator[Connection]:
         self._check_file()
-        with self._translate(), self.engine.connect() as conn:
+        engine = self.engine
+        if self._disk_full():
+            # Each operation's connection is the only one (no pool): it makes SQLite's WAL
+            # files anew, which a full disk refuses ("disk I/O error"), so a plain read
+            # answered 507. The last connection closed checkpointed the WAL into the file:
+            # read it as it is, making nothing (a write from another process not yet
+            # checkpointed is missed until space returns).
+            engine = self._immutable_engine()
+        with self._translate(), engine.connect() as conn:
             yield conn
+
+    def _immutable_engine(self) -> Engine:
+        assert self.sqlite_path is not None
+        if self._immutable is None:
+            path = urllib.parse.quote(str(self.sqlite_path))
+            self._immutable = sa.create_engine(
+                f"sqlite:///file:{path}?immutable=1&uri=true",
+                connect_args={"check_same_thread": False},
+                poolclass=sa.pool.NullPool,
+            )
+        return self._immutable
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:

@@ -11,9 +11,11 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TypeVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -21,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.errors import (
     Overloaded,
     PayloadTooLarge,
+    RequestTimeout,
     ServiceError,
     Unavailable,
     UnsupportedMediaType,
@@ -55,7 +58,8 @@ def lower_thread_priority(increment: int) -> None:
 class BodyLimitMiddleware:
     """413 for bodies over the limit: at once from Content-Length, or as soon as a streamed
     body passes it. ``upload_paths`` get the (larger) upload limit. 415 for a compressed
-    body (a Content-Encoding other than identity).
+    body (a Content-Encoding other than identity). 408 for a body slower than ``pace``
+    allows, its connection closed.
 
     An answer given before the body was read (401, 429, 415...) waits until the rest of the
     body is read and dropped: closing a connection whose client is still sending makes the
@@ -69,11 +73,13 @@ class BodyLimitMiddleware:
         *,
         max_body_bytes: int,
         max_upload_bytes: int,
+        pace: BodyPace | None = None,
         upload_paths: frozenset[str] = frozenset({"/train"}),
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_upload_bytes = max_upload_bytes
+        self.pace = pace or BodyPace()
         self.upload_paths = upload_paths
         self.lingering = 0  # answers waiting for the rest of their body (event loop only)
 
@@ -90,10 +96,20 @@ class BodyLimitMiddleware:
             return
         received = 0
         body_done = length == 0 or (length is None and not _has_header(scope, b"transfer-encoding"))
+        timed_out = False
+        loop = asyncio.get_running_loop()
+        started = loop.time()
 
         async def limited_receive() -> Message:
-            nonlocal received, body_done
-            message = await receive()
+            nonlocal received, body_done, timed_out
+            if body_done:
+                return await receive()  # a disconnect, whenever it comes: no deadline
+            try:
+                async with asyncio.timeout_at(self.pace.deadline(started, received)):
+                    message = await receive()
+            except TimeoutError:
+                body_done = timed_out = True  # no more is read: the connection is closed
+                raise RequestTimeout(self.pace.refusal(received, loop.time() - started)) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 body_done = not message.get("more_body", False)
@@ -105,14 +121,19 @@ class BodyLimitMiddleware:
             return message
 
         async def lingering_send(message: Message) -> None:
-            if (
+            if message["type"] == "http.response.start" and timed_out:
+                # The client is slow or gone: nothing of its body is waited for.
+                headers = list(message.get("headers", ()))
+                if _CLOSE not in headers:
+                    message = {**message, "headers": [*headers, _CLOSE]}
+            elif (
                 message["type"] == "http.response.start"
                 and not body_done
                 and self.lingering < MAX_LINGERING
             ):
                 self.lingering += 1
                 try:
-                    with contextlib.suppress(PayloadTooLarge, TimeoutError):
+                    with contextlib.suppress(PayloadTooLarge, RequestTimeout, TimeoutError):
                         async with asyncio.timeout(LINGER_SECONDS):
                             while not body_done:
                                 await limited_receive()
@@ -131,6 +152,30 @@ class BodyLimitMiddleware:
             await error_response(refusal)(scope, limited_receive, lingering_send)
             return
         await self.app(scope, limited_receive, lingering_send)
+
+
+_CLOSE = (b"connection", b"close")
+
+
+@dataclass(frozen=True)
+class BodyPace:
+    """How slowly a request body may arrive (Apache's ``mod_reqtimeout`` body rule): it must
+    be complete within ``timeout`` seconds plus one second per ``min_rate`` bytes received.
+    A client that sends one byte and waits holds its connection ``timeout`` seconds, not for
+    as long as it likes; a large body on a link faster than ``min_rate`` is never cut."""
+
+    timeout: float = 10.0
+    min_rate: int = 16 * 1024  # bytes per second
+
+    def deadline(self, started: float, received: int) -> float:
+        return started + self.timeout + received / self.min_rate
+
+    def refusal(self, received: int, elapsed: float) -> str:
+        return (
+            f"the request body arrived too slowly ({received} bytes in {elapsed:.0f} s; at "
+            f"least {self.min_rate} bytes per second are needed past the first "
+            f"{self.timeout:g} s)"
+        )
 
 
 # How long an answer given before its request's body was read waits for the rest of it, and
@@ -176,12 +221,18 @@ async def _send_error(scope: Scope, receive: Receive, send: Send, error: Service
 
 
 class AdmissionMiddleware:
-    """The in-flight request count of the budget's paths, checked before anything else
-    runs. Under overload most requests are refused: through routing, dependencies and the
-    exception handlers a refusal cost the event loop about 0.2 ms, the loop that must also
-    accept connections and answer health probes; here it is a counter and a prepared
-    answer. (So during overload a request without a valid key is refused with 429 before
-    its key is checked; it never reaches anything the key protects.)"""
+    """Admission of the budget's paths: the body is read whole first, then the request takes
+    an in-flight slot or is refused at once (429). Under overload most requests are
+    refused: through routing, dependencies and the exception handlers a refusal cost the
+    event loop about 0.2 ms, the loop that must also accept connections and answer health
+    probes; here it is a counter and a prepared answer. (So during overload a request
+    without a valid key is refused with 429 before its key is checked; it never reaches
+    anything the key protects.)
+
+    A slot is held by work, never by a client's bytes: a client that sends its headers and
+    then trickles its body (or nothing) holds only its connection and the bytes it sent,
+    until BodyLimitMiddleware's pace drops it. The bytes of bodies, being read or worked
+    on, are bounded by the budget's ``max_buffered_bytes`` instead."""
 
     def __init__(
         self, app: ASGIApp, *, budget: RowBudget, paths: frozenset[str] = frozenset({"/embed"})
@@ -194,14 +245,49 @@ class AdmissionMiddleware:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.paths:
             await self.app(scope, receive, send)
             return
-        with contextlib.ExitStack() as admitted:
+        with self.budget.buffering() as hold:
             try:
-                admitted.enter_context(self.budget.request())
-            except Overloaded as error:
-                # Sent through BodyLimitMiddleware's send: after the rest of the body.
+                body = await self._read_body(receive, hold)
+            except ServiceError as error:  # too large, too slow, or no room for more bodies
                 await _send_error(scope, receive, send, error)
                 return
-            await self.app(scope, receive, send)
+            if body is None:
+                return  # the client left before its body was in: nobody to answer
+            with contextlib.ExitStack() as admitted:
+                try:
+                    admitted.enter_context(self.budget.request())
+                except Overloaded as error:
+                    await _send_error(scope, receive, send, error)
+                    return
+                await self.app(scope, _replay(body, receive), send)
+
+    @staticmethod
+    async def _read_body(receive: Receive, hold: Callable[[int], None]) -> bytes | None:
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            chunk = message.get("body", b"")
+            if chunk:
+                hold(len(chunk))
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives ``body`` as one message, then the client's later events."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
 
 
 class RowBudget:
@@ -227,12 +313,18 @@ class RowBudget:
         retry_after: int,
         on_reject: Callable[[str], None],
         threads: int = 2,
+        max_buffered_bytes: int = 256 << 20,
     ) -> None:
         self.max_rows = max_rows
         self.max_requests = max_requests
         self.retry_after = retry_after
+        self.max_buffered_bytes = max_buffered_bytes
         self.rows_in_flight = 0
         self.requests_in_flight = 0
+        self.buffered_bytes = 0
+        # Since when every request slot is taken (monotonic seconds), None while one is free:
+        # readiness reads it from its own thread (a float assignment is atomic).
+        self.full_since: float | None = None
         self._on_reject = on_reject
         self._pool = ThreadPoolExecutor(
             max_workers=threads,
@@ -254,10 +346,39 @@ class RowBudget:
         if self.requests_in_flight >= self.max_requests:
             self._reject("requests", f"{self.max_requests} /embed requests are in flight")
         self.requests_in_flight += 1
+        if self.requests_in_flight >= self.max_requests and self.full_since is None:
+            self.full_since = time.monotonic()
         try:
             yield
         finally:
             self.requests_in_flight -= 1
+            self.full_since = None
+
+    def saturated_for(self) -> float:
+        """Seconds every request slot has been taken without a break (0 while one is free)."""
+        since = self.full_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    @contextmanager
+    def buffering(self) -> Iterator[Callable[[int], None]]:
+        """Bytes of a request's body, counted while inside: the function given adds ``n``
+        more, or raises Overloaded (429) when the bodies held (being read or worked on)
+        would pass ``max_buffered_bytes``."""
+        held = 0
+
+        def add(n: int) -> None:
+            nonlocal held
+            if self.buffered_bytes + n > self.max_buffered_bytes:
+                self._reject(
+                    "buffered", f"{self.buffered_bytes} bytes of /embed bodies are being read"
+                )
+            self.buffered_bytes += n
+            held += n
+
+        try:
+            yield add
+        finally:
+            self.buffered_bytes -= held
 
     @contextmanager
     def rows(self, n: int) -> Iterator[None]:

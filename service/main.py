@@ -10,6 +10,7 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from service import protocol
 from service.app import create_app, open_store
 from service.config import Settings
 from service.worker import Worker
@@ -35,12 +36,15 @@ def serve(
     # Before uvicorn starts: a directory that cannot be made is the caller's error (OSError,
     # one line from ``mbn serve``), not a failed application start-up with a traceback.
     settings.make_directories()
+    configure_protocol(settings)
     options = {
         "host": host,
         "port": port,
         "log_level": settings.log_level,
         "timeout_graceful_shutdown": max(1, round(settings.shutdown_grace_seconds)),
         "server_header": False,
+        # Request heads bounded in size and time, malformed requests answered in JSON.
+        "http": protocol.GuardedHttpProtocol,
     }
     if workers <= 1:
         uvicorn.run(create_app(settings), **options)  # type: ignore[arg-type]
@@ -59,7 +63,15 @@ def app_from_env() -> FastAPI:
     """The app of one uvicorn worker process when ``serve`` runs several."""
     settings = Settings()
     configure_logging(settings.log_level)
+    configure_protocol(settings)
     return create_app(settings)
+
+
+def configure_protocol(settings: Settings) -> None:
+    """The request-head limits of the connections this process accepts."""
+    protocol.configure(
+        max_head_bytes=settings.max_header_bytes, head_timeout=settings.header_timeout_seconds
+    )
 
 
 def run_worker(settings: Settings | None = None) -> None:

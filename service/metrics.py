@@ -5,7 +5,10 @@
 - ``mbn_jobs``: jobs by status, read from the shared store at scrape time (so every replica
   reports the same, true numbers);
 - ``mbn_models_loaded``, ``mbn_exact_models_loaded``, ``mbn_exact_in_flight``;
-- ``mbn_rejected_total``: requests refused for overload, by reason.
+- ``mbn_rejected_total``: requests refused for overload, by reason;
+- ``mbn_live_fidelity_r2``, ``mbn_live_fidelity_cosine`` (median), ``mbn_input_novelty_share``,
+  ``mbn_input_out_of_range_share``: the live monitor's figures by model and replica
+  (``service.monitor``), each replica its own window.
 """
 
 from __future__ import annotations
@@ -61,11 +64,44 @@ class _JobsCollector(Collector):
         yield family
 
 
+# The live monitor's gauges (``service.monitor.LiveMonitor.gauges``) and their help.
+MONITOR_GAUGES = {
+    "mbn_live_fidelity_r2": "R^2 of fast against exact embeddings on this replica's shadow rows",
+    "mbn_live_fidelity_cosine": "Median cosine of fast and exact embeddings on the shadow rows",
+    "mbn_input_novelty_share": "Share of sampled rows above the model's novelty threshold",
+    "mbn_input_out_of_range_share": "Share of sampled rows outside the training range",
+}
+
+
+class _MonitorCollector(Collector):
+    def __init__(
+        self, gauges: Callable[[], list[tuple[str, str, dict[str, float]]]], replica: str
+    ) -> None:
+        self._gauges = gauges
+        self._replica = replica
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = {
+            name: GaugeMetricFamily(name, help_text, labels=["model", "replica"])
+            for name, help_text in MONITOR_GAUGES.items()
+        }
+        try:
+            values = self._gauges()
+        except Exception as exc:  # a scrape must not fail because of the monitor
+            log.warning("monitor gauges unavailable for /metrics: %s", exc)
+            return
+        for model_id, _, gauges in values:
+            for name, value in gauges.items():
+                families[name].add_metric([model_id, self._replica], value)
+        yield from families.values()
+
+
 class Metrics:
     """The service's metrics and their registry."""
 
     def __init__(self) -> None:
         self._jobs_collector: _JobsCollector | None = None
+        self._monitor_collector: _MonitorCollector | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "mbn_http_requests",
@@ -112,8 +148,21 @@ class Metrics:
         self.models_loaded.set_function(models)
         self.exact_loaded.set_function(exact_models)
 
+    def watch_monitor(
+        self, gauges: Callable[[], list[tuple[str, str, dict[str, float]]]], replica: str
+    ) -> None:
+        """Connect the live monitor's gauges (read at scrape time)."""
+        if self._monitor_collector is not None:
+            self.registry.unregister(self._monitor_collector)
+        self._monitor_collector = _MonitorCollector(gauges, replica)
+        self.registry.register(self._monitor_collector)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+# The status nginx logs for a request whose client left before the answer.
+CLIENT_CLOSED_REQUEST = 499
 
 
 class MetricsMiddleware:
@@ -128,7 +177,8 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        status = 500
+        status: int | None = None
+        failed = False
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status
@@ -138,7 +188,14 @@ class MetricsMiddleware:
 
         try:
             await self.app(scope, receive, send_wrapper)
+        except BaseException:
+            failed = True
+            raise
         finally:
+            if status is None:
+                # No answer: a failure, or a client that left before there was one to give
+                # (499, nginx's "client closed request"), which is no server error.
+                status = 500 if failed else CLIENT_CLOSED_REQUEST
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
             mode = scope.get(MODE_SCOPE_KEY, "")

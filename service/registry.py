@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
+import os
 import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,7 +51,14 @@ from mbn_core.bundle import (
     validate_model_id,
 )
 from service.aliases import Aliases, AliasFile
-from service.domain import Conflict, InvalidInput, NotFound, Unavailable
+from service.domain import (
+    Conflict,
+    InsufficientStorage,
+    InvalidInput,
+    NotFound,
+    Unavailable,
+    shortened,
+)
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +270,7 @@ class ModelRegistry:
             raise refusal
         if ref is None:
             raise Unavailable("no model is loaded yet; train one with POST /train", retry_after=5)
-        raise NotFound(f"no model {ref!r}")
+        raise NotFound(f"no model {shortened(ref)!r}")
 
     def damaged(self) -> list[Damaged]:
         """Model directories whose bundles failed verification, by id."""
@@ -285,8 +294,9 @@ class ModelRegistry:
         with self._write_lock:
             bundle = self.get(model_id)
             if bundle.id != model_id:
-                raise NotFound(f"no model with id {model_id!r} (promote takes an id)")
-            self._alias_file.promote(bundle.id, bundle.name, default=default)
+                raise NotFound(f"no model with id {shortened(model_id)!r} (promote takes an id)")
+            with _storage_errors("record the promotion"):
+                self._alias_file.promote(bundle.id, bundle.name, default=default)
             self._swap(self._snapshot.by_id.values())
         log.info("model %s promoted (%s)", model_id, "default and name" if default else "name")
         return bundle
@@ -397,21 +407,31 @@ class ModelRegistry:
         ``Conflict`` unless ``force``: deleting them would move requests to another model.
         A forced delete forgets those choices."""
         if not is_model_id(model_id):
-            raise NotFound(f"no model {model_id!r}")
+            raise NotFound(f"no model {shortened(model_id)!r}")
         with self._write_lock:
             snapshot = self._snapshot
             bundle = snapshot.by_id.get(model_id)
             if bundle is None and model_id not in snapshot.damaged:
-                raise NotFound(f"no model {model_id!r}")
+                raise NotFound(f"no model {shortened(model_id)!r}")
             if not force:
                 self._refuse_moving_delete(snapshot, model_id, bundle)
             path = self._inside(model_id)
             # Rename first: other replicas stop seeing it at once, even if the removal of a
             # large directory is slow or interrupted (dot-directories are skipped by scans).
             trash = self.model_dir / f".deleted-{model_id}-{uuid.uuid4().hex[:8]}"
-            with contextlib.suppress(FileNotFoundError):  # another replica was first
-                path.rename(trash)
-            self._alias_file.update(lambda aliases: aliases.without(model_id))
+            # The choices that name it are forgotten first: a write the disk refuses (507)
+            # leaves the model and the choices as they were, never a default naming a model
+            # that is gone. (No write at all when no choice names it.)
+            with _storage_errors("forget the choices naming the model"):
+                before = self._alias_file.read()
+                self._alias_file.update(lambda aliases: aliases.without(model_id))
+            try:
+                with contextlib.suppress(FileNotFoundError):  # another replica was first
+                    path.rename(trash)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    self._alias_file.update(lambda _: before)
+                raise
             self._signatures.pop(model_id, None)
             self._damaged.pop(model_id, None)
             bundles = {k: v for k, v in self._snapshot.by_id.items() if k != model_id}
@@ -518,10 +538,29 @@ class ModelRegistry:
         root = self.model_dir.resolve()
         path = (root / model_id).resolve()
         if path.parent != root:
-            raise InvalidInput(f"model id {model_id!r} does not name a model directory")
+            raise InvalidInput(f"model id {shortened(model_id)!r} does not name a model directory")
         return path
 
     def _forget_exact(self, model_ids: Iterable[str]) -> None:
         with self._exact_lock:
             for model_id in model_ids:
                 self._exact.pop(model_id, None)
+
+
+@contextlib.contextmanager
+def _storage_errors(what: str) -> Iterator[None]:
+    """What the disk refused while writing the choices file, as the client's error: 507 on
+    a full disk (or quota), 503 otherwise; the file itself is replaced atomically, so it
+    holds the old choices or the new, never half."""
+    try:
+        yield
+    except OSError as exc:
+        log.error("could not %s: %s", what, exc)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise InsufficientStorage(
+                f"no space left to {what}; nothing was changed; free disk space and retry"
+            ) from None
+        raise Unavailable(
+            f"could not {what} ({os.strerror(exc.errno or 0)}); nothing was changed; retry",
+            retry_after=5,
+        ) from None

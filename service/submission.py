@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -23,12 +24,14 @@ from mbn_core.data.files import DataShape, peek_data_file
 from mbn_core.pipeline.training import TrainingParams, check_feasible
 from service.config import Settings
 from service.domain import Conflict, InvalidInput, Overloaded, PayloadTooLarge
+from service.errors import shortened
 from service.jobs import Job, JobFiles, JobStore, new_job_id
 
 log = logging.getLogger(__name__)
 
-# Resources are the server's to give: threads come from MBN_TRAIN_THREADS.
-SERVER_PARAMS = frozenset({"n_jobs"})
+# Resources are the server's to give: threads come from MBN_TRAIN_THREADS, the device from
+# MBN_TRAIN_DEVICE.
+SERVER_PARAMS = {"n_jobs": "MBN_TRAIN_THREADS", "device": "MBN_TRAIN_DEVICE"}
 
 DEMO_NAME = "demo-digits"
 # Small: about 18 s on one core of an AMD EPYC, half of it the cross-fitted report, which
@@ -45,22 +48,47 @@ DEMO_PARAMS: dict[str, Any] = {
 DEMO_JOB_ID = uuid.uuid5(uuid.NAMESPACE_URL, f"mbn-demo:{sorted(DEMO_PARAMS.items())}").hex
 
 
-def check_params(params: dict[str, Any], method: str | None = None) -> dict[str, Any]:
+def check_params(
+    params: dict[str, Any], method: str | None = None, *, bound: int = 200_000
+) -> dict[str, Any]:
     """The full parameter set (the method and every default filled in) or InvalidInput
-    naming the bad key. ``method`` may come beside the params or inside them, not both."""
+    naming the bad key. ``method`` may come beside the params or inside them, not both;
+    no integer option may exceed ``bound`` (the job's row limit)."""
     if method is not None:
         if params.get("method", method) != method:
             raise InvalidInput(f"method {method!r} disagrees with params.method")
         params = {**params, "method": method}
-    server = sorted(SERVER_PARAMS & params.keys())
+    server = sorted(SERVER_PARAMS.keys() & params.keys())
     if server:
         raise InvalidInput(
-            f"training parameter {server[0]!r} is set by the server (MBN_TRAIN_THREADS)"
+            f"training parameter {server[0]!r} is set by the server ({SERVER_PARAMS[server[0]]})"
         )
+    _check_counts(params, bound)
     try:
         return TrainingParams.from_dict(params).to_dict()
     except ValueError as exc:
         raise InvalidInput(f"params: {exc}") from None
+
+
+# Options that are not counts: a seed may be any 32-bit value.
+_NOT_COUNTS = frozenset({"random_state"})
+
+
+def _check_counts(params: dict[str, Any], bound: int) -> None:
+    """Refuse an integer option (or list entry) above ``bound``. The estimators bound few of
+    their counts from above (clusterings, epochs, layer widths): 5,000,000 clusterings ran
+    45 s at progress 0 before anything could stop them, and a layer of 10^18 units was queued.
+    No count a job's data can use exceeds its row limit (MBN_MAX_TRAIN_ROWS)."""
+    for key, value in params.items():
+        if key in _NOT_COUNTS:
+            continue
+        values = value if isinstance(value, list) else [value]
+        for item in values:
+            if isinstance(item, int) and not isinstance(item, bool) and abs(item) > bound:
+                raise InvalidInput(
+                    f"params: {shortened(str(key))} = {shortened(str(item))} is beyond what a "
+                    f"job may use (at most {bound}, MBN_MAX_TRAIN_ROWS)"
+                )
 
 
 def check_data(n_rows: int, params: dict[str, Any]) -> None:
@@ -99,7 +127,10 @@ class Submitter:
         *,
         job_id: str | None = None,
         promote: bool = False,
+        prepare: Callable[[dict[str, Any], int], dict[str, Any]] | None = None,
     ) -> Job:
+        """Store the rows and queue their job; ``prepare(params, n_features)`` gives the
+        job's params after the data's checks (it may refuse the job)."""
         if x.shape[0] > self.settings.max_train_rows:
             raise PayloadTooLarge(
                 f"data has {x.shape[0]} rows; at most {self.settings.max_train_rows} per job"
@@ -111,6 +142,8 @@ class Submitter:
             check_spread(x, "data")  # constant rows, or values float32 cannot train on
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
+        if prepare is not None:
+            params = prepare(params, x.shape[1])
         job_id = job_id or new_job_id()
         data_file = self.files.write_arrays(job_id, x, y)
         return self._queue(job_id, name, params, data_file, x.shape, promote)
@@ -123,7 +156,10 @@ class Submitter:
         source: BinaryIO,
         *,
         promote: bool = False,
+        prepare: Callable[[dict[str, Any], int], dict[str, Any]] | None = None,
     ) -> Job:
+        """Store an uploaded data file and queue its job; ``prepare(params, n_features)``
+        gives the job's params once the file's width is known (it may refuse the job)."""
         if suffix not in JobFiles.ALLOWED_SUFFIXES:
             raise InvalidInput(
                 f"the file name must end in one of {', '.join(JobFiles.ALLOWED_SUFFIXES)}"
@@ -142,6 +178,8 @@ class Submitter:
         try:
             shape = self._check_file(path)
             check_data(shape.n_rows, params)
+            if prepare is not None:
+                params = prepare(params, shape.n_features)
         except BaseException:
             self.files.remove(job_id)
             raise

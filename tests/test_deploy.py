@@ -21,9 +21,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +34,12 @@ import pytest
 from docker.utils.build import exclude_paths
 
 from service.config import Settings
+from service.routes.health import router as health_router
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
 COMPOSE = REPO / "docker" / "compose.yml"
+COMPOSE_LOOPBACK = REPO / "docker" / "compose.loopback.yml"
 NGINX_CONF = REPO / "docker" / "nginx.conf"
 MIB = 1024 * 1024
 
@@ -249,6 +253,148 @@ def test_compose_sets_only_variables_the_service_reads() -> None:
         Settings(**fixed)
 
 
+def test_compose_variables_are_substituted_by_podman_compose_too() -> None:
+    # podman-compose 1.0.3 (Debian bookworm) leaves ${VAR:-} and ${VAR-} (an empty default)
+    # as they are: the service got the literal text as its API key and refused to start.
+    text = re.sub(r"#.*", "", COMPOSE.read_text())
+    empty_defaults = re.findall(r"\$\{\w+:?-\}", text)
+    assert not empty_defaults
+
+
+def test_compose_healthchecks_survive_podman_compose() -> None:
+    # podman-compose 1.0.3 passes a CMD healthcheck to podman as one shell string whose
+    # arguments it glues with "' '": an argument that needs quoting (spaces, quotes) breaks
+    # it (the dask-scheduler's check always failed). Such checks are CMD-SHELL strings.
+    for name, service in compose()["services"].items():
+        test = service.get("healthcheck", {}).get("test")
+        if isinstance(test, list) and test[0] == "CMD":
+            assert all(shlex.quote(arg) == arg for arg in test[1:]), name
+        # `disable: true` is ignored by podman-compose 1.0.3: the image's HEALTHCHECK (an HTTP
+        # probe) stayed on the workers, which have no HTTP port. ["NONE"] works in both.
+        assert "disable" not in service.get("healthcheck", {}), name
+    for name in ("worker", "dask-worker"):
+        assert compose()["services"][name]["healthcheck"]["test"] == ["NONE"]
+
+
+@contextlib.contextmanager
+def fake_replica(answers: Mapping[str, int | None]) -> Iterator[tuple[int, list[str]]]:
+    """An HTTP server on a free loopback port standing in for an API replica, to show what
+    nginx does with its answers: each path gets the status in ``answers`` (other paths 200),
+    or for None no answer at all (the connection is closed once the request is read, as by a
+    replica killed mid-request). Yields the port and the requests it was sent."""
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as nginx's upstream connections are
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append(f"{self.command} {self.path}")
+            status = answers.get(self.path, 200)
+            if status is None:
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            body = json.dumps({"status": status}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = answer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1]), seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def compose_api_healthcheck() -> list[str]:
+    """compose.yml's healthcheck of the API replicas, as the command a container runs."""
+    test = compose()["services"]["api-1"]["healthcheck"]["test"]
+    assert test[0] == "CMD-SHELL"
+    command = str(test[1])
+    assert command.startswith("python ")
+    return ["/bin/sh", "-c", shlex.quote(sys.executable) + command[len("python") :]]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_compose_api_healthcheck_probes_the_address_the_server_listens_on(host: str) -> None:
+    # MBN_HOST is the image's 0.0.0.0 in a normal deployment; compose.loopback.yml gives each
+    # replica its own loopback address: the check must follow it (and MBN_PORT).
+    with fake_replica({}) as (port, seen):
+        env = {**os.environ, "MBN_HOST": host, "MBN_PORT": str(port)}
+        subprocess.run(compose_api_healthcheck(), env=env, check=True, timeout=30)
+        assert seen == ["GET /health/ready"]
+    with fake_replica({"/health/ready": 503}) as (port, seen):
+        env = {**os.environ, "MBN_HOST": host, "MBN_PORT": str(port)}
+        result = subprocess.run(compose_api_healthcheck(), env=env, capture_output=True, timeout=30)
+        assert result.returncode != 0 and seen == ["GET /health/ready"]
+
+
+def test_compose_loopback_override_changes_only_networking() -> None:
+    yaml = pytest.importorskip("yaml")
+    override = yaml.safe_load(COMPOSE_LOOPBACK.read_text())
+    assert set(override) <= {"services"} | {key for key in override if key.startswith("x-")}
+    services = override["services"]
+    assert set(services) == set(compose()["services"])
+    hosts: dict[str, str] = {}
+    for name, service in services.items():
+        assert set(service) <= {"network_mode", "extra_hosts", "environment", "deploy"}, name
+        assert service["network_mode"].startswith("ns:/run/netns/"), name  # never a bridge
+        for entry in service["extra_hosts"]:
+            host, address = entry.split(":")
+            assert address.startswith("127."), entry  # loopback only
+            assert hosts.setdefault(host, address) == address
+    # Every name the services use for each other resolves; each replica listens on its own.
+    assert set(hosts) == {"postgres", "dask-scheduler", "api-1", "api-2"}
+    for name in ("api-1", "api-2"):
+        assert services[name]["environment"] == {"MBN_HOST": hosts[name]}
+    assert services["worker"]["deploy"] == {"replicas": 2}
+
+
+def test_every_image_compose_pulls_has_a_local_stand_in() -> None:
+    # scripts/compose-check builds docker/standins/<service>.Containerfile for each image
+    # that is not built from this repository.
+    for name, service in compose()["services"].items():
+        if "build" not in service and service["image"] != compose()["services"]["api-1"]["image"]:
+            assert (REPO / "docker" / "standins" / f"{name}.Containerfile").is_file(), name
+
+
+def test_podman_no_bridge_drops_only_the_bridge_network(tmp_path: Path) -> None:
+    # A podman that records its arguments, behind docker/podman-no-bridge.
+    record = tmp_path / "args"
+    fake = tmp_path / "podman"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {record}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    wrapper = str(REPO / "docker" / "podman-no-bridge")
+
+    def run(*args: str) -> list[str] | None:
+        record.unlink(missing_ok=True)
+        subprocess.run([wrapper, *args], env=env, check=True, timeout=30)
+        return record.read_text().splitlines() if record.exists() else None
+
+    run_args = ["run", "--name=mbn_api-1_1", "-d", "--network", "ns:/run/netns/x", "-e", "A=1",
+                "--net", "mbn_default", "--network-alias", "api-1", "--add-host", "a:127.0.0.1",
+                "mbn:latest", "sh", "-c", "--net"]  # fmt: skip
+    assert run(*run_args) == [
+        "run", "--name=mbn_api-1_1", "-d", "--network", "ns:/run/netns/x", "-e", "A=1",
+        "--add-host", "a:127.0.0.1", "mbn:latest", "sh", "-c", "--net",
+    ]  # fmt: skip
+    assert run("network", "exists", "mbn_default") is None  # no bridge asked for, none made
+    assert run("network", "create", "mbn_default") is None
+    assert run("ps", "-a", "--net", "x") == ["ps", "-a", "--net", "x"]
+
+
 # ---- nginx.conf -----------------------------------------------------------------------------
 
 
@@ -278,7 +424,15 @@ def test_nginx_upstreams_are_the_compose_replicas_with_passive_health_checks() -
 
 @pytest.mark.parametrize(
     "script",
-    ["scripts/test", "scripts/serve", "scripts/postgres.sh", "docker/check-image.sh", ".ci/run"],
+    [
+        "scripts/test",
+        "scripts/serve",
+        "scripts/postgres.sh",
+        "docker/check-image.sh",
+        "scripts/compose-check",
+        "docker/podman-no-bridge",
+        ".ci/run",
+    ],
 )
 def test_scripts_are_executable_bash(script: str) -> None:
     path = REPO / script
@@ -402,17 +556,15 @@ def test_nginx_config_is_valid(nginx_binary: str, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
 
 
-@pytest.fixture
-def nginx_in_front(nginx_binary: str, image_command_server: str, tmp_path: Path) -> Iterator[str]:
-    """nginx with docker/nginx.conf: api-1 is the server above, api-2 a port nobody listens on
-    (a replica that is down)."""
+@contextlib.contextmanager
+def running_nginx(binary: str, tmp: Path, upstreams: list[int]) -> Iterator[str]:
+    """nginx with docker/nginx.conf in front of these ports (api-1, api-2); yields its URL."""
     listen = free_port()
-    server_port = int(image_command_server.rsplit(":", 1)[1])
-    conf = local_nginx_conf(tmp_path, listen, [server_port, free_port()])
-    log = tmp_path / "nginx.log"
+    conf = local_nginx_conf(tmp, listen, upstreams)
+    log = tmp / "nginx.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [nginx_binary, "-p", str(tmp_path), "-c", str(conf), "-e", "stderr",
+            [binary, "-p", str(tmp), "-c", str(conf), "-e", "stderr",
              "-g", "daemon off;"],
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -423,6 +575,15 @@ def nginx_in_front(nginx_binary: str, image_command_server: str, tmp_path: Path)
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture
+def nginx_in_front(nginx_binary: str, image_command_server: str, tmp_path: Path) -> Iterator[str]:
+    """nginx with docker/nginx.conf: api-1 is the server above, api-2 a port nobody listens on
+    (a replica that is down)."""
+    server_port = int(image_command_server.rsplit(":", 1)[1])
+    with running_nginx(nginx_binary, tmp_path, [server_port, free_port()]) as url:
+        yield url
 
 
 def test_nginx_balances_around_a_dead_replica(nginx_in_front: str) -> None:
@@ -454,3 +615,168 @@ def test_nginx_refuses_bodies_over_the_service_limit_in_its_error_shape(
     )
     assert response.status_code not in (413, 502, 503)
     assert "error" in response.json()
+
+
+def test_nginx_answers_503_with_retry_after_when_no_replica_answers(
+    nginx_binary: str, tmp_path: Path
+) -> None:
+    # Both replicas down: nginx's own answer in the service's error shape, as a 503 (it was
+    # a 502 with this body: error_page kept nginx's code).
+    with running_nginx(nginx_binary, tmp_path, [free_port(), free_port()]) as url:
+        for path in ("/health/live", "/models"):
+            response = httpx.get(f"{url}{path}", timeout=10)
+            assert response.status_code == 503
+            assert response.headers["retry-after"] == "1"
+            assert response.json()["error"]["type"] == "unavailable"
+
+
+def test_nginx_sends_an_embedding_a_replica_lost_to_the_other(
+    nginx_binary: str, tmp_path: Path
+) -> None:
+    # api-1 reads each request and closes the connection without answering (killed mid-
+    # request); api-2 answers. Every POST /embed must reach api-2, even the ones api-1 lost.
+    lost = {"/embed": None, "/train": None}
+    with (
+        fake_replica(lost) as (dying, dying_seen),
+        fake_replica({}) as (alive, alive_seen),
+        running_nginx(nginx_binary, tmp_path, [dying, alive]) as url,
+    ):
+        for _ in range(4):
+            assert httpx.post(f"{url}/embed", json={}, timeout=10).status_code == 200
+        assert "POST /embed" in dying_seen  # some went to api-1 first
+        assert alive_seen.count("POST /embed") == 4
+
+
+def test_nginx_never_sends_another_post_twice(nginx_binary: str, tmp_path: Path) -> None:
+    # Other POSTs (a training job) are not retried once sent: a replica that lost one may
+    # have acted on it. The client gets a 503 to retry itself.
+    lost = {"/embed": None, "/train": None}
+    with (
+        fake_replica(lost) as (dying, dying_seen),
+        fake_replica({}) as (alive, alive_seen),
+        running_nginx(nginx_binary, tmp_path, [dying, alive]) as url,
+    ):
+        statuses = [httpx.post(f"{url}/train", json={}, timeout=10).status_code for _ in range(6)]
+        # Each request reached one replica only; those api-1 lost came back as 503.
+        assert len(dying_seen) + len(alive_seen) == 6
+        assert statuses.count(503) == len(dying_seen) >= 1
+        assert statuses.count(200) == len(alive_seen)
+
+
+def test_replicas_that_are_not_ready_still_get_embeddings(
+    nginx_binary: str, tmp_path: Path
+) -> None:
+    # Store down or disk full: both replicas answer /health/ready with 503 but still embed.
+    # Probes of readiness through nginx must not make nginx count both as failed and refuse
+    # every /embed ("no live upstreams").
+    not_ready = {"/health/ready": 503}
+    with (
+        fake_replica(not_ready) as (first, _),
+        fake_replica(not_ready) as (second, _),
+        running_nginx(nginx_binary, tmp_path, [first, second]) as url,
+    ):
+        for _ in range(8):
+            response = httpx.get(f"{url}/health/ready", timeout=10)
+            assert response.status_code == 503
+            assert response.json() == {"status": 503}  # the replica's own answer
+        for _ in range(4):
+            assert httpx.post(f"{url}/embed", json={}, timeout=10).status_code == 200
+
+
+# ---- Kubernetes manifests (k8s/) ------------------------------------------------------------
+
+K8S = REPO / "k8s"
+K8S_VERSION = "1.33.0"  # the oldest Kubernetes the manifests are written for
+
+
+def k8s_resources() -> list[dict[str, Any]]:
+    yaml = pytest.importorskip("yaml")
+    resources = []
+    for path in sorted(K8S.glob("*.yaml")):
+        resources += [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return resources
+
+
+def k8s_resource(kind: str, name: str) -> dict[str, Any]:
+    found = [r for r in k8s_resources() if r["kind"] == kind and r["metadata"]["name"] == name]
+    assert len(found) == 1, (kind, name)
+    return found[0]
+
+
+@pytest.mark.parametrize("version", [K8S_VERSION, "1.37.0"])
+def test_k8s_manifests_validate_against_the_api_schemas(version: str) -> None:
+    # kubernetes-validate bundles the API's JSON schemas: no cluster and no network needed.
+    # Strict: a misspelt field is an error, not ignored.
+    validator = pytest.importorskip("kubernetes_validate")
+    resources = k8s_resources()
+    assert {r["kind"] for r in resources} >= {
+        "Deployment", "Service", "PodDisruptionBudget", "ConfigMap", "PersistentVolumeClaim",
+    }  # fmt: skip
+    for resource in resources:
+        validator.validate(resource, version, strict=True)
+
+
+def test_k8s_validation_catches_a_mistake() -> None:
+    validator = pytest.importorskip("kubernetes_validate")
+    deployment = k8s_resource("Deployment", "mbn-api")
+    broken = json.loads(json.dumps(deployment))
+    broken["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["prot"] = 1
+    with pytest.raises(validator.ValidationError):
+        validator.validate(broken, K8S_VERSION, strict=True)
+
+
+def pod_spec(name: str) -> dict[str, Any]:
+    spec = k8s_resource("Deployment", name)["spec"]["template"]["spec"]
+    assert isinstance(spec, dict)
+    return spec
+
+
+def test_k8s_api_probes_service_and_disruption_budget_fit_the_service() -> None:
+    deployment = k8s_resource("Deployment", "mbn-api")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"] == labels
+    assert deployment["spec"]["replicas"] >= 2
+    (api,) = pod_spec("mbn-api")["containers"]
+    env = {item["name"]: item["value"] for item in api["env"]}
+    assert env["MBN_EMBEDDED_WORKER"] == "false"
+    assert api["ports"][0]["containerPort"] == int(env["MBN_PORT"])
+    # Ready when it can serve; restarted only when it stops answering at all.
+    assert api["readinessProbe"]["httpGet"]["path"] == "/health/ready"
+    assert api["livenessProbe"]["httpGet"]["path"] == "/health/live"
+    routes = {getattr(route, "path", "") for route in health_router.routes}
+    assert {"/health/ready", "/health/live"} <= routes
+    service = k8s_resource("Service", "mbn-api")
+    assert service["spec"]["selector"] == labels
+    assert service["spec"]["ports"][0]["targetPort"] == api["ports"][0]["name"]
+    budget = k8s_resource("PodDisruptionBudget", "mbn-api")
+    assert budget["spec"]["selector"]["matchLabels"] == labels
+    assert 1 <= budget["spec"]["minAvailable"] < deployment["spec"]["replicas"]
+
+
+def test_k8s_api_and_workers_share_the_data_volume_and_run_as_the_images_user() -> None:
+    user = next(rest for keyword, rest in final_stage() if keyword == "USER").split(":")[0]
+    claims = set()
+    for name in ("mbn-api", "mbn-worker"):
+        spec = pod_spec(name)
+        assert spec["securityContext"]["runAsUser"] == int(user)
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        (container,) = spec["containers"]
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"]}
+        (data,) = [volume for volume, path in mounts.items() if path == "/data"]
+        claims.add(volumes[data])
+    (claim,) = claims
+    assert "ReadWriteMany" in k8s_resource("PersistentVolumeClaim", claim)["spec"]["accessModes"]
+    assert k8s_resource("ConfigMap", "mbn-config")["data"]["MBN_DATA_DIR"] == "/data"
+    (worker,) = pod_spec("mbn-worker")["containers"]
+    assert worker["command"] == ["mbn", "worker"]
+
+
+def test_k8s_sets_only_variables_the_service_reads() -> None:
+    known = {f"MBN_{name.upper()}" for name in Settings.model_fields} | IMAGE_VARIABLES
+    names = set(k8s_resource("ConfigMap", "mbn-config")["data"])
+    for deployment in ("mbn-api", "mbn-worker"):
+        (container,) = pod_spec(deployment)["containers"]
+        names |= {item["name"] for item in container["env"]}
+    unknown = {name for name in names if name.startswith("MBN_")} - known
+    assert not unknown

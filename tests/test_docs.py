@@ -39,11 +39,63 @@ def test_every_training_option_and_setting_is_documented():
     from mbn_core.methods import get_method
     from service.config import Settings
 
-    readme = (REPO / "README.md").read_text()
+    guide = (REPO / "docs" / "GUIDE.md").read_text()
     for param in get_method("mbn").options():
-        assert f"| `{param.name}` |" in readme, param.name
+        assert f"| `{param.name}` |" in guide, param.name
+    deployment = (REPO / "docs" / "DEPLOYMENT.md").read_text()
     for name in Settings.model_fields:
-        assert f"| `MBN_{name.upper()}` |" in readme, name
+        assert f"| `MBN_{name.upper()}` |" in deployment, name
+
+
+# The README's "Layout" section lists every module of these packages, one line each: a line
+# without indentation ending in "/" names a package root, and an indented line starting with a
+# path ending in ".py" names a module relative to the last root.
+LAYOUT_PACKAGES = ("mbn_core", "service")
+
+
+def modules_on_disk() -> set[str]:
+    """Every module of the packages but ``__init__.py`` files and Alembic's revision scripts
+    (``service/migrations/versions/``: listed as that folder, not one line per revision)."""
+    found = set()
+    for package in LAYOUT_PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            relative = path.relative_to(REPO).as_posix()
+            if path.name == "__init__.py" or "/migrations/versions/" in relative:
+                continue
+            found.add(relative)
+    return found
+
+
+def modules_in_readme_layout() -> dict[str, int]:
+    """The modules the code block of the README's layout section names, with each one's line."""
+    listed: dict[str, int] = {}
+    in_section = in_block = False
+    root = None
+    for number, line in enumerate((REPO / "README.md").read_text().splitlines(), start=1):
+        if line.startswith("## "):
+            in_section = line == "## Layout"
+        elif in_section and line.startswith("```"):
+            in_block = not in_block
+        elif in_block and line and not line[0].isspace():
+            root = line.split()[0].rstrip("/")
+        elif in_block and line.strip() and line.split()[0].endswith(".py"):
+            assert root is not None, f"README.md line {number}: a module before any package"
+            listed[f"{root}/{line.split()[0]}"] = number
+    assert listed, "README.md has no '## Layout' section with a code block of modules"
+    return listed
+
+
+def test_readme_layout_lists_every_module():
+    on_disk = modules_on_disk()
+    listed = modules_in_readme_layout()
+    problems = [
+        f"add the line '  {name.split('/', 1)[1]}  <what it does>' under {name.split('/')[0]}/"
+        for name in sorted(on_disk - listed.keys())
+    ] + [
+        f"remove line {listed[name]} ('{name.split('/', 1)[1]}'): {name} does not exist"
+        for name in sorted(listed.keys() - on_disk)
+    ]
+    assert not problems, "README.md's '## Layout' block is out of date:\n" + "\n".join(problems)
 
 
 @pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: str(p.relative_to(REPO)))

@@ -20,6 +20,16 @@ from typing import IO
 
 import numpy as np
 
+from mbn_core.data.csv_scan import is_header_row, scan_csv
+from mbn_core.data.npz_members import (
+    HEADER_ERRORS,
+    MEMBER_ERRORS,
+    checked_members,
+    open_member,
+    read_member,
+    sparse_format,
+)
+
 _NPY_MAGIC = b"\x93NUMPY"
 # Headers numpy writes are a few hundred bytes; this bounds what a hostile one makes us parse.
 _MAX_HEADER_BYTES = 10_000
@@ -31,7 +41,8 @@ _SPARSE_MEMBERS = {f"{name}.npy" for name in SPARSE_ARRAYS}
 LABEL_KINDS = "biufUS"
 # Members that are not numbers: a sparse .npz's format name, and labels (strings allowed).
 _TEXT_MEMBERS = {"format.npy", "y.npy"}
-_CSV_CHUNK = 1 << 20
+
+__all__ = ["LABEL_KINDS", "SPARSE_ARRAYS", "DataShape", "is_header_row", "peek_data_file"]
 
 
 @dataclass(frozen=True)
@@ -107,7 +118,7 @@ def peek_data_file(path: str | os.PathLike[str]) -> DataShape:
             return _peek_npz(path)
         if suffix == ".csv":
             return _peek_csv(path)
-    except (OSError, EOFError, zipfile.BadZipFile) as error:
+    except (OSError, *MEMBER_ERRORS) as error:
         raise ValueError(f"{path}: unreadable {suffix} file: {error}") from None
     raise ValueError(
         f"{path}: unsupported format {suffix or '(no suffix)'!r}; use .npy, .npz or .csv"
@@ -130,7 +141,7 @@ def _npy_header(handle: IO[bytes], source: str, *, numeric: bool = True) -> _Hea
             )
         else:
             raise ValueError(f"format version {version[0]}.{version[1]} is not supported")
-    except ValueError as error:
+    except (ValueError, *HEADER_ERRORS) as error:
         raise ValueError(f"{source}: unreadable .npy header: {error}") from None
     if dtype.hasobject:
         raise ValueError(f"{source}: holds Python objects (pickled data), which mbn never loads")
@@ -159,31 +170,31 @@ def _matrix_shape(header: _Header, source: str, **flags: bool) -> DataShape:
 
 def _peek_npz(path: Path) -> DataShape:
     with zipfile.ZipFile(path) as archive:
-        members = {info.filename: info for info in archive.infolist()}
+        # The members the checks below read are the ones training reads (npz_members).
+        members = checked_members(archive, f"{path}")
         headers = {}
-        for name, info in members.items():
-            if not name.endswith(".npy"):
-                continue
-            with archive.open(info) as handle:
-                source = f"{path}: member {name!r}"
+        for info in members.values():
+            name = info.filename
+            source = f"{path}: member {name!r}"
+            with open_member(archive, info, f"{path}") as handle:
                 # A scipy sparse .npz names its format ("csr") in a string array.
                 header = _npy_header(handle, source, numeric=name not in _TEXT_MEMBERS)
-                if name == "y.npy" and header.dtype.kind not in LABEL_KINDS:
-                    raise ValueError(
-                        f"{source}: labels must be numbers, strings or booleans, got dtype "
-                        f"{header.dtype}"
-                    )
-                # The size the zip directory declares, checked against the header before a
-                # byte is inflated: a decompression bomb is refused here, and zipfile never
-                # inflates more than the declared size.
-                _check_size(header, info.file_size, source)
-                headers[name] = header
-        if members.keys() >= _SPARSE_MEMBERS:
-            return _sparse_shape(path, archive, headers)
+            if name == "y.npy" and header.dtype.kind not in LABEL_KINDS:
+                raise ValueError(
+                    f"{source}: labels must be numbers, strings or booleans, got dtype "
+                    f"{header.dtype}"
+                )
+            # The size the zip directory declares, checked against the header before a
+            # byte is inflated: a decompression bomb is refused here, and zipfile never
+            # inflates more than the declared size.
+            _check_size(header, info.file_size, source)
+            headers[name] = header
+        if headers.keys() >= _SPARSE_MEMBERS:
+            return _sparse_shape(path, archive, members, headers)
         if "x.npy" not in headers:
             raise ValueError(
                 f"{path}: an .npz needs an array named 'x' (and optionally 'y'), "
-                f"found {sorted(name.removesuffix('.npy') for name in members)}"
+                f"found {sorted(members)}"
             )
         x = headers["x.npy"]
         data_bytes = sum(h.data_bytes for h in headers.values())
@@ -191,12 +202,17 @@ def _peek_npz(path: Path) -> DataShape:
         return DataShape(shape.n_rows, shape.n_features, data_bytes, has_labels=shape.has_labels)
 
 
-def _sparse_shape(path: Path, archive: zipfile.ZipFile, headers: dict[str, _Header]) -> DataShape:
+def _sparse_shape(
+    path: Path,
+    archive: zipfile.ZipFile,
+    members: dict[str, zipfile.ZipInfo],
+    headers: dict[str, _Header],
+) -> DataShape:
     shape_header = headers["shape.npy"]
     if shape_header.shape != (2,) or shape_header.dtype.kind not in "iu":
         raise ValueError(f"{path}: a sparse .npz needs a 'shape' of two integers")
-    with archive.open("shape.npy") as handle:
-        rows, features = (int(n) for n in np.load(handle, allow_pickle=False))
+    sparse_format(archive, members, f"{path}")
+    rows, features = (int(n) for n in read_member(archive, members["shape"], f"{path}"))
     if rows < 0 or features < 0:
         raise ValueError(f"{path}: negative sparse shape ({rows}, {features})")
     data_bytes = sum(h.data_bytes for h in headers.values())
@@ -204,48 +220,8 @@ def _sparse_shape(path: Path, archive: zipfile.ZipFile, headers: dict[str, _Head
 
 
 def _peek_csv(path: Path) -> DataShape:
-    """Rows and columns of a CSV, counting non-blank lines in a streaming pass (constant
-    memory; the numbers themselves are parsed by the loader)."""
-    rows = 0
-    first: list[bytes] = []  # the first two non-blank lines
-    pending = b""
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CSV_CHUNK):
-            lines = (pending + chunk).split(b"\n")
-            pending = lines.pop()
-            for line in lines:
-                if line.strip():
-                    rows += 1
-                    if len(first) < 2:
-                        first.append(line)
-    if pending.strip():
-        rows += 1
-        if len(first) < 2:
-            first.append(pending)
-    if first and is_header_row(first[0]):
-        rows -= 1
-        first.pop(0)
-    if not first or rows < 1:
-        raise ValueError(f"{path}: no data rows")
-    if is_header_row(first[0]):
-        raise ValueError(f"{path}: expected numbers in the first data row")
-    features = first[0].count(b",") + 1
+    """Rows and columns of a CSV, every cell checked to be a number, in bounded memory
+    (blocks of lines, ``mbn_core.data.csv_scan``): a file training would refuse for a text cell
+    is refused here, with its row."""
+    rows, features = scan_csv(path)
     return DataShape(rows, features, rows * features * 8)
-
-
-def is_header_row(line: bytes | str) -> bool:
-    """Whether a CSV line is a header of column names: none of its cells is a number.
-
-    A line with some numbers is data with a bad cell, which the loader reports with its place,
-    rather than a header to drop in silence. A UTF-8 byte order mark before it is ignored.
-    """
-    text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
-    return not any(_is_number(cell) for cell in text.removeprefix("\ufeff").split(","))
-
-
-def _is_number(cell: str) -> bool:
-    try:
-        float(cell)
-    except ValueError:
-        return False
-    return True

@@ -1,4 +1,4 @@
-"""The co-association of an MBN's codes, which the spectral and UMAP outputs embed by.
+"""The co-association of an MBN's codes, which the UMAP output embeds by.
 
 Two training rows are alike when they share many bottom-layer cells (fine, local) *and* many
 top-layer clusters (coarse, global). The affinity of rows x and j is the product of the two
@@ -14,7 +14,7 @@ share alone is its affinity (the product would be zero).
 Without top codes the affinity is the bottom share alone: the UMAP output on thin manifolds,
 where the coarse layers' clusters straddle the manifold's branches (``mbn_core.mbn.auto``).
 
-``CodesTop`` is what both outputs keep: the training rows' codes, against which any row's
+``CodesTop`` is what such an output keeps: the training rows' codes, against which any row's
 affinities are computed a block of rows at a time.
 """
 
@@ -76,18 +76,10 @@ class CodesTop:
         top = 0 if self.top_codes is None else self.top_codes.nbytes
         return self.bottom_codes.nbytes + top + cells
 
-    def embed(
-        self, bottom_codes: np.ndarray, top_codes: np.ndarray | None, exclude_self: bool = False
-    ) -> np.ndarray:
+    def embed(self, bottom_codes: np.ndarray, top_codes: np.ndarray | None) -> np.ndarray:
         """(m, n_components) embedding of rows with these bottom and top codes (the top codes
-        are not read when this top keeps none).
-
-        ``exclude_self``: the rows are the training rows (in order), coded as new rows
-        (leave-self-out); each row's affinity to itself is dropped.
-        """
-        blocks = coassociation_blocks(
-            bottom_codes, top_codes, self.cells, self.top_codes, exclude_self
-        )
+        are not read when this top keeps none)."""
+        blocks = coassociation_blocks(bottom_codes, top_codes, self.cells, self.top_codes)
         embedded = [self.embed_affinities(affinity) for _, affinity in blocks]
         return np.vstack(embedded) if embedded else np.empty((0, self.n_components))
 
@@ -112,21 +104,13 @@ def cell_index(bottom_codes: np.ndarray, n_values: int) -> sp.csr_matrix:
     return one_hot(bottom_codes, n_values).T.tocsr()
 
 
-def coassociation(
-    bottom_codes, top_codes, cells, train_top_codes, exclude_self: bool, first_row: int = 0
-):
+def coassociation(bottom_codes, top_codes, cells, train_top_codes):
     """(m, n) CSR of K(x, j) for query rows x against the training rows j (``cells``:
     ``cell_index`` of the training rows' bottom codes). ``train_top_codes`` None: the bottom
-    share alone.
-
-    ``exclude_self``: query row i is training row ``first_row + i``; that pair is dropped.
-    """
+    share alone."""
     n_clusterings = bottom_codes.shape[1]
     n_values = cells.shape[0] // n_clusterings
     shared_bottom = (one_hot(bottom_codes, n_values) @ cells).tocsr()
-    if exclude_self:
-        shared_bottom.setdiag(0, k=first_row)
-        shared_bottom.eliminate_zeros()
     bottom_share = shared_bottom.data.astype(np.float64) / n_clusterings
     if train_top_codes is None:
         data = bottom_share
@@ -143,7 +127,7 @@ def coassociation(
 
 
 def coassociation_blocks(
-    bottom_codes, top_codes, cells, train_top_codes, exclude_self: bool
+    bottom_codes, top_codes, cells, train_top_codes
 ) -> Iterator[tuple[int, sp.csr_matrix]]:
     """``coassociation`` of consecutive blocks of query rows: (first row, block). Each row's
     affinities do not depend on the other rows, so blocking changes no value."""
@@ -153,10 +137,7 @@ def coassociation_blocks(
     for start in range(0, bottom_codes.shape[0], block_rows):
         stop = start + block_rows
         top_block = None if train_top_codes is None else top_codes[start:stop]
-        yield start, coassociation(
-            bottom_codes[start:stop], top_block, cells, train_top_codes,
-            exclude_self, first_row=start,
-        )  # fmt: skip
+        yield start, coassociation(bottom_codes[start:stop], top_block, cells, train_top_codes)
 
 
 @njit(nogil=True, cache=True)

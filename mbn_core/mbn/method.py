@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from mbn_core.mbn.network import MBN, model_from_arrays, model_to_arrays
-from mbn_core.mbn.umap_output import layout_epochs
+from mbn_core.mbn.estimator import MBN
+from mbn_core.mbn.outputs import get_output
+from mbn_core.mbn.outputs.umap import STAGES, layout_epochs
+from mbn_core.mbn.persistence import model_from_arrays, model_to_arrays
 from mbn_core.methods import Method, Reporter, register
 
-# Relative cost of the steps, in multiply-adds of the bottom layer's GEMMs on MNIST (two
-# cores; benchmarks/RESULTS.md, issue 17: "Progress through the UMAP output"):
+# Relative cost of the steps, in multiply-adds of the bottom layer's GEMMs on MNIST (measured
+# on two cores):
 # - a bottom-layer (row, center) pair costs its chosen inputs' multiply-adds, and no less
 #   than this on narrow input, where the nearest-center search and the bookkeeping dominate
 #   (digits' 32 inputs and the swiss roll's 3 both measured about 100);
@@ -38,9 +40,8 @@ def layer_costs(mbn: MBN, shape: tuple[int, int], ks: list[int] | None = None) -
 
 def output_costs(mbn: MBN, n_samples: int, k1: int, output: str) -> dict[str, float]:
     """Expected cost of each stage of fitting ``output`` after the layers, in the units of
-    ``layer_costs``. PCA of the top codes is small beside the layers (1-4 s of a 1,400 s
-    MNIST fit), and the spectral output's eigensolver is not modelled: neither has stages."""
-    if output not in ("umap", "umap-bottom"):
+    ``layer_costs``. PCA of the top codes is small beside the layers: it has no stages."""
+    if get_output(output).stages != STAGES:
         return {}
     visits = float(n_samples) * mbn.n_clusterings * n_samples / k1
     return {
@@ -129,7 +130,14 @@ def _check_rows(mbn: MBN, n_samples: int) -> None:
 
 def _facts(mbn: MBN) -> dict[str, Any]:
     # The output too: with output="auto" the data chose it, and a user reads here which.
-    return {"ks": [int(k) for k in mbn.ks_], "metric": mbn.metric, "output": mbn.output_}
+    facts = {"ks": [int(k) for k in mbn.ks_], "metric": mbn.metric, "output": mbn.output_}
+    # Where the layers were computed ("auto" chose it): a GPU gives the CPU's codes.
+    device = getattr(mbn, "device_", "cpu")
+    if device == "cuda":
+        from mbn_core.mbn.backends.cuda import device_name
+
+        return {**facts, "device": f"cuda ({device_name()})"}
+    return {**facts, "device": device}
 
 
 METHOD = register(

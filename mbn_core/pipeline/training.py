@@ -1,4 +1,4 @@
-"""Training a bundle end to end: parameters, reading data, method fit + fast path + export.
+"""Training a bundle end to end: parameters, method fit + fast path, report and export.
 
 Both the ``mbn train`` command and the service's worker call ``train_bundle``; it reports
 progress as one fraction 0..1 over the whole job, weighted by the expected cost of each step,
@@ -11,10 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import time
-import warnings
-import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,22 +22,19 @@ import scipy.sparse as sp
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import validate_parameter_constraints
 
-from mbn_core.bundle import check_target, save_bundle, validate_model_id, validate_name
+from mbn_core.bundle import (
+    Bundle,
+    check_target,
+    load_bundle,
+    save_bundle,
+    validate_model_id,
+    validate_name,
+)
 from mbn_core.bundle.embedding_map import MAP_FILE, MAP_POINTS, EmbeddingMap, build_map
 from mbn_core.bundle.trained import TrainedModel, estimator_hyperparameters
 from mbn_core.data.checks import check_spread
-from mbn_core.data.files import LABEL_KINDS, SPARSE_ARRAYS, is_header_row, peek_data_file
-from mbn_core.distill.compressor import (
-    CompressiveMBN,
-    _kmeans,
-    _report_clusters,
-    _seed,
-    _split,
-    fold_fit_rows,
-    measure_fidelity,
-    report_fold_count,
-    teacher_fit_rows,
-)
+from mbn_core.data.readers import check_labels, check_matrix
+from mbn_core.distill.compressor import CompressiveMBN
 from mbn_core.distill.input_map import projected_width
 from mbn_core.exceptions import TrainingStopped
 from mbn_core.methods import (
@@ -51,7 +45,11 @@ from mbn_core.methods import (
     get_method,
 )
 from mbn_core.params import InvalidParameterError, Param
-from mbn_core.pipeline.quality import quality_report
+from mbn_core.pipeline.alignment import check_compatible, reference_files
+from mbn_core.pipeline.exported import ExportedFastPath, detach_callback
+from mbn_core.pipeline.novelty import novelty_section
+from mbn_core.pipeline.run import run_pipeline
+from mbn_core.pipeline.split import fold_fit_rows, report_fold_count, teacher_fit_rows
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +57,8 @@ PHASES = ("fit", "compressor", "report", "export")
 ProgressCallback = Callable[[str, float], object]
 
 # An MLP weight costs about this many bottom-layer multiply-adds per point and epoch (forward,
-# backward and update, on one BLAS thread against the bottom layer's two; measured on MNIST).
+# backward and update, on one BLAS thread against the bottom layer's two;
+# docs/decisions/0023-training-progress.md).
 _MLP_COST = 7.0
 # Share of the whole job left to the fidelity evaluation and the export.
 _EXPORT_SHARE = 0.02
@@ -209,186 +208,6 @@ class TrainingEvent:
     message: str
 
 
-# ---------------------------------------------------------------------- data
-
-
-def load_training_data(path: str | os.PathLike[str]) -> tuple[Any, np.ndarray | None]:
-    """Read a data file: ``.npy``, ``.npz`` (``x`` and optional ``y``), scipy sparse ``.npz``
-    or ``.csv`` (numbers only, and a header row when no cell of the first row is a number).
-
-    Returns
-    -------
-    X : ndarray of shape (n_samples, n_features) float32, or CSR matrix float32
-    y : ndarray of shape (n_samples,) or None
-        Labels from an ``.npz``'s ``y``, used only to report fidelity.
-
-    Raises
-    ------
-    ValueError
-        Naming the file: missing, unreadable, an unknown format, or malformed content
-        (not 2-D, not numeric, NaN or infinity, fewer than 2 rows).
-    """
-    path = Path(path)
-    if not path.exists():
-        raise ValueError(f"{path}: no such file")
-    if not path.is_file():
-        raise ValueError(f"{path}: not a file")
-    suffix = path.suffix.lower()
-    y = None
-    try:
-        _check_magic(path, suffix)
-        if suffix in (".npy", ".npz"):
-            # Headers that claim more data than the file holds are refused before numpy
-            # allocates what they claim.
-            peek_data_file(path)
-        if suffix == ".npy":
-            X = np.load(path, allow_pickle=False)
-        elif suffix == ".npz":
-            X, y = _read_npz(path)
-        elif suffix == ".csv":
-            X = _read_csv(path)
-        else:
-            raise ValueError(
-                f"{path}: unsupported format {suffix or '(no suffix)'!r}; use .npy, .npz or .csv"
-            )
-    except (OSError, EOFError, zipfile.BadZipFile) as error:
-        raise ValueError(f"{path}: unreadable {suffix} file: {error}") from None
-    except ValueError as error:
-        message = str(error)
-        if "allow_pickle" in message:  # numpy's advice to unpickle is not ours to give
-            message = f"{path}: holds Python objects (pickled data), which mbn never loads"
-        elif not message.startswith(str(path)):
-            message = f"{path}: unreadable {suffix} file: {message}"
-        raise ValueError(message) from None
-    return check_matrix(X, str(path)), _check_labels(y, X.shape[0], str(path))
-
-
-def check_matrix(X, source: str = "X"):
-    """``X`` as float32 (dense or CSR), or ValueError naming ``source``."""
-    if sp.issparse(X):
-        X = sp.csr_matrix(X)
-        values = X.data
-    else:
-        X = np.asarray(X)
-        values = X
-    if X.ndim != 2:
-        raise ValueError(f"{source}: expected a 2-D matrix (rows = points), got shape {X.shape}")
-    if X.dtype.kind not in "biuf":
-        raise ValueError(f"{source}: expected numbers, got dtype {X.dtype}")
-    if X.shape[0] < 2 or X.shape[1] < 1:
-        raise ValueError(f"{source}: needs at least 2 rows and 1 column, got shape {X.shape}")
-    values = values.astype(np.float32, copy=False)
-    if not np.isfinite(values).all():
-        raise ValueError(f"{source}: contains NaN, infinity or values beyond float32's range")
-    return X.astype(np.float32, copy=False)
-
-
-def _check_magic(path: Path, suffix: str) -> None:
-    """Refuse files that are not what their suffix says, before numpy guesses at pickles."""
-    magic = {".npy": b"\x93NUMPY", ".npz": b"PK"}.get(suffix)
-    if magic is None:
-        return
-    with path.open("rb") as handle:
-        if handle.read(len(magic)) != magic:
-            raise ValueError(f"{path}: not a NumPy {suffix} file")
-
-
-def _read_npz(path: Path):
-    with np.load(path, allow_pickle=False) as npz:
-        keys = set(npz.files)
-        if keys >= SPARSE_ARRAYS:
-            return _checked_sparse(sp.load_npz(path)), None
-        if "x" not in keys:
-            raise ValueError(
-                f"{path}: an .npz needs an array named 'x' (and optionally 'y'), "
-                f"found {sorted(keys)}"
-            )
-        return npz["x"], npz["y"] if "y" in keys else None
-
-
-def _checked_sparse(X) -> sp.csr_matrix:
-    """``X`` as CSR, its index arrays checked first: scipy's constructors check only their
-    lengths, and the compiled conversions index memory with them (a decreasing ``indptr``
-    raised a C++ RuntimeError; a column index past the shape went through)."""
-    if hasattr(X, "check_format"):  # csr, csc, bsr: before any conversion reads them
-        X.check_format(full_check=True)
-    X = X.tocsr()
-    X.check_format(full_check=True)
-    return X
-
-
-def _read_csv(path: Path) -> np.ndarray:
-    # utf-8-sig: a spreadsheet's byte order mark would make the first row unreadable.
-    with path.open("r", encoding="utf-8-sig", errors="replace") as handle:
-        header = 1 if is_header_row(handle.readline()) else 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "no data": reported below, by name
-        try:
-            X = np.loadtxt(
-                path, delimiter=",", skiprows=header, ndmin=2, dtype=np.float64,
-                encoding="utf-8-sig",
-            )  # fmt: skip
-        except ValueError as error:
-            raise ValueError(_csv_place(str(error))) from None
-    if X.size == 0:
-        raise ValueError(f"{path}: no data rows")
-    return X
-
-
-def _csv_place(message: str) -> str:
-    """numpy's CSV message with one way of counting rows: from 1, data rows only.
-
-    numpy counts a bad cell's row from 0 and a short row from 1, both without the header
-    and blank lines, and suggests its own ``usecols`` argument.
-    """
-    cell = re.fullmatch(
-        r"could not convert string (.*) to float64 at row (\d+), column (\d+)\.", message
-    )
-    if cell:
-        text, row, column = cell.groups()
-        return f"{text} is not a number: data row {int(row) + 1}, column {column}{_COUNTED}"
-    ragged = re.fullmatch(
-        r"the number of columns changed from (\d+) to (\d+) at row (\d+);.*", message
-    )
-    if ragged:
-        before, after, row = ragged.groups()
-        columns = "column" if after == "1" else "columns"
-        return f"data row {row} has {after} {columns} where the rows before have {before}{_COUNTED}"
-    return message
-
-
-# How the rows of a CSV message are counted.
-_COUNTED = " (rows count from 1, without the header and blank lines)"
-
-
-def _check_labels(y, n_samples: int, source: str) -> np.ndarray | None:
-    if y is None:
-        return None
-    y = np.asarray(y)
-    if y.ndim != 1 or len(y) != n_samples:
-        raise ValueError(f"{source}: 'y' must be 1-D with one label per row of 'x'")
-    if y.dtype.kind == "O":  # e.g. strings from pandas or fetch_openml: typed, if they are
-        y = np.asarray(y.tolist())
-    if y.dtype.kind not in LABEL_KINDS:
-        raise ValueError(
-            f"{source}: labels must be numbers, strings or booleans, got {y.dtype} values"
-        )
-    if y.dtype.kind == "f":
-        if not np.isfinite(y).all():
-            raise ValueError(f"{source}: labels contain NaN or infinity")
-        # Labels name classes for the report's NMI: a continuous target would make each row
-        # its own class and every embedding look perfect.
-        fractional = np.flatnonzero(y != np.round(y))
-        if fractional.size:
-            row = int(fractional[0])
-            raise ValueError(
-                f"{source}: labels name classes (whole numbers, strings or booleans); row "
-                f"{row} has {float(y[row])!r}, and {fractional.size} of {len(y)} are not "
-                "whole numbers"
-            )
-    return y
-
-
 def check_feasible(params: TrainingParams, n_rows: int) -> None:
     """ValueError unless ``params`` can train on ``n_rows`` rows: what ``train_bundle`` would
     otherwise find out only after the fit (the compressor needs 4 rows, the clustering head
@@ -429,6 +248,7 @@ def train_bundle(
     progress: ProgressCallback | None = None,
     events: Callable[[TrainingEvent], object] | None = None,
     overwrite: bool = False,
+    align_to: str | os.PathLike[str] | Bundle | None = None,
 ) -> Path:
     """Train a method and its fast path on X and write the bundle to ``out_dir``.
 
@@ -456,6 +276,10 @@ def train_bundle(
         True stops too.
     overwrite : bool, default=False
         Replace an existing bundle at ``out_dir``.
+    align_to : path or Bundle, default=None
+        An earlier model (its bundle) whose embedding space the new model's is mapped into
+        (``mbn_core.pipeline.alignment``), so vectors of both stay comparable. It must take
+        the same features and embed in as many dimensions.
 
     Returns
     -------
@@ -470,8 +294,13 @@ def train_bundle(
     validate_name(name)
     check_target(out_dir, overwrite=overwrite)
     X = check_matrix(X)
+    old = None
+    if align_to is not None:
+        old = align_to if isinstance(align_to, Bundle) else load_bundle(align_to)
+        n_components = params.values.get("n_components")
+        check_compatible(old, X.shape[1], n_components if isinstance(n_components, int) else None)
     check_spread(X)
-    labels = _check_labels(y, X.shape[0], "y")
+    labels = check_labels(y, X.shape[0], "y")
     method = params.spec
     if sp.issparse(X) and not method.sparse:
         raise ValueError(f"method {method.name!r} does not take sparse input")
@@ -482,7 +311,7 @@ def train_bundle(
     started = time.perf_counter()
     log.info("training %r with %s on %d x %d points", name, method.name, *X.shape)
     model = fit_model(params, X, labels, estimator=estimator, tracker=tracker)
-    extra_files, sections = {}, {}
+    extra_files, sections = reference_files(model, X, old, params.pipeline()["random_state"])
     if params[MAP_POINTS.name] and model.training_embedding is not None:
         if tracker.report("export", 0.0, "2-D map of the training embedding (t-SNE)"):
             raise TrainingStopped("training stopped by the progress callback before the map")
@@ -493,6 +322,11 @@ def train_bundle(
             **embedding_map.summary(),
             "seconds": round(time.perf_counter() - map_started, 3),
         }
+    novelty_files, novelty_manifest = novelty_section(
+        X, model.training_rows, params.pipeline()["random_state"]
+    )
+    extra_files.update(novelty_files)
+    sections.update(novelty_manifest)
     if tracker.report("export", 0.5, "writing the bundle"):
         raise TrainingStopped("training stopped by the progress callback before export")
     seconds = time.perf_counter() - started
@@ -536,7 +370,7 @@ def fit_model(
             callback=tracker,
         )
         compressor.fit(X, y)
-        _detach(estimator)
+        detach_callback(estimator)
         model = TrainedModel.from_compressor(compressor)
         model.training_embedding = compressor.embedding_
         model.training_rows = np.setdiff1d(np.arange(X.shape[0]), compressor.holdout_)
@@ -546,58 +380,39 @@ def fit_model(
 
 
 def _fit_exported(method: Method, params: TrainingParams, estimator, X, y) -> TrainedModel:
-    from mbn_core.distill.onnx import OnnxEmbedder, add_cluster_head
+    from mbn_core.distill.onnx import add_cluster_head
 
     assert method.export is not None
     pipeline = params.pipeline()
-    rng = check_random_state(pipeline["random_state"])
-    holdout, _, train = _split(X.shape[0], pipeline["holdout_fraction"], 0.0, rng)
-    started = time.perf_counter()
-    embedding = np.asarray(estimator.fit_transform(X[train]), dtype=np.float64)
-    _detach(estimator)
-    fit_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    centers = None
-    n_clusters = pipeline["n_clusters"]
-    if n_clusters is not None:
-        centers = _kmeans(embedding, n_clusters, _seed(rng)).cluster_centers_.astype(np.float32)
-    proto = add_cluster_head(method.export(estimator), centers)
-    exact = np.asarray(estimator.transform(X[holdout]), dtype=np.float64)
-    fast = OnnxEmbedder(proto).embed(X[holdout])
-    fidelity = measure_fidelity(
-        exact,
-        fast,
-        None if y is None else y[holdout],
-        n_clusters=_report_clusters(n_clusters, None if y is None else y[holdout], estimator),
-        centers=centers,
-        seed=_seed(rng),
+    result = run_pipeline(
+        X,
+        y,
+        ExportedFastPath(method, estimator),
+        holdout_fraction=pipeline["holdout_fraction"],
+        n_folds=None,
+        n_clusters=pipeline["n_clusters"],
+        rng=check_random_state(pipeline["random_state"]),
     )
-    quality = quality_report(
-        X[train],
-        X[holdout],
-        {"exact": exact, "fast": fast},
-        n_components=int(embedding.shape[1]),
-        metric=getattr(estimator, "metric", "euclidean"),
-        random_state=rng,
-    )
+    estimator = result.fitted.estimator
     facts: dict[str, Any] = {
         "n_samples": int(X.shape[0]),
-        "n_fit_samples": len(train),
+        "n_fit_samples": len(result.fitted_rows),
         "input_sparse": bool(sp.issparse(X)),
         "seconds": {
-            "fit": round(fit_seconds, 3),
-            "evaluation": round(time.perf_counter() - started, 3),
+            "fit": round(result.fitted.seconds["fit"], 3),
+            "evaluation": round(result.evaluation_seconds, 3),
         },
     }
     if method.facts is not None:
         facts.update(method.facts(estimator))
+    embedding = result.fitted.embedding
     return TrainedModel(
         method=method,
         estimator=estimator,
-        fast_path=proto,
-        cluster_centers=centers,
-        fidelity=fidelity,
-        quality=quality,
+        fast_path=add_cluster_head(method.export(estimator), result.centers),
+        cluster_centers=result.centers,
+        fidelity=result.fidelity,
+        quality=result.quality,
         hyperparameters={
             method.name: estimator_hyperparameters(estimator),
             "pipeline": pipeline,
@@ -606,7 +421,7 @@ def _fit_exported(method: Method, params: TrainingParams, estimator, X, y) -> Tr
         n_features_in=int(X.shape[1]),
         n_components=int(embedding.shape[1]),
         training_embedding=embedding.astype(np.float32),
-        training_rows=train,
+        training_rows=result.fitted_rows,
     )
 
 
@@ -641,12 +456,6 @@ def fit_shape(params: TrainingParams, shape: tuple[int, int]) -> tuple[int, int]
     return teacher_fit_rows(shape[0], params["holdout_fraction"], folds), shape[1]
 
 
-def _detach(estimator: Any) -> None:
-    """Drop a progress callback from a fitted estimator: it is not a hyperparameter."""
-    if "callback" in estimator.get_params(deep=False):
-        estimator.set_params(callback=None)
-
-
 class _Tracker:
     """Turns the method's and the MLP's reports into one cost-weighted fraction of the job."""
 
@@ -675,8 +484,7 @@ class _Tracker:
         fit = fit_cost if fit_cost is not None else (mlp if mlp else 1.0)
         # Each fold of a cross-fitted report refits the teacher and the MLP on (folds - 1) /
         # folds of the rows, and the bottom layer's cost grows about as the rows squared (k1
-        # grows with them): 3.2 model fits for 5 folds, where a 2,000-row swiss roll
-        # measured 2.7.
+        # grows with them): 3.2 model fits for 5 folds, a little more than measured.
         report = 0.0 if folds is None else folds * ((folds - 1) / folds) ** 2 * (fit + mlp)
         total = fit + mlp + report
         costs = (fit, mlp, report) if total > 0 else (1.0, 0.0, 0.0)

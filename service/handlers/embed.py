@@ -15,6 +15,7 @@ import numpy as np
 from mbn_core.bundle import Bundle, BundleError, OutOfRangeInput
 from service.domain import InvalidInput, NotFound
 from service.limits import ExactGate, RowBudget
+from service.monitor import LiveMonitor
 from service.registry import ModelRegistry
 
 
@@ -57,6 +58,8 @@ class EmbedHandler:
         larger ones on a thread (onnxruntime releases the GIL).
     max_rows_per_request : int
         Most rows one request may send (MBN_MAX_ROWS_PER_REQUEST).
+    monitor : LiveMonitor or None
+        Samples fast-mode rows for the live monitor and scores novelty.
     """
 
     def __init__(
@@ -66,12 +69,14 @@ class EmbedHandler:
         budget: RowBudget,
         inline_fast_rows: int,
         max_rows_per_request: int,
+        monitor: LiveMonitor | None = None,
     ) -> None:
         self.registry = registry
         self.gate = gate
         self.budget = budget
         self.inline_fast_rows = inline_fast_rows
         self.max_rows_per_request = max_rows_per_request
+        self.monitor = monitor
 
     async def resolve(self, ref: str | None) -> Bundle:
         """The bundle ``ref`` (id, name, or None for the default) names, or a domain error."""
@@ -99,7 +104,28 @@ class EmbedHandler:
         except OutOfRangeInput as exc:
             raise InvalidInput(str(exc)) from None
         compute_ms = (time.perf_counter() - started) * 1000.0
+        if mode == "fast" and self.monitor is not None:
+            self.monitor.observe(bundle, x, embeddings)  # a sample goes to its thread
         return Embedding(bundle, mode, embeddings, labels if want_clusters else None, compute_ms)
+
+    async def novelty(self, bundle: Bundle, x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Novelty scores and flags of the rows of ``x``, or None when ``bundle`` has no
+        novelty model; computed beside the event loop."""
+        if self.monitor is None:
+            return None
+        monitor = self.monitor
+
+        def score() -> tuple[np.ndarray, np.ndarray] | None:
+            model = monitor.novelty(bundle)
+            if model is None:
+                return None
+            scores = model.score(x)
+            return scores, scores > model.threshold
+
+        try:
+            return await self.budget.run(score)
+        except BundleError as exc:
+            raise self.registry.mark_damaged(bundle, exc) from None
 
     def _exact(self, bundle: Bundle, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         try:

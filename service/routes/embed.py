@@ -38,8 +38,8 @@ OFF_LOOP_PARSE_BYTES = 64 << 10
     response_model=EmbedResponse,
     summary="Embed rows with a model",
     description=(
-        "Fast mode answers from the model's ONNX compressor; exact mode runs the full MBN "
-        "in a bounded pool (429 with Retry-After when it is busy); past the in-flight "
+        "Fast mode answers from the model's ONNX fast path; exact mode runs the method's own "
+        "exact model in a bounded pool (429 with Retry-After when it is busy); past the in-flight "
         "budget (MBN_MAX_INFLIGHT_REQUESTS, MBN_MAX_INFLIGHT_ROWS) every request gets 429 "
         "with Retry-After at once. Headers: X-Model-Id, "
         "X-Compute-Time-Ms (model time only) and Server-Timing."
@@ -64,11 +64,12 @@ async def embed(request: Request, handler: EmbedHandlerDep) -> Response:
     x = _matrix(req, parsed, bundle, handler.max_rows_per_request)
     result = await handler.embed(bundle, x, req.mode, req.return_clusters)
     embeddings, clusters, compute_ms = result.embeddings, result.clusters, result.compute_ms
+    novelty = await handler.novelty(bundle, x) if req.return_novelty else None
 
     if x.shape[0] <= handler.inline_fast_rows:
-        content = _encode(req, bundle, embeddings, clusters)
+        content = _encode(req, bundle, embeddings, clusters, novelty)
     else:  # several milliseconds for large batches: beside the event loop
-        content = await budget.run(_encode, req, bundle, embeddings, clusters)
+        content = await budget.run(_encode, req, bundle, embeddings, clusters, novelty)
     return Response(
         content=content,
         media_type="application/json",
@@ -81,7 +82,11 @@ async def embed(request: Request, handler: EmbedHandlerDep) -> Response:
 
 
 def _encode(
-    req: EmbedRequest, bundle: Bundle, embeddings: np.ndarray, clusters: np.ndarray | None
+    req: EmbedRequest,
+    bundle: Bundle,
+    embeddings: np.ndarray,
+    clusters: np.ndarray | None,
+    novelty: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> bytes:
     payload: dict[str, object] = {
         "model": bundle.id,
@@ -96,6 +101,16 @@ def _encode(
         payload["embeddings"] = embeddings.tolist()
     if clusters is not None:
         payload["clusters"] = clusters.tolist()
+    if req.return_novelty:
+        if novelty is None:
+            payload["novelty"] = payload["novel"] = None
+            payload["novelty_unavailable"] = (
+                f"model {bundle.id!r} has no novelty model (trained before novelty scores, "
+                "or on sparse input)"
+            )
+        else:
+            payload["novelty"] = novelty[0].tolist()
+            payload["novel"] = novelty[1].tolist()
     return msgspec.json.encode(payload)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -13,17 +14,17 @@ from starlette.datastructures import UploadFile
 from service.deps import JobsHandlerDep, SettingsDep, TrainingHandlerDep, require_api_key
 from service.errors import (
     InvalidInput,
-    ServiceError,
     UnsupportedMediaType,
     invalid_from_validation,
 )
 from service.handlers import Job, TrainingHandler
 from service.routes._body import check_structure, is_json, json_body, parse_json
+from service.routes._multipart import read_form
 from service.schemas import JobList, JobOut, JobStatus, TrainOptions, TrainRequest, error_responses
 
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require_api_key)])
 
-_FORM_FIELDS = ("file", "params", "name", "method", "promote")
+_FORM_FIELDS = ("file", "params", "name", "method", "promote", "align_to")
 _MULTIPART_SCHEMA = {
     "type": "object",
     "required": ["file"],
@@ -42,6 +43,10 @@ _MULTIPART_SCHEMA = {
             "enum": ["true", "false"],
             "default": "false",
             "description": TrainOptions.model_json_schema()["properties"]["promote"]["description"],
+        },
+        "align_to": {
+            "type": "string",
+            "description": TrainOptions.model_fields["align_to"].description,
         },
     },
 }
@@ -69,7 +74,7 @@ async def train(
     await run_in_threadpool(handler.admit)  # 429 before a large body is read
     content_type = request.headers.get("content-type", "")
     if content_type.lower().startswith("multipart/form-data"):
-        job = await _train_multipart(request, handler)
+        job = await _train_multipart(request, handler, settings.spool_path)
     elif is_json(content_type):
         # JSON rows become Python objects first: bounded by the (smaller) body limit.
         req = await parse_json(request, TrainRequest, limit=settings.max_body_bytes)
@@ -81,6 +86,7 @@ async def train(
                 data=req.data,
                 labels=req.labels,
                 promote=req.promote,
+                align_to=req.align_to,
             )
         )
     else:
@@ -89,13 +95,8 @@ async def train(
     return JobOut.from_job(job)
 
 
-async def _train_multipart(request: Request, handler: TrainingHandler) -> Job:
-    try:
-        form = await request.form(max_files=1, max_fields=len(_FORM_FIELDS))
-    except ServiceError:
-        raise  # e.g. the body limit, hit while the form is read
-    except Exception as exc:  # malformed multipart or too many parts: Starlette's own errors
-        raise InvalidInput(f"unreadable multipart body: {exc}") from None
+async def _train_multipart(request: Request, handler: TrainingHandler, spool_dir: Path) -> Job:
+    form = await read_form(request, spool_dir, max_files=1, max_fields=len(_FORM_FIELDS))
     try:
         unknown = sorted(set(form.keys()) - set(_FORM_FIELDS))
         if unknown:
@@ -108,7 +109,7 @@ async def _train_multipart(request: Request, handler: TrainingHandler) -> Job:
             # Starlette keeps every repeat of a field and .get() the last: refuse the guess.
             if len(form.getlist(key)) > 1:
                 raise InvalidInput(f"the form has the field {key!r} more than once")
-        for key in ("params", "name", "method", "promote"):
+        for key in ("params", "name", "method", "promote", "align_to"):
             value = form.get(key)
             if value is None:
                 continue
@@ -119,8 +120,8 @@ async def _train_multipart(request: Request, handler: TrainingHandler) -> Job:
             check_structure(fields["params"].encode("utf-8", "surrogatepass"), what="params")
             try:
                 fields["params"] = json.loads(fields["params"])
-            except json.JSONDecodeError as exc:
-                raise InvalidInput(f"params is not valid JSON: {exc}") from None
+            except ValueError as exc:  # JSONDecodeError, or an integer of > 4,300 digits
+                raise InvalidInput(f"params is not valid JSON: {str(exc)[:200]}") from None
         if "promote" in fields:
             # A form field is text: only the JSON words, so a typo is never read as "no".
             if fields["promote"] not in ("true", "false"):
@@ -138,6 +139,7 @@ async def _train_multipart(request: Request, handler: TrainingHandler) -> Job:
                 filename=upload.filename,
                 source=upload.file,
                 promote=options.promote,
+                align_to=options.align_to,
             )
         )
     finally:

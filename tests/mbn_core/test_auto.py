@@ -21,7 +21,7 @@ from mbn_core.mbn.auto import (
     thin_manifold_is_measurable,
 )
 from mbn_core.mbn.coassociation import expected_pairs
-from mbn_core.mbn.network import model_from_arrays, model_to_arrays
+from mbn_core.mbn.persistence import model_from_arrays, model_to_arrays
 
 
 class LabelsThatMustNotBeRead:

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-import mbn_core.bundle.bundle as bundle_module
+import mbn_core.bundle.manifest as manifest_module
+import mbn_core.bundle.save as save_module
 from mbn_core import MBN, CompressiveMBN
 from mbn_core.bundle import (
     EXACT_FILE,
@@ -203,7 +204,7 @@ def test_overwrite_never_replaces_other_files(model, tmp_path):
 @pytest.mark.slow
 def test_interrupted_write_leaves_nothing(model, tmp_path, monkeypatch):
     written = []
-    real_write = bundle_module._write_synced
+    real_write = save_module._write_synced
 
     def write_then_interrupt(path, data):
         written.append(path.name)
@@ -211,7 +212,7 @@ def test_interrupted_write_leaves_nothing(model, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         real_write(path, data)
 
-    monkeypatch.setattr(bundle_module, "_write_synced", write_then_interrupt)
+    monkeypatch.setattr(save_module, "_write_synced", write_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         save_bundle(model, tmp_path / "m", name="m")
     assert list(tmp_path.iterdir()) == []
@@ -391,7 +392,19 @@ def test_manifest_without_digest_is_refused_from_format_2(copy):
 
 
 @pytest.mark.slow
-def test_format_1_manifest_without_digest_still_loads(copy, digits, caplog):
+def _embeds_as(bundle, model, X) -> None:
+    """``bundle`` embeds and clusters X as the in-memory ``model`` it was saved from."""
+    expected = model.transform(X)
+    assert np.abs(bundle.embed(X) - expected).max() <= 1e-4 * np.abs(expected).max()
+    np.testing.assert_array_equal(
+        bundle.embed(X, mode="exact"), model.exact_transform(X).astype(np.float32)
+    )
+    np.testing.assert_array_equal(
+        bundle.predict_clusters(X, mode="exact"), model.predict_clusters(X, mode="exact")
+    )
+
+
+def test_format_1_manifest_without_digest_still_loads(model, copy, digits, caplog):
     manifest = json.loads((copy / MANIFEST).read_text())
     del manifest["manifest_sha256"]
     manifest["format_version"] = 1
@@ -399,7 +412,7 @@ def test_format_1_manifest_without_digest_still_loads(copy, digits, caplog):
     bundle = load_bundle(copy)
     assert bundle.manifest["format_version"] == FORMAT_VERSION
     assert "no manifest digest" in caplog.text
-    assert bundle.embed(digits[0][:2]).shape == (2, 10)
+    _embeds_as(bundle, model, digits[0][:20])
 
 
 @pytest.mark.slow
@@ -435,17 +448,23 @@ def test_non_integer_format_version(copy):
 
 
 @pytest.mark.slow
-def test_older_supported_format_is_upgraded(copy, digits, monkeypatch):
+def test_older_supported_format_is_upgraded(model, saved, copy, digits, monkeypatch):
+    original = read_manifest(saved)
+
     # Pretend the current format is one newer, with an upgrade from today's format.
     def upgrade(manifest):
         return {**manifest, "upgraded": True}
 
-    monkeypatch.setattr(bundle_module, "FORMAT_VERSION", FORMAT_VERSION + 1)
-    monkeypatch.setitem(bundle_module._UPGRADES, FORMAT_VERSION, upgrade)
+    monkeypatch.setattr(manifest_module, "FORMAT_VERSION", FORMAT_VERSION + 1)
+    monkeypatch.setitem(manifest_module._UPGRADES, FORMAT_VERSION, upgrade)
     bundle = load_bundle(copy)
     assert bundle.manifest["upgraded"] is True
     assert bundle.manifest["format_version"] == FORMAT_VERSION + 1
-    assert bundle.embed(digits[0][:3]).shape == (3, 10)
+    # The upgrade changed only what it says: every other field is as saved, and the model
+    # embeds as the one saved.
+    upgraded = {k: v for k, v in bundle.manifest.items() if k not in ("upgraded", "format_version")}
+    assert upgraded == {k: v for k, v in original.items() if k != "format_version"}
+    _embeds_as(bundle, model, digits[0][:20])
 
 
 def as_version_1(path):

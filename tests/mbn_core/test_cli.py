@@ -15,7 +15,7 @@ from sklearn.datasets import load_digits
 
 from mbn_core import cli
 from mbn_core.bundle import load_bundle
-from mbn_core.mbn.umap_output import INSTALL_HINT
+from mbn_core.mbn.outputs.umap import INSTALL_HINT
 
 SMALL = [
     "--n-clusterings", "20", "--k1", "0.1", "--hidden-layer-sizes", "32",
@@ -226,7 +226,7 @@ def test_the_library_and_the_cli_import_nothing_of_the_service():
     web = {"service", "fastapi", "uvicorn", "sqlalchemy", "psycopg", "msgspec", "pybase64",
            "starlette", "pydantic"}  # fmt: skip
     code = (
-        "import sys, mbn_core, mbn_core.cli, mbn_core.pipeline.training, mbn_core.bundle.bundle;"
+        "import sys, mbn_core, mbn_core.cli, mbn_core.pipeline.training, mbn_core.bundle.load;"
         "print(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:])))"
     )
     result = subprocess.run(
@@ -246,3 +246,41 @@ def test_the_service_commands_parse(tmp_path):
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert option in result.stdout
+
+
+@pytest.mark.slow
+def test_train_aligned_to_an_earlier_bundle(trained, workdir):
+    path, _ = trained
+    result = run_mbn("train", "digits.npz", "--out", "aligned", "--name", "Digits",
+                     "--align-to", str(path), "--random-state", "1", *SMALL,
+                     cwd=workdir)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "aligned to:  model on" in result.stdout
+    assert load_bundle(workdir / "aligned").manifest["alignment"]["reference_model"] == "model"
+    bad = run_mbn("train", "narrow.npy", "--out", "bad", "--align-to", str(path), *SMALL,
+                  cwd=workdir)  # fmt: skip
+    assert_user_error(bad, "64 features")
+
+
+def test_train_plan_prints_what_the_fit_will_build_and_writes_nothing(workdir, monkeypatch, capsys):
+    from mbn_core.pipeline.training import TrainingParams, fit_shape
+
+    monkeypatch.chdir(workdir)
+    before = sorted(workdir.iterdir())
+    options = ["--n-clusterings", "20", "--k1", "0.1", "--random-state", "3"]
+    assert cli.main(["train", "digits.npz", "--plan", *options]) == 0
+    out = capsys.readouterr().out
+    params = TrainingParams.from_dict(
+        {"method": "mbn", "n_clusterings": 20, "k1": 0.1, "random_state": 3}
+    )
+    X = load_digits().data
+    n_fit = fit_shape(params, X.shape)[0]
+    assert str(params.estimator().plan(X[:n_fit])) in out
+    assert f"MBN plan for {n_fit} rows x 64 features" in out
+    assert sorted(workdir.iterdir()) == before  # no bundle
+
+
+def test_train_needs_out_unless_it_plans(workdir, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    assert cli.main(["train", "digits.npz"]) == cli.EXIT_USAGE
+    assert "--out DIR is required" in capsys.readouterr().err

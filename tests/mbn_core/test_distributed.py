@@ -190,3 +190,23 @@ def test_a_scheduler_without_workers_is_refused_before_any_work():
         pytest.raises(SchedulerUnreachable, match="has no workers"),
     ):
         mbn_distributed.connect(empty.scheduler_address, timeout=0.5)
+
+
+def test_transform_inside_use_dask_runs_every_layer_on_the_cluster(client, digits):
+    model = MBN(**PARAMS, n_jobs=2).fit(digits)
+    new_rows = digits[::7] / 3.0  # more rows than transform encodes on the calling thread
+    expected = model.transform(new_rows)
+    with use_dask(client, clusterings_per_task=6):
+        embedding = model.transform(new_rows)
+    transfers = last_transfers()
+    assert [t.layer for t in transfers] == list(range(len(model.ks_)))
+    assert all(t.n_tasks == 4 for t in transfers)  # 24 clusterings, 6 per task
+    np.testing.assert_array_equal(embedding, expected)
+
+
+def test_dask_backend_by_name_takes_the_default_client(client):
+    from mbn_core.mbn.backends import get_backend
+
+    with get_backend("dask") as backend:
+        assert isinstance(backend, mbn_distributed.DaskBackend)
+        assert backend.client is distributed.default_client()

@@ -8,14 +8,15 @@ must still load and embed identically (or, where they use a removed option, be r
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mbn_core import MBN
-from mbn_core.bundle import load_bundle
+from mbn_core import MBN, model_from_arrays
+from mbn_core.bundle import BundleError, load_bundle
 
 GOLDEN = Path(__file__).parents[1] / "data" / "golden"
 
@@ -74,3 +75,45 @@ def test_bundles_saved_before_embed_identically(name, mode, tmp_path):
     path = shutil.copytree(GOLDEN / "bundles" / name, tmp_path / name)
     embedding = load_bundle(path).embed(ROWS, mode=mode)
     np.testing.assert_array_equal(embedding, EXPECTED[f"{name}/{mode}"])
+
+
+@pytest.mark.parametrize(
+    ("name", "option"),
+    [("mbn_spectral", "output='spectral'"), ("mbn_leave_self_out", "targets='leave-self-out'")],
+)
+def test_bundles_with_a_removed_option_are_refused_naming_it(name, option, tmp_path):
+    path = shutil.copytree(GOLDEN / "bundles" / name, tmp_path / name)
+    with pytest.raises(BundleError, match=re.escape(option) + ", which this mbn .* no longer has"):
+        load_bundle(path)
+
+
+def test_spectral_model_arrays_are_refused_naming_the_output():
+    with np.load(GOLDEN / "bundles" / "mbn_spectral" / "exact.npz") as npz:
+        arrays = {key: npz[key] for key in npz.files}
+    with pytest.raises(ValueError, match='output="spectral" was removed'):
+        model_from_arrays(arrays, {"n_clusterings": 20, "output": "spectral"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mbn", "modular_kpca", "multilevel"])
+def test_bundles_trained_now_embed_as_those_saved_before(name, tmp_path):
+    # The whole training pipeline (split, fit, fast path, head) must make the same model as
+    # before: retrained with the generator's parameters on its rows, each mode embeds the
+    # saved rows bit for bit as the saved bundle did.
+    from sklearn.datasets import load_digits
+
+    from mbn_core.pipeline.training import train_bundle
+
+    X, y = load_digits(return_X_y=True)
+    path = train_bundle(
+        X[:300], tmp_path / name, name=name, params=GEN.BUNDLE_PARAMS[name], y=y[:300]
+    )
+    bundle = load_bundle(path)
+    for mode in ("fast", "exact"):
+        np.testing.assert_array_equal(
+            bundle.embed(ROWS, mode=mode), EXPECTED[f"{name}/{mode}"], err_msg=mode
+        )
+    # And the same report: held-out rows, clustering head and measurements.
+    saved = load_bundle(GOLDEN / "bundles" / name).manifest
+    for key in ("hyperparameters", "fidelity", "quality", "n_clusters"):
+        assert bundle.manifest[key] == saved[key], key

@@ -7,23 +7,23 @@ import pytest
 import scipy.sparse as sp
 
 from mbn_core import MBN
-from mbn_core.mbn import _kernels
-from mbn_core.mbn.layers import (
+from mbn_core.mbn import _bottom_kernels, _kernels
+from mbn_core.mbn.bottom import (
     DIRECT_MAX_ROWS,
+    bottom_clustering_codes,
+    bottom_codes_direct,
+    bottom_codes_sparse,
+    input_row_norms,
+    with_ones_column,
+)
+from mbn_core.mbn.dtypes import compact_values
+from mbn_core.mbn.upper import (
     CodeIndex,
     PointPostings,
     Postings,
     UpperLayer,
-    bottom_clustering_codes,
-    bottom_codes_direct,
-    bottom_codes_leave_self_out,
-    bottom_codes_sparse,
-    bottom_codes_sparse_leave_self_out,
-    compact_values,
-    input_row_norms,
     keep_threshold,
     upper_clustering_codes,
-    with_ones_column,
 )
 
 
@@ -307,7 +307,7 @@ def test_best_scores_flags_near_ties_and_returns_the_first_maximum():
     )
     best = np.empty(3, np.int32)
     near = np.empty(3, np.bool_)
-    _kernels.best_scores(scores, np.array([0.0, 0.05, 0.5], np.float32), best, near)
+    _bottom_kernels.best_scores(scores, np.array([0.0, 0.05, 0.5], np.float32), best, near)
     np.testing.assert_array_equal(best, [1, 0, 3])
     np.testing.assert_array_equal(near, [True, True, False])
 
@@ -408,65 +408,3 @@ def test_bottom_codes_few_equal_the_gemm_path(metric, integer_data):
         rows = slice(start, start + 7)
         got = layer.codes_few(X[rows].astype(np.float32), norms[rows])
         np.testing.assert_array_equal(got, want[rows])
-
-
-@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
-def test_bottom_leave_self_out_skips_only_the_excluded_center(metric):
-    rng = np.random.default_rng(15)
-    X = rng.normal(size=(150, 10)).astype(np.float32)
-    features = np.array([0, 2, 3, 6, 9])
-    chosen = rng.choice(150, 30, replace=False)
-    centers = X[chosen][:, features]
-    exclude = np.full(150, -1)
-    exclude[chosen] = np.arange(30)
-    codes, left_out = bottom_codes_leave_self_out(
-        with_ones_column(X), features, centers, metric, input_row_norms(X), exclude
-    )
-    np.testing.assert_array_equal(codes, reference_bottom(X, features, centers, metric))
-    np.testing.assert_array_equal(codes[chosen], np.arange(30))  # each center is its own
-    for i in range(150):
-        others = np.delete(np.arange(30), exclude[i]) if exclude[i] >= 0 else np.arange(30)
-        best = reference_bottom(X[i : i + 1], features, centers[others], metric)[0]
-        assert left_out[i] == others[best]
-
-
-@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
-def test_sparse_leave_self_out_equals_the_dense_centers_route(metric):
-    # The sparse route's left-out codes (targets="leave-self-out" on bag-of-words) are the
-    # ones the dense-centers route gives, exact ties included.
-    rng = np.random.default_rng(16)
-    dense = rng.poisson(0.5, size=(200, 40)).astype(np.float32)
-    X = sp.csr_matrix(dense)
-    model = MBN(n_clusterings=6, ks=[30, 8], metric=metric, random_state=0).fit(X)
-    layer, norms = model.bottom_layer_, input_row_norms(X)
-    for v in range(6):
-        exclude = np.full(200, -1)
-        exclude[rng.choice(200, 30, replace=False)] = rng.integers(0, 30, 30)
-        want = bottom_codes_leave_self_out(
-            X, layer.features(v), layer.center_values(v), metric, norms, exclude
-        )
-        got = bottom_codes_sparse_leave_self_out(X, layer, v, norms, exclude)
-        np.testing.assert_array_equal(got[0], want[0])
-        np.testing.assert_array_equal(got[1], want[1])
-        assert not np.any(got[1][exclude >= 0] == exclude[exclude >= 0])
-
-
-@pytest.mark.parametrize("inline", [True, False])
-def test_upper_leave_self_out_skips_the_points_own_center(inline):
-    rng = np.random.default_rng(16)
-    n_values, n_clusterings = 5, 30
-    codes = rng.integers(0, n_values, size=(90, n_clusterings)).astype(np.int32)
-    left = codes.copy()
-    left[::3, ::4] = rng.integers(0, n_values, size=left[::3, ::4].shape)
-    centers = rng.choice(90, 14, replace=False).astype(np.int32)
-    postings = Postings.build(left, codes, n_values, inline=inline)
-    got = upper_clustering_codes(postings, codes, centers, n_values, np.uint64(5), 0.5, True)
-    keys = (codes[centers] + np.arange(n_clusterings) * n_values).astype(np.uint64)
-    kept = _kernels.dimension_kept(np.uint64(5), keys.ravel(), keep_threshold(0.5))
-    shared = (left[:, None, :] == codes[centers][None]) & kept.reshape(keys.shape)[None]
-    counts = shared.sum(axis=2)
-    counts[centers, np.arange(14)] = 0  # a point never counts as its own center's match
-    np.testing.assert_array_equal(got, counts.argmax(axis=1))
-    with pytest.raises(ValueError, match="centers_are_points"):
-        own = Postings.build(codes, codes, n_values, inline=True, centers_are_points=True)
-        upper_clustering_codes(own, codes, centers, n_values, np.uint64(5), 0.5, True)

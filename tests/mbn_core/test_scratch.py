@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mbn_core.mbn._scratch import ScratchArrays
-from mbn_core.mbn.layers import bottom_clustering_codes, with_ones_column
+from mbn_core.mbn.bottom import bottom_clustering_codes, with_ones_column
 
 
 def test_a_name_reuses_its_buffer_and_grows_only_when_asked_for_more():
@@ -65,7 +65,7 @@ def test_bottom_codes_do_not_fault_in_fresh_pages_per_block_under_dask_malloc_se
         """
         import resource
         import numpy as np
-        from mbn_core.mbn.layers import bottom_clustering_codes, input_row_norms, with_ones_column
+        from mbn_core.mbn.bottom import bottom_clustering_codes, input_row_norms, with_ones_column
 
         rng = np.random.default_rng(0)
         data = rng.random((12288, 400)).astype(np.float32)

@@ -180,6 +180,64 @@ def test_full_disk(tmpfs: Path, serve: Callable[..., Server]) -> None:
     assert not list((tmpfs / "data" / "jobs").glob("*/.upload-*"))  # no partial uploads
 
 
+def test_full_disk_forced_delete_and_promote_change_nothing(
+    tmpfs: Path, serve: Callable[..., Server], write_bundle: Callable[..., Path]
+) -> None:
+    """Both wrote the choices file after acting and answered 500: the default's bundle was
+    renamed away while the file still named it, and readiness stayed 503 for good. A read
+    (GET /jobs) answered 507."""
+    data = tmpfs / "data"
+    write_bundle(data / "models", "m-two", "two", created="2030-01-01T00:00:00+00:00")
+    server = serve(data)
+    filler = tmpfs / "filler"
+    aliases = data / "models" / ".aliases.json"
+    with server.client() as client:
+        wait_for(lambda: _status(client, "/health/ready") == 200, 20, "ready")
+        assert client.post("/models/m-two/promote").status_code == 200
+        chosen = aliases.read_bytes()
+        with contextlib.suppress(OSError), filler.open("wb") as handle:
+            while True:  # until ENOSPC
+                handle.write(bytes(MIB))
+                handle.flush()
+        assert_error(client.post("/models/m-digits/promote"), 507, "insufficient_storage")
+        assert_error(client.delete("/models/m-two?force=true"), 507, "insufficient_storage")
+        assert aliases.read_bytes() == chosen
+        assert client.get("/models/m-two").status_code == 200
+        assert client.post("/embed", json={"inputs": [[0.0] * 64]}).headers["x-model-id"] == (
+            "m-two"
+        )
+        assert client.get("/jobs").status_code == 200
+
+        filler.unlink()
+        wait_for(lambda: _status(client, "/health/ready") == 200, 10, "ready again")
+        assert client.delete("/models/m-two?force=true").status_code in (200, 204)
+        assert client.post("/embed", json={"inputs": [[0.0] * 64]}).status_code == 200
+        assert _status(client, "/health/ready") == 200
+
+
+def test_uploads_spool_to_the_data_directory_not_tmpdir(
+    tmp_path: Path, tmpfs: Path, serve: Callable[..., Server]
+) -> None:
+    """Multipart files rolled over to the system temporary directory past 1 MB: a full
+    TMPDIR answered 422, a disk readiness never looked at. They now spool under the data
+    directory (whose full disk is a 507, test_full_disk)."""
+    server = serve(tmp_path / "data", TMPDIR=str(tmpfs))
+    content = "\n".join(f"{i},{i % 7},{i % 3}.5" for i in range(200_000)).encode()
+    assert len(content) > 2 * MIB
+    with server.client() as client:
+        # The first spool to disk fixes Python's temporary directory (TMPDIR, while it has
+        # room); then TMPDIR fills up.
+        assert client.post("/train", files={"file": ("d.csv", content)}).status_code == 202
+        filler = tmpfs / "filler"
+        with contextlib.suppress(OSError), filler.open("wb") as handle:
+            while True:  # until ENOSPC
+                handle.write(bytes(MIB))
+                handle.flush()
+        answer = client.post("/train", files={"file": ("d.csv", content)})
+        assert answer.status_code == 202, answer.text
+        assert _status(client, "/health/ready") == 200
+
+
 def test_kill_9_leftovers_are_cleaned_on_recovery(
     tmp_path: Path, serve: Callable[..., Server], digits: tuple[np.ndarray, np.ndarray]
 ) -> None:

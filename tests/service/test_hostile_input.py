@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 from servicetest import FAST_JOBS_ENV, TINY_PARAMS, Server, assert_error
 
 # Slow: a real mbn serve process, attacked over raw HTTP.
@@ -250,3 +251,25 @@ def test_uploads_stream_and_bombs_are_refused_in_bounded_memory(server: Server) 
     _, peak_after = _rss(server)
     # The peak resident set grew by far less than the upload (376 MB) or the bomb (160 MB).
     assert peak_after - max(idle, peak_before) < 300 * MIB, (idle, peak_before, peak_after)
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/models/{ref}"),
+        ("DELETE", "/models/{ref}"),
+        ("POST", "/models/{ref}/promote"),
+        ("GET", "/models/{ref}/map"),
+        ("GET", "/jobs/{ref}"),
+        ("POST", "/jobs/{ref}/cancel"),
+    ],
+)
+def test_a_long_id_is_not_echoed_whole(
+    api: Callable[..., TestClient], method: str, path: str
+) -> None:
+    """GET /models/<60,000 characters> answered with the whole id."""
+    client = api()
+    ref = "m" * 20_000
+    answer = client.request(method, path.format(ref=ref))
+    assert 400 <= answer.status_code < 500, answer.text
+    assert len(answer.text) < 500, answer.text[:300]

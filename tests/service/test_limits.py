@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 from fastapi.testclient import TestClient
-from servicetest import assert_error
+from servicetest import assert_error, wait_for
 
 from service.config import Settings
 from service.errors import Overloaded
@@ -137,3 +137,56 @@ def test_overload_over_http(api: Callable[..., TestClient]) -> None:
     ok = client.post("/embed", json={"inputs": [[0.0] * 64], "mode": "exact"})
     assert ok.status_code == 200
     assert "mbn_rejected_total" in client.get("/metrics").text
+
+
+def test_readiness_is_503_while_every_embed_slot_stays_taken(
+    api: Callable[..., TestClient],
+) -> None:
+    """Readiness said 200 while every /embed was refused: a replica that refuses all new
+    work is not ready for more of it."""
+    client = api(max_inflight_requests=2, saturated_after_seconds=0.2)
+    wait_for(lambda: client.get("/health/ready").status_code == 200, 30, "ready")
+    budget = client.app.state.row_budget  # type: ignore[attr-defined]
+    with budget.request(), budget.request():  # both slots held, as by two long requests
+        assert_error(client.post("/embed", json={"inputs": [[0.0] * 64]}), 429)
+        answer = wait_for(
+            lambda: (r := client.get("/health/ready")).status_code == 503 and r, 30, "503"
+        )
+        message = assert_error(answer, 503)["message"]
+        assert "MBN_MAX_INFLIGHT_REQUESTS=2" in message
+    wait_for(lambda: client.get("/health/ready").status_code == 200, 30, "ready again")
+
+
+def test_a_body_is_read_before_it_takes_a_slot(api: Callable[..., TestClient]) -> None:
+    """The in-flight slot is taken once the body is in: a request whose body is still
+    arriving holds no slot, so one slot serves the next complete request."""
+    client = api(max_inflight_requests=1)
+    budget = client.app.state.row_budget  # type: ignore[attr-defined]
+    taken: list[int] = []
+    original = budget.request
+
+    def watching_request():  # type: ignore[no-untyped-def]
+        taken.append(budget.buffered_bytes)  # bytes still held at the moment of admission
+        return original()
+
+    budget.request = watching_request
+    body = b'{"inputs": [' + b",".join([b"[" + b"0.5," * 63 + b"0.5]"] * 50) + b"]}"
+
+    def chunks():  # type: ignore[no-untyped-def]
+        for start in range(0, len(body), 1000):
+            yield body[start : start + 1000]
+
+    answer = client.post("/embed", content=chunks(), headers={"content-type": "application/json"})
+    assert answer.status_code == 200, answer.text
+    assert taken == [len(body)]  # admitted with the whole body read, not before
+    assert budget.buffered_bytes == 0
+
+
+def test_bodies_being_read_are_bounded_in_bytes(api: Callable[..., TestClient]) -> None:
+    client = api(max_body_bytes=4096, max_buffered_body_bytes=4096)
+    budget = client.app.state.row_budget  # type: ignore[attr-defined]
+    with budget.buffering() as hold:
+        hold(4000)  # another body's bytes, still arriving
+        answer = client.post("/embed", json={"inputs": [[0.0] * 64]})
+    assert_error(answer, 429, "overloaded")
+    assert client.post("/embed", json={"inputs": [[0.0] * 64]}).status_code == 200

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow
 
 KEY = "a-key-of-twenty-characters"
 BIG = b"[" + b"0," * (4 << 20) + b"0]"  # 8 MiB: more than the socket buffers hold
+HELD = 16 << 20  # the bytes of /embed bodies the server holds at once
 
 
 @pytest.fixture
@@ -31,6 +32,8 @@ def one_request_server(tmp_path: Path, processes: list[Process]) -> Iterator[Ser
         "MBN_DEMO_MODEL": "false",
         "MBN_EMBEDDED_WORKER": "false",
         "MBN_MAX_INFLIGHT_REQUESTS": "1",
+        "MBN_MAX_BODY_BYTES": str(HELD),
+        "MBN_MAX_BUFFERED_BODY_BYTES": str(HELD),
         "MBN_API_KEYS": KEY,
     }
     server = Server(env, tmp_path / "server.log")
@@ -60,21 +63,22 @@ def _status(answer: bytes) -> int:
 def test_a_refused_client_still_sending_its_body_reads_the_429(
     one_request_server: Server,
 ) -> None:
-    """The refusal comes before the body is read. Closing the connection while the client
-    is still sending would make the kernel reset it, and the client would see a broken
-    connection instead of the 429: the server reads the rest of the body first."""
+    """A refusal can come before the body is all read (here: the bytes of bodies held are
+    at their bound). Closing the connection while the client is still sending would make
+    the kernel reset it, and the client would see a broken connection instead of the 429:
+    the server reads the rest of the body first."""
     address = ("127.0.0.1", one_request_server.port)
-    body = b'{"inputs": [[0]]}'
     with socket.create_connection(address, timeout=30) as holder:
-        # Admitted, then waiting for a body that comes later: the only slot is taken.
-        holder.sendall(_post_head(len(body)))
+        # A body of HELD bytes, all but the last MiB sent: the server holds them.
+        holder.sendall(_post_head(HELD) + b" " * (HELD - (1 << 20)))
 
-        def refused_small() -> bool:
+        def refused() -> bool:
             with socket.create_connection(address, timeout=30) as probe:
+                body = b" " * (2 << 20)
                 probe.sendall(_post_head(len(body)) + body)
                 return _status(_answer(probe)) == 429
 
-        wait_for(refused_small, 30, "the held request to take the only slot")
+        wait_for(refused, 30, "the held body to fill the server's bound")
 
         with socket.create_connection(address, timeout=30) as sender:
             sender.sendall(_post_head(len(BIG)) + BIG)
@@ -82,7 +86,7 @@ def test_a_refused_client_still_sending_its_body_reads_the_429(
         assert _status(answer) == 429
         assert b"retry-after: " in answer.lower()
 
-        holder.sendall(body)
+        holder.sendall(b" " * (1 << 20))
         assert _status(_answer(holder)) != 429  # the held request itself was admitted
 
 

@@ -1,8 +1,9 @@
-"""Fitting MBN on a Dask cluster: each layer's clusterings run as tasks on the workers.
+"""The Dask backend: each layer's clusterings run as tasks on the workers of a Dask cluster.
 
-``use_dask`` is a context manager: every ``MBN.fit`` inside it (also the one inside
-``CompressiveMBN.fit`` and ``mbn_core.pipeline.training.train_bundle``) maps its layers' clusterings
-onto a ``dask.distributed`` cluster instead of local threads::
+``use_dask`` is a context manager: every ``MBN.fit`` and ``MBN.transform`` inside it (also
+those inside ``CompressiveMBN.fit`` and ``mbn_core.pipeline.training.train_bundle``) maps its
+layers' clusterings onto a ``dask.distributed`` cluster instead of local threads; a request
+of a few rows, which ``transform`` encodes on the calling thread, stays there::
 
     from mbn_core import MBN
     from mbn_core.mbn.backends.dask import use_dask
@@ -17,9 +18,10 @@ How a layer is run:
 - The layer's input is scattered once with ``broadcast=True``: Dask sends it to one worker and
   replicates it worker to worker, so each worker receives it once, not once per task. The
   bottom layer ships the input in its compact exact form (MNIST's float pixels as uint8) plus
-  the float64 row norms; upper layers ship the previous layer's (n, V) codes.
+  the float64 row norms; upper layers ship the previous layer's (n, V) codes (and, for new
+  rows, the fitted layer).
 - Each task encodes a contiguous range of clusterings with the same kernels as a local fit
-  (``network.bottom_encoder``, ``UpperClusterings.encoder``). What all clusterings of a layer
+  (``mbn_core.mbn.encoders``). What all clusterings of a layer
   share on a worker (the float32 working copy with its ones column, the posting lists of the
   previous codes) is built by the first task there and kept in a per-process cache until the
   layer ends.
@@ -45,24 +47,24 @@ import queue
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.sparse as sp
 
-from mbn_core.mbn.layers import BottomLayer, compact_values, input_row_norms
-from mbn_core.mbn.network import (
-    ProgressCallback,
-    TrainingStopped,
+from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback, use_backend
+from mbn_core.mbn.bottom import BottomLayer, input_row_norms
+from mbn_core.mbn.dtypes import compact_values, smallest_uint
+from mbn_core.mbn.encoders import (
+    Encoder,
     UpperClusterings,
-    _LayerRunner,
     bottom_encoder,
     float32_csr,
-    layer_runner_factory,
+    upper_encoder,
 )
+from mbn_core.mbn.upper import UpperLayer
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -134,7 +136,7 @@ def use_dask(
     clusterings_per_task: int | None = None,
     timeout: float = CONNECT_TIMEOUT,
 ) -> Iterator[Client]:
-    """Run the clusterings of every ``MBN.fit`` in this context on a Dask cluster.
+    """Run the layers of every ``MBN.fit`` and ``transform`` in this context on a Dask cluster.
 
     Parameters
     ----------
@@ -167,14 +169,17 @@ def use_dask(
     owned = isinstance(scheduler, str)
     client = connect(scheduler, timeout) if isinstance(scheduler, str) else scheduler
 
-    def factory(pool: ThreadPoolExecutor, callback: ProgressCallback | None) -> DaskLayerRunner:
-        return DaskLayerRunner(client, pool, callback, clusterings_per_task)
+    def factory(
+        *, n_jobs: int | None = None, callback: ProgressCallback | None = None
+    ) -> DaskBackend:
+        return DaskBackend(
+            client, n_jobs=n_jobs, callback=callback, clusterings_per_task=clusterings_per_task
+        )
 
-    token = layer_runner_factory.set(factory)
     try:
-        yield client
+        with use_backend(factory):
+            yield client
     finally:
-        layer_runner_factory.reset(token)
         if owned:
             client.close()
 
@@ -197,51 +202,69 @@ class LayerTransfer:
         return self.scattered_bytes * self.n_workers + self.gathered_bytes
 
 
-class DaskLayerRunner(_LayerRunner):
+class DaskBackend(LayerBackend):
     """Maps each layer's clusterings onto a Dask cluster (see the module docstring).
 
     ``transfers`` records the bytes each layer moved (for benchmarks).
     """
 
+    name = "dask"
+
     def __init__(
         self,
         client: Client,
-        pool: ThreadPoolExecutor,
-        callback: ProgressCallback | None,
+        *,
+        n_jobs: int | None = None,
+        callback: ProgressCallback | None = None,
         clusterings_per_task: int | None = None,
     ) -> None:
-        super().__init__(pool, callback)
+        super().__init__(n_jobs=n_jobs, callback=callback)
         self.client = client
         self.clusterings_per_task = clusterings_per_task
         self.transfers: list[LayerTransfer] = []
-        _last_runner.runner = self
+        _last_backend.backend = self
 
-    def bottom_codes(
-        self, layer: BottomLayer, X, code_dtype: type[np.unsignedinteger]
-    ) -> np.ndarray:
+    @classmethod
+    def on_default_client(
+        cls, *, n_jobs: int | None = None, callback: ProgressCallback | None = None
+    ) -> DaskBackend:
+        """The backend on the Dask client of this process (``distributed.default_client``):
+        what ``get_backend("dask")`` gives outside ``use_dask``."""
+        distributed = import_distributed()
+        try:
+            client = distributed.default_client()
+        except ValueError:
+            raise ValueError(
+                'backend "dask" needs a Dask client: connect one (distributed.Client) or run '
+                "inside mbn_core.mbn.backends.dask.use_dask(scheduler)"
+            ) from None
+        return cls(client, n_jobs=n_jobs, callback=callback)
+
+    def bottom_codes(self, layer: BottomLayer, X) -> np.ndarray:
         shipped = _BottomInput(_cache_key(), _compact_input(X), input_row_norms(X), layer)
-        return self._map_layer(0, shipped, len(layer.centers), X.shape[0], code_dtype)
+        return self._map_layer(0, shipped, len(layer.centers), X.shape[0], layer.n_centers)
 
-    def upper_codes(
-        self,
-        index: int,
-        codes: np.ndarray,
-        clusterings: UpperClusterings,
-        code_dtype: type[np.unsignedinteger],
+    def fit_upper_codes(
+        self, index: int, codes: np.ndarray, clusterings: UpperClusterings
     ) -> np.ndarray:
         shipped = _UpperInput(_cache_key(), codes, clusterings)
         n_clusterings = len(clusterings.centers)
-        return self._map_layer(index, shipped, n_clusterings, codes.shape[0], code_dtype)
+        return self._map_layer(index, shipped, n_clusterings, codes.shape[0], clusterings.n_centers)
+
+    def upper_codes(self, index: int, codes: np.ndarray, layer: UpperLayer) -> np.ndarray:
+        shipped = _FittedUpperInput(_cache_key(), codes, layer)
+        return self._map_layer(index, shipped, len(layer.centers), codes.shape[0], layer.n_centers)
 
     def _map_layer(
         self,
         layer: int,
-        shipped: _BottomInput | _UpperInput,
+        shipped: _Shipped,
         n_clusterings: int,
         n_rows: int,
-        code_dtype: type[np.unsignedinteger],
+        n_centers: int,
     ) -> np.ndarray:
         client = self.client
+        code_dtype = smallest_uint(n_centers - 1)
         n_workers = len(client.nthreads())
         if n_workers == 0:
             raise SchedulerUnreachable("the Dask cluster has no workers")
@@ -275,7 +298,7 @@ class DaskLayerRunner(_LayerRunner):
                     except queue.Empty:
                         # Nothing finished: ask the callback anyway, so that a stop request
                         # is honoured now rather than when the next task ends.
-                        self._report(layer, done, n_clusterings)
+                        self.report(layer, done, n_clusterings)
                 block = future.result()
                 start = starts[future.key]
                 codes[:, start : start + block.shape[1]] = block
@@ -283,7 +306,7 @@ class DaskLayerRunner(_LayerRunner):
                 future.release()
                 for _ in range(block.shape[1]):
                     done += 1
-                    self._report(layer, done, n_clusterings)
+                    self.report(layer, done, n_clusterings)
         finally:
             client.cancel([*futures, data])
             # Workers drop the layer's shared arrays; a worker that died has none to drop.
@@ -292,10 +315,6 @@ class DaskLayerRunner(_LayerRunner):
             LayerTransfer(layer, _shipped_bytes(shipped), n_workers, gathered, len(ranges))
         )
         return codes
-
-    def _report(self, layer: int, done: int, n_clusterings: int) -> None:
-        if self.callback is not None and self.callback(layer, done, n_clusterings):
-            raise TrainingStopped(self.stop_message(layer, done, n_clusterings))
 
     def _task_ranges(self, n_clusterings: int) -> list[tuple[int, int]]:
         per_task = self.clusterings_per_task
@@ -309,17 +328,18 @@ class DaskLayerRunner(_LayerRunner):
         ]
 
 
-class _LastRunner(threading.local):
-    runner: DaskLayerRunner | None = None
+class _LastBackend(threading.local):
+    backend: DaskBackend | None = None
 
 
-_last_runner = _LastRunner()
+_last_backend = _LastBackend()
 
 
 def last_transfers() -> list[LayerTransfer]:
-    """Bytes moved per layer by the last distributed fit in this thread (for benchmarks)."""
-    runner = _last_runner.runner
-    return [] if runner is None else list(runner.transfers)
+    """Bytes moved per layer by the last distributed fit or transform in this thread (for
+    benchmarks)."""
+    backend = _last_backend.backend
+    return [] if backend is None else list(backend.transfers)
 
 
 def _cache_key() -> str:
@@ -334,10 +354,12 @@ def _compact_input(X):
     return float32_csr(X) if sp.issparse(X) else compact_values(X)
 
 
-def _shipped_bytes(shipped: _BottomInput | _UpperInput) -> int:
+def _shipped_bytes(shipped: _Shipped) -> int:
     if isinstance(shipped, _UpperInput):
         clusterings = shipped.clusterings
         return shipped.codes.nbytes + clusterings.centers.nbytes + clusterings.seeds.nbytes
+    if isinstance(shipped, _FittedUpperInput):
+        return shipped.codes.nbytes + shipped.layer.nbytes
     X = shipped.X
     data_bytes = X.data.nbytes + X.indices.nbytes + X.indptr.nbytes if sp.issparse(X) else X.nbytes
     return data_bytes + shipped.norms.nbytes + shipped.layer.nbytes
@@ -365,25 +387,39 @@ class _UpperInput:
     clusterings: UpperClusterings
 
 
+@dataclass(frozen=True)
+class _FittedUpperInput:
+    """What every worker needs to encode new rows in a fitted upper layer."""
+
+    key: str
+    codes: np.ndarray
+    layer: UpperLayer
+
+
+_Shipped = _BottomInput | _UpperInput | _FittedUpperInput
+
+
 # Per-process cache of each layer's encoder (working copy, norms or posting lists), shared by
 # the layer's tasks on this worker. A few entries at most: the driver drops each at the end
 # of its layer, and the bound covers a driver that died before it could.
 _CACHE_SIZE = 2
-_cache: OrderedDict[str, Callable[[int], np.ndarray]] = OrderedDict()
+_cache: OrderedDict[str, Encoder] = OrderedDict()
 _cache_lock = threading.Lock()
 # How many times this process built a layer's shared arrays, by layer key (read by the tests:
 # once per worker and layer, however many tasks the worker ran).
 builds: dict[str, int] = {}
 
 
-def _encoder(shipped: _BottomInput | _UpperInput) -> Callable[[int], np.ndarray]:
+def _encoder(shipped: _Shipped) -> Encoder:
     with _cache_lock:
         encode = _cache.get(shipped.key)
         if encode is None:
             if isinstance(shipped, _BottomInput):
                 encode = bottom_encoder(shipped.layer, shipped.X, shipped.norms)
-            else:
+            elif isinstance(shipped, _UpperInput):
                 encode = shipped.clusterings.encoder(shipped.codes)
+            else:
+                encode = upper_encoder(shipped.layer, shipped.codes)
             _cache[shipped.key] = encode
             builds[shipped.key] = builds.get(shipped.key, 0) + 1
             while len(_cache) > _CACHE_SIZE:
@@ -391,9 +427,7 @@ def _encoder(shipped: _BottomInput | _UpperInput) -> Callable[[int], np.ndarray]
         return encode
 
 
-def _encode_clusterings(
-    shipped: _BottomInput | _UpperInput, start: int, stop: int, code_dtype: type
-) -> np.ndarray:
+def _encode_clusterings(shipped: _Shipped, start: int, stop: int, code_dtype: type) -> np.ndarray:
     """The task: codes of every training point for clusterings [start, stop)."""
     encode = _encoder(shipped)
     n_rows = shipped.X.shape[0] if isinstance(shipped, _BottomInput) else shipped.codes.shape[0]

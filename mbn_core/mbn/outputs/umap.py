@@ -1,17 +1,17 @@
-"""UMAP output of an MBN: UMAP's layout of the network's own similarity.
+"""The UMAP output of an MBN: UMAP's layout of the network's own similarity.
 
-The similarity is the spectral output's affinity (``mbn_core.mbn.coassociation``): the share of
-bottom clusterings that put two rows in one cell times the share of top clusterings that do. PCA of
-the top codes keeps the coarse layers' merges (two moons in one cluster), and the spectral
-output pulls each cluster to a point; UMAP's fuzzy simplicial set and layout keep local
-neighbourhoods and separate clusters. So the network supplies the similarity and umap-learn
-only the layout (its per-row scaling is what makes the layout work: the raw affinities laid
-out directly fall apart in sparse regions).
+The similarity is the co-association (``mbn_core.mbn.coassociation``): the share of bottom
+clusterings that put two rows in one cell times the share of top clusterings that do. PCA of
+the top codes keeps the coarse layers' merges (two moons in one cluster); UMAP's fuzzy
+simplicial set and layout keep local neighbourhoods and separate clusters. So the network
+supplies the similarity and umap-learn only the layout (its per-row scaling is what makes
+the layout work: the raw affinities laid out directly fall apart in sparse regions).
 
-``output="umap-bottom"`` lays out the bottom share alone, from a network of that one layer.
+``UmapOutput(layers="bottom")`` (``output="umap-bottom"``) lays out the bottom share alone,
+from a network of that one layer.
 On thin manifolds the coarse layers' clusters straddle the branches (turns of a swiss roll),
 so the top share pulls rows of different branches together: there the bottom share alone
-scores higher (benchmarks/RESULTS.md, issue 17: "The bottom layer alone").
+scores higher.
 
 Fitting: each training row's ``GRAPH_NEIGHBORS`` most similar other rows, at distance
 1 - affinity, become UMAP's fuzzy simplicial set, laid out into ``n_components`` dimensions
@@ -19,10 +19,6 @@ Fitting: each training row's ``GRAPH_NEIGHBORS`` most similar other rows, at dis
 same way: at the affinity-weighted mean of the anchors of its ``N_NEIGHBORS`` most similar
 training rows (a training row is among its own). That is deterministic and looks at one row
 at a time, so ``transform`` is batch independent and reproduces ``fit_transform``.
-
-Measured by ``benchmarks/probe_layouts.py`` (benchmarks/RESULTS.md, issue 17): at or above
-plain UMAP's k-means NMI on moons, circles, digits, iris, wine, breast cancer and MNIST-5k,
-below it on the swiss roll (0.852 against 0.881).
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ from __future__ import annotations
 import functools
 import importlib
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -38,10 +34,18 @@ import numpy as np
 import scipy.sparse as sp
 
 from mbn_core.mbn.coassociation import CodesTop, cell_index, coassociation_blocks
+from mbn_core.mbn.outputs.base import (
+    FittedOutput,
+    Output,
+    OutputProgress,
+    StoredArrays,
+    expect_index,
+    expect_shape,
+)
 
 # Neighbours per row in the placement and in the fuzzy simplicial set (UMAP's default). A
-# 30-neighbour graph helped issue 17's table but not the data sets kept out of that choice
-# (benchmarks/RESULTS.md), so the graph keeps UMAP's 15.
+# 30-neighbour graph helped the data sets it was tuned on but not others, so the graph keeps
+# UMAP's 15.
 N_NEIGHBORS = 15
 GRAPH_NEIGHBORS = 15
 # UMAP's defaults for the layout's curve (spread, min_dist), its repulsion and its epochs.
@@ -50,10 +54,12 @@ MIN_DIST = 0.1
 NEGATIVE_SAMPLE_RATE = 5
 # UMAP's epochs: 500 for graphs of up to 10,000 rows, 200 above (each epoch costs more).
 SMALL_GRAPH_EPOCHS, LARGE_GRAPH_EPOCHS, LARGE_GRAPH_ROWS = 500, 200, 10_000
-# progress(stage, done, total): told how far the fit's two stages are, "neighbours" (each
-# row's most similar rows, a block of rows at a time) then "layout" (UMAP's epochs); it
-# raises to stop the fit.
-OutputProgress = Callable[[str, int, int], None]
+# The fit's two stages, as ``OutputProgress`` hears them: "neighbours" (each row's most
+# similar rows, a block of rows at a time) then "layout" (UMAP's epochs).
+STAGES = ("neighbours", "layout")
+# Which layers' co-association the layout reads: "bottom+top" (the product of both shares)
+# or "bottom" (the bottom share alone, from a network of that one layer).
+LAYERS = ("bottom+top", "bottom")
 
 INSTALL_HINT = (
     "MBN's UMAP output needs umap-learn, a dependency of this library that is missing from "
@@ -66,8 +72,8 @@ class UmapNotInstalled(ImportError):
 
 
 # umap-learn's numba functions that a fit runs and that it compiles in every process without
-# caching them on disk (no cache=True): 5-6 s of each process's first UMAP-output fit, more than
-# a 2,000-row fit itself, and every service job is a new process. (module, name) pairs. The
+# caching them on disk (no cache=True): seconds of each process's first UMAP-output fit, more
+# than a small fit itself, and every service job is a new process. (module, name) pairs. The
 # layout epoch's parallel twin wraps the same Python function, and numba's cache index does not
 # record ``parallel``: cached too, each would load the other's code, so it is not listed.
 _UNCACHED_KERNELS = (
@@ -155,8 +161,93 @@ def require_umap() -> None:
     _umap_internals()
 
 
+class UmapOutput(Output):
+    """UMAP's layout of the co-association of the network's codes (the module docstring).
+
+    Parameters
+    ----------
+    layers : {"bottom+top", "bottom"}, default="bottom+top"
+        The co-association of the bottom and the top layer's codes (``output="umap"``), or of
+        the bottom layer's alone, from a network of that one layer (``output="umap-bottom"``).
+    """
+
+    stages = STAGES
+    array_prefix = "umap."
+
+    def __init__(self, layers: str = "bottom+top") -> None:
+        if layers not in LAYERS:
+            raise ValueError(f"layers={layers!r} must be one of {LAYERS}")
+        self.layers = layers
+        self.bottom_only = layers == "bottom"
+        # The names users and saved models know them by.
+        self.name = "umap-bottom" if self.bottom_only else "umap"
+
+    def check_available(self) -> None:
+        require_umap()
+
+    def check_layers(self, upper_layers_given: bool) -> None:
+        if self.bottom_only and upper_layers_given:
+            raise ValueError(
+                f'output="{self.name}" is a network of the bottom layer alone: give at most one '
+                'layer in ks (ks=[k1]) and leave delta at "auto", or use output="umap"'
+            )
+
+    def fit(
+        self,
+        bottom_codes: np.ndarray,
+        top_codes: np.ndarray,
+        ks: list[int],
+        n_components: int,
+        rng: np.random.RandomState,
+        progress: OutputProgress | None = None,
+    ) -> tuple[UmapTop, np.ndarray]:
+        seed = rng.randint(np.iinfo(np.int32).max)
+        kept_top = None if self.bottom_only else top_codes
+        return fit_umap(bottom_codes, kept_top, ks[0], n_components, seed, progress)
+
+    def saved_these(self, stored: StoredArrays, ks: list[int]) -> bool:
+        """Whether these arrays are this output's (a network of one layer without top codes
+        is the bottom layer's)."""
+        bottom_only = len(ks) == 1 and "umap.top_codes" not in stored
+        return stored.has_prefix(self.array_prefix) and bottom_only == self.bottom_only
+
+    def from_arrays(self, stored: StoredArrays, ks: list[int], n_clusterings: int) -> UmapTop:
+        top_codes: np.ndarray | None
+        if self.bottom_only:
+            if len(ks) != 1:
+                raise ValueError(f'output="{self.name}" is a network of one layer, not {len(ks)}')
+            if "umap.top_codes" in stored:
+                raise ValueError(
+                    f"model array 'umap.top_codes' is not part of output '{self.name}'"
+                )
+            bottom_codes, top_codes = _training_bottom_codes(stored, ks, n_clusterings), None
+        else:
+            bottom_codes = _training_bottom_codes(stored, ks, n_clusterings)
+            top_codes = stored.get("umap.top_codes")
+            expect_shape("umap.top_codes", top_codes, bottom_codes.shape)
+            expect_index("umap.top_codes", top_codes, ks[-1])
+        anchors = np.ascontiguousarray(stored.get("umap.anchors"), dtype=np.float64)
+        if anchors.ndim != 2 or anchors.shape[0] != len(bottom_codes) or anchors.shape[1] < 1:
+            raise ValueError(f"model array 'umap.anchors' has shape {anchors.shape}")
+        if not np.isfinite(anchors).all():
+            raise ValueError("model array 'umap.anchors' must be finite")
+        return UmapTop.restore(bottom_codes, top_codes, ks[0], anchors=anchors)
+
+
+def _training_bottom_codes(stored: StoredArrays, ks: list[int], n_clusterings: int) -> np.ndarray:
+    bottom_codes = stored.get("umap.bottom_codes")
+    if (
+        bottom_codes.ndim != 2
+        or bottom_codes.shape[1] != n_clusterings
+        or bottom_codes.shape[0] < 2
+    ):
+        raise ValueError(f"model array 'umap.bottom_codes' has shape {bottom_codes.shape}")
+    expect_index("umap.bottom_codes", bottom_codes, ks[0])
+    return bottom_codes
+
+
 @dataclass(frozen=True)
-class UmapTop(CodesTop):
+class UmapTop(CodesTop, FittedOutput):
     """What the UMAP output needs to embed any row: the training rows' codes and anchors."""
 
     anchors: np.ndarray  # (n, n_components) float64: the training rows' layout
@@ -172,6 +263,14 @@ class UmapTop(CodesTop):
     def embed_affinities(self, affinity: sp.csr_matrix) -> np.ndarray:
         return place(affinity, self.anchors)
 
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        # The bottom layer's output keeps no top codes.
+        arrays = {"umap.bottom_codes": self.bottom_codes}
+        if self.top_codes is not None:
+            arrays["umap.top_codes"] = self.top_codes
+        arrays["umap.anchors"] = self.anchors
+        return arrays
+
 
 def fit_umap(
     bottom_codes: np.ndarray,
@@ -186,8 +285,7 @@ def fit_umap(
     searched and each epoch laid out, and may raise to stop.
 
     The co-association is visited a block of rows at a time and only each row's strongest
-    pairs are kept, so memory grows with the rows, not with the pairs (``expected_pairs``
-    estimates 245 million on all of MNIST at k1 = 8,000).
+    pairs are kept, so memory grows with the rows, not with the pairs.
     """
     require_umap()
     cells = cell_index(bottom_codes, n_bottom_values)
@@ -199,7 +297,7 @@ def fit_umap(
     distances = np.ones((n_rows, n_neighbors))
     distances[:, 0] = 0.0
     nearest = []  # each row's placement: (columns, weights), the row itself among them
-    blocks = coassociation_blocks(bottom_codes, top_codes, cells, top_codes, exclude_self=False)
+    blocks = coassociation_blocks(bottom_codes, top_codes, cells, top_codes)
     for start, affinity in blocks:
         for local in range(affinity.shape[0]):
             row = start + local
@@ -257,8 +355,7 @@ def place(affinity: sp.csr_matrix, anchors: np.ndarray) -> np.ndarray:
 
     Every row has a positive affinity to some training row (it shares a bottom cell with
     that cell's center, and ``coassociation`` falls back to the bottom share when no top cluster
-    is shared), except leave-self-out rows alone in all their cells: those take the mean
-    anchor.
+    is shared); a row without any would take the mean anchor.
     """
     placed = np.empty((affinity.shape[0], anchors.shape[1]))
     for row in range(affinity.shape[0]):

@@ -22,9 +22,9 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from tqdm import tqdm
 
 from mbn_core import MBN, TrainingStopped, model_from_arrays, model_to_arrays
-from mbn_core.mbn import umap_output
 from mbn_core.mbn.coassociation import cell_index, coassociation
-from mbn_core.mbn.network import FEW_ROWS
+from mbn_core.mbn.estimator import FEW_ROWS
+from mbn_core.mbn.outputs import umap as umap_output
 
 
 @pytest.fixture(scope="module")
@@ -93,27 +93,6 @@ def test_few_row_requests_give_the_batch_codes_at_every_layer(digits, fitted):
     again = model.transform(X[5:8])
     np.testing.assert_array_equal(again, model.transform(X[5:8]))  # deterministic
     np.testing.assert_array_equal(again, embedding[5:8])
-
-
-@pytest.mark.slow
-def test_leave_self_out_embedding(digits, fitted):
-    X, _ = digits
-    model, embedding = fitted
-    fresh = MBN(n_clusterings=30, delta=0.5, random_state=0)
-    in_sample, left_out = fresh.fit_transform_leave_self_out(X)
-    np.testing.assert_array_equal(in_sample, embedding)  # the same fit, the same model
-    for name, array in model_to_arrays(model).items():
-        np.testing.assert_array_equal(model_to_arrays(fresh)[name], array, err_msg=name)
-    # Training rows are centers in most bottom clusterings (k1 = n / 2): their own codes
-    # move, and the left-out embedding differs from the in-sample one...
-    assert np.mean(np.any(left_out != in_sample, axis=1)) > 0.9
-    # ... except for rows that are nobody's center: a model of two clusterings.
-    small = MBN(n_clusterings=2, ks=[20, 15], n_components=2, random_state=0)
-    in_sample, left_out = small.fit_transform_leave_self_out(X)
-    center_rows = {tuple(row) for row in small.bottom_layer_.center_data.astype(float)}
-    never = [i for i in range(600) if tuple(X[i]) not in center_rows]
-    same = np.all(left_out == in_sample, axis=1)
-    assert len(never) > 400 and np.mean(same[never]) > 0.8
 
 
 @pytest.mark.slow
@@ -268,7 +247,7 @@ def _own_blob_shares(X, y, blobs, **params):
     the UMAP output ranks them) that lie in the same blob."""
     model = MBN(n_classes=4, n_clusterings=100, random_state=0, **params).fit(X)
     bottom, top = model.encode(X, layer=0), model.encode(X, layer=-1)
-    K = coassociation(bottom, top, cell_index(bottom, model.ks_[0]), top, True).tocsr()
+    K = coassociation(bottom, top, cell_index(bottom, model.ks_[0]), top).tocsr()
     shares = []
     for blob in blobs:
         own = []

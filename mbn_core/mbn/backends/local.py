@@ -1,0 +1,87 @@
+"""The local backend: a layer's clusterings as tasks of a thread pool on this machine.
+
+The kernels release the GIL, so threads scale over the cores. BLAS stays at one thread
+while a network runs (``MBN`` limits it), so the pool's threads do not oversubscribe them.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback
+from mbn_core.mbn.bottom import BottomLayer
+from mbn_core.mbn.dtypes import smallest_uint
+from mbn_core.mbn.encoders import Encoder, UpperClusterings, bottom_encoder, upper_encoder
+from mbn_core.mbn.upper import UpperLayer
+
+
+class LocalBackend(LayerBackend):
+    """Runs each layer's clusterings on ``n_jobs`` threads, one task per clustering."""
+
+    name = "local"
+
+    def __init__(self, *, n_jobs: int | None = None, callback: ProgressCallback | None = None):
+        super().__init__(n_jobs=n_jobs, callback=callback)
+        self.pool = ThreadPoolExecutor(effective_threads(n_jobs))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def bottom_codes(self, layer: BottomLayer, X) -> np.ndarray:
+        encode = bottom_encoder(layer, X)
+        return self.map_clusterings(0, len(layer.centers), encode, X.shape[0], layer.n_centers)
+
+    def fit_upper_codes(
+        self, index: int, codes: np.ndarray, clusterings: UpperClusterings
+    ) -> np.ndarray:
+        encode = clusterings.encoder(codes, self.pool)
+        n_clusterings = len(clusterings.centers)
+        return self.map_clusterings(
+            index, n_clusterings, encode, codes.shape[0], clusterings.n_centers
+        )
+
+    def upper_codes(self, index: int, codes: np.ndarray, layer: UpperLayer) -> np.ndarray:
+        encode = upper_encoder(layer, codes, self.pool)
+        return self.map_clusterings(
+            index, len(layer.centers), encode, codes.shape[0], layer.n_centers
+        )
+
+    def map_clusterings(
+        self, layer: int, n_clusterings: int, encode: Encoder, n_rows: int, n_centers: int
+    ) -> np.ndarray:
+        """(n_rows, n_clusterings) codes, column v from ``encode(v)``, one task each,
+        reporting every finished clustering (in order) to the callback."""
+        codes = np.empty((n_rows, n_clusterings), dtype=smallest_uint(n_centers - 1))
+        stopped = False
+
+        def task(v: int) -> None:
+            if not stopped:
+                codes[:, v] = encode(v)
+
+        futures: list[Future[None]] = [self.pool.submit(task, v) for v in range(n_clusterings)]
+        try:
+            for done, future in enumerate(futures, start=1):
+                future.result()
+                try:
+                    self.report(layer, done, n_clusterings)
+                except BaseException:
+                    stopped = True
+                    raise
+        finally:
+            for future in futures:
+                future.cancel()
+        return codes
+
+
+def effective_threads(n_jobs: int | None) -> int:
+    """Threads for ``n_jobs``: None uses every available core, -1 too, -2 all but one..."""
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    available = available or 1
+    if n_jobs is None:
+        return available
+    if n_jobs < 0:
+        return max(1, available + 1 + n_jobs)
+    return int(n_jobs)

@@ -1,0 +1,374 @@
+"""Live monitoring of each model: fidelity of the fast path on shadow rows, input novelty.
+
+A share (``MBN_SHADOW_FRACTION``) of the rows answered in fast mode is sampled. Sampled rows
+are copied (a few rows, on the event loop) and handed to one background thread of the
+lowest CPU priority; nothing on the request's path waits for it. There
+
+- every sampled row gets its novelty score and range check (``mbn_core.pipeline.novelty``),
+- and, when no exact-mode request is running, the rows are also embedded exactly: the
+  *shadow rows*, whose fast and exact embeddings are kept for the fidelity report.
+
+Memory is bounded: one sample is processed at a time and at most one waits (a newer sample
+replaces it; replaced and skipped rows are counted), and each model keeps its last
+``MBN_MONITOR_WINDOW`` sampled rows and shadow rows. The report over the window uses the
+very function that measures the bundle's fidelity at training time
+(``mbn_core.pipeline.fidelity.measure_fidelity``), computed when asked and cached until the
+window changes.
+
+Shadow work never takes an exact-mode slot: exact requests are never refused because of it.
+It loads a model's exact model into the registry's cache like an exact request would.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.metrics import r2_score
+
+from mbn_core.bundle import NOVELTY_FILE, Bundle, BundleError
+from mbn_core.pipeline.fidelity import measure_fidelity
+from mbn_core.pipeline.novelty import Novelty, load_novelty
+from service.limits import ExactGate, lower_thread_priority
+from service.registry import ModelRegistry
+
+log = logging.getLogger(__name__)
+
+# The shadow thread's nice increment: the lowest priority there is, below the pools'.
+SHADOW_THREAD_NICENESS = 19
+# Clusters of the window's k-means comparison when the model has no clustering head.
+_DEFAULT_REPORT_CLUSTERS = 10
+
+
+@dataclass
+class _Sample:
+    bundle: Bundle
+    rows: np.ndarray
+    fast: np.ndarray
+    exact: bool  # whether the exact pool was idle when the rows were sampled
+
+
+@dataclass
+class ModelWindow:
+    """What one model's monitor holds: counters and the last ``window`` rows."""
+
+    window: int
+    rows_seen: int = 0
+    rows_sampled: int = 0
+    shadow_rows: int = 0
+    skipped_busy: int = 0  # sampled while the exact pool was busy: no exact embedding
+    dropped: int = 0  # sampled while the shadow thread was behind: not processed
+    last_update: float | None = None  # time.time() of the last processed sample
+    novel: deque[bool] = field(init=False)
+    out_of_range: deque[bool] = field(init=False)
+    fast: deque[np.ndarray] = field(init=False)
+    exact: deque[np.ndarray] = field(init=False)
+    centers: np.ndarray | None = None  # the clustering head's, from the exact model
+    version: int = 0
+    cached: tuple[int, dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        self.novel = deque(maxlen=self.window)
+        self.out_of_range = deque(maxlen=self.window)
+        self.fast = deque(maxlen=self.window)
+        self.exact = deque(maxlen=self.window)
+
+
+class LiveMonitor:
+    """Samples fast-mode rows, scores them, shadows them exactly and reports per model.
+
+    Parameters
+    ----------
+    registry : ModelRegistry
+        Gives the exact models (cached like exact requests').
+    gate : ExactGate
+        The exact-mode pool: shadow rows are embedded exactly only while it is idle.
+    fraction : float
+        Share of fast-mode rows sampled (0 turns monitoring off).
+    window : int
+        Sampled rows and shadow rows each model keeps.
+    replica : str
+        This replica's name, for the metrics' label.
+    seed : int or None
+        Seed of the sampling.
+    """
+
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        gate: ExactGate,
+        *,
+        fraction: float,
+        window: int,
+        replica: str,
+        seed: int | None = None,
+    ) -> None:
+        self.registry = registry
+        self.gate = gate
+        self.fraction = fraction
+        self.window = window
+        self.replica = replica
+        self._rng = np.random.default_rng(seed)
+        self._lock = threading.Lock()
+        self._windows: dict[str, ModelWindow] = {}
+        self._novelty: dict[str, tuple[Bundle, Novelty | None]] = {}
+        self._running = False  # a sample is being processed (event loop and thread read it)
+        self._waiting: _Sample | None = None
+        self._pool = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix="mbn-shadow",
+            initializer=lower_thread_priority,
+            initargs=(SHADOW_THREAD_NICENESS,),
+        )
+
+    # --- the request's side (event loop) ------------------------------------------------------
+    def observe(self, bundle: Bundle, rows: np.ndarray, fast: np.ndarray) -> None:
+        """Count ``rows`` (answered in fast mode with ``fast``) and hand a sample of them to
+        the background thread. Cheap and never blocking: a draw per row and a copy of the
+        sampled ones."""
+        if self.fraction <= 0:
+            return
+        chosen = np.flatnonzero(self._rng.random(rows.shape[0]) < self.fraction)
+        with self._lock:
+            model = self._window(bundle.id)
+            model.rows_seen += rows.shape[0]
+            if chosen.size == 0:
+                return
+            model.rows_sampled += chosen.size
+            sample = _Sample(bundle, rows[chosen].copy(), fast[chosen].copy(), self._exact_idle())
+            if self._running:
+                if self._waiting is not None:  # replaced by the newer sample: bounded memory
+                    self._window(self._waiting.bundle.id).dropped += len(self._waiting.rows)
+                self._waiting = sample
+                return
+            self._running = True
+        self._pool.submit(self._process, sample)
+
+    def _exact_idle(self) -> bool:
+        return self.gate.in_flight == 0
+
+    # --- the background thread -------------------------------------------------------------
+    def _process(self, sample: _Sample | None) -> None:
+        while sample is not None:
+            try:
+                self._process_one(sample)
+            except Exception:  # a monitor must never take the service down
+                log.exception("monitoring model %s failed", sample.bundle.id)
+            with self._lock:
+                sample, self._waiting = self._waiting, None
+                if sample is None:
+                    self._running = False
+
+    def _process_one(self, sample: _Sample) -> None:
+        bundle = sample.bundle
+        novelty = self.novelty(bundle)
+        novel = out_of_range = None
+        if novelty is not None:
+            novel = novelty.is_novel(sample.rows)
+            out_of_range = novelty.out_of_range(sample.rows)
+        exact = centers = None
+        # Checked again here: an exact request may have started since the rows were sampled.
+        if sample.exact and self._exact_idle():
+            try:
+                model = self.registry.exact(bundle)
+                exact = bundle.embed(sample.rows, mode="exact", exact=model)
+                centers = model.centers
+            except (BundleError, FileNotFoundError, ValueError) as error:
+                log.warning("model %s: no shadow embedding: %s", bundle.id, error)
+        with self._lock:
+            window = self._window(bundle.id)
+            if novel is not None and out_of_range is not None:
+                window.novel.extend(novel.tolist())
+                window.out_of_range.extend(out_of_range.tolist())
+            if exact is None:
+                window.skipped_busy += len(sample.rows)
+            else:
+                window.fast.extend(sample.fast)
+                window.exact.extend(exact)
+                window.shadow_rows += len(sample.rows)
+                window.centers = centers
+            window.version += 1
+            window.last_update = time.time()
+
+    # --- reading ---------------------------------------------------------------------------
+    def novelty(self, bundle: Bundle) -> Novelty | None:
+        """``bundle``'s novelty model (read on first use; None when it has none).
+
+        Blocking the first time: call it off the event loop. BundleError when damaged."""
+        with self._lock:
+            cached = self._novelty.get(bundle.id)
+        if cached is not None and cached[0] is bundle:
+            return cached[1]
+        model = load_novelty(bundle)
+        with self._lock:
+            self._novelty[bundle.id] = (bundle, model)
+        return model
+
+    def idle(self) -> bool:
+        """Whether no sample is being processed or waiting."""
+        with self._lock:
+            return not self._running
+
+    def report(self, bundle: Bundle) -> dict[str, Any]:
+        """The monitor of ``bundle``: counters, live fidelity on the shadow window beside
+        the training-time report, novelty and out-of-range shares of the sampled window.
+        Computing the fidelity takes a k-means run: call it off the event loop."""
+        with self._lock:
+            window = self._windows.get(bundle.id)
+            if window is None:
+                window = ModelWindow(self.window)
+            if window.cached is not None and window.cached[0] == window.version:
+                return window.cached[1]
+            version = window.version
+            fast = np.array(window.fast) if window.fast else None
+            exact = np.array(window.exact) if window.exact else None
+            novel = np.array(window.novel, dtype=bool)
+            out_of_range = np.array(window.out_of_range, dtype=bool)
+            counters = {
+                "rows_seen": window.rows_seen,
+                "rows_sampled": window.rows_sampled,
+                "shadow_rows": window.shadow_rows,
+                "skipped_exact_busy": window.skipped_busy,
+                "dropped_behind": window.dropped,
+            }
+            last_update = window.last_update
+            centers = window.centers
+        has_novelty = NOVELTY_FILE in bundle.manifest.get("files", {})
+        report: dict[str, Any] = {
+            "model": bundle.id,
+            "name": bundle.name,
+            "replica": self.replica,
+            "shadow_fraction": self.fraction,
+            "window": self.window,
+            **counters,
+            "window_shadow_rows": 0 if fast is None else len(fast),
+            "window_sampled_rows": len(novel),
+            "live": live_fidelity(fast, exact, centers, bundle.n_clusters),
+            "training": bundle.manifest.get("fidelity"),
+            "novelty_available": has_novelty,
+            "novelty_threshold": bundle.manifest.get("novelty", {}).get("threshold"),
+            "novelty_share": float(np.mean(novel)) if novel.size else 0.0,
+            "out_of_range_share": float(np.mean(out_of_range)) if out_of_range.size else 0.0,
+            "last_update": last_update,
+            "has_traffic": counters["rows_seen"] > 0,
+            "note": _note(counters["rows_seen"], fast, has_novelty, self.fraction),
+        }
+        with self._lock:
+            current = self._windows.get(bundle.id)
+            if current is not None and current.version == version:
+                current.cached = (version, report)
+        return report
+
+    def gauges(self) -> list[tuple[str, str, dict[str, float]]]:
+        """(model id, model name, the gauges' values) of every model with a window, as of
+        now: R^2 and median cosine as ``measure_fidelity`` computes them (without its k-means,
+        so a scrape stays cheap), and the shares."""
+        out = []
+        with self._lock:
+            windows = [
+                (model_id, w, list(w.fast), list(w.exact), list(w.novel), list(w.out_of_range))
+                for model_id, w in self._windows.items()
+            ]
+        for model_id, _, fast, exact, novel, out_of_range in windows:
+            r2 = cosine = 0.0
+            if fast:
+                r2, cosine = r2_and_median_cosine(np.array(exact), np.array(fast))
+            values = {
+                "mbn_live_fidelity_r2": r2,
+                "mbn_live_fidelity_cosine": cosine,
+                "mbn_input_novelty_share": float(np.mean(novel)) if novel else 0.0,
+                "mbn_input_out_of_range_share": float(np.mean(out_of_range))
+                if out_of_range
+                else 0.0,
+            }
+            out.append((model_id, "", values))
+        return out
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no sample is being processed or waiting (for tests and shutdown)."""
+        deadline = time.monotonic() + timeout
+        while not self.idle():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _window(self, model_id: str) -> ModelWindow:
+        window = self._windows.get(model_id)
+        if window is None:
+            window = self._windows[model_id] = ModelWindow(self.window)
+        return window
+
+
+def live_fidelity(
+    fast: np.ndarray | None,
+    exact: np.ndarray | None,
+    centers: np.ndarray | None,
+    n_clusters: int | None,
+) -> dict[str, Any]:
+    """The training report's measures of fast against exact on the shadow rows
+    (``measure_fidelity``): R^2, mean and median cosine, 10-NN overlap, NMI of k-means on
+    both, and cluster agreement (same nearest head centroid). Zeros without shadow rows;
+    None for a measure the rows are too few for (R^2 of one row, 10-NN of ten)."""
+    if fast is None or exact is None or len(fast) == 0:
+        return {"n_holdout": 0, "r2": 0.0, "cosine": 0.0, "cosine_median": 0.0,
+                "knn_overlap": 0.0, "nmi_fast_exact": 0.0,
+                "cluster_agreement": 0.0 if n_clusters else None}  # fmt: skip
+    with warnings.catch_warnings():
+        # Recent traffic may repeat rows: fewer distinct points than clusters is expected.
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        report = measure_fidelity(
+            exact, fast, n_clusters=n_clusters or _DEFAULT_REPORT_CLUSTERS, centers=centers, seed=0
+        )
+    return {
+        key: _finite_or_none(value)
+        for key, value in report.items()
+        if not key.startswith("nmi_labels")
+    }
+
+
+def r2_and_median_cosine(exact: np.ndarray, fast: np.ndarray) -> tuple[float, float]:
+    """R^2 (variance weighted) and median row cosine of ``fast`` against ``exact``, as
+    ``measure_fidelity`` reports them; R^2 is 0 for a single row."""
+    exact = np.asarray(exact, dtype=np.float64)
+    fast = np.asarray(fast, dtype=np.float64)
+    r2 = float(r2_score(exact, fast, multioutput="variance_weighted")) if len(exact) > 1 else 0.0
+    norms = np.linalg.norm(exact, axis=1) * np.linalg.norm(fast, axis=1)
+    cosine = np.sum(exact * fast, axis=1) / np.maximum(norms, np.finfo(np.float64).tiny)
+    return _number(r2), _number(float(np.median(cosine)))
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    return value
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and np.isfinite(value) else 0.0
+
+
+def _note(rows_seen: int, fast: np.ndarray | None, has_novelty: bool, fraction: float) -> str:
+    if fraction <= 0:
+        return "monitoring is off (MBN_SHADOW_FRACTION=0): every figure is zero"
+    if rows_seen == 0:
+        return "no fast-mode traffic on this replica yet: every figure is zero"
+    parts = []
+    if fast is None:
+        parts.append("no shadow rows yet (none sampled, or the exact pool was busy): live "
+                     "fidelity is zero")  # fmt: skip
+    if not has_novelty:
+        parts.append("the model has no novelty model (trained before them, or on sparse "
+                     "input): novelty and out-of-range shares are zero")  # fmt: skip
+    return "; ".join(parts) or "ok"

@@ -1,0 +1,154 @@
+"""The backend interface (mbn_core/mbn/backends/): the registry, "auto", and the local backend."""
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+from mbn_core import MBN, TrainingStopped, model_to_arrays
+from mbn_core.mbn.backends import (
+    LayerBackend,
+    backend_names,
+    base,
+    get_backend,
+    register_backend,
+    use_backend,
+)
+from mbn_core.mbn.backends.local import LocalBackend
+
+PARAMS = {"n_clusterings": 12, "delta": 0.5, "random_state": 3}
+
+
+@pytest.fixture(scope="module")
+def digits():
+    X, _ = load_digits(return_X_y=True)
+    return X[:300]
+
+
+@pytest.fixture(scope="module")
+def fitted(digits):
+    return MBN(**PARAMS, n_jobs=2).fit(digits)
+
+
+class RecordingBackend(LocalBackend):
+    """The local backend, noting which layer method ran for which layer."""
+
+    calls: list[tuple[str, int]]
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.calls = []
+        self.closed = False
+
+    def bottom_codes(self, layer, X):
+        self.calls.append(("bottom_codes", 0))
+        return super().bottom_codes(layer, X)
+
+    def fit_upper_codes(self, index, codes, clusterings):
+        self.calls.append(("fit_upper_codes", index))
+        return super().fit_upper_codes(index, codes, clusterings)
+
+    def upper_codes(self, index, codes, layer):
+        self.calls.append(("upper_codes", index))
+        return super().upper_codes(index, codes, layer)
+
+    def close(self):
+        self.closed = True
+        super().close()
+
+
+def test_builtin_backends_are_registered_by_name():
+    assert {"local", "dask"} <= set(backend_names())
+    with get_backend("local", n_jobs=1) as backend:
+        assert isinstance(backend, LocalBackend)
+        assert backend.name == "local"
+
+
+def test_unknown_backend_lists_the_valid_names():
+    with pytest.raises(ValueError, match=r"unknown backend 'gpu'.*'auto', 'local', 'dask'"):
+        get_backend("gpu")
+
+
+def test_auto_is_local_without_a_context_or_a_preferred_backend():
+    with get_backend("auto") as backend:
+        assert type(backend) is LocalBackend
+
+
+def test_auto_prefers_an_available_preferred_backend(monkeypatch):
+    monkeypatch.setattr(base, "_registry", dict(base._registry))
+    register_backend("absent", RecordingBackend, available=lambda: False, preferred=True)
+    with get_backend() as backend:
+        assert type(backend) is LocalBackend  # not available here: "auto" passes it over
+    register_backend("present", RecordingBackend, available=lambda: True, preferred=True)
+    with get_backend() as backend:
+        assert isinstance(backend, RecordingBackend)
+    with use_backend("local"), get_backend() as backend:  # a context's choice comes first
+        assert type(backend) is LocalBackend
+
+
+def test_auto_cannot_be_registered():
+    with pytest.raises(ValueError, match="cannot be called 'auto'"):
+        register_backend("auto", RecordingBackend)
+
+
+def test_every_layer_of_fit_and_transform_runs_on_the_context_backend(digits, fitted):
+    backends: list[RecordingBackend] = []
+
+    def factory(**options):
+        backends.append(RecordingBackend(**options))
+        return backends[-1]
+
+    model = MBN(**PARAMS, n_jobs=2)
+    with use_backend(factory):
+        embedding = model.fit_transform(digits)
+        new_rows = model.transform(digits[:40])
+    n_upper = len(model.ks_) - 1
+    assert n_upper >= 1
+    fit_backend, transform_backend = backends
+    assert fit_backend.calls == [("bottom_codes", 0)] + [
+        ("fit_upper_codes", i) for i in range(1, n_upper + 1)
+    ]
+    assert transform_backend.calls == [("bottom_codes", 0)] + [
+        ("upper_codes", i) for i in range(1, n_upper + 1)
+    ]
+    assert fit_backend.closed and transform_backend.closed
+    # The same model, bit for bit, as outside the context.
+    for name, array in model_to_arrays(fitted).items():
+        np.testing.assert_array_equal(model_to_arrays(model)[name], array, err_msg=name)
+    np.testing.assert_array_equal(embedding, fitted.transform(digits))
+    np.testing.assert_array_equal(new_rows, embedding[:40])
+
+
+def test_local_backend_layer_methods_give_the_models_codes(digits, fitted):
+    X = digits[:50].astype(np.float64)
+    with get_backend("local", n_jobs=2) as backend:
+        bottom = backend.bottom_codes(fitted.bottom_layer_, X)
+        upper = backend.upper_codes(1, bottom, fitted.upper_layers_[0])
+    assert bottom.dtype == np.uint8  # k1 = 150 <= 256 centers
+    np.testing.assert_array_equal(bottom, fitted.encode(X, layer=0))
+    np.testing.assert_array_equal(upper, fitted.encode(X, layer=1))
+
+
+def test_a_backend_reports_progress_and_stops_when_told(digits, fitted):
+    seen: list[tuple[int, int, int]] = []
+
+    def stop_at_five(layer, done, total):
+        seen.append((layer, done, total))
+        return done == 5
+
+    with (
+        LocalBackend(n_jobs=2, callback=stop_at_five) as backend,
+        pytest.raises(TrainingStopped, match="layer 0 after 5 of 12 clusterings"),
+    ):
+        backend.bottom_codes(fitted.bottom_layer_, digits)
+    assert seen == [(0, done, 12) for done in range(1, 6)]
+
+
+def test_an_incomplete_backend_cannot_be_built():
+    class BottomOnly(LayerBackend):
+        name = "bottom-only"
+
+        def bottom_codes(self, layer, X):
+            return np.zeros((X.shape[0], 1), dtype=np.uint8)
+
+    with pytest.raises(TypeError, match="abstract"):
+        BottomOnly()  # type: ignore[abstract]

@@ -1,0 +1,170 @@
+"""The live monitor through the real app: shadow rows, novelty, GET /models/{id}/monitor."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from servicetest import make_settings, running_app
+from sklearn.metrics import r2_score
+
+from mbn_core.bundle import NOVELTY_FILE, load_bundle, save_bundle
+from mbn_core.distill.compressor import CompressiveMBN
+from mbn_core.pipeline.novelty import Novelty
+
+Digits = tuple[np.ndarray, np.ndarray]
+
+
+@pytest.fixture(scope="module")
+def novelty_bundle(digits: Digits, tiny_model: CompressiveMBN) -> Callable[[Path], Path]:
+    """Writes ``tiny_model`` with a novelty model fitted on the digits, as ``m-novel``."""
+    x, _ = digits
+    model, summary = Novelty.fit(x[:1500], random_state=0)
+
+    def write(model_dir: Path) -> Path:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        return save_bundle(
+            tiny_model,
+            model_dir / "m-novel",
+            name="novel",
+            extra_files={NOVELTY_FILE: model.to_bytes()},
+            manifest_sections={"novelty": summary},
+        )
+
+    return write
+
+
+def _app(tmp_path: Path, write_bundle, novelty_bundle, **overrides) -> Iterator[TestClient]:
+    settings = make_settings(tmp_path, embedded_worker=False, **overrides)
+    novelty_bundle(settings.models_path)
+    with running_app(settings, write_bundle) as client:
+        yield client
+
+
+@pytest.fixture
+def shadowing(tmp_path, write_bundle, novelty_bundle) -> Iterator[TestClient]:
+    """Every fast row sampled and shadowed (MBN_SHADOW_FRACTION=1)."""
+    yield from _app(tmp_path, write_bundle, novelty_bundle, shadow_fraction=1.0)
+
+
+def test_a_model_without_traffic_answers_zeros_and_says_so(shadowing: TestClient) -> None:
+    response = shadowing.get("/models/m-novel/monitor")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["rows_seen"] == body["shadow_rows"] == 0
+    assert body["has_traffic"] is False and "no fast-mode traffic" in body["note"]
+    assert body["live"]["r2"] == body["live"]["cosine_median"] == 0.0
+    assert body["novelty_share"] == body["out_of_range_share"] == 0.0
+    assert (
+        body["training"]
+        == load_bundle(shadowing.app.state.registry.get("m-novel").path).manifest["fidelity"]
+    )
+    assert shadowing.get("/models/nope/monitor").status_code == 404
+
+
+def test_return_novelty(shadowing: TestClient, digits: Digits) -> None:
+    x = digits[0][1500:1520]
+    shifted = 16.0 - x
+    body = shadowing.post(
+        "/embed", json={"model": "novel", "inputs": np.vstack([x, shifted]).tolist(),
+                        "return_novelty": True},
+    ).json()  # fmt: skip
+    model = Novelty.fit(digits[0][:1500], random_state=0)[0]
+    np.testing.assert_allclose(body["novelty"], model.score(np.vstack([x, shifted])))
+    assert sum(body["novel"][:20]) <= 2 and all(body["novel"][20:])
+    # A bundle saved without one reports it as unavailable.
+    old = shadowing.post(
+        "/embed", json={"model": "digits", "inputs": x.tolist(), "return_novelty": True}
+    ).json()
+    assert (
+        old["novelty"] is None
+        and old["novel"] is None
+        and "no novelty model" in old["novelty_unavailable"]
+    )
+    plain = shadowing.post("/embed", json={"model": "novel", "inputs": x.tolist()}).json()
+    assert "novelty" not in plain
+
+
+def test_monitor_equals_a_brute_force_recomputation(shadowing: TestClient, digits: Digits) -> None:
+    monitor = shadowing.app.state.monitor
+    x = np.vstack([digits[0][1500:1560], 16.0 - digits[0][1560:1570]])
+    for start in range(0, len(x), 7):
+        response = shadowing.post(
+            "/embed", json={"model": "novel", "inputs": x[start : start + 7].tolist()}
+        )
+        assert response.status_code == 200
+        # One batch at a time: none is replaced while the previous one is processed.
+        assert monitor.wait_idle(60)
+    body = shadowing.get("/models/m-novel/monitor").json()
+    assert body["rows_seen"] == body["shadow_rows"] == len(x)
+    assert body["skipped_exact_busy"] == body["dropped_behind"] == 0
+
+    bundle = load_bundle(shadowing.app.state.registry.get("m-novel").path)
+    exact = bundle.embed(x, mode="exact").astype(np.float64)
+    fast = bundle.embed(x, mode="fast").astype(np.float64)
+    cosine = np.sum(exact * fast, axis=1) / (
+        np.linalg.norm(exact, axis=1) * np.linalg.norm(fast, axis=1)
+    )
+    live = body["live"]
+    assert live["n_holdout"] == len(x)
+    assert live["r2"] == pytest.approx(r2_score(exact, fast, multioutput="variance_weighted"))
+    assert live["cosine_median"] == pytest.approx(np.median(cosine))
+    agree = bundle.predict_clusters(x, "exact") == bundle.predict_clusters(x, "fast")
+    assert live["cluster_agreement"] == pytest.approx(np.mean(agree))
+    novelty = Novelty.fit(digits[0][:1500], random_state=0)[0]
+    assert body["novelty_share"] == pytest.approx(np.mean(novelty.is_novel(x)))
+    assert body["out_of_range_share"] == pytest.approx(np.mean(novelty.out_of_range(x)))
+    assert body["novelty_share"] >= 10 / 70  # the inverted rows
+
+    metrics = shadowing.get("/metrics").text
+    replica = body["replica"]
+    line = f'mbn_live_fidelity_r2{{model="m-novel",replica="{replica}"}}'
+    assert line in metrics
+    value = float(metrics.split(line)[1].split()[0])
+    assert value == pytest.approx(live["r2"])
+
+
+def test_shadow_rows_never_delay_fast_requests(shadowing: TestClient, digits: Digits) -> None:
+    monitor = shadowing.app.state.monitor
+    # The shadow thread is held busy: fast requests must still be answered, each one.
+    release = threading.Event()
+    monitor._pool.submit(release.wait)
+    try:
+        x = digits[0][:5]
+        for _ in range(6):
+            response = shadowing.post("/embed", json={"model": "novel", "inputs": x.tolist()})
+            assert response.status_code == 200
+        window = monitor._windows["m-novel"]
+        assert window.rows_seen == 30 and window.shadow_rows == 0
+        # Bounded: one sample queued, one waiting; the four replaced are counted.
+        assert window.dropped == 20
+    finally:
+        release.set()
+    assert monitor.wait_idle(60)
+    body = shadowing.get("/models/m-novel/monitor").json()
+    assert body["shadow_rows"] == 10 and body["dropped_behind"] == 20
+
+
+def test_shadow_rows_skip_a_busy_exact_pool(shadowing: TestClient, digits: Digits) -> None:
+    monitor = shadowing.app.state.monitor
+    gate = shadowing.app.state.exact_gate
+    with gate._slot():  # an exact-mode request holds the pool
+        response = shadowing.post(
+            "/embed", json={"model": "novel", "inputs": digits[0][:4].tolist()}
+        )
+        assert response.status_code == 200
+        assert monitor.wait_idle(60)
+    body = shadowing.get("/models/m-novel/monitor").json()
+    assert body["rows_sampled"] == body["skipped_exact_busy"] == 4
+    assert body["shadow_rows"] == 0 and body["window_sampled_rows"] == 4  # novelty still
+
+
+def test_monitoring_off(tmp_path, write_bundle, novelty_bundle, digits: Digits) -> None:
+    for client in _app(tmp_path, write_bundle, novelty_bundle, shadow_fraction=0.0):
+        client.post("/embed", json={"model": "novel", "inputs": digits[0][:4].tolist()})
+        body = client.get("/models/novel/monitor").json()
+        assert body["rows_seen"] == 0 and "monitoring is off" in body["note"]

@@ -1,0 +1,49 @@
+"""Training parameters and params fields that gave a 500 or were queued without bound."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+from fastapi.testclient import TestClient
+from servicetest import assert_error
+
+CSV = b"".join(b"%d,%d\n" % (i, i * i % 7) for i in range(40))
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"n_clusterings": 5_000_000},
+        {"hidden_layer_sizes": [10**18]},
+        {"max_epochs": 10**18},
+        {"n_clusters": 10**30},
+    ],
+    ids=["clusterings", "layer", "epochs", "clusters"],
+)
+def test_counts_beyond_the_jobs_limits_are_refused_at_submission(
+    api: Callable[..., TestClient], params: dict
+) -> None:
+    """Were queued (202): 5,000,000 clusterings ran 45 s at progress 0."""
+    client = api(max_train_rows=1000)
+    for answer in (
+        client.post("/train", files={"file": ("d.csv", CSV)}, data={"params": json.dumps(params)}),
+        client.post("/train", json={"data": [[0.5, 1.0]] * 20, "params": params}),
+    ):
+        message = assert_error(answer, 422, "invalid_input")["message"]
+        assert "MBN_MAX_TRAIN_ROWS" in message and len(message) < 300
+    assert client.get("/jobs").json()["jobs"] == []
+
+
+def test_an_integer_of_thousands_of_digits_in_params_is_a_422(
+    api: Callable[..., TestClient],
+) -> None:
+    """json.loads raised a plain ValueError (over 4,300 digits): a 500."""
+    client = api()
+    huge = '{"n_clusterings": 1' + "0" * 5000 + "}"
+    answer = client.post("/train", files={"file": ("d.csv", CSV)}, data={"params": huge})
+    assert_error(answer, 422, "invalid_input")
+    body = b'{"data": [[0.5, 1.0], [1, 2], [3, 4], [5, 6]], "params": ' + huge.encode() + b"}"
+    answer = client.post("/train", content=body, headers={"content-type": "application/json"})
+    assert_error(answer, 422, "invalid_input")
