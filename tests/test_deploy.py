@@ -586,6 +586,7 @@ def nginx_in_front(nginx_binary: str, image_command_server: str, tmp_path: Path)
         yield url
 
 
+@pytest.mark.slow
 def test_nginx_balances_around_a_dead_replica(nginx_in_front: str) -> None:
     for _ in range(6):  # least_conn tries the dead replica too; the retry must hide it
         response = httpx.get(f"{nginx_in_front}/health/live", timeout=10)
@@ -617,6 +618,7 @@ def test_nginx_refuses_bodies_over_the_service_limit_in_its_error_shape(
     assert "error" in response.json()
 
 
+@pytest.mark.slow
 def test_nginx_answers_503_with_retry_after_when_no_replica_answers(
     nginx_binary: str, tmp_path: Path
 ) -> None:
@@ -630,6 +632,7 @@ def test_nginx_answers_503_with_retry_after_when_no_replica_answers(
             assert response.json()["error"]["type"] == "unavailable"
 
 
+@pytest.mark.slow
 def test_nginx_sends_an_embedding_a_replica_lost_to_the_other(
     nginx_binary: str, tmp_path: Path
 ) -> None:
@@ -647,6 +650,7 @@ def test_nginx_sends_an_embedding_a_replica_lost_to_the_other(
         assert alive_seen.count("POST /embed") == 4
 
 
+@pytest.mark.slow
 def test_nginx_never_sends_another_post_twice(nginx_binary: str, tmp_path: Path) -> None:
     # Other POSTs (a training job) are not retried once sent: a replica that lost one may
     # have acted on it. The client gets a 503 to retry itself.
@@ -663,6 +667,7 @@ def test_nginx_never_sends_another_post_twice(nginx_binary: str, tmp_path: Path)
         assert statuses.count(200) == len(alive_seen)
 
 
+@pytest.mark.slow
 def test_replicas_that_are_not_ready_still_get_embeddings(
     nginx_binary: str, tmp_path: Path
 ) -> None:

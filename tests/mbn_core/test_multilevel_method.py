@@ -87,6 +87,7 @@ def test_rows_whose_embedding_overflows_are_refused_by_name(bundle, digits):
     assert np.isfinite(bundle.embed(extreme, mode="exact")).all()
 
 
+@pytest.mark.slow
 def test_cli_trains_a_multilevel_model(digits, tmp_path, monkeypatch, capsys):
     X, y, new = digits
     monkeypatch.chdir(tmp_path)

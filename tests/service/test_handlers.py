@@ -315,6 +315,7 @@ def test_stored_map(maps, digits_map: EmbeddingMap, digits) -> None:
         maps().stored_map("m-none")
 
 
+@pytest.mark.slow
 def test_locate_places_the_maps_own_embeddings_on_their_points(
     maps, digits_map: EmbeddingMap
 ) -> None:
@@ -330,6 +331,7 @@ def test_locate_places_the_maps_own_embeddings_on_their_points(
     np.testing.assert_allclose(located.xy, digits_map.xy[alone], atol=0.05)
 
 
+@pytest.mark.slow
 def test_locate_refuses_what_does_not_fit(maps) -> None:
     good = [[0.0] * 10]
     with pytest.raises(PayloadTooLarge, match="at most 2 per request"):

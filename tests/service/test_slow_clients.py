@@ -16,6 +16,9 @@ import httpx
 import pytest
 from servicetest import Server, wait_for
 
+# Slow: a real mbn serve process, held by slow and malformed clients.
+pytestmark = pytest.mark.slow
+
 KEY = "slow-client-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 ROW = [0.5] * 64
