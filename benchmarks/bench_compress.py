@@ -1,4 +1,4 @@
-"""Compressive MBN on MNIST (issue 3): speed-up and fidelity of the fast path. Prints markdown.
+"""Compressive MBN on MNIST: speed-up and fidelity of the fast path. Prints markdown.
 
     python benchmarks/bench_compress.py         # the full figure: roughly 25-35 min on 2 cores
     python benchmarks/bench_compress.py --tiny  # a smoke test of the harness (under a minute)

@@ -3,7 +3,7 @@
 ``load_mnist()`` looks, in order, at
 1. the ``path`` argument or the ``MBN_MNIST`` environment variable: an ``.npz`` with ``x``
    (uint8, n x 784) and ``y`` (the digits), such as the 70,000 shuffled digits the figures in
-   RESULTS.md were measured on (train/test = first 60,000 / last 10,000 rows);
+   docs/BENCHMARKS.md were measured on (train/test = first 60,000 / last 10,000 rows);
 2. a cached copy in ``MBN_DATA_CACHE`` (default ``~/.cache/mbn``), written by step 3;
 3. scikit-learn's ``fetch_openml("mnist_784")`` (one public download, cached by scikit-learn
    too), merged and shuffled with a fixed seed, then saved to the cache as ``mnist70k.npz``.

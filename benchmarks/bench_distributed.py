@@ -1,4 +1,4 @@
-"""MBN on a Dask cluster (issue 16): fit time against a local fit, bytes per layer, per-task
+"""MBN on a Dask cluster: fit time against a local fit, bytes per layer, per-task
 overhead, a cost model for larger clusters, and bulk embedding of a file larger than memory.
 
     python benchmarks/bench_distributed.py fit [--n 20000] [--k-max 2000] [--repeats 2]

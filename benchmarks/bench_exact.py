@@ -1,9 +1,9 @@
-"""Exact MBN on one row and in batches (issue 12). Prints a markdown table.
+"""Exact MBN on one row and in batches. Prints a markdown table.
 
     python benchmarks/bench_exact.py --fit benchmarks/out/mnist60k_k4000   # once: fit, save
     python benchmarks/bench_exact.py --model benchmarks/out/mnist60k_k4000 [--calls 50]
 
-``--fit PREFIX`` fits the MBN of the issue's MNIST-60k model (V = 400, k1 = 4000, the first
+``--fit PREFIX`` fits the MBN of the exact-mode MNIST-60k model (V = 400, k1 = 4000, the first
 60,000 images of ``bench_data.load_mnist()``, seed 0; ``--n-train`` and ``--k1`` change
 that) and saves its arrays and parameters as ``PREFIX.npz`` / ``PREFIX.json`` (uncompressed
 ``np.savez``, as a bundle's ``mbn.npz``).

@@ -1,4 +1,4 @@
-"""Exact mode over HTTP, and the fast path while exact requests run (issue 12).
+"""Exact mode over HTTP, and the fast path while exact requests run.
 
     python benchmarks/bench_exact_http.py --model-dir benchmarks/out/models60k
 
@@ -10,7 +10,7 @@ images (rows no model here was trained on), one row at a time:
    after ``Bundle.load_exact``) and through its bottom layer alone (``encode(row, layer=0)``:
    the arithmetic a single row cannot avoid), interleaved; then the same rows as
    ``POST /embed`` with ``mode="exact"`` (client latency, and the server's own compute time
-   from ``X-Compute-Time-Ms``). The p50 ratios are the issue's targets: whole / bottom
+   from ``X-Compute-Time-Ms``). The p50 ratios are the targets: whole / bottom
    <= 1.5 and HTTP - in process <= 10 ms;
 2. the fast path's single-row latency p50 / p99 alone, then again while ``--exact-clients``
    connections send exact requests back to back (exact must never slow the fast path);

@@ -1,4 +1,4 @@
-"""Fidelity of the fast path on new data (issue 12). Prints a markdown table.
+"""Fidelity of the fast path on new data. Prints a markdown table.
 
     python benchmarks/bench_fidelity.py --sets digits,wine,breast_cancer
     python benchmarks/bench_fidelity.py --sets mnist-5k,mnist-10k
@@ -15,7 +15,7 @@ set the training never saw:
 - ``digits``: scikit-learn's digits, a seeded permutation split 1,200 / 597;
 - ``breast_cancer`` (569 x 30, 2 classes), ``wine`` (178 x 13, 3 classes): scikit-learn's
   bundled copies, a stratified seeded split 2/3 / 1/3, standardised on the training part;
-- any other of ``bench_mbn.py``'s issue-17 data sets by its name there (``moons``,
+- any other of ``harness.py``'s data sets by its name there (``moons``,
   ``swiss-roll``, ``s-curve``, ...): its rows as given, a stratified seeded split 2/3 / 1/3;
 - ``bag-of-words``: sparse input, ``bench_data.topic_corpus``'s 2,000 training and 1,000
   test documents over 30,000 words (10 topics; the split, not the topics, depends on the seed).
@@ -25,7 +25,7 @@ against the labels on the exact and on the fast embedding, their gap (fast - exa
 (variance weighted) of fast against exact, the 10-NN overlap between them, and beside them
 the gap, R^2 and overlap that the bundle's own fidelity report (manifest) states, with the
 rows it was measured on ("5 folds": cross-fitted, see ``CompressiveMBN.report_folds``) and
-the difference of the two gaps (the issue's acceptance: within 0.01). Also the MBN and
+the difference of the two gaps (the target: within 0.01). Also the MBN and
 compressor training times, the report's own time (the fold fits when cross-fitted) and, for
 MNIST, the batch speed-up of fast over exact. ``--report-folds`` overrides the default
 (``auto``; ``none`` is the single held-out set).
@@ -41,8 +41,8 @@ from pathlib import Path
 
 import numpy as np
 from bench_data import load_mnist, topic_corpus
-from bench_mbn import KNOWN_DATA
 from bench_report import add_training_option, command_line
+from harness import KNOWN_DATA
 from sklearn.cluster import KMeans
 from sklearn.datasets import load_breast_cancer, load_digits, load_wine
 from sklearn.metrics import normalized_mutual_info_score, r2_score

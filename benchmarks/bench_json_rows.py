@@ -10,7 +10,7 @@ Two servers on the same model, identical but for how ``POST /embed`` turns the J
 Batches of 256 MNIST rows, as JSON integers (pixels 0..255) and as JSON floats (pixels / 255),
 sent one at a time over a keep-alive connection. Rounds alternate the servers (A B, B A, ...),
 so both see the same machine load; the figure is the median over rounds of the same-round
-ratio of rows/s. The issue's rule: keep the numba parser only if it is more than 1.3x faster
+ratio of rows/s. The rule: keep the numba parser only if it is more than 1.3x faster
 end to end. An in-process timing of the two parsers alone is printed too.
 
     python benchmarks/bench_json_rows.py            # trains a small MNIST model first

@@ -1,4 +1,4 @@
-"""Modular kernel PCA (issue 14) against the paper's baselines. Prints JSON lines and tables.
+"""Modular kernel PCA against the paper's baselines. Prints JSON lines and tables.
 
     python benchmarks/bench_modular.py tables [--n-train 12000] [--n-test 50000]
     python benchmarks/bench_modular.py optimiser [--budget 600]

@@ -1,6 +1,6 @@
 """Multilevel manifold learning (paper B) against the paper's figures and plain scikit-learn.
 
-Subcommands (each prints Markdown rows for RESULTS.md):
+Subcommands (each prints Markdown rows; current figures in docs/BENCHMARKS.md):
 
 * ``manifolds``: swiss roll and S-curve (2,000 points, k = 8, fixed order, simple weights):
   level sizes and |Spearman| of each aligned axis with (t, height) for r = 1..4.

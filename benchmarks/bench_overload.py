@@ -11,7 +11,7 @@ Reported: offered and served rates, answers by status (200, 429, other, client t
 latency p50 / p99 / max of the accepted (200) and of the refused (429) requests, health
 probe latency p50 / p99 / max (the prober runs in a process of its own, as a kubelet would,
 so the load generator's busy event loop is not counted as the server's latency).
-Targets (issue 11): 0 timeouts, health p99 < 100 ms, excess refused with 429 at once,
+Targets: 0 timeouts, health p99 < 100 ms, excess refused with 429 at once,
 accepted p99 bounded.
 
 Example::

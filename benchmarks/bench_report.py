@@ -1,4 +1,4 @@
-"""How the benchmarks print what RESULTS.md quotes: the command that reproduces a run, and a
+"""How the benchmarks print their figures: the command that reproduces a run, and a
 two-column table of its measures; and the ``--option KEY=JSON`` flag of those that train."""
 
 from __future__ import annotations

@@ -50,6 +50,9 @@ FILE_FORMATS = ("npy", "npz", "sparse", "csv")
 BODY_FORMATS = ("multipart", "json", "base64")
 FORMATS = FILE_FORMATS + BODY_FORMATS
 DIM = 64  # the fuzz server's model takes 64 features
+# The job limits of the fuzz server (MBN_MAX_TRAIN_ROWS, MBN_MAX_TRAIN_BYTES), which the direct
+# runs apply as submission does before anything is loaded.
+LIMITS = {"rows": 200_000, "bytes": 64 << 20}
 
 
 # ---------------------------------------------------------------------- seeds
@@ -427,7 +430,10 @@ def parse_file(case: Case, directory: Path) -> str:
     path = directory / case.name
     path.write_bytes(case.data)
     try:
-        peek_data_file(path)
+        shape = peek_data_file(path)
+        # The trainer only ever loads what submission let through (service.submission).
+        if shape.n_rows > LIMITS["rows"] or shape.loaded_bytes > LIMITS["bytes"]:
+            return "refused"
         load_training_data(path)
     except ValueError:
         return "refused"
@@ -518,6 +524,8 @@ def fuzz_server_env(data_dir: Path) -> dict[str, str]:
         "MBN_DEMO_MODEL": "false",
         "MBN_EMBEDDED_WORKER": "false",  # accepted uploads just queue
         "MBN_MAX_QUEUED_JOBS": "100000",
+        "MBN_MAX_TRAIN_ROWS": str(LIMITS["rows"]),
+        "MBN_MAX_TRAIN_BYTES": str(LIMITS["bytes"]),
         "MBN_LOG_LEVEL": "warning",
     }
 
@@ -539,6 +547,7 @@ def _write_model(model_dir: Path) -> None:
     from mbn_core.distill.compressor import CompressiveMBN
 
     x = load_digits().data.astype(np.float32)
+    model_dir.mkdir(parents=True, exist_ok=True)
     model = CompressiveMBN(
         MBN(n_clusterings=10, random_state=0, n_jobs=1),
         hidden_layer_sizes=(16,),
@@ -601,7 +610,10 @@ def main(argv: list[str] | None = None) -> int:
                 defects = tally.outcomes["defect"] + tally.outcomes["http defect"]
                 failed = failed or defects > 0
                 rows.append((fmt, args.cases, dict(tally.outcomes), defects, seconds))
-                print(f"{fmt}: {args.cases} cases in {seconds:.0f} s: {dict(tally.outcomes)}")
+                print(
+                    f"{fmt}: {args.cases} cases in {seconds:.0f} s: {dict(tally.outcomes)}; "
+                    f"server peak RSS so far {peak_rss_bytes(server.pid) / 2**20:.0f} MiB"
+                )
                 for detail in tally.defects:
                     print("  DEFECT", detail)
         peak = peak_rss_bytes(server.pid)

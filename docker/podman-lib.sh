@@ -68,7 +68,10 @@ CONF
     if [[ -d $CACHE/storage ]] && ! env -u CONTAINERS_STORAGE_CONF podman --root "$CACHE/storage" \
         --runroot "$CACHE/run" --storage-driver overlay info >/dev/null 2>&1; then
         t "resetting $CACHE/storage: it was made with another storage driver"
-        podman system reset --force >/dev/null 2>&1 || true
+        timeout 120 podman system reset --force >/dev/null 2>&1 || true
+        # podman mounts its overlay directory onto itself; nothing else may stay mounted there.
+        findmnt -rn -o TARGET | grep -E "^$CACHE/(storage|run)(/|$)" | sort -r \
+            | xargs -r umount -l 2>/dev/null || true
         rm -rf "$CACHE/storage" "$CACHE/run"
     fi
 }

@@ -139,6 +139,7 @@ def build_parser(
         description="Multilayer Bootstrap Network embeddings: train, embed, inspect.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    parser.add_argument("--version", action="version", version=f"mbn {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     names = method_names()
@@ -191,7 +192,10 @@ def build_parser(
     embed.add_argument("bundle", metavar="BUNDLE", help="bundle directory")
     embed.add_argument("data", metavar="DATA", help="data file (.npy, .zarr, .npz, .csv)")
     embed.add_argument(
-        "--out", required=True, metavar="OUT", help="embeddings, float32 (.npy or .zarr)"
+        "--out",
+        required=True,
+        metavar="OUT",
+        help="embeddings, float32: .npy, .csv, or .zarr (Zarr needs the 'distributed' extra)",
     )
     embed.add_argument("--exact", action="store_true", help="use the exact model (slow)")
     embed.add_argument("--clusters", metavar="CLUSTERS.npy", help="also write cluster ids")
@@ -322,6 +326,7 @@ def _train(args: argparse.Namespace) -> None:
     out = Path(args.out)
     if out.exists() and not args.force:
         raise UserError(f"{out}: already exists (use --force to replace it)")
+    out.parent.mkdir(parents=True, exist_ok=True)  # --out models/mnist without models/
     check_target(out, overwrite=args.force)
     # Connects first: an unreachable scheduler is reported before the data is even read.
     with _dask_client(args, for_fit=True) as client:
@@ -365,6 +370,23 @@ def _train_with_progress(args, X, y, out: Path, params: TrainingParams, name: st
 
 
 def _embed(args: argparse.Namespace) -> None:
+    for output in (args.out, args.clusters):
+        suffix = Path(output).suffix.lower() if output else ".npy"
+        if suffix not in _OUTPUT_SUFFIXES:
+            raise UserError(
+                f"{output}: unknown output format {suffix or '(no suffix)'!r}; use "
+                f"{', '.join(_OUTPUT_SUFFIXES)}"
+            )
+        if suffix == ".zarr" and importlib.util.find_spec("zarr") is None:
+            raise UserError(
+                f"{output}: writing Zarr needs the 'distributed' extra: "
+                "pip install 'mbn[distributed]' (or write .npy or .csv)"
+            )
+    if Path(args.data).suffix.lower() == ".zarr" and importlib.util.find_spec("zarr") is None:
+        raise UserError(
+            f"{args.data}: reading Zarr needs the 'distributed' extra: "
+            "pip install 'mbn[distributed]'"
+        )
     if _chunked(args):
         _embed_chunked(args)
         return
@@ -379,9 +401,9 @@ def _embed(args: argparse.Namespace) -> None:
     if args.clusters and bundle.n_clusters is None:
         raise UserError(f"bundle {bundle.id!r} has no clustering head; drop --clusters")
     embedding = bundle.embed(X, mode=mode)
-    _save_npy(Path(args.out), embedding)
+    _save_rows(Path(args.out), embedding)
     if args.clusters:
-        _save_npy(Path(args.clusters), bundle.predict_clusters(X, mode=mode))
+        _save_rows(Path(args.clusters), bundle.predict_clusters(X, mode=mode))
     _say(f"Wrote {embedding.shape[0]} x {embedding.shape[1]} {mode} embeddings to {args.out}")
 
 
@@ -392,8 +414,14 @@ def _chunked(args: argparse.Namespace) -> bool:
     suffix = Path(args.data).suffix.lower()
     if suffix == ".zarr":
         return True
-    # Without Dask a .npy is read whole, as before the chunked path existed.
-    return suffix == ".npy" and importlib.util.find_spec("dask") is not None
+    # Without Dask a .npy is read whole, as before the chunked path existed; a CSV output is
+    # written whole.
+    return (
+        suffix == ".npy"
+        and Path(args.out).suffix.lower() != ".csv"
+        and (not args.clusters or Path(args.clusters).suffix.lower() != ".csv")
+        and importlib.util.find_spec("dask") is not None
+    )
 
 
 def _embed_chunked(args: argparse.Namespace) -> None:
@@ -516,18 +544,37 @@ def _nan_for_none(fidelity: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _save_npy(path: Path, array: np.ndarray) -> None:
-    """Write an .npy file atomically: a temporary file beside it, then rename."""
+# What ``mbn embed --out`` writes, by suffix (.zarr through the chunked path).
+_OUTPUT_SUFFIXES = (".npy", ".csv", ".zarr")
+
+
+def _save_rows(path: Path, array: np.ndarray) -> None:
+    """Write rows atomically (a temporary file beside it, then rename): CSV for a ``.csv``
+    path (numbers in full float32 precision, integers as integers), else ``.npy``."""
     if not path.parent.is_dir():
         raise UserError(f"{path.parent}: no such directory")
     temporary = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:12]}"
     try:
         with temporary.open("xb") as handle:
-            np.save(handle, array, allow_pickle=False)
+            if path.suffix.lower() == ".csv":
+                rows = array.reshape(len(array), -1)
+                number = "%d" if array.dtype.kind in "iu" else "%.9g"
+                np.savetxt(handle, rows, delimiter=",", fmt=number)
+            else:
+                np.save(handle, array, allow_pickle=False)
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("mbn")
+    except metadata.PackageNotFoundError:  # pragma: no cover - not installed
+        return "(not installed)"
 
 
 def _os_message(error: OSError) -> str:

@@ -47,10 +47,21 @@ install_project() {
         return
     fi
     echo "installing the project into $VENV: pip install -e \".$extras\" (log: $VENV/pip.log)" >&2
-    if ! "$VENV/bin/python" -m pip install --disable-pip-version-check -e ".$extras" \
-        >"$VENV/pip.log" 2>&1; then
+    # The first install takes a minute or more: each package is shown as pip reaches it.
+    local status=0
+    "$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off \
+        -e ".$extras" 2>&1 | tee "$VENV/pip.log" | pip_progress >&2 || status=$?
+    if [[ $status -ne 0 ]]; then
         tail -n 30 "$VENV/pip.log" >&2
         return 1
     fi
     echo "$want" >"$stamp"
+}
+
+# pip's output, shortened to one line per package and the final summary.
+pip_progress() {
+    { grep --line-buffered -E '^(Collecting|Installing collected|Successfully)' || true; } \
+        | sed -u -e 's/^Collecting \([^ ]*\).*/  pip: getting \1/' \
+            -e 's/^Installing collected packages: .*/  pip: installing the packages/' \
+            -e 's/^Successfully installed.*/  pip: done/'
 }

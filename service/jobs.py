@@ -138,6 +138,9 @@ _FULL_BELOW_BYTES = 1 << 20
 
 T = TypeVar("T")
 
+# The phase of a running job before its training process reports one.
+STARTING_PHASE = "starting"
+
 
 @dataclass(frozen=True)
 class Job:
@@ -388,7 +391,8 @@ class JobStore:
                     started_at=self._now(),
                     heartbeat_at=self._now(),
                     progress=0.0,
-                    phase=None,
+                    # Never null while running: the training process loads its data first.
+                    phase=STARTING_PHASE,
                     attempts=jobs_table.c.attempts + 1,
                 )
             ).rowcount

@@ -46,7 +46,7 @@ def _parse_rows(buf, out, pow10):
     """Parse ``[[n, ...], ...]`` from ``buf`` into ``out``: (status, rows, columns).
 
     One function on purpose: numba compiles helper calls that return tuples into real calls,
-    which cost more than the parsing (5x for MNIST rows).
+    which cost several times more than the parsing itself.
     """
     n = buf.shape[0]
     i = 0

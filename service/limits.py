@@ -180,9 +180,10 @@ class BodyPace:
 
 # How long an answer given before its request's body was read waits for the rest of it, and
 # how many such answers wait at once. Every byte drained passes through the event loop: under
-# a flood of refused large bodies, draining them all saturated the loop (health probes took
-# 0.3-0.9 s at 4x overload of 1.7 MB bodies); past this many, the answer is sent and the
-# connection closed at once, and a client still sending may see a reset instead.
+# a flood of refused large bodies, draining them all saturated the loop and health probes
+# waited behind the drains (docs/decisions/0012-overload-admission.md); past this many, the
+# answer is sent and the connection closed at once, and a client still sending may see a
+# reset instead.
 LINGER_SECONDS = 5.0
 MAX_LINGERING = 2
 
@@ -224,7 +225,7 @@ class AdmissionMiddleware:
     """Admission of the budget's paths: the body is read whole first, then the request takes
     an in-flight slot or is refused at once (429). Under overload most requests are
     refused: through routing, dependencies and the exception handlers a refusal cost the
-    event loop about 0.2 ms, the loop that must also accept connections and answer health
+    event loop several times more, and the loop must also accept connections and answer health
     probes; here it is a counter and a prepared answer. (So during overload a request
     without a valid key is refused with 429 before its key is checked; it never reaches
     anything the key protects.)

@@ -412,6 +412,14 @@ class ModelRegistry:
             snapshot = self._snapshot
             bundle = snapshot.by_id.get(model_id)
             if bundle is None and model_id not in snapshot.damaged:
+                named = snapshot.by_name.get(model_id)
+                if named is not None:
+                    # GET and /embed take names; a delete removes one version: say which id.
+                    raise NotFound(
+                        f"no model with id {shortened(model_id)!r}; {shortened(model_id)!r} is "
+                        f"a name (now version {named.id!r}): delete takes a model id, see "
+                        "GET /models"
+                    )
                 raise NotFound(f"no model {shortened(model_id)!r}")
             if not force:
                 self._refuse_moving_delete(snapshot, model_id, bundle)

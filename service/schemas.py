@@ -36,7 +36,7 @@ class EmbedRequest(_Request):
     """Rows to embed, as JSON numbers (``inputs``) or base64 little-endian float32
     (``inputs_b64`` with ``dim``: row-major, ``n * dim * 4`` bytes)."""
 
-    # pydantic-core decodes base64 in Rust while parsing: 3-4x faster than Python's base64.
+    # pydantic-core decodes base64 in Rust while parsing, faster than Python's base64.
     model_config = ConfigDict(extra="forbid", strict=True, val_json_bytes="base64")
 
     model: str | None = Field(
@@ -177,7 +177,12 @@ class JobOut(BaseModel):
     )
     status: JobStatus
     progress: float = Field(ge=0.0, le=1.0, description="Fraction done, 0..1.")
-    phase: str | None = Field(default=None, description="Training phase now running.")
+    phase: str | None = Field(
+        default=None,
+        description="Training phase now running: 'starting' (the training process loads its "
+        "data), then the method's own ('fit', 'compressor', 'report', 'export'); null once "
+        "the job ended.",
+    )
     model_id: str | None = Field(default=None, description="The model made (succeeded jobs).")
     error: str | None = Field(default=None, description="Why it failed (failed jobs).")
     attempts: int = Field(description="Times a worker started it.")

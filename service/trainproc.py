@@ -153,7 +153,8 @@ def _train(spec: TrainSpec, conn: Connection, stopped: Any) -> tuple[str, str]:
         log.exception("job %s: training failed", spec.job_id)
         # Clients see the error: name their data, not where the server keeps it.
         message = str(exc).replace(spec.data_path, "the training data")
-        return ("error", f"{type(exc).__name__}: {message}")
+        # The message says what went wrong; the exception's class is for the log, not users.
+        return ("error", message or "training failed; the server log has the details")
     return ("done", str(path))
 
 

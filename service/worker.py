@@ -46,7 +46,7 @@ from service.aliases import AliasFile
 from service.alignment import ALIGN_TO
 from service.config import Settings
 from service.domain import Unavailable
-from service.jobs import Job, JobFiles, JobStore
+from service.jobs import STARTING_PHASE, Job, JobFiles, JobStore
 from service.trainproc import TrainSpec
 
 log = logging.getLogger(__name__)
@@ -277,7 +277,7 @@ class Worker:
     def _watch(self, job: Job, proc: Any, receiver: Connection) -> _Run:
         settings = self.settings
         run = _Run()
-        progress, phase = 0.0, None
+        progress, phase = 0.0, STARTING_PHASE
         started = last_ok = time.monotonic()
         last_beat = 0.0  # beat at once: starting the process may have taken a while
         stop_deadline = 0.0
@@ -304,7 +304,7 @@ class Worker:
                         if not self.store.heartbeat(
                             job.id, self.worker_id, progress=progress, phase=phase
                         ):
-                            run.stop_reason = "lost"
+                            run.stop_reason = self._why_not_ours(job.id)
                         last_ok = now
                     except Unavailable:
                         if now - last_ok > settings.stale_after_seconds / 2:
@@ -322,12 +322,21 @@ class Worker:
         run.exitcode = proc.exitcode
         return run
 
+    def _why_not_ours(self, job_id: str) -> str:
+        """Why a heartbeat found the job no longer ours: a user's cancel, or lost (another
+        worker took it over, or it is gone)."""
+        try:
+            current = self.store.get(job_id)
+        except Unavailable:
+            return "lost"
+        return "cancelled" if current is not None and current.status == "cancelled" else "lost"
+
     def _conclude(self, job: Job, run: _Run, model_id: str) -> None:
         if run.stop_reason == "shutdown":
             if self.store.release(job.id, self.worker_id):
                 log.info("job %s: given back to the queue (shutdown)", job.id)
             return
-        if run.stop_reason in ("lost", "fenced"):
+        if run.stop_reason in ("cancelled", "lost", "fenced"):
             current = self.store.get(job.id)
             if current is not None and current.finished:
                 self.files.remove(job.id)

@@ -497,6 +497,7 @@ def image_command_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
             process.wait()
 
 
+@pytest.mark.slow
 def test_image_command_serves_and_its_healthcheck_passes(image_command_server: str) -> None:
     assert httpx.get(f"{image_command_server}/health/live", timeout=5).status_code == 200
     port = image_command_server.rsplit(":", 1)[1]
@@ -592,6 +593,7 @@ def test_nginx_balances_around_a_dead_replica(nginx_in_front: str) -> None:
         assert response.json()["status"]
 
 
+@pytest.mark.slow
 def test_nginx_refuses_bodies_over_the_service_limit_in_its_error_shape(
     nginx_in_front: str,
 ) -> None:
@@ -778,3 +780,38 @@ def test_k8s_sets_only_variables_the_service_reads() -> None:
         names |= {item["name"] for item in container["env"]}
     unknown = {name for name in names if name.startswith("MBN_")} - known
     assert not unknown
+
+
+def test_the_first_install_shows_each_package_as_pip_reaches_it(tmp_path: Path) -> None:
+    """The first scripts/serve was silent for 85 s while pip ran (its output went to a log
+    only). A stand-in pip prints what pip prints; the script shows one line a package and
+    keeps the whole output in the log."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    fake_pip = venv / "bin" / "python"
+    fake_pip.write_text(
+        "#!/bin/sh\n"
+        "echo 'Collecting numpy>=2 (from mbn)'\n"
+        "echo '  Downloading numpy-2.4-cp311.whl (16.4 MB)'\n"
+        "echo 'Collecting fastapi>=0.110'\n"
+        "echo 'Installing collected packages: numpy, fastapi, mbn'\n"
+        "echo 'Successfully installed fastapi-0.1 mbn-0 numpy-2.4'\n"
+    )
+    fake_pip.chmod(0o755)
+    result = subprocess.run(
+        ["bash", "-c", "set -euo pipefail; source scripts/_venv.sh; install_project '[service]'"],
+        cwd=REPO,
+        env={**os.environ, "MBN_VENV": str(venv)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    shown = [line.strip() for line in result.stderr.splitlines() if line.startswith("  pip:")]
+    assert shown == [
+        "pip: getting numpy>=2",
+        "pip: getting fastapi>=0.110",
+        "pip: installing the packages",
+        "pip: done",
+    ]
+    assert "Downloading numpy" in (venv / "pip.log").read_text()

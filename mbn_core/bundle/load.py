@@ -85,9 +85,10 @@ class Bundle:
     """A verified, loaded bundle: an immutable value holding the manifest and the fast path.
 
     Use ``load_bundle`` to make one. Thread safe: ``embed`` and ``predict_clusters`` may be
-    called from several threads. The exact model is not kept here: ``load_exact`` reads it
-    (verifying its hash) and returns it; pass it back as ``exact=`` to reuse it. Without it,
-    exact mode reads the model for that one call (fine for a script, not for a server).
+    called from several threads. Exact mode reads the exact model (verifying its hash) on its
+    first use and keeps it, so a script embedding row by row reads it once; ``release_exact``
+    drops it. ``load_exact`` reads a fresh one, kept by the caller (a server's own cache) and
+    passed back as ``exact=``.
 
     Attributes
     ----------
@@ -114,6 +115,8 @@ class Bundle:
         self._embedder = embedder
         self._map: EmbeddingMap | None = None
         self._map_lock = threading.Lock()
+        self._exact: ExactModel | None = None
+        self._exact_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Bundle(id={self.id!r}, name={self.name!r}, path={str(self.path)!r})"
@@ -128,7 +131,8 @@ class Bundle:
         mode : {"fast", "exact"}, default="fast"
             The ONNX fast path, or the exact model.
         exact : ExactModel, default=None
-            This bundle's exact model from ``load_exact``; None reads it for this call.
+            This bundle's exact model from ``load_exact``; None uses the one the bundle
+            keeps (read on first use).
         """
         return self.embed_with_clusters(X, mode, exact=exact)[0]
 
@@ -157,12 +161,23 @@ class Bundle:
             result = self._embedder.run(X)
         else:
             if exact is None:
-                exact = self.load_exact()
+                exact = self._kept_exact()
             elif exact.bundle_id != self.id:
                 raise ValueError(f"the exact model of {exact.bundle_id!r} is not {self.id!r}'s")
             result = exact.embed_with_clusters(X)
         _check_finite(result[0], mode)
         return result
+
+    def _kept_exact(self) -> ExactModel:
+        with self._exact_lock:
+            if self._exact is None:
+                self._exact = self.load_exact()
+            return self._exact
+
+    def release_exact(self) -> None:
+        """Drop the exact model kept by exact-mode calls (the next one reads it again)."""
+        with self._exact_lock:
+            self._exact = None
 
     def load_exact(self) -> ExactModel:
         """Read the exact model from the bundle's arrays, verifying their SHA-256 again.

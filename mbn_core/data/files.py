@@ -74,14 +74,17 @@ class DataShape:
         the file's own arrays, if larger); for sparse data, which training never makes
         dense, the file's arrays plus ``SPARSE_BYTES_PER_FEATURE`` for each feature."""
         if self.sparse:
-            return self.data_bytes + self.n_features * SPARSE_BYTES_PER_FEATURE
+            # A conversion to CSR (from COO, CSC...) makes a row pointer of n_rows + 1 int64s.
+            return (
+                self.data_bytes + self.n_features * SPARSE_BYTES_PER_FEATURE + (self.n_rows + 1) * 8
+            )
         return max(self.data_bytes, self.n_rows * self.n_features * 4)
 
 
 # What training holds per input feature of sparse data besides its nonzeros, rounded up: the
 # V clusterings' chosen features as packed bits (V / 8 bytes; 50 at V = 400), per thread one
 # clustering's draw and position lookup (about 13 bytes), the input map's fit (a peak of
-# about 400 bytes, measured with tracemalloc; ARPACK's workspace besides) and the range
+# about 400 bytes under tracemalloc; ARPACK's workspace besides) and the range
 # checks' sums (16 bytes).
 SPARSE_BYTES_PER_FEATURE = 1024
 

@@ -169,7 +169,8 @@ def optimise(
     if factors.shape[-1] == 0:
         return factors, losses, False
     # One BLAS thread: these eigenproblems are small (ρ <= R), and a second thread spinning
-    # on a busy machine made each one 10-50x slower in measurements.
+    # on a busy machine made each one many times slower
+    # (docs/decisions/0018-modular-kpca-optimiser-and-lambda.md).
     with threadpool_limits(limits=1, user_api="blas"):
         if q.shape[0] >= LANCZOS_MIN_RANK:
             return _lanczos_epochs(

@@ -18,7 +18,7 @@ import numpy as np
 from sklearn.neighbors import KNeighborsClassifier, NearestNeighbors
 
 # Queries re-ranked at once: bounds the (queries x candidates x dims) gather to ~4 MB, which
-# stays in cache; 100 MB chunks made the re-ranking 5x slower.
+# stays in cache; chunks far larger than the cache made the re-ranking several times slower.
 _RERANK_BYTES = 4 << 20
 
 

@@ -74,9 +74,9 @@ METHOD = register(
         save=modular_to_arrays,
         load=modular_from_arrays,
         export=to_onnx,
-        # A service job should end in minutes: on MNIST 12k (R = 1000) an epoch of 15 modules
-        # takes seconds, and 1e-4 relative progress per epoch is where the benchmark's
-        # retrieval precision stopped moving (benchmarks/RESULTS.md).
+        # A service job should end in minutes: an epoch of 15 modules takes seconds, and 1e-4
+        # relative progress per epoch is where the benchmark's retrieval precision stopped
+        # moving (docs/decisions/0018-modular-kpca-optimiser-and-lambda.md).
         defaults={"max_epochs": 100, "tol": 1e-4},
         track=_track,
         cost=_cost,

@@ -23,9 +23,9 @@ _BLOCK_BYTES = 128 * 2**20
 _EXTRA_CANDIDATES = 8
 # The float32 pass saves about half of a float64 GEMM (n_query * n_ref * d multiply-adds) but
 # converts the rows it has not converted yet ((n_ref + n_query) * d elements, or n_ref * d when
-# the queries are the reference), which is memory bound. Measured on 2 Xeon cores with MNIST
-# rows against 20,000 reference rows: 10 queries take half the time in float64, 100 break even,
-# 1,000 take 0.74x in float32; self-queries are faster in float32 from 200 rows up.
+# the queries are the reference), which is memory bound: for a few queries against many
+# reference rows the conversion costs more than the float32 product saves, so float32 is used
+# from about 100 queries on (docs/decisions/0017-multilevel-exact-knn.md).
 _FLOAT32_MIN_PRODUCTS_PER_ROW = 100
 _UNIT_ROUNDOFF = {"float32": 2.0**-24, "float64": 2.0**-53}
 

@@ -61,6 +61,7 @@ def trained(workdir):
     return workdir / "model", result
 
 
+@pytest.mark.slow
 def test_train_writes_a_bundle_and_prints_the_report(trained):
     path, result = trained
     assert "Traceback" not in result.stderr
@@ -73,6 +74,7 @@ def test_train_writes_a_bundle_and_prints_the_report(trained):
     assert sorted(p.name for p in path.parent.iterdir() if p.name.startswith(".")) == []
 
 
+@pytest.mark.slow
 def test_embed_with_clusters(trained, workdir):
     path, _ = trained
     bundle = load_bundle(path)
@@ -86,12 +88,14 @@ def test_embed_with_clusters(trained, workdir):
     )
 
 
+@pytest.mark.slow
 def test_user_error_is_one_line_with_status_2(trained, workdir):
     result = run_mbn("embed", "model", "narrow.npy", "--out", "x.npy", cwd=workdir)
     assert_user_error(result, "narrow.npy", "10 columns", "expects 64")
     assert not (workdir / "x.npy").exists()
 
 
+@pytest.mark.slow
 def test_interrupt_leaves_no_bundle(workdir):
     # Big enough to still be fitting MBN when the signal arrives.
     process = subprocess.Popen(
@@ -122,6 +126,7 @@ def test_interrupt_leaves_no_bundle(workdir):
 # ---------------------------------------------------------------------- in process
 
 
+@pytest.mark.slow
 def test_info(trained, workdir, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
     assert cli.main(["info", "model"]) == 0
@@ -133,6 +138,7 @@ def test_info(trained, workdir, monkeypatch, capsys):
     assert "verified:" in out
 
 
+@pytest.mark.slow
 def test_embed_exact_from_sparse_input(trained, workdir, monkeypatch):
     path, _ = trained
     monkeypatch.chdir(workdir)
@@ -143,6 +149,7 @@ def test_embed_exact_from_sparse_input(trained, workdir, monkeypatch):
     np.testing.assert_array_equal(np.load(workdir / "exact.npy"), expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "fragments"),
     [
@@ -192,6 +199,7 @@ def test_bad_option_syntax_is_a_usage_error(capsys):
     assert "comma-separated integers" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_info_json(trained, workdir, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
     assert cli.main(["info", "model", "--json"]) == 0
@@ -213,6 +221,7 @@ def test_a_command_whose_extra_is_missing_says_what_to_install(capsys):
     )
 
 
+@pytest.mark.slow
 def test_the_library_and_the_cli_import_nothing_of_the_service():
     web = {"service", "fastapi", "uvicorn", "sqlalchemy", "psycopg", "msgspec", "pybase64",
            "starlette", "pydantic"}  # fmt: skip
@@ -226,6 +235,7 @@ def test_the_library_and_the_cli_import_nothing_of_the_service():
     assert result.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_the_service_commands_parse(tmp_path):
     # The service's commands as `mbn` gets them from its entry points (python -m service uses
     # the same functions): options and help, without starting anything.
@@ -274,3 +284,35 @@ def test_train_needs_out_unless_it_plans(workdir, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
     assert cli.main(["train", "digits.npz"]) == cli.EXIT_USAGE
     assert "--out DIR is required" in capsys.readouterr().err
+
+
+def test_version() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "mbn_core.cli", "--version"], capture_output=True, text=True
+    )
+    assert result.returncode == 0 and result.stdout.strip() == f"mbn {metadata.version('mbn')}"
+
+
+def test_train_creates_missing_parent_directories(workdir):
+    """The README's `mbn train data.npz --out models/mnist` failed without models/."""
+    result = run_mbn("train", "digits.npz", "--out", "new/models/digits", *SMALL, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert load_bundle(workdir / "new" / "models" / "digits").input_dim == 64
+
+
+def test_embed_writes_csv_for_a_csv_path(trained, workdir):
+    """A .csv --out held NumPy binary."""
+    path, _ = trained
+    result = run_mbn("embed", "model", "queries.npy", "--out", "emb.csv", "--clusters",
+                     "clusters.csv", cwd=workdir)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    written = np.loadtxt(workdir / "emb.csv", delimiter=",", ndmin=2)
+    expected = load_bundle(path).embed(np.load(workdir / "queries.npy"))
+    np.testing.assert_allclose(written, expected, rtol=1e-6, atol=1e-6)
+    clusters = np.loadtxt(workdir / "clusters.csv", delimiter=",", dtype=np.int64)
+    assert clusters.shape == (25,)
+
+
+def test_embed_refuses_an_unknown_output_suffix(trained, workdir):
+    result = run_mbn("embed", "model", "queries.npy", "--out", "emb.txt", cwd=workdir)
+    assert_user_error(result, "emb.txt", ".npy, .csv, .zarr")

@@ -51,7 +51,11 @@ def test_loaded_bytes_size_sparse_data_by_its_arrays_not_as_dense(tmp_path):
     X = sp.csr_matrix((rng.random(words.size, dtype=np.float32), words, indptr), (1000, 200_000))
     sp.save_npz(tmp_path / "bag.npz", X, compressed=False)
     shape = peek_data_file(tmp_path / "bag.npz")
-    assert shape.loaded_bytes == shape.data_bytes + 200_000 * SPARSE_BYTES_PER_FEATURE
+    # The arrays, the features' share, and a CSR row pointer (made when converting).
+    rows_pointer = (1000 + 1) * 8
+    assert shape.loaded_bytes == (
+        shape.data_bytes + 200_000 * SPARSE_BYTES_PER_FEATURE + rows_pointer
+    )
     assert shape.loaded_bytes < 200 * 2**20 < 1000 * 200_000 * 4
     np.save(tmp_path / "dense.npy", np.zeros((10, 3), dtype=np.uint8))
     assert peek_data_file(tmp_path / "dense.npy").loaded_bytes == 10 * 3 * 4  # as float32
@@ -139,3 +143,11 @@ def test_not_2d_and_unknown_suffix(tmp_path):
     (tmp_path / "d.txt").write_text("1")
     with pytest.raises(ValueError, match="unsupported format"):
         peek_data_file(tmp_path / "d.txt")
+
+
+def test_a_sparse_shape_of_billions_of_rows_counts_its_row_pointer(tmp_path):
+    """A fuzzed COO archive claiming 2^31 rows passed the byte limit (its arrays are small)
+    and converting it to CSR took 17 GB for the row pointer."""
+    X = sp.coo_matrix(([1.0], ([0], [0])), shape=(2**31, 8))
+    sp.save_npz(tmp_path / "tall.npz", X)
+    assert peek_data_file(tmp_path / "tall.npz").loaded_bytes > 2**31 * 8

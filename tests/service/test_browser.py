@@ -220,6 +220,14 @@ def test_map_draws_its_points(tab: Page, screenshots: Path) -> None:
         stored = client.get("/models/m-digits/map").json()["n_points"]
     assert plotted == stored >= 0.8 * MAP_ROWS  # the rows the method was fitted on
     assert page.locator("#map-plot .legendtext").count() == 10  # one entry per digit
+    # The legend is not under Plotly's toolbar (it was: its first entries were hidden).
+    page.hover("#map-plot")
+    legend = page.locator("#map-plot .legend").bounding_box()
+    toolbar = page.locator("#map-plot .modebar").bounding_box()
+    assert legend is not None and toolbar is not None
+    assert legend["y"] >= toolbar["y"] + toolbar["height"] or (
+        legend["x"] >= toolbar["x"] + toolbar["width"]
+    )
     # The points are on the canvas: thousands of coloured pixels in the plot.
     assert colour_pixels(page) > 1000
     # Hovering a point shows its details.
@@ -377,6 +385,10 @@ def test_a_job_from_the_form_shows_progress_to_success_and_its_model_can_be_dele
     model_row.wait_for(state="detached")
     with api(server) as client:
         wait_for(lambda: client.get(f"/models/{model_id}").status_code == 404, 10, "the deletion")
+    # The job no longer links to the deleted model's (empty) map.
+    page.goto(f"{server.url}/ui/#/jobs")
+    page.wait_for_selector(f"{row} [data-model-deleted]")
+    assert page.locator(f"{row} a:has-text('Map')").count() == 0
     tab.assert_clean()
 
 

@@ -115,6 +115,8 @@ def test_claim_takes_the_oldest_and_marks_it_running(store: JobStore, clock: Man
     assert claimed is not None and claimed.id == first.id
     assert claimed.status == "running" and claimed.worker_id == "w1" and claimed.attempts == 1
     assert claimed.started_at == claimed.heartbeat_at == clock.now
+    # Running means a phase: null only before the first progress report was (a friction).
+    assert claimed.phase == "starting"
 
 
 def test_concurrent_claims_take_each_job_exactly_once(store: JobStore) -> None:

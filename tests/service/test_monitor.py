@@ -168,3 +168,46 @@ def test_monitoring_off(tmp_path, write_bundle, novelty_bundle, digits: Digits) 
         client.post("/embed", json={"model": "novel", "inputs": digits[0][:4].tolist()})
         body = client.get("/models/novel/monitor").json()
         assert body["rows_seen"] == 0 and "monitoring is off" in body["note"]
+
+
+@pytest.mark.slow
+def test_monitor_of_a_real_server(
+    tmp_path: Path, novelty_bundle, digits: Digits, processes: list
+) -> None:
+    """``mbn serve`` in its own process: every fast row shadowed, the monitor equal to a
+    recomputation of the same rows, the gauges in /metrics labelled by replica."""
+    from servicetest import FAST_JOBS_ENV, Server, wait_for
+
+    data_dir = tmp_path / "data"
+    path = novelty_bundle(data_dir / "models")
+    env = {**FAST_JOBS_ENV, "MBN_DATA_DIR": str(data_dir), "MBN_DEMO_MODEL": "false",
+           "MBN_EMBEDDED_WORKER": "false", "MBN_SHADOW_FRACTION": "1",
+           "MBN_REPLICA_NAME": "replica-a"}  # fmt: skip
+    server = Server(env, tmp_path / "server.log")
+    processes.append(server)
+    server.start(wait=180)  # a shared, loaded machine can take a minute to import
+    x = digits[0][1600:1630]
+    with server.client() as client:
+        wait_for(lambda: client.get("/health/ready").status_code == 200, 60, "readiness")
+
+        def processed(n: int) -> dict | None:
+            body = client.get("/models/m-novel/monitor").json()
+            return body if body["shadow_rows"] + body["skipped_exact_busy"] == n else None
+
+        for n, row in enumerate(x, start=1):
+            assert client.post("/embed", json={"inputs": [row.tolist()]}).status_code == 200
+            # The next row only once this one is shadowed: none is replaced while waiting.
+            # The first waits for the exact model's read and its kernels' compilation.
+            timeout = 600 if n == 1 else 120
+            body = wait_for(lambda n=n: processed(n), timeout, f"row {n} processed")
+        metrics = client.get("/metrics").text
+    assert body["replica"] == "replica-a" and body["rows_seen"] == len(x)
+    assert body["shadow_rows"] == len(x) and body["dropped_behind"] == 0
+    bundle = load_bundle(path)
+    exact, fast = bundle.embed(x, "exact"), bundle.embed(x, "fast")
+    weighting = "variance_weighted"
+    assert body["live"]["r2"] == pytest.approx(r2_score(exact, fast, multioutput=weighting))
+    novelty = Novelty.fit(digits[0][:1500], random_state=0)[0]
+    assert body["novelty_share"] == pytest.approx(np.mean(novelty.is_novel(x)))
+    line = 'mbn_live_fidelity_r2{model="m-novel",replica="replica-a"}'
+    assert float(metrics.split(line)[1].split()[0]) == pytest.approx(body["live"]["r2"])

@@ -330,6 +330,7 @@ def test_bad_job_queries_are_422(client: TestClient, query: dict) -> None:
     assert_error(client.get("/jobs", params=query), 422, "invalid_input")
 
 
+@pytest.mark.slow
 def test_only_a_job_that_asks_promotes_its_model(
     api: Callable[..., TestClient], digits: Digits
 ) -> None:

@@ -136,3 +136,13 @@ def test_a_tampered_exact_model_is_a_clear_409_and_shows_in_models(
         what="the repaired model to be served again",
     )
     assert client.get("/models").json()["models"][0]["state"] == "ready"
+
+
+def test_delete_by_name_says_to_use_the_id(api: Callable[..., TestClient]) -> None:
+    """DELETE /models/digits answered "no model 'digits'" while GET /models/digits and
+    /embed accept the name."""
+    client = api()
+    assert client.get("/models/digits").status_code == 200
+    message = assert_error(client.delete("/models/digits"), 404, "not_found")["message"]
+    assert "is a name" in message and "'m-digits'" in message and "model id" in message
+    assert client.get("/models/digits").status_code == 200  # nothing was deleted

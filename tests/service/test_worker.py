@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from collections.abc import Iterator
@@ -117,7 +118,10 @@ def test_job_errors_name_no_server_directory(setup: Setup) -> None:
     assert worker._hide_paths(ValueError(f"{model}: exists")) == "<model dir>/m-1: exists"
 
 
-def test_cancel_stops_training_promptly(setup: Setup, digits: Digits) -> None:
+def test_cancel_stops_training_promptly(
+    setup: Setup, digits: Digits, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="service.worker")
     job = setup.submit(digits[0], LONG_PARAMS)
     worker = setup.worker()
     setup.wait_running(job)
@@ -131,6 +135,9 @@ def test_cancel_stops_training_promptly(setup: Setup, digits: Digits) -> None:
     assert cancelled.status == "cancelled" and cancelled.progress < 1.0
     assert list(setup.settings.models_path.iterdir()) == []
     assert not (setup.settings.jobs_path / job.id).exists()
+    # A user's cancel is logged as one (it was "stopping training (lost)").
+    stops = [r.getMessage() for r in caplog.records if "stopping training" in r.getMessage()]
+    assert stops == [f"job {job.id}: stopping training (cancelled)"]
 
 
 def test_a_crashing_training_process_fails_the_job(setup: Setup, digits: Digits) -> None:

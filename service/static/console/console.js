@@ -403,10 +403,11 @@
   async function drawMap(data) {
     const traces = mapTraces(data);
     const layout = {
-      margin: { l: 10, r: 10, t: 10, b: 10 },
+      // Room above the plot for Plotly's toolbar: the legend starts below it, not under it.
+      margin: { l: 10, r: 10, t: 40, b: 10 },
       dragmode: "zoom",
       hovermode: "closest",
-      legend: { itemsizing: "constant" },
+      legend: { itemsizing: "constant", x: 1.02, xanchor: "left", y: 1, yanchor: "top" },
       xaxis: { showgrid: false, zeroline: false, showticklabels: false },
       yaxis: { showgrid: false, zeroline: false, showticklabels: false, scaleanchor: "x" },
       paper_bgcolor: "#ffffff",
@@ -573,13 +574,16 @@
       throw error;
     }
     setText("#jobs-error", "");
+    // A job's Map link only while its model is there (a deleted model's map is empty).
+    const models = await api("/models").catch(() => null);
+    const present = models ? new Set(models.models.map((model) => model.id)) : null;
     const now = Date.now() + state.clockOffsetMs;
-    $("#jobs-table tbody").replaceChildren(...list.jobs.map((job) => jobRow(job, now)));
+    $("#jobs-table tbody").replaceChildren(...list.jobs.map((job) => jobRow(job, now, present)));
     $("#jobs-empty").hidden = list.jobs.length > 0;
     $("#jobs-table").hidden = list.jobs.length === 0;
   }
 
-  function jobRow(job, now) {
+  function jobRow(job, now, present) {
     const started = parseTime(job.started_at);
     const finished = parseTime(job.finished_at);
     const elapsed = Number.isFinite(started) ? ((Number.isFinite(finished) ? finished : now) - started) / 1000 : NaN;
@@ -608,9 +612,17 @@
         "td",
         { className: "actions" },
         active ? el("button", { type: "button", onclick: () => cancelJob(job.id) }, "Cancel") : null,
-        job.model_id ? el("a", { href: `#/map/${encodeURIComponent(job.model_id)}` }, "Map") : null,
+        jobModelLink(job, present),
       ),
     );
+  }
+
+  function jobModelLink(job, present) {
+    if (!job.model_id) return null;
+    if (present && !present.has(job.model_id)) {
+      return el("span", { className: "muted", "data-model-deleted": "" }, "model deleted");
+    }
+    return el("a", { href: `#/map/${encodeURIComponent(job.model_id)}` }, "Map");
   }
 
   async function cancelJob(jobId) {

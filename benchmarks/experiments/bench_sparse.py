@@ -1,6 +1,7 @@
 """Sparse input: one bottom-layer clustering scored two ways, on the same model.
 
-    python benchmarks/bench_sparse.py --documents 2000 --vocabulary 30000 --clusterings 16
+    python benchmarks/experiments/bench_sparse.py --documents 2000 --vocabulary 30000
+        --clusterings 16
 
 Fits ``MBN(n_clusterings=C, random_state=0)`` on ``bench_data.topic_corpus`` documents (the
 bottom layer's k1 = n / 2 centers, every other layer cut short, since only the bottom is
@@ -11,15 +12,22 @@ timed), then codes all documents for each of the C bottom clusterings with
   the chosen dimensions as a mask on the sparse centers, float64 products.
 The two alternate clustering by clustering, and the codes must be equal. Prints the median
 seconds of one clustering for each and their ratio.
+
+Decision record: docs/decisions/0016-sparse-input.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared harness
+
 from bench_data import topic_corpus
 from bench_report import command_line
 

@@ -1,9 +1,11 @@
-"""The fast path's student on new data (issue 12): calibrate the bar, then compare students.
+"""The fast path's student on new data: calibrate the bar, then compare students.
 
-    python benchmarks/bench_student.py cache --sets digits,mnist-5k,mnist-10k
-    python benchmarks/bench_student.py calibrate --sets digits,mnist-5k
-    python benchmarks/bench_student.py students --sets digits,mnist-5k --variants base,alpha1e-3
-    python benchmarks/bench_student.py cache --sets mnist-5k --option 'metric="cosine"' --tag cosine
+    python benchmarks/experiments/bench_student.py cache --sets digits,mnist-5k,mnist-10k
+    python benchmarks/experiments/bench_student.py calibrate --sets digits,mnist-5k
+    python benchmarks/experiments/bench_student.py students --sets digits,mnist-5k
+        --variants base,alpha1e-3
+    python benchmarks/experiments/bench_student.py cache --sets mnist-5k
+        --option 'metric="cosine"' --tag cosine
 
 ``cache`` fits, per set, the exact MBN as ``mbn train`` does (``TrainingParams()``'s
 estimator, seed 0) on the training rows but a held-out tenth (the selection rows, new to
@@ -39,17 +41,23 @@ the compressor's input map, Nystrom landmarks drawn from the fitted rows, the ri
 the selection rows; ``--landmarks``, ``--widths`` as multiples of the landmarks' median squared
 distance, ``--components``), and prints each beside the default MLP (seed 0) and the average of
 the two. A closed-form fit needs no epochs, which is what the MLP is short of.
+
+Decision record: docs/decisions/0010-compressor-defaults.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import scipy.linalg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared harness
+
 from bench_data import load_mnist
 from bench_fidelity import kmeans_nmi, load_set
 from bench_report import add_training_option, command_line

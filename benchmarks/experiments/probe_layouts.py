@@ -1,6 +1,7 @@
-"""Issue 17 probe: UMAP's layout of MBN's own graphs instead of PCA of the top codes.
+"""Probe: UMAP's layout of MBN's own graphs instead of PCA of the top codes.
 
-    python benchmarks/probe_layouts.py [--datasets moons circles ...] [--seeds 3] [--heldout]
+    python benchmarks/experiments/probe_layouts.py [--datasets moons circles ...] [--seeds 3]
+        [--heldout]
 
 The default network (``MBN(n_classes=c, random_state=seed)``) is fitted, and its bottom
 co-association (the share of bottom clusterings that put two rows in one cell) and the product
@@ -27,22 +28,28 @@ with them), k-means (c clusters, 20 runs) on the fitted rows' embedding, and the
 assigned to the nearest centroid. UMAP places new rows by its own ``transform``.
 
 Exploratory, not a product feature.
+
+Decision record: docs/decisions/0004-output-auto.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-from bench_mbn import (
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared harness
+
+from harness import (
     QUALITY_DATA,
     coassociations,
-    issue17_umap,
     kmeans_nmi,
     mean_sd,
     quality_data,
+    quality_umap,
     split_rows,
 )
 from sklearn.cluster import KMeans
@@ -169,7 +176,7 @@ def fitted_scores(X: np.ndarray, y: np.ndarray, seed: int) -> list[float]:
     # The fitted rows placed as new rows are (their own co-association included), so that
     # a model's transform of its training rows would reproduce its fit.
     embeddings.append(place(graphs[1], graphs[0], embeddings[-1]))
-    embeddings.append(issue17_umap(X, c, seed))
+    embeddings.append(quality_umap(X, c, seed))
     return [kmeans_nmi(Z, y, seed, n_init=20) for Z in embeddings]
 
 

@@ -1,6 +1,6 @@
 """A training job's progress fraction against the clock. Prints a markdown table.
 
-    python benchmarks/bench_job_progress.py [--datasets swiss-roll digits]
+    python benchmarks/experiments/bench_job_progress.py [--datasets swiss-roll digits]
 
 Each set is trained with ``train_bundle`` and ``mbn train``'s defaults (``TrainingParams``
 with ``n_classes`` = its number of classes, so small sets get the cross-fitted report), in
@@ -8,17 +8,23 @@ this process, one after the other. From the job's events (what the service's job
 and ``mbn train``'s bars show): the job's seconds, the largest lead and lag of the reported
 fraction against the share of the job's time gone, and the longest stretch without a report
 with the fraction the bar stood at meanwhile.
+
+Decision record: docs/decisions/0023-training-progress.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from bench_mbn import quality_data
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared harness
+
+from harness import quality_data
 
 from mbn_core.pipeline.training import TrainingParams, train_bundle
 

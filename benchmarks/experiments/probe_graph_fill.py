@@ -1,6 +1,6 @@
-"""Issue 17 probe: does the UMAP output's graph starve on low-dimensional data?
+"""Probe: does the UMAP output's graph starve on low-dimensional data?
 
-    python benchmarks/probe_graph_fill.py [--datasets swiss-roll moons ...] [--seeds 5]
+    python benchmarks/experiments/probe_graph_fill.py [--datasets swiss-roll moons ...] [--seeds 5]
         [--fill-layer 1] [--k1 0.25]
 
 ``MBN(output="umap")`` gives UMAP each training row's 14 most co-associated other rows. On 2-D
@@ -21,15 +21,22 @@ Both are laid out by the UMAP output's own ``_layout`` into c dimensions and sco
 the fitted rows' layout itself.
 
 Exploratory, not a product feature.
+
+Decision record: docs/decisions/0004-output-auto.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-from bench_mbn import QUALITY_DATA, kmeans_nmi, mean_sd, quality_data
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared harness
+
+from harness import QUALITY_DATA, kmeans_nmi, mean_sd, quality_data
 
 from mbn_core import MBN
 from mbn_core.mbn.coassociation import cell_index, coassociation, one_hot

@@ -1,11 +1,13 @@
-"""Issue 17 probe: what the UMAP output's graph lacks against UMAP's own, neighbours or weights.
+"""Probe: what the UMAP output's graph lacks against UMAP's own, neighbours or weights.
 
-    python benchmarks/probe_graph_weights.py neighbours [--datasets swiss-roll ...]
+    python benchmarks/experiments/probe_graph_weights.py neighbours [--datasets swiss-roll ...]
         [--counts 15 20 30 45] [--seeds 5] [--clusterings 400]
-    python benchmarks/probe_graph_weights.py swaps [--datasets swiss-roll ...] [--seeds 5]
+    python benchmarks/experiments/probe_graph_weights.py swaps [--datasets swiss-roll ...]
+        [--seeds 5]
         [--clusterings 400]
-    python benchmarks/probe_graph_weights.py purity [--datasets blobs-stretched ...]
-    python benchmarks/probe_graph_weights.py layouts [--datasets swiss-roll ...] [--seeds 5]
+    python benchmarks/experiments/probe_graph_weights.py purity [--datasets blobs-stretched ...]
+    python benchmarks/experiments/probe_graph_weights.py layouts [--datasets swiss-roll ...]
+        [--seeds 5]
         [--layouts 6]
 
 ``neighbours`` and ``swaps`` fit ``MBN(n_classes=c, n_clusterings=V, random_state=seed)`` (V:
@@ -34,15 +36,22 @@ against its own fuzzy graph (a label-free pick among layouts), beside plain UMAP
 seeds as there are layouts in all.
 
 Exploratory, not a product feature.
+
+Decision record: docs/decisions/0004-output-auto.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-from bench_mbn import KNOWN_DATA, QUALITY_DATA, issue17_umap, kmeans_nmi, mean_sd, quality_data
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared harness
+
+from harness import KNOWN_DATA, QUALITY_DATA, kmeans_nmi, mean_sd, quality_data, quality_umap
 from probe_graph_fill import neighbour_lists, others
 from scipy.spatial.distance import pdist, squareform
 from sklearn.neighbors import NearestNeighbors
@@ -132,7 +141,7 @@ def layout_seeds(name: str, seeds: int, n_layouts: int, n_clusterings: int) -> s
         picked.append(min(scored)[1])
     X, y = quality_data(name, 0)  # the fixed data sets: one draw serves every seed
     for seed in range(seeds * n_layouts):
-        umap_scores.append(kmeans_nmi(issue17_umap(X, len(np.unique(y)), seed), y, seed, 20))
+        umap_scores.append(kmeans_nmi(quality_umap(X, len(np.unique(y)), seed), y, seed, 20))
     return (
         f"| {name} | {mean_sd(every)} | {np.mean(spreads):.3f} | {mean_sd(picked)} "
         f"| {mean_sd(umap_scores)} |"

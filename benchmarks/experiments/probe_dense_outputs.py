@@ -1,9 +1,10 @@
-"""Issue 17 probe: what could lift the default's output on dense data (digits, iris) to UMAP's.
+"""Probe: what could lift the default's output on dense data (digits, iris) to UMAP's.
 
-    python benchmarks/probe_dense_outputs.py variants --datasets iris digits --seeds 30
-    python benchmarks/probe_dense_outputs.py readout --datasets iris digits wine breast-cancer \
+    python benchmarks/experiments/probe_dense_outputs.py variants --datasets iris digits --seeds 30
+    python benchmarks/experiments/probe_dense_outputs.py readout \
+        --datasets iris digits wine breast-cancer \
         --seeds 10 [--heldout]
-    python benchmarks/probe_dense_outputs.py fast-path --seeds 10
+    python benchmarks/experiments/probe_dense_outputs.py fast-path --seeds 10
 
 On dense data ``output="auto"`` is the papers' PCA of the top codes, and over 30 seeds it
 trails UMAP on digits (0.899 against 0.905) and iris (0.787 against 0.809). Each subcommand
@@ -34,6 +35,8 @@ inertia of 20 runs, NMI against the labels, mean ± sd over seeds):
   (fitted on the 1,200 rows, its own ``transform`` of the others) in the same run.
 
 Exploratory, not a product feature.
+
+Decision record: docs/decisions/0020-dense-rows-keep-the-pca-output.md.
 """
 
 from __future__ import annotations
@@ -41,11 +44,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared harness
+
 from bench_fidelity import load_set
-from bench_mbn import NetworkEnsemble, kmeans_nmi, mean_sd, quality_data, split_rows
+from harness import NetworkEnsemble, kmeans_nmi, mean_sd, quality_data, split_rows
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.cluster import KMeans
 from sklearn.decomposition import PCA, KernelPCA

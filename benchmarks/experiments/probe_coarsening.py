@@ -1,6 +1,6 @@
-"""Where MBN's coarse layers lose two moons (issue 17): a NumPy replica of the network, per layer.
+"""Where MBN's coarse layers lose two moons: a NumPy replica of the network, per layer.
 
-    python benchmarks/probe_coarsening.py [--data moons] [--seeds 0 1 2] [--delta 0.7]
+    python benchmarks/experiments/probe_coarsening.py [--data moons] [--seeds 0 1 2] [--delta 0.7]
         [--orphans zero|random] [--projection pca|njw] [--layers N]
         [--feature-fraction 1.0] [--affinities]
 
@@ -20,16 +20,23 @@ product (pairs that fall together both in the fine cells and in the coarse ones)
 in brackets, its label-free eigengap (c-th minus (c+1)-th eigenvalue of the normalised matrix:
 large when the affinity splits into c well-separated groups).
 Labels are read only to score.
+
+Decision record: docs/decisions/0004-output-auto.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import sys
+from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-from bench_mbn import QUALITY_DATA, kmeans_nmi, one_hot, spectral_embedding
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared harness
+
+from harness import QUALITY_DATA, kmeans_nmi, one_hot, spectral_embedding
 from sklearn.decomposition import PCA
 
 N_CLUSTERINGS = 400
