@@ -485,6 +485,8 @@ def _describe(manifest: dict[str, Any], *, brief: bool) -> list[str]:
         fit[0] += " (sparse)"
     if layers:
         fit.append(f"layers {layers}")
+    if "device" in training:  # where the layers ran ("auto" chose it)
+        fit.append(f"on {training['device']}")
     if "n_epochs" in training:
         fit.append(f"{training['n_epochs']} MLP epochs")
     if "input_noise" in training:

@@ -100,3 +100,16 @@ def test_bad_input_is_refused_on_the_device_runner():
     X[3, 4] = np.nan
     with use_backend(cuda.numpy_backend), pytest.raises(ValueError, match="NaN"):
         MBN(n_clusterings=4, k_max=20).fit(X)
+
+
+def test_the_device_is_recorded_in_the_bundle(tmp_path):
+    from mbn_core.bundle import load_bundle
+    from mbn_core.cli import main
+    from mbn_core.pipeline.training import train_bundle
+
+    X = load_digits().data[:200]
+    params = {"n_clusterings": 4, "k_max": 20, "max_epochs": 2, "device": "auto"}
+    path = train_bundle(X, tmp_path / "m", name="m", params=params)
+    assert load_bundle(path).manifest["training"]["device"] in ("cpu", "cuda")
+    assert "device" not in load_bundle(path).manifest["hyperparameters"]["mbn"]
+    main(["info", str(path)])

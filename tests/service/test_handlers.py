@@ -103,6 +103,8 @@ def test_bad_params_method_and_labels_are_invalid_input(side) -> None:
     jobs = side()
     with pytest.raises(InvalidInput, match=r"n_jobs.*set by the server"):
         submit_rows(jobs, 40, params={**PARAMS, "n_jobs": 4})
+    with pytest.raises(InvalidInput, match=r"device.*set by the server \(MBN_TRAIN_DEVICE\)"):
+        submit_rows(jobs, 40, params={**PARAMS, "device": "cuda"})
     with pytest.raises(InvalidInput, match="disagrees"):
         submit_rows(jobs, 40, method="other", params={**PARAMS, "method": "mbn"})
     with pytest.raises(InvalidInput, match="params:"):
