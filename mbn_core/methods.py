@@ -51,7 +51,8 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "mbn_core.modular.method",
 )
 # Parameters of the pipeline around every method (held-out fidelity rows, the clustering
-# head, the seed, threads). They are defined once, by CompressiveMBN, which implements them.
+# head, the seed, threads). They are declared once, by CompressiveMBN, whose fit runs the
+# pipeline (mbn_core.pipeline.run) as every method's training does.
 PIPELINE_PARAMS = ("holdout_fraction", "n_clusters", "random_state", "n_jobs")
 # Of those, the ones an estimator may have too, meaning the same: it gets the job's value.
 SHARED_PARAMS = ("random_state", "n_jobs")

@@ -237,7 +237,7 @@ def _install_handlers(state: State, runtime: Runtime) -> None:
     )
     state.monitor = runtime.monitor
     state.training_handler = TrainingHandler(
-        runtime.submitter, wake=None if worker is None else worker.wake
+        runtime.submitter, wake=None if worker is None else worker.wake, registry=registry
     )
     state.jobs_handler = JobsHandler(runtime.store, runtime.files)
     state.models_handler = ModelsHandler(registry)

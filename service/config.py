@@ -272,6 +272,12 @@ class Settings(BaseSettings):
         le=256,
         description="Threads each training job may use.",
     )
+    train_device: Literal["cpu", "cuda", "auto"] = Field(
+        default="cpu",
+        description="Where MBN training jobs compute their layers: cpu, cuda (one NVIDIA GPU; "
+        "needs the 'gpu' extra, and jobs fail when none is visible) or auto (a GPU when one "
+        "is present). The models, and the codes they give, are the same on every device.",
+    )
     dask_scheduler: str | None = Field(
         default=None,
         description="Address of a Dask scheduler (tcp://host:8786): training jobs run each "

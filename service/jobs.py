@@ -47,6 +47,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
+from mbn_core.methods import DEFAULT_METHOD
 from service.domain import (
     Conflict,
     InsufficientStorage,
@@ -85,6 +86,8 @@ jobs_table = sa.Table(
     sa.Column("started_at", sa.Double),
     sa.Column("finished_at", sa.Double),
     sa.Column("heartbeat_at", sa.Double),
+    # Rows from before the column were all MBN jobs: the migration's default is that fact, not
+    # the registry's default method.
     sa.Column("method", sa.String(32), nullable=False, server_default="mbn"),
     # Whether the job asked for its model to become the default and its name's version.
     sa.Column("promote", sa.Boolean, nullable=False, server_default=sa.false()),
@@ -157,7 +160,7 @@ class Job:
     started_at: float | None
     finished_at: float | None
     heartbeat_at: float | None
-    method: str = "mbn"
+    method: str = DEFAULT_METHOD
     promote: bool = False
 
     @property
@@ -300,7 +303,7 @@ class JobStore:
                     n_features=n_features,
                     attempts=0,
                     created_at=self._now(),
-                    method=str(params.get("method", "mbn")),
+                    method=str(params.get("method", DEFAULT_METHOD)),
                     promote=promote,
                 )
             )

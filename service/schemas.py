@@ -11,9 +11,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
+from mbn_core.methods import DEFAULT_METHOD
 from service.jobs import Job
 
-# A model id (mbn_core.bundle.bundle's rule) or a name given through the API: one path component,
+# A model id (mbn_core.bundle.manifest's rule) or a name given through the API: one path component,
 # never "." or "..", no separators.
 MODEL_REF_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # Names of bundles made elsewhere (the CLI) may be any printable text up to 200 characters;
@@ -60,7 +61,8 @@ class EmbedRequest(_Request):
     )
     mode: Mode = Field(
         default="fast",
-        description="fast: the distilled ONNX compressor; exact: the full MBN (slow, bounded).",
+        description="fast: the model's fast path (ONNX: a distilled network or the method's "
+        "exported map); exact: the method's own exact model (slow, bounded).",
     )
     encoding_format: Literal["float", "base64"] = Field(
         default="float",
@@ -132,7 +134,8 @@ class TrainOptions(_Request):
     )
     method: str | None = Field(
         default=None,
-        description="Embedding method (a registered one; default mbn). Its options are the params.",
+        description=f"Embedding method (a registered one; default {DEFAULT_METHOD}). Its options "
+        "are the params.",
     )
     params: dict[str, Any] = Field(
         default_factory=dict,
@@ -143,6 +146,14 @@ class TrainOptions(_Request):
         default=False,
         description="Once the job succeeds, make its model the default model and the version "
         "its name means (as POST /models/{id}/promote). Otherwise training moves neither.",
+    )
+    align_to: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MODEL_LOOKUP_MAX,
+        description="An earlier model (id, or name: the version it resolves to) whose "
+        "embedding space the new model's is mapped into, so that vectors of both stay "
+        "comparable. It must take the same features and embed in as many dimensions.",
     )
 
 
@@ -160,7 +171,7 @@ class TrainRequest(TrainOptions):
 class JobOut(BaseModel):
     id: str
     name: str
-    method: str = Field(default="mbn", description="The embedding method trained.")
+    method: str = Field(default=DEFAULT_METHOD, description="The embedding method trained.")
     promote: bool = Field(
         default=False, description="Whether its model is promoted once the job succeeds."
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -28,8 +29,9 @@ from service.jobs import Job, JobFiles, JobStore, new_job_id
 
 log = logging.getLogger(__name__)
 
-# Resources are the server's to give: threads come from MBN_TRAIN_THREADS.
-SERVER_PARAMS = frozenset({"n_jobs"})
+# Resources are the server's to give: threads come from MBN_TRAIN_THREADS, the device from
+# MBN_TRAIN_DEVICE.
+SERVER_PARAMS = {"n_jobs": "MBN_TRAIN_THREADS", "device": "MBN_TRAIN_DEVICE"}
 
 DEMO_NAME = "demo-digits"
 # Small: about 18 s on one core of an AMD EPYC, half of it the cross-fitted report, which
@@ -56,10 +58,10 @@ def check_params(
         if params.get("method", method) != method:
             raise InvalidInput(f"method {method!r} disagrees with params.method")
         params = {**params, "method": method}
-    server = sorted(SERVER_PARAMS & params.keys())
+    server = sorted(SERVER_PARAMS.keys() & params.keys())
     if server:
         raise InvalidInput(
-            f"training parameter {server[0]!r} is set by the server (MBN_TRAIN_THREADS)"
+            f"training parameter {server[0]!r} is set by the server ({SERVER_PARAMS[server[0]]})"
         )
     _check_counts(params, bound)
     try:
@@ -125,7 +127,10 @@ class Submitter:
         *,
         job_id: str | None = None,
         promote: bool = False,
+        prepare: Callable[[dict[str, Any], int], dict[str, Any]] | None = None,
     ) -> Job:
+        """Store the rows and queue their job; ``prepare(params, n_features)`` gives the
+        job's params after the data's checks (it may refuse the job)."""
         if x.shape[0] > self.settings.max_train_rows:
             raise PayloadTooLarge(
                 f"data has {x.shape[0]} rows; at most {self.settings.max_train_rows} per job"
@@ -137,6 +142,8 @@ class Submitter:
             check_spread(x, "data")  # constant rows, or values float32 cannot train on
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
+        if prepare is not None:
+            params = prepare(params, x.shape[1])
         job_id = job_id or new_job_id()
         data_file = self.files.write_arrays(job_id, x, y)
         return self._queue(job_id, name, params, data_file, x.shape, promote)
@@ -149,7 +156,10 @@ class Submitter:
         source: BinaryIO,
         *,
         promote: bool = False,
+        prepare: Callable[[dict[str, Any], int], dict[str, Any]] | None = None,
     ) -> Job:
+        """Store an uploaded data file and queue its job; ``prepare(params, n_features)``
+        gives the job's params once the file's width is known (it may refuse the job)."""
         if suffix not in JobFiles.ALLOWED_SUFFIXES:
             raise InvalidInput(
                 f"the file name must end in one of {', '.join(JobFiles.ALLOWED_SUFFIXES)}"
@@ -168,6 +178,8 @@ class Submitter:
         try:
             shape = self._check_file(path)
             check_data(shape.n_rows, params)
+            if prepare is not None:
+                params = prepare(params, shape.n_features)
         except BaseException:
             self.files.remove(job_id)
             raise

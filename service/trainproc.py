@@ -52,6 +52,8 @@ class TrainSpec:
     # A Dask scheduler's address: the MBN layers' clusterings run on its workers.
     scheduler: str | None = None
     connect_timeout: float = 10.0
+    # The bundle of the model the new one is aligned to (mbn_core.pipeline.alignment).
+    align_dir: str | None = None
 
 
 def context() -> BaseContext:
@@ -106,7 +108,8 @@ def _train(spec: TrainSpec, conn: Connection, stopped: Any) -> tuple[str, str]:
     from threadpoolctl import threadpool_limits
 
     from mbn_core import TrainingStopped
-    from mbn_core.pipeline.training import TrainingParams, load_training_data, train_bundle
+    from mbn_core.data.readers import load_training_data
+    from mbn_core.pipeline.training import TrainingParams, train_bundle
 
     parent = os.getppid()
     last_sent = 0.0
@@ -125,6 +128,7 @@ def _train(spec: TrainSpec, conn: Connection, stopped: Any) -> tuple[str, str]:
     try:
         with threadpool_limits(spec.threads), _cluster(spec):
             x, y = load_training_data(Path(spec.data_path))
+            align_to = _align_target(spec)
             path = train_bundle(
                 x,
                 Path(spec.out_dir),
@@ -133,6 +137,7 @@ def _train(spec: TrainSpec, conn: Connection, stopped: Any) -> tuple[str, str]:
                 y=y,
                 model_id=spec.model_id,
                 progress=progress,
+                align_to=align_to,
             )
     except TrainingStopped:
         return ("stopped", "")
@@ -150,6 +155,23 @@ def _train(spec: TrainSpec, conn: Connection, stopped: Any) -> tuple[str, str]:
         message = str(exc).replace(spec.data_path, "the training data")
         return ("error", f"{type(exc).__name__}: {message}")
     return ("done", str(path))
+
+
+def _align_target(spec: TrainSpec) -> Any:
+    """The loaded bundle to align to, or None; a ValueError without server paths when it
+    is gone or damaged since the job was submitted."""
+    if spec.align_dir is None:
+        return None
+    from mbn_core.bundle import BundleError, load_bundle
+
+    try:
+        return load_bundle(spec.align_dir)
+    except BundleError:
+        model_id = Path(spec.align_dir).name
+        raise ValueError(
+            f"the model to align to, {model_id!r}, was deleted or damaged after the job was "
+            "submitted"
+        ) from None
 
 
 class ClusterUnavailable(RuntimeError):

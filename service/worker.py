@@ -40,8 +40,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from mbn_core.bundle import bundle_path
 from service import leftovers, trainproc
 from service.aliases import AliasFile
+from service.alignment import ALIGN_TO
 from service.config import Settings
 from service.domain import Unavailable
 from service.jobs import Job, JobFiles, JobStore
@@ -233,17 +235,23 @@ class Worker:
             except ValueError as exc:
                 self._fail(job, str(exc))
                 return
+            # Threads and the device are the server's to give (clients may set neither).
+            params = _server_params(job.params, self.settings)
+            # The model to align to, checked at submission (service.alignment).
+            align_to = params.pop(ALIGN_TO, None)
             spec = TrainSpec(
                 job_id=job.id,
                 name=job.name,
-                # Threads are the server's to give (clients may not set n_jobs).
-                params={**job.params, "n_jobs": self.settings.train_threads},
+                params=params,
                 data_path=str(data_path),
                 out_dir=str(staging / model_id),
                 model_id=model_id,
                 threads=self.settings.train_threads,
                 scheduler=self.settings.dask_scheduler,
                 connect_timeout=self.settings.dask_connect_timeout_seconds,
+                align_dir=None
+                if align_to is None
+                else str(bundle_path(self.settings.models_path, align_to)),
             )
             run = self._supervise(job, spec)
             self._conclude(job, run, model_id)
@@ -441,3 +449,13 @@ def _move_dir(source: Path, target: Path) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(source, ignore_errors=True)
+
+
+def _server_params(params: dict, settings: Settings) -> dict:
+    """A job's parameters with the server's threads and, for methods that have one, device
+    (a job's params are the full set, every default filled in: a method has "device" when
+    they hold it)."""
+    params = {**params, "n_jobs": settings.train_threads}
+    if "device" in params:
+        params["device"] = settings.train_device
+    return params

@@ -497,6 +497,7 @@ def image_command_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
             process.wait()
 
 
+@pytest.mark.slow
 def test_image_command_serves_and_its_healthcheck_passes(image_command_server: str) -> None:
     assert httpx.get(f"{image_command_server}/health/live", timeout=5).status_code == 200
     port = image_command_server.rsplit(":", 1)[1]
@@ -592,6 +593,7 @@ def test_nginx_balances_around_a_dead_replica(nginx_in_front: str) -> None:
         assert response.json()["status"]
 
 
+@pytest.mark.slow
 def test_nginx_refuses_bodies_over_the_service_limit_in_its_error_shape(
     nginx_in_front: str,
 ) -> None:

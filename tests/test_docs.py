@@ -26,6 +26,7 @@ DOCUMENTS = sorted(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("section", sorted(gen_docs.SECTIONS))
 def test_generated_tables_match_the_code(section):
     path, current, expected = gen_docs.expected(section)

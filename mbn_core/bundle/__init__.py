@@ -11,7 +11,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mbn_core.bundle.bundle import (
+    from mbn_core.bundle.load import Bundle, ExactModel, OutOfRangeInput, load_bundle
+    from mbn_core.bundle.manifest import (
         DATA_FILES,
         EXACT_FILE,
         FORMAT_VERSION,
@@ -20,20 +21,21 @@ if TYPE_CHECKING:
         ONNX_FILE,
         OPTIONAL_FILES,
         REFERENCE_FILE,
-        Bundle,
         BundleError,
-        ExactModel,
-        OutOfRangeInput,
         bundle_path,
-        check_target,
-        load_bundle,
         new_model_id,
         read_manifest,
-        save_bundle,
         validate_model_id,
         validate_name,
         write_manifest,
     )
+    from mbn_core.bundle.save import check_target, save_bundle
+
+# Where each public name lives: the format (manifest.py), writing (save.py), reading (load.py).
+_MODULES = {
+    **dict.fromkeys(("Bundle", "ExactModel", "OutOfRangeInput", "load_bundle"), "load"),
+    **dict.fromkeys(("check_target", "save_bundle"), "save"),
+}
 
 __all__ = [
     "DATA_FILES",
@@ -62,7 +64,8 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        value = getattr(importlib.import_module("mbn_core.bundle.bundle"), name)
+        module = importlib.import_module(f"mbn_core.bundle.{_MODULES.get(name, 'manifest')}")
+        value = getattr(module, name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'mbn_core.bundle' has no attribute {name!r}")

@@ -22,14 +22,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mbn_core.bundle.bundle import Bundle, OutOfRangeInput, load_bundle
+from mbn_core.bundle.load import Bundle, OutOfRangeInput, load_bundle
 
 if TYPE_CHECKING:
     from distributed import Client
 
 INSTALL_HINT = "pip install 'mbn[distributed]'"
-# Rows per chunk: 32k MNIST rows are 25 MB as uint8 and 100 MB as float32 inside the model,
-# large enough that per-chunk overhead is negligible, small enough for a few in flight.
+# Rows per chunk: for MNIST-sized rows some tens of MB as uint8 and four times that as float32
+# inside the model, large enough that per-chunk overhead is negligible, small enough for a few
+# in flight.
 DEFAULT_CHUNK_ROWS = 32_768
 INPUT_SUFFIXES = (".npy", ".zarr")
 OUTPUT_SUFFIXES = (".npy", ".zarr")

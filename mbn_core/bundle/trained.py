@@ -1,7 +1,7 @@
 """A trained model as the bundle stores it: method, exact estimator, fast path, facts.
 
 Whatever the method and however its fast path was made (exported or distilled), training
-ends in a ``TrainedModel``; ``mbn_core.bundle.bundle.save_bundle`` writes one.
+ends in a ``TrainedModel``; ``mbn_core.bundle.save.save_bundle`` writes one.
 """
 
 from __future__ import annotations
@@ -104,6 +104,9 @@ def estimator_hyperparameters(estimator: Any) -> dict[str, Any]:
     params = estimator.get_params(deep=False)
     for key in NOT_OPTIONS:
         params.pop(key, None)
+    # Where the layers ran is the machine's, not the model's: every device gives the same
+    # model, a reader embeds on its own (the facts record the device a fit used).
+    params.pop("device", None)
     if isinstance(params.get("random_state"), np.random.RandomState):
         params["random_state"] = None  # a generator's state is not a hyperparameter
     return params

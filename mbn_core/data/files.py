@@ -21,7 +21,14 @@ from typing import IO
 import numpy as np
 
 from mbn_core.data.csv_scan import is_header_row, scan_csv
-from mbn_core.data.npz_members import MEMBER_ERRORS, checked_members, open_member, read_member
+from mbn_core.data.npz_members import (
+    HEADER_ERRORS,
+    MEMBER_ERRORS,
+    checked_members,
+    open_member,
+    read_member,
+    sparse_format,
+)
 
 _NPY_MAGIC = b"\x93NUMPY"
 # Headers numpy writes are a few hundred bytes; this bounds what a hostile one makes us parse.
@@ -134,7 +141,7 @@ def _npy_header(handle: IO[bytes], source: str, *, numeric: bool = True) -> _Hea
             )
         else:
             raise ValueError(f"format version {version[0]}.{version[1]} is not supported")
-    except ValueError as error:
+    except (ValueError, *HEADER_ERRORS) as error:
         raise ValueError(f"{source}: unreadable .npy header: {error}") from None
     if dtype.hasobject:
         raise ValueError(f"{source}: holds Python objects (pickled data), which mbn never loads")
@@ -204,6 +211,7 @@ def _sparse_shape(
     shape_header = headers["shape.npy"]
     if shape_header.shape != (2,) or shape_header.dtype.kind not in "iu":
         raise ValueError(f"{path}: a sparse .npz needs a 'shape' of two integers")
+    sparse_format(archive, members, f"{path}")
     rows, features = (int(n) for n in read_member(archive, members["shape"], f"{path}"))
     if rows < 0 or features < 0:
         raise ValueError(f"{path}: negative sparse shape ({rows}, {features})")

@@ -12,6 +12,7 @@ once; every failure is a ``ValueError`` naming the member; and arrays are read f
 
 from __future__ import annotations
 
+import tokenize
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -26,6 +27,17 @@ _ENCRYPTED = 0x1
 # Errors zipfile and zlib raise for damaged or unsupported members, which callers report as
 # an unreadable file rather than let through as crashes.
 MEMBER_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError)
+# What numpy's .npy header parser raises for a header that is not a Python literal, besides
+# ValueError (found by benchmarks/fuzz_parsers.py).
+HEADER_ERRORS = (SyntaxError, tokenize.TokenError)
+# The arrays each scipy sparse format's .npz needs besides format, shape and data.
+SPARSE_FORMAT_ARRAYS = {
+    "csr": ("indices", "indptr"),
+    "csc": ("indices", "indptr"),
+    "bsr": ("indices", "indptr"),
+    "coo": ("row", "col"),
+    "dia": ("offsets",),
+}
 
 
 def checked_members(archive: zipfile.ZipFile, source: str) -> dict[str, zipfile.ZipInfo]:
@@ -71,7 +83,7 @@ def open_member(
     try:
         with archive.open(info) as handle:
             yield handle
-    except MEMBER_ERRORS as error:
+    except (*MEMBER_ERRORS, *HEADER_ERRORS) as error:
         name = info.filename[:80]
         raise ValueError(f"{source}: member {name!r} is unreadable: {error}") from None
 
@@ -80,3 +92,22 @@ def read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, source: str) ->
     """The array in the member ``info`` (no pickles), ValueError when it is damaged."""
     with open_member(archive, info, source) as handle:
         return np.lib.format.read_array(handle, allow_pickle=False)
+
+
+def sparse_format(
+    archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], source: str
+) -> str:
+    """The scipy sparse format an archive names, ValueError unless it is known and its arrays
+    are all there (scipy's loader raised KeyError for a missing one)."""
+    value = read_member(archive, members["format"], source)
+    name = value.item() if value.shape == () and value.dtype.kind in "SU" else None
+    name = name.decode("ascii", "replace") if isinstance(name, bytes) else name
+    if name not in SPARSE_FORMAT_ARRAYS:
+        shown = repr(name)[:40] if name is not None else "not a string"
+        raise ValueError(
+            f"{source}: unknown sparse format {shown}; known: {', '.join(SPARSE_FORMAT_ARRAYS)}"
+        )
+    missing = [array for array in SPARSE_FORMAT_ARRAYS[name] if array not in members]
+    if missing:
+        raise ValueError(f"{source}: a sparse {name} .npz needs the arrays {missing}")
+    return name

@@ -3,10 +3,10 @@
 Narrow input is standardised feature by feature, as any MLP's input is. Wide input, dense or
 sparse, is projected onto its leading principal directions instead, with one scale for all of
 them. That keeps the input's Euclidean geometry, which is what the teacher's distances
-measure, and it leaves the MLP a first layer small enough to learn from a few thousand rows.
-Measured on rows new to the MBN (benchmarks/RESULTS.md, issue 12): MNIST-5k R^2 of the fast
-path 0.846 -> 0.904, MNIST-10k 0.886 -> 0.926, digits 0.925 -> 0.937, with 101,000 weights
-instead of 269,000; standardised pixels fed in full let the MLP fit the training rows' noise.
+measure, and it leaves the MLP a first layer small enough to learn from a few thousand rows:
+standardised pixels fed in full let the MLP fit the training rows' noise, and the projected
+input tracks the teacher better on new rows with far fewer weights
+(docs/decisions/0010-compressor-defaults.md).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ _MIN_SCALE_FRACTION = 0.1
 # direction's values on new rows and shrink the shared scale.
 _MIN_VARIANCE_FRACTION = 1e-6
 # Up to this many features the principal directions come from the eigenvectors of the
-# d x d covariance: exact, and quicker on 4,050 MNIST rows (0.18 s against 0.26-0.30 s on
-# one BLAS thread) than the randomized SVD that scikit-learn's "auto" picks below 10 * d
-# rows. Wider input keeps "auto": there the covariance would cost d^3.
+# d x d covariance: exact, and quicker on a few thousand rows of MNIST's width (one BLAS
+# thread) than the randomized SVD that scikit-learn's "auto" picks below 10 * d rows. Wider
+# input keeps "auto": there the covariance would cost d^3.
 _COVARIANCE_MAX_FEATURES = 1000
 
 

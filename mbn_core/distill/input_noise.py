@@ -3,14 +3,11 @@
 The noise asks the MLP for the invariance the exact embedding has near each training row: it
 barely moves within a row's neighbourhood. That holds while the noise stays inside the
 neighbourhood. The fixed 0.3 (per dimension, in the MLP's input units) was set on wide data,
-where its length is 0.41-0.60 of the median distance from a training row to its 10th nearest
-(MNIST-5k 0.44, digits 0.48, wine 0.41, breast cancer 0.60). On thin manifolds the same 0.3
-reaches 2-11 times that distance (two moons 4.1, rings 3.4, swiss roll 1.9, stretched blobs
-10.6): the noise carries rows across the gap between two clusters, and the distilled map blurs
-that gap. So "auto" takes the 0.3 and caps its length at ``NEIGHBOURHOOD_SHARE`` of that
-distance, which leaves the wide sets at 0.3 (breast cancer sits at the cap, so a split of it
-may get a little less: 0.2995) (benchmarks/RESULTS.md, issue 17: "The fast path's input
-noise").
+where its length stays within the median distance from a training row to its 10th nearest.
+On thin manifolds the same 0.3 reaches several times that distance: the noise carries rows
+across the gap between two clusters, and the distilled map blurs that gap. So "auto" takes
+the 0.3 and caps its length at ``NEIGHBOURHOOD_SHARE`` of that distance, which leaves wide
+data at (or just below) 0.3 (docs/decisions/0015-input-noise-auto.md).
 
 Neighbours are distinct rows: on data of many repeated rows (a few binary inputs) the 10th
 nearest row would often be a copy at distance 0, which says nothing of how far the embedding
@@ -23,7 +20,7 @@ import numpy as np
 from sklearn.neighbors import NearestNeighbors
 
 # The noise's standard deviation per input dimension on wide data, where the cap below does
-# not bind (issue 12's calibration).
+# not bind (docs/decisions/0010-compressor-defaults.md).
 MAX_INPUT_NOISE = 0.3
 # The noise's expected length is kept at most this share of the median distance from a
 # training row to its ``NEIGHBORS``-th nearest: the largest share among the calibration sets.

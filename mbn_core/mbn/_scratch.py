@@ -5,8 +5,9 @@ the scores), thousands of times per fit. Freshly allocated, arrays that large co
 ``mmap``: every page is faulted in and zeroed by the kernel, and freed again at once. glibc's
 dynamic mmap threshold hides this in a plain process, but it is off wherever
 ``MALLOC_TRIM_THRESHOLD_`` is set, as Dask's nanny does for every worker: there the faults
-cost about a tenth of the bottom layer's CPU time (benchmarks/RESULTS.md, issue 16). Reusing
-one buffer per thread costs nothing anywhere.
+cost a noticeable share of the bottom layer's CPU time
+(docs/decisions/0014-dask-scratch-buffers-and-task-grouping.md). Reusing one buffer per thread
+costs nothing anywhere.
 """
 
 from __future__ import annotations

@@ -12,24 +12,20 @@ noise: a 1-D projection of two concentric circles cannot tell them apart.
 dimensions and scores how well the neighbourhoods on a subset are those on all dimensions
 (``sklearn.manifold.trustworthiness`` of the projection, k = 10, on a sample of rows); it
 keeps the paper's half when the subsets are faithful, and otherwise grows the subsets until
-they are. Measured (random subsets of half the dimensions, 500 rows): digits 0.99, breast
-cancer (standardised) 0.98, iris 0.95 -- against swiss roll 0.84, moons 0.79, circles 0.73.
-The threshold ``FAITHFUL`` lies in that gap. (Moons and circles, two inputs each, are no longer
-measured: the floor below gives them both.)
+they are. The threshold ``FAITHFUL`` lies in the gap between redundant inputs (images,
+tabular data) and low-dimensional manifolds (docs/decisions/0002-feature-fraction-auto.md).
 
 Redundancy is a property of what the inputs say, not of their units, so the sample's inputs are
 scored at unit standard deviation. Scored as given, one input of a much larger scale sets every
 neighbourhood, subsets without it look unfaithful, and the choice follows which subsets the
-seed drew (raw wine). The clusterings themselves still see the inputs as given
-(benchmarks/RESULTS.md, issue 17: "Raw wine").
+seed drew. The clusterings themselves still see the inputs as given.
 
 A clustering sees at least two inputs when there are two. On one input it cuts a line into
 intervals, so the ensemble's similarity becomes a sum of one-axis similarities, and groups that
 overlap on each axis but not jointly (two touching blobs side by side on a diagonal) share
 cells in every clustering. Trustworthiness misses this when the overlap is a small share of
-the rows: single inputs of four stretched blobs pass ``FAITHFUL``, and clustering one input each
-left 81% of two blobs' strongest co-associations in their own blob, against 100% with both
-(k-means NMI of the default 0.72 against 0.87; benchmarks/RESULTS.md, issue 17).
+the rows: single inputs of four stretched blobs pass ``FAITHFUL``, yet clusterings of one
+input each mix two of the blobs.
 """
 
 from __future__ import annotations
@@ -118,22 +114,16 @@ def bottom_feature_count(X, rng: np.random.RandomState) -> int:
 DELTAS = (0.5, 0.7, 0.9)
 # Largest share of (point, clustering) pairs a layer may leave sharing no chosen code with
 # any of its centers. Such a point's code is a guess (it gets center 0), and guesses shared
-# by distant points glue them together in every layer above. Measured on the second layer
-# (`bench_mbn.py orphans`: 2,000 rows, 32 trials, 3 seeds): thin manifolds (two moons, two
-# rings, a swiss roll) leave 2.0-2.6% at 0.5 and 0.36-0.56% at 0.7; iris, wine, breast
-# cancer, digits and MNIST at most 0.14% at 0.5. The bound lies in the gap, so the choice is
-# the data's, not the seed's: at 0.5% it cut through the 0.7 rates and sent some seeds to
-# 0.9, a network three times as deep and slow. That depth clusters two rings better (NMI
-# 0.99 against 0.85 over 15 seeds) and two moons worse (0.42 against 0.72), at the same
-# orphan rates: a trade this measure cannot make, so it is no longer left to the seed.
+# by distant points glue them together in every layer above. The bound lies in the gap
+# between thin manifolds (two moons, rings, rolls) and images or tabular data, so the choice
+# is the data's, not the seed's (docs/decisions/0003-delta-auto.md).
 MAX_ORPHANS = 0.01
 # Enough pairs that the estimate's spread (about 0.04% at 1%) is small beside that gap.
 ORPHAN_ROWS = 2000
 ORPHAN_TRIALS = 32
-# Clusterings the rate is measured over (all of them when fewer). The bound was measured at
-# the papers' V = 400, and each further clustering is one more chance to share a code: over
-# all of V = 1,600 the thin manifolds leave 0.74-0.84% at 0.5 (1.95-2.43% over 400 of them),
-# pass, and collapse at 0.5 (two rings: NMI 0.64 +- 0.45 against 1.000 at 0.7).
+# Clusterings the rate is measured over (all of them when fewer). The bound was set at the
+# papers' V = 400, and each further clustering is one more chance to share a code: over all
+# of a larger V the thin manifolds would pass at 0.5, and collapse there.
 ORPHAN_CLUSTERINGS = 400
 
 
@@ -201,10 +191,9 @@ def choose_delta(
 # ---------------------------------------------------------------------- output
 
 # Most co-association pairs (``expected_pairs``' estimate) for which "auto" may pick the UMAP
-# output: all of MNIST at k1 = 8,000 (245 million), where the output took 67-82 s of an
-# 18-minute fit (benchmarks/RESULTS.md, issue 17). The fit visits every pair, so beyond that
-# the PCA output serves. (The model keeps n V bottom codes, and "umap" n V top codes too; at
-# k_max = 2,000 this budget allows about 40,000 rows, 32-64 MB of them.)
+# output: about all of MNIST at k1 = 8,000, where the output is a small part of the fit. The
+# fit visits every pair, so beyond that the PCA output serves. (The model keeps n V bottom
+# codes, and "umap" n V top codes too.)
 UMAP_OUTPUT_MAX_PAIRS = 250_000_000
 
 
@@ -232,12 +221,11 @@ def choose_output(delta: float, upper_layers_given: bool = False) -> str:
 
     ``delta`` is ``choose_delta``'s measurement: above the paper's 0.5 when that would leave
     more than ``MAX_ORPHANS`` of the points sharing no code with the second layer's centers.
-    That happens when each point has few code-sharing neighbours (two moons, rings, rolls:
-    2.0-2.6% against at most 0.14% on images and tabular data), and there the coarse
-    layers' clusters straddle the manifold's branches. PCA of the top codes keeps those
-    merges, and so does any similarity that weighs the top layer; UMAP's layout of the
-    bottom layer's local cells alone keeps the branches apart (benchmarks/RESULTS.md,
-    issue 17: "output=auto" and "The bottom layer alone").
+    That happens when each point has few code-sharing neighbours (two moons, rings, rolls,
+    unlike images and tabular data), and there the coarse layers' clusters straddle the
+    manifold's branches. PCA of the top codes keeps those merges, and so does any
+    similarity that weighs the top layer; UMAP's layout of the bottom layer's local cells
+    alone keeps the branches apart (docs/decisions/0004-output-auto.md).
     """
     if delta <= DELTAS[0]:
         return "pca"

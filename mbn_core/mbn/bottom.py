@@ -20,7 +20,8 @@ from functools import cached_property
 import numpy as np
 import scipy.sparse as sp
 
-from mbn_core.mbn import _kernels
+from mbn_core.mbn import _bottom_kernels, _kernels
+from mbn_core.mbn._integer_scores import IntegerRows, integer_codes, integer_rows
 from mbn_core.mbn._scratch import ScratchArrays
 from mbn_core.mbn.dtypes import smallest_uint
 
@@ -82,7 +83,7 @@ def _bottom_codes(X, features, center_values, metric, row_norms) -> np.ndarray:
     # The GEMM computes x.w + bias, then argmax: bias = -|w|^2 / 2 gives the nearest center.
     weights = _scratch.array("weights", (n_chosen + 1, n_centers), np.float32)
     sq_norms = np.empty(n_centers, dtype=np.float64)
-    _kernels.squared_norms(center_values, sq_norms)
+    _bottom_kernels.squared_norms(center_values, sq_norms)
     norms = np.sqrt(sq_norms)
     if metric == "euclidean":
         weights[:n_chosen] = center_values.T
@@ -161,7 +162,7 @@ def _pick_centers(scores, tolerance, chosen_row, candidate_values, metric, best)
     result is the float64 nearest center (lowest index on exact ties).
     """
     near_tie = np.empty(scores.shape[0], dtype=np.bool_)
-    _kernels.best_scores(scores, tolerance, best, near_tie)
+    _bottom_kernels.best_scores(scores, tolerance, best, near_tie)
     for i in np.flatnonzero(near_tie):
         row = scores[i]
         candidates = np.flatnonzero(row >= row.max() - tolerance[i])
@@ -174,7 +175,7 @@ def bottom_codes_direct(
 ) -> np.ndarray:
     """``layer.clustering_codes`` for a few dense rows: same codes, no (k, d) center matrix.
 
-    Scores come from ``_kernels.bottom_scores_direct``, read straight from the stored center
+    Scores come from ``_bottom_kernels.bottom_scores_direct``, read straight from the stored center
     rows, so a one-row request costs k * d multiply-adds per clustering instead of gathering
     and converting every clustering's centers.
     """
@@ -190,7 +191,7 @@ def bottom_codes_direct(
     scores = np.empty((X.shape[0], len(rows)), dtype=np.float32)
     sq_norms = np.empty(len(rows), dtype=np.float64)
     X_chosen = X[:, : layer.n_features] * mask
-    _kernels.bottom_scores_direct(
+    _bottom_kernels.bottom_scores_direct(
         X_chosen, layer.center_data, rows, mask, shifted, layer.metric == "cosine", scores, sq_norms
     )
     error_per_norm, error_const = _error_terms(np.sqrt(sq_norms), len(features), layer.metric)
@@ -210,7 +211,7 @@ def canonical_sparse(X):
     """Dense X as it is; sparse X with each (row, column) stored once, in order.
 
     A CSR matrix may list an entry twice, meaning the sum. The sparse products add both, but
-    exact re-ranking reads entries one by one: without this, 129 of 10,000 codes differed
+    exact re-ranking reads entries one by one: without this, some codes differed
     from the dense route's on such input.
     """
     if sp.issparse(X) and not X.has_canonical_format:
@@ -323,6 +324,24 @@ def input_row_norms(X: np.ndarray | sp.csr_matrix) -> np.ndarray:
     return norms
 
 
+def bottom_input(X, layer: BottomLayer) -> np.ndarray | sp.csr_matrix | IntegerRows:
+    """The working copy of validated input X that ``layer.clustering_codes`` reads.
+
+    Small-integer dense data (images) is scored in exact integer arithmetic
+    (``_integer_scores``); other dense input as float32 with a ones column; sparse input as
+    float32 CSR. Batches of a few rows keep the float copy, for the direct route.
+    """
+    if sp.issparse(X):
+        X = sp.csr_matrix(X, dtype=np.float32)
+        X.sort_indices()
+        return X
+    if X.shape[0] > DIRECT_MAX_ROWS and not sp.issparse(layer.center_data):
+        rows = integer_rows(X, layer.center_data)
+        if rows is not None:
+            return rows
+    return with_ones_column(X)
+
+
 def with_ones_column(X: np.ndarray) -> np.ndarray:
     """float32 copy of dense X with a trailing column of ones (the GEMM's bias input)."""
     out = np.empty((X.shape[0], X.shape[1] + 1), dtype=np.float32)
@@ -389,7 +408,7 @@ class BottomLayer:
             values = self.center_data[rows][:, features].toarray()
             return np.asarray(values, dtype=np.float32)
         out = np.empty((len(rows), len(features)), dtype=np.float32)
-        _kernels.gather_rows(self.center_data, rows, features, out)
+        _bottom_kernels.gather_rows(self.center_data, rows, features, out)
         return out
 
     @property
@@ -410,7 +429,7 @@ class BottomLayer:
         d = self.n_features
         exact_uint32 = self.center_data.dtype == np.uint8 and d * 255**2 < 2**32
         out = np.empty(self.centers.shape, dtype=np.uint32 if exact_uint32 else np.float64)
-        _kernels.bottom_center_norms(self.center_data, self.centers, self._masks, out)
+        _bottom_kernels.bottom_center_norms(self.center_data, self.centers, self._masks, out)
         return out
 
     @cached_property
@@ -445,7 +464,7 @@ class BottomLayer:
         codes = np.empty((n_points, V), dtype=np.int32)
         near_tie = np.empty((n_points, V), dtype=np.bool_)
         row_start, pairs = self._row_pairs
-        _kernels.bottom_codes_few(
+        _bottom_kernels.bottom_codes_few(
             np.ascontiguousarray(X[:, : self.n_features], dtype=np.float32),
             self.center_data,
             row_start,
@@ -463,8 +482,11 @@ class BottomLayer:
         return codes.astype(smallest_uint(self.n_centers - 1))
 
     def clustering_codes(
-        self, X: np.ndarray | sp.csr_matrix, clustering: int, row_norms: np.ndarray
+        self, X: np.ndarray | sp.csr_matrix | IntegerRows, clustering: int, row_norms: np.ndarray
     ) -> np.ndarray:
+        if isinstance(X, IntegerRows):
+            features, values = self.features(clustering), self.center_values(clustering)
+            return integer_codes(X, features, values, self.metric)
         if sp.issparse(X) and sp.issparse(self.center_data) and self.shift_masks is None:
             return bottom_codes_sparse(X, self, clustering, row_norms)
         if (

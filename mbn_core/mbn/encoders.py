@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from mbn_core.mbn.bottom import BottomLayer, input_row_norms, with_ones_column
+from mbn_core.mbn.bottom import BottomLayer, bottom_input, input_row_norms
 from mbn_core.mbn.upper import PointPostings, Postings, UpperLayer, upper_clustering_codes
 
 Encoder = Callable[[int], np.ndarray]
@@ -65,10 +65,11 @@ class UpperClusterings:
 def bottom_encoder(layer: BottomLayer, X, norms: np.ndarray | None = None) -> Encoder:
     """``encode(v)``: the codes of every row of X for bottom clustering v.
 
-    X is the validated input (dense or CSR); its float32 working copy, shared by all
-    clusterings, is built here once, and so are its row norms unless given.
+    X is the validated input (dense or CSR); its working copy (``bottom_input``: integers for
+    small-integer data, else float32), shared by all clusterings, is built here once, and so
+    are its row norms unless given.
     """
-    X_work = float32_input(X)
+    X_work = bottom_input(X, layer)
     if norms is None:
         norms = input_row_norms(X)
     return lambda v: layer.clustering_codes(X_work, v, norms)
@@ -100,11 +101,6 @@ def upper_encoder(layer: UpperLayer, codes: np.ndarray, pool: Executor | None = 
         )  # fmt: skip
 
     return encode
-
-
-def float32_input(X):
-    """The bottom layer's working copy: float32 CSR, or dense float32 with a ones column."""
-    return float32_csr(X) if sp.issparse(X) else with_ones_column(X)
 
 
 def float32_csr(X) -> sp.csr_matrix:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import numbers
 from collections.abc import Sequence
 from numbers import Integral, Real
@@ -11,18 +12,12 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, RealNotInt, StrOptions
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 from threadpoolctl import threadpool_limits
 
 from mbn_core.data.checks import check_magnitude
 from mbn_core.exceptions import TrainingStopped
-from mbn_core.mbn.auto import (
-    bottom_feature_count,
-    choose_delta,
-    choose_output,
-    least_bottom_features,
-    thin_manifold_is_measurable,
-)
+from mbn_core.mbn.auto import bottom_feature_count, least_bottom_features
 from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback, get_backend
 from mbn_core.mbn.bottom import BottomLayer, canonical_sparse, input_row_norms
 from mbn_core.mbn.dtypes import compact_values, smallest_uint
@@ -34,6 +29,7 @@ from mbn_core.mbn.outputs import (
     get_output,
     output_names,
 )
+from mbn_core.mbn.plan import Plan, settle
 from mbn_core.mbn.upper import UpperLayer
 from mbn_core.params import CheckedParams, check_int_items
 
@@ -122,6 +118,13 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
     n_jobs : int, default=None
         Threads running clusterings in parallel; BLAS is held to one thread meanwhile so the
         cores are not oversubscribed. None or -1 uses every available core.
+    device : {"cpu", "cuda", "auto"}, default="cpu"
+        Where the layers are computed. "cuda" fits every layer on one NVIDIA GPU and
+        encodes batches of more than a few rows there (the "cuda" backend: needs the ``gpu``
+        extra, CuPy, and a visible GPU, else ``fit`` raises ValueError); "auto" uses a GPU
+        when one is present. "cpu" runs the layers on this machine's threads (or on the
+        backend ``use_backend`` set). The codes and the embedding are the same bit for bit on
+        every device; sparse input stays on the CPU. ``device_`` says which was used.
     callback : callable, default=None
         Called as ``callback(layer, clustering, total)`` after each clustering with the
         0-based layer index, the clusterings of that layer finished so far, and the
@@ -154,6 +157,8 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         ``output_`` is "pca").
     n_features_in_ : int
         Number of input features.
+    device_ : {"cpu", "cuda"}
+        The device the fit ran on.
 
     Examples
     --------
@@ -187,6 +192,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             Interval(Integral, None, -1, closed="right"),
             None,
         ],
+        "device": [StrOptions({"cpu", "cuda", "auto"})],
         "callback": [callable, None],
     }
 
@@ -205,6 +211,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         shift_fraction: float = 0.0,
         random_state: int | np.random.RandomState | None = None,
         n_jobs: int | None = None,
+        device: str = "cpu",
         callback: ProgressCallback | None = None,
     ) -> None:
         self.n_components = n_components
@@ -220,6 +227,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         self.shift_fraction = shift_fraction
         self.random_state = random_state
         self.n_jobs = n_jobs
+        self.device = device
         self.callback = callback
 
     # ------------------------------------------------------------------ fitting
@@ -239,6 +247,44 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         """
         self._fit(X)
         return self
+
+    def plan(self, X) -> Plan:
+        """What ``fit(X)`` will build, every "auto" choice settled, without fitting.
+
+        Side-effect free: the estimator is left as it was (a ``RandomState`` given as
+        ``random_state`` is copied, not advanced), and ``fit`` reaches the same choices by the
+        same code (``mbn_core.mbn.plan.settle``): with an int ``random_state``, ``plan(X).ks``
+        is the fitted ``ks_``, and likewise ``delta_``, ``output_`` and ``n_components_``.
+        With ``random_state=None`` each call draws anew, so the plan may differ from a fit.
+
+        ``feature_fraction="auto"`` is measured on a sample of the rows, quickly.
+        ``delta="auto"`` and ``output="auto"`` are measured on the bottom layer's codes, so
+        planning them costs a fit of the bottom layer (most of a fit's time on wide data),
+        whose result is then dropped; given values cost nothing.
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix of shape (n_samples, n_features)
+            The training data ``fit`` would get.
+
+        Returns
+        -------
+        plan : Plan
+            ``str(plan)`` reads as a short report.
+        """
+        self._validate_params()
+        self._check_output_layers()
+        X = check_array(
+            X, accept_sparse="csr", dtype=[np.float64, np.float32], ensure_min_samples=2
+        )
+        X = canonical_sparse(X)
+        check_magnitude(X)
+        seed = self.random_state
+        rng = check_random_state(
+            copy.deepcopy(seed) if isinstance(seed, np.random.RandomState) else seed
+        )
+        with get_backend(_backend_name(self.device), n_jobs=self.n_jobs) as backend:
+            return settle(self, X, rng, backend, keep_bottom=False).plan
 
     def fit_transform(self, X, y=None):
         """Fit the network and return the embedding of X (equal to ``fit(X).transform(X)``)."""
@@ -267,72 +313,35 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         )
         X = canonical_sparse(X)
         check_magnitude(X)  # beyond it, float32 center scores overflow
-        n_samples = X.shape[0]
-        ks = self.layer_sizes(n_samples)
-        n_components = self.n_classes if self.n_components is None else self.n_components
-        n_top = self.n_clusterings * ks[-1]
-        if n_components > min(n_samples, n_top):
-            raise ValueError(
-                f"n_components={n_components} must be <= min(n_samples, n_clusterings * "
-                f"ks[-1]) = {min(n_samples, n_top)}"
-            )
-        requested = self._requested_output()
-        if requested is not None:
-            requested.check_available()
         rng = check_random_state(self.random_state)
-        n_chosen = self._n_bottom_features(X, rng)
-        backend = get_backend(n_jobs=self.n_jobs, callback=self.callback)
-        # One BLAS thread for the whole fit: the backend's workers do not oversubscribe the
-        # cores, and the top's PCA sums in the same order wherever the layers ran.
-        with threadpool_limits(limits=1, user_api="blas"), backend:
-            bottom, codes = self._fit_bottom(X, ks[0], n_chosen, rng, backend)
-            bottom_codes = codes
-            delta = measured_delta = None
-            delta_is_measured = (
-                self.delta == "auto"
-                and self.ks is None
-                and not (requested is not None and requested.bottom_only)
-            )
-            output_is_measured = self.output == "auto" and thin_manifold_is_measurable(
-                n_samples, self.n_clusterings, ks[0]
-            )
-            if delta_is_measured or output_is_measured:
-                min_k = 1.5 * self.n_classes
-                measured_delta = choose_delta(codes, ks[0], self._upper_fraction(), min_k, rng)
-            output = self.output
-            if output == AUTO:
-                output = "pca"
-                if output_is_measured and measured_delta is not None:
-                    output = choose_output(measured_delta, self._upper_layers_are_given())
-            chosen = get_output(output)
-            if chosen.bottom_only:
-                ks, delta_is_measured = chosen.network_sizes(ks), False
-            if delta_is_measured:
-                delta = measured_delta
-                measured_ks = self.layer_sizes(n_samples, delta)
-                # A larger delta may end on a smaller top layer: keep the one that was
-                # checked against n_components when it no longer fits.
-                if n_components <= min(n_samples, self.n_clusterings * measured_ks[-1]):
-                    ks = measured_ks
-                else:
-                    delta = 0.5
+        backend = get_backend(
+            _backend_name(self.device), n_jobs=self.n_jobs, callback=self.callback
+        )
+        with backend:
+            settled = settle(self, X, rng, backend, keep_bottom=True)
+            plan, bottom, codes = settled.plan, settled.bottom, settled.bottom_codes
+            assert bottom is not None and codes is not None
+            bottom_codes, ks, output = codes, list(plan.ks), plan.output
             fit_plan = getattr(self.callback, "fit_plan", None)
             if fit_plan is not None and fit_plan(list(ks), output):  # "auto" settles them here
                 raise TrainingStopped("training stopped by the callback after the bottom layer")
-            upper: list[UpperLayer] = []
-            for index, k in enumerate(ks[1:], start=1):
-                layer, codes = self._fit_upper(codes, ks[index - 1], k, rng, backend, index)
-                upper.append(layer)
-            top, embedding = chosen.fit(
-                bottom_codes, codes, ks, n_components, rng, _output_progress(self.callback)
-            )
+            # One BLAS thread (as while settling): the backend's workers do not oversubscribe
+            # the cores, and the top's PCA sums in the same order wherever the layers ran.
+            with threadpool_limits(limits=1, user_api="blas"):
+                upper: list[UpperLayer] = []
+                for index, k in enumerate(ks[1:], start=1):
+                    layer, codes = self._fit_upper(codes, ks[index - 1], k, rng, backend, index)
+                    upper.append(layer)
+                top, embedding = get_output(output).fit(
+                    bottom_codes, codes, ks, plan.n_components, rng,
+                    _output_progress(self.callback),
+                )  # fmt: skip
 
-        self.ks_ = list(ks)
-        if delta is None and self.ks is None and not chosen.bottom_only:
-            delta = 0.5 if self.delta == "auto" else float(self.delta)
-        self.delta_ = delta
+        self.ks_ = ks
+        self.device_ = "cuda" if backend.name == "cuda" else "cpu"
+        self.delta_ = plan.delta
         self.output_ = output
-        self.n_components_ = n_components
+        self.n_components_ = plan.n_components
         self.bottom_layer_ = bottom
         self.upper_layers_ = upper
         self.top_ = top
@@ -526,7 +535,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             for layer in self.upper_layers_[: depth - 1]:
                 codes = layer.codes_few(codes)
             return bottom_codes, codes
-        backend = get_backend(n_jobs=self.n_jobs)
+        backend = get_backend(_backend_name(self.device), n_jobs=self.n_jobs)
         with threadpool_limits(limits=1, user_api="blas"), backend:
             codes = backend.bottom_codes(self.bottom_layer_, X)
             bottom_codes = codes
@@ -559,6 +568,16 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
     def _check_params(self) -> None:
         if self.ks is not None:
             check_int_items(type(self).__name__, "ks", self.ks, 2)
+
+
+def _backend_name(device: str) -> str:
+    """The backend for the ``device`` parameter: "cuda" (ValueError when it cannot run here,
+    naming what is missing), or "auto" (this context's backend, else the local threads)."""
+    if device == "cpu":
+        return AUTO
+    from mbn_core.mbn.backends.cuda import resolve_device
+
+    return "cuda" if resolve_device(device) == "cuda" else AUTO
 
 
 def _output_progress(callback: ProgressCallback | None) -> OutputProgress | None:

@@ -130,7 +130,14 @@ def _check_rows(mbn: MBN, n_samples: int) -> None:
 
 def _facts(mbn: MBN) -> dict[str, Any]:
     # The output too: with output="auto" the data chose it, and a user reads here which.
-    return {"ks": [int(k) for k in mbn.ks_], "metric": mbn.metric, "output": mbn.output_}
+    facts = {"ks": [int(k) for k in mbn.ks_], "metric": mbn.metric, "output": mbn.output_}
+    # Where the layers were computed ("auto" chose it): a GPU gives the CPU's codes.
+    device = getattr(mbn, "device_", "cpu")
+    if device == "cuda":
+        from mbn_core.mbn.backends.cuda import device_name
+
+        return {**facts, "device": f"cuda ({device_name()})"}
+    return {**facts, "device": device}
 
 
 METHOD = register(

@@ -120,9 +120,8 @@ class UpperLayer:
     ) -> UpperLayer:
         """A layer storing ``center_codes`` as the matrix or as its index (see the class).
 
-        The index answers a small request in fewer steps in every layer measured (MNIST-60k
-        default model: 2.2 to 2.8 ms a row for the wide layers, against 7.5 ms for the
-        matrix of layer 3), so it is kept wherever it takes no more memory than the matrix:
+        The index answers a small request in fewer steps than the matrix in every layer
+        measured, so it is kept wherever it takes no more memory than the matrix:
         where the row numbers are no wider than the codes. Deep layers (codes < 256 of
         thousands of rows) keep the matrix, half the size.
         """
@@ -190,8 +189,8 @@ class UpperLayer:
 
 # Posting lists are laid out per center row (see ``_kernels.inline_postings``) while they
 # average at most this many points and the copy stays under INLINE_MAX_BYTES; longer lists
-# are read in place, where they are long sequential runs anyway. Measured on MNIST 5k: lists
-# of 8 points are read twice as fast inline, lists of 16 equally fast, for a dearer copy.
+# are read in place, where they are long sequential runs anyway: short lists read faster
+# inline, long ones no faster, for a dearer copy.
 INLINE_MAX_MEAN = 12.0
 INLINE_MAX_BYTES = 256 << 20
 

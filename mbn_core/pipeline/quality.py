@@ -28,7 +28,7 @@ from mbn_core.utils.pca import fit_pca
 
 N_NEIGHBORS = 10
 # Trustworthiness ranks every pair of rows (O(n^2) memory and time): a sample this large
-# measures it to about +-0.005 in seconds.
+# measures it closely enough in seconds.
 MAX_ROWS = 1000
 # PCA is fitted on at most this many training rows: its leading components are settled
 # long before, and the report must stay a small part of training.

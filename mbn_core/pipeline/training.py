@@ -1,4 +1,4 @@
-"""Training a bundle end to end: parameters, reading data, method fit + fast path + export.
+"""Training a bundle end to end: parameters, method fit + fast path, report and export.
 
 Both the ``mbn train`` command and the service's worker call ``train_bundle``; it reports
 progress as one fraction 0..1 over the whole job, weighted by the expected cost of each step,
@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import os
 import time
-import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,13 +22,18 @@ import scipy.sparse as sp
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import validate_parameter_constraints
 
-from mbn_core.bundle import check_target, save_bundle, validate_model_id, validate_name
+from mbn_core.bundle import (
+    Bundle,
+    check_target,
+    load_bundle,
+    save_bundle,
+    validate_model_id,
+    validate_name,
+)
 from mbn_core.bundle.embedding_map import MAP_FILE, MAP_POINTS, EmbeddingMap, build_map
 from mbn_core.bundle.trained import TrainedModel, estimator_hyperparameters
 from mbn_core.data.checks import check_spread
-from mbn_core.data.csv_scan import read_csv
-from mbn_core.data.files import LABEL_KINDS, SPARSE_ARRAYS, peek_data_file
-from mbn_core.data.npz_members import MEMBER_ERRORS, checked_members, read_member
+from mbn_core.data.readers import check_labels, check_matrix
 from mbn_core.distill.compressor import CompressiveMBN
 from mbn_core.distill.input_map import projected_width
 from mbn_core.exceptions import TrainingStopped
@@ -41,6 +45,7 @@ from mbn_core.methods import (
     get_method,
 )
 from mbn_core.params import InvalidParameterError, Param
+from mbn_core.pipeline.alignment import check_compatible, reference_files
 from mbn_core.pipeline.exported import ExportedFastPath, detach_callback
 from mbn_core.pipeline.novelty import novelty_section
 from mbn_core.pipeline.run import run_pipeline
@@ -52,7 +57,8 @@ PHASES = ("fit", "compressor", "report", "export")
 ProgressCallback = Callable[[str, float], object]
 
 # An MLP weight costs about this many bottom-layer multiply-adds per point and epoch (forward,
-# backward and update, on one BLAS thread against the bottom layer's two; measured on MNIST).
+# backward and update, on one BLAS thread against the bottom layer's two;
+# docs/decisions/0023-training-progress.md).
 _MLP_COST = 7.0
 # Share of the whole job left to the fidelity evaluation and the export.
 _EXPORT_SHARE = 0.02
@@ -202,150 +208,6 @@ class TrainingEvent:
     message: str
 
 
-# ---------------------------------------------------------------------- data
-
-
-def load_training_data(path: str | os.PathLike[str]) -> tuple[Any, np.ndarray | None]:
-    """Read a data file: ``.npy``, ``.npz`` (``x`` and optional ``y``), scipy sparse ``.npz``
-    or ``.csv`` (numbers only, and a header row when no cell of the first row is a number).
-
-    Returns
-    -------
-    X : ndarray of shape (n_samples, n_features) float32, or CSR matrix float32
-    y : ndarray of shape (n_samples,) or None
-        Labels from an ``.npz``'s ``y``, used only to report fidelity.
-
-    Raises
-    ------
-    ValueError
-        Naming the file: missing, unreadable, an unknown format, or malformed content
-        (not 2-D, not numeric, NaN or infinity, fewer than 2 rows).
-    """
-    path = Path(path)
-    if not path.exists():
-        raise ValueError(f"{path}: no such file")
-    if not path.is_file():
-        raise ValueError(f"{path}: not a file")
-    suffix = path.suffix.lower()
-    y = None
-    try:
-        _check_magic(path, suffix)
-        if suffix in (".npy", ".npz"):
-            # Headers that claim more data than the file holds are refused before numpy
-            # allocates what they claim.
-            peek_data_file(path)
-        if suffix == ".npy":
-            X = np.load(path, allow_pickle=False)
-        elif suffix == ".npz":
-            X, y = _read_npz(path)
-        elif suffix == ".csv":
-            X = _read_csv(path)
-        else:
-            raise ValueError(
-                f"{path}: unsupported format {suffix or '(no suffix)'!r}; use .npy, .npz or .csv"
-            )
-    except (OSError, *MEMBER_ERRORS) as error:
-        raise ValueError(f"{path}: unreadable {suffix} file: {error}") from None
-    except ValueError as error:
-        message = str(error)
-        if "allow_pickle" in message:  # numpy's advice to unpickle is not ours to give
-            message = f"{path}: holds Python objects (pickled data), which mbn never loads"
-        elif not message.startswith(str(path)):
-            message = f"{path}: unreadable {suffix} file: {message}"
-        raise ValueError(message) from None
-    return check_matrix(X, str(path)), _check_labels(y, X.shape[0], str(path))
-
-
-def check_matrix(X, source: str = "X"):
-    """``X`` as float32 (dense or CSR), or ValueError naming ``source``."""
-    if sp.issparse(X):
-        X = sp.csr_matrix(X)
-        values = X.data
-    else:
-        X = np.asarray(X)
-        values = X
-    if X.ndim != 2:
-        raise ValueError(f"{source}: expected a 2-D matrix (rows = points), got shape {X.shape}")
-    if X.dtype.kind not in "biuf":
-        raise ValueError(f"{source}: expected numbers, got dtype {X.dtype}")
-    if X.shape[0] < 2 or X.shape[1] < 1:
-        raise ValueError(f"{source}: needs at least 2 rows and 1 column, got shape {X.shape}")
-    values = values.astype(np.float32, copy=False)
-    if not np.isfinite(values).all():
-        raise ValueError(f"{source}: contains NaN, infinity or values beyond float32's range")
-    return X.astype(np.float32, copy=False)
-
-
-def _check_magic(path: Path, suffix: str) -> None:
-    """Refuse files that are not what their suffix says, before numpy guesses at pickles."""
-    magic = {".npy": b"\x93NUMPY", ".npz": b"PK"}.get(suffix)
-    if magic is None:
-        return
-    with path.open("rb") as handle:
-        if handle.read(len(magic)) != magic:
-            raise ValueError(f"{path}: not a NumPy {suffix} file")
-
-
-def _read_npz(path: Path):
-    with zipfile.ZipFile(path) as archive:
-        # The members peek_data_file checked, read from the same entries.
-        members = checked_members(archive, f"{path}")
-        if members.keys() >= SPARSE_ARRAYS:
-            return _checked_sparse(sp.load_npz(path)), None
-        if "x" not in members:
-            raise ValueError(
-                f"{path}: an .npz needs an array named 'x' (and optionally 'y'), "
-                f"found {sorted(members)}"
-            )
-        x = read_member(archive, members["x"], f"{path}")
-        y = read_member(archive, members["y"], f"{path}") if "y" in members else None
-        return x, y
-
-
-def _checked_sparse(X) -> sp.csr_matrix:
-    """``X`` as CSR, its index arrays checked first: scipy's constructors check only their
-    lengths, and the compiled conversions index memory with them (a decreasing ``indptr``
-    raised a C++ RuntimeError; a column index past the shape went through)."""
-    if hasattr(X, "check_format"):  # csr, csc, bsr: before any conversion reads them
-        X.check_format(full_check=True)
-    X = X.tocsr()
-    X.check_format(full_check=True)
-    return X
-
-
-def _read_csv(path: Path) -> np.ndarray:
-    # Blocks of lines in bounded memory; a bad cell is named with its data row.
-    return read_csv(path)
-
-
-def _check_labels(y, n_samples: int, source: str) -> np.ndarray | None:
-    if y is None:
-        return None
-    y = np.asarray(y)
-    if y.ndim != 1 or len(y) != n_samples:
-        raise ValueError(f"{source}: 'y' must be 1-D with one label per row of 'x'")
-    if y.dtype.kind == "O":  # e.g. strings from pandas or fetch_openml: typed, if they are
-        y = np.asarray(y.tolist())
-    if y.dtype.kind not in LABEL_KINDS:
-        raise ValueError(
-            f"{source}: labels must be numbers, strings or booleans, got {y.dtype} values"
-        )
-    if y.dtype.kind == "f":
-        if not np.isfinite(y).all():
-            raise ValueError(f"{source}: labels contain NaN or infinity")
-        # Labels name classes for the report's NMI: a continuous target would make each row
-        # its own class and every embedding look perfect.
-        fractional = np.flatnonzero(y != np.round(y))
-        if fractional.size:
-            row = int(fractional[0])
-            raise ValueError(
-                f"{source}: labels name classes (whole numbers, strings or booleans); row "
-                f"{row} has {float(y[row])!r}, and {fractional.size} of {len(y)} are not "
-                "whole numbers"
-            )
-    return y
-
-
 def check_feasible(params: TrainingParams, n_rows: int) -> None:
     """ValueError unless ``params`` can train on ``n_rows`` rows: what ``train_bundle`` would
     otherwise find out only after the fit (the compressor needs 4 rows, the clustering head
@@ -386,6 +248,7 @@ def train_bundle(
     progress: ProgressCallback | None = None,
     events: Callable[[TrainingEvent], object] | None = None,
     overwrite: bool = False,
+    align_to: str | os.PathLike[str] | Bundle | None = None,
 ) -> Path:
     """Train a method and its fast path on X and write the bundle to ``out_dir``.
 
@@ -413,6 +276,10 @@ def train_bundle(
         True stops too.
     overwrite : bool, default=False
         Replace an existing bundle at ``out_dir``.
+    align_to : path or Bundle, default=None
+        An earlier model (its bundle) whose embedding space the new model's is mapped into
+        (``mbn_core.pipeline.alignment``), so vectors of both stay comparable. It must take
+        the same features and embed in as many dimensions.
 
     Returns
     -------
@@ -427,8 +294,13 @@ def train_bundle(
     validate_name(name)
     check_target(out_dir, overwrite=overwrite)
     X = check_matrix(X)
+    old = None
+    if align_to is not None:
+        old = align_to if isinstance(align_to, Bundle) else load_bundle(align_to)
+        n_components = params.values.get("n_components")
+        check_compatible(old, X.shape[1], n_components if isinstance(n_components, int) else None)
     check_spread(X)
-    labels = _check_labels(y, X.shape[0], "y")
+    labels = check_labels(y, X.shape[0], "y")
     method = params.spec
     if sp.issparse(X) and not method.sparse:
         raise ValueError(f"method {method.name!r} does not take sparse input")
@@ -439,7 +311,7 @@ def train_bundle(
     started = time.perf_counter()
     log.info("training %r with %s on %d x %d points", name, method.name, *X.shape)
     model = fit_model(params, X, labels, estimator=estimator, tracker=tracker)
-    extra_files, sections = {}, {}
+    extra_files, sections = reference_files(model, X, old, params.pipeline()["random_state"])
     if params[MAP_POINTS.name] and model.training_embedding is not None:
         if tracker.report("export", 0.0, "2-D map of the training embedding (t-SNE)"):
             raise TrainingStopped("training stopped by the progress callback before the map")
@@ -612,8 +484,7 @@ class _Tracker:
         fit = fit_cost if fit_cost is not None else (mlp if mlp else 1.0)
         # Each fold of a cross-fitted report refits the teacher and the MLP on (folds - 1) /
         # folds of the rows, and the bottom layer's cost grows about as the rows squared (k1
-        # grows with them): 3.2 model fits for 5 folds, where a 2,000-row swiss roll
-        # measured 2.7.
+        # grows with them): 3.2 model fits for 5 folds, a little more than measured.
         report = 0.0 if folds is None else folds * ((folds - 1) / folds) ** 2 * (fit + mlp)
         total = fit + mlp + report
         costs = (fit, mlp, report) if total > 0 else (1.0, 0.0, 0.0)

@@ -8,9 +8,11 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from service.alignment import aligned_params
 from service.arrays import rows_to_matrix
 from service.domain import InvalidInput
 from service.jobs import Job
+from service.registry import ModelRegistry
 from service.submission import Submitter, check_params
 
 
@@ -28,11 +30,29 @@ class TrainingHandler:
     wake : callable or None
         Called once a job is queued: the embedded worker, so it starts at once instead of at
         its next poll (None: no embedded worker).
+    registry : ModelRegistry or None
+        Resolves the model a job is aligned to (``align_to``); None refuses alignment.
     """
 
-    def __init__(self, submitter: Submitter, wake: Callable[[], object] | None = None) -> None:
+    def __init__(
+        self,
+        submitter: Submitter,
+        wake: Callable[[], object] | None = None,
+        registry: ModelRegistry | None = None,
+    ) -> None:
         self.submitter = submitter
         self.wake = wake
+        self.registry = registry
+
+    def _aligned(self, align_to: str | None) -> Callable[[dict[str, Any], int], dict[str, Any]]:
+        """What makes a job's params once its data's width is known: with ``align_to``, the
+        model's id after the checks (404, 409, 422)."""
+        if align_to is None:
+            return lambda params, n_features: params
+        registry = self.registry
+        if registry is None:
+            raise InvalidInput("align_to needs the model registry, which this server lacks")
+        return lambda params, n_features: aligned_params(registry, align_to, params, n_features)
 
     def admit(self) -> None:
         """``Overloaded`` when the queue is full: cheap, before a large body is read (the
@@ -48,6 +68,7 @@ class TrainingHandler:
         data: Sequence[Sequence[float]],
         labels: Sequence[int] | None,
         promote: bool,
+        align_to: str | None = None,
     ) -> Job:
         """Queue a job whose rows (and optional labels) came inline."""
         full_params = check_params(params, method, bound=self.submitter.settings.max_train_rows)
@@ -55,7 +76,10 @@ class TrainingHandler:
             data, expected_dim=None, max_rows=self.submitter.settings.max_train_rows, what="data"
         )
         y = None if labels is None else _labels(labels)
-        return self._queued(self.submitter.submit_arrays(name, full_params, x, y, promote=promote))
+        job = self.submitter.submit_arrays(
+            name, full_params, x, y, promote=promote, prepare=self._aligned(align_to)
+        )
+        return self._queued(job)
 
     def submit_upload(
         self,
@@ -66,12 +90,15 @@ class TrainingHandler:
         filename: str | None,
         source: BinaryIO,
         promote: bool,
+        align_to: str | None = None,
     ) -> Job:
         """Queue a job whose data is an uploaded file (its type by ``filename``'s suffix),
         copying ``source`` to disk."""
         full_params = check_params(params, method, bound=self.submitter.settings.max_train_rows)
         suffix = PurePath(filename or "").suffix.lower()
-        job = self.submitter.submit_file(name, full_params, suffix, source, promote=promote)
+        job = self.submitter.submit_file(
+            name, full_params, suffix, source, promote=promote, prepare=self._aligned(align_to)
+        )
         return self._queued(job)
 
     def _queued(self, job: Job) -> Job:

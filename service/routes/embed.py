@@ -38,8 +38,8 @@ OFF_LOOP_PARSE_BYTES = 64 << 10
     response_model=EmbedResponse,
     summary="Embed rows with a model",
     description=(
-        "Fast mode answers from the model's ONNX compressor; exact mode runs the full MBN "
-        "in a bounded pool (429 with Retry-After when it is busy); past the in-flight "
+        "Fast mode answers from the model's ONNX fast path; exact mode runs the method's own "
+        "exact model in a bounded pool (429 with Retry-After when it is busy); past the in-flight "
         "budget (MBN_MAX_INFLIGHT_REQUESTS, MBN_MAX_INFLIGHT_ROWS) every request gets 429 "
         "with Retry-After at once. Headers: X-Model-Id, "
         "X-Compute-Time-Ms (model time only) and Server-Timing."

@@ -24,7 +24,7 @@ from service.schemas import JobList, JobOut, JobStatus, TrainOptions, TrainReque
 
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require_api_key)])
 
-_FORM_FIELDS = ("file", "params", "name", "method", "promote")
+_FORM_FIELDS = ("file", "params", "name", "method", "promote", "align_to")
 _MULTIPART_SCHEMA = {
     "type": "object",
     "required": ["file"],
@@ -43,6 +43,10 @@ _MULTIPART_SCHEMA = {
             "enum": ["true", "false"],
             "default": "false",
             "description": TrainOptions.model_json_schema()["properties"]["promote"]["description"],
+        },
+        "align_to": {
+            "type": "string",
+            "description": TrainOptions.model_fields["align_to"].description,
         },
     },
 }
@@ -82,6 +86,7 @@ async def train(
                 data=req.data,
                 labels=req.labels,
                 promote=req.promote,
+                align_to=req.align_to,
             )
         )
     else:
@@ -104,7 +109,7 @@ async def _train_multipart(request: Request, handler: TrainingHandler, spool_dir
             # Starlette keeps every repeat of a field and .get() the last: refuse the guess.
             if len(form.getlist(key)) > 1:
                 raise InvalidInput(f"the form has the field {key!r} more than once")
-        for key in ("params", "name", "method", "promote"):
+        for key in ("params", "name", "method", "promote", "align_to"):
             value = form.get(key)
             if value is None:
                 continue
@@ -134,6 +139,7 @@ async def _train_multipart(request: Request, handler: TrainingHandler, spool_dir
                 filename=upload.filename,
                 source=upload.file,
                 promote=options.promote,
+                align_to=options.align_to,
             )
         )
     finally:

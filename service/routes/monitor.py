@@ -1,4 +1,5 @@
-"""GET /models/{model_id}/monitor: the live monitor of a model on this replica."""
+"""GET /models/{model_id}/monitor (a model's live monitor on this replica) and
+GET /models/{a}/compare/{b} (how comparable two models' vectors are)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from starlette.concurrency import run_in_threadpool
 
+from service.alignment import compare
 from service.deps import EmbedHandlerDep, MonitorDep, require_api_key
 from service.schemas import error_responses
 
@@ -31,3 +33,22 @@ async def get_monitor(model_id: str, embed: EmbedHandlerDep, monitor: MonitorDep
     bundle = await embed.resolve(model_id)
     # The fidelity of a changed window takes a k-means run: beside the event loop.
     return await run_in_threadpool(monitor.report, bundle)
+
+
+@router.get(
+    "/models/{model_a}/compare/{model_b}",
+    response_model=dict[str, Any],
+    summary="How comparable two models' vectors are (e.g. two versions of a name)",
+    description=(
+        "On reference rows (a's, else b's: a sample of training rows kept in each bundle): "
+        "median cosine of each row's two vectors, overlap of their 10 nearest neighbours, "
+        "and cluster agreement (clusters matched one to one), for both fast paths, and for "
+        "both exact paths when the models share their reference rows (a version aligned "
+        "to the other, with align_to). 409 when neither has reference rows."
+    ),
+    responses=error_responses(401, 404, 409, 422, 503),
+)
+async def compare_models(model_a: str, model_b: str, embed: EmbedHandlerDep) -> dict[str, Any]:
+    await embed.resolve(model_a)  # 404 before any work; may rescan off the loop
+    await embed.resolve(model_b)
+    return await run_in_threadpool(compare, embed.registry, model_a, model_b)

@@ -51,6 +51,7 @@ def test_auto_is_the_default_and_never_reads_y(circles):
     np.testing.assert_array_equal(embedding, second.transform(circles))
 
 
+@pytest.mark.slow
 def test_thin_manifolds_shrink_slower_and_images_keep_half(circles):
     # Two rings: halving the centers leaves points with no code-sharing center.
     rings = MBN(n_classes=2, n_clusterings=40, random_state=0).fit(circles)
@@ -94,6 +95,7 @@ def test_orphan_rate_equals_the_definition(seed):
     assert orphan_rate(codes, k, fraction, np.random.RandomState(seed)) == expected
 
 
+@pytest.mark.slow
 def test_a_thin_manifold_gets_the_same_delta_on_every_seed():
     # Two moons leave 2% of points orphaned at 0.5 and 0.3-0.5% at 0.7: the bound must not
     # cut through the 0.7 rates, or the seed picks between 0.7 and a network 3x as deep.
@@ -123,6 +125,7 @@ def rule_on(codes, k1, rng):
     return DELTAS[-1]
 
 
+@pytest.mark.slow
 def test_more_clusterings_do_not_turn_a_thin_manifold_into_dense_data(moons_codes_1600):
     # Over all of 1,600 clusterings two moons leave under 1% orphaned at 0.5 (each clustering
     # is one more chance to share a code), and at 0.5 the network merges the moons. The rate
@@ -136,6 +139,7 @@ def test_more_clusterings_do_not_turn_a_thin_manifold_into_dense_data(moons_code
     assert rule_on(codes[:, subset], 500, rng) == 0.7
 
 
+@pytest.mark.slow
 def test_networks_up_to_the_reference_size_are_measured_whole(moons_codes_1600):
     codes = moons_codes_1600[:, :ORPHAN_CLUSTERINGS]
     for seed in range(2):
@@ -153,6 +157,7 @@ def test_choose_delta_leaves_the_callers_stream_alone():
     assert delta == choose_delta(codes, 100, 0.5, 3.0, np.random.RandomState(5))
 
 
+@pytest.mark.slow
 def test_thin_manifolds_get_the_bottom_umap_output_and_images_the_pca_output(circles):
     # The measurement behind delta, at the V = 400 it was calibrated at: on two rings it
     # leaves orphans at 0.5, on digits none.
@@ -169,6 +174,7 @@ def test_thin_manifolds_get_the_bottom_umap_output_and_images_the_pca_output(cir
     assert digits.output_ == "pca" and digits.explained_variance_ratio_ is not None
 
 
+@pytest.mark.slow
 def test_given_upper_layers_are_kept_and_still_let_the_data_choose_the_output(circles):
     # The output is measured even when delta is not: the paper's 0.5 on two rings. Layers
     # asked for are kept, so the thin manifold gets the UMAP output over all of them.
@@ -205,6 +211,7 @@ def test_the_output_is_chosen_only_where_the_measurement_was_calibrated():
     assert not thin_manifold_is_measurable(n, 400, k1)
 
 
+@pytest.mark.slow
 def test_every_row_a_center_keeps_the_pca_output(circles):
     # k1 = n: no two rows share a cell, every point orphans, and no layout could be drawn.
     for params in ({"k1": 1.0}, {"ks": [300, 150, 75]}):
@@ -212,6 +219,7 @@ def test_every_row_a_center_keeps_the_pca_output(circles):
         assert model.output_ == "pca"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", ["rings", "digits"])
 def test_a_stored_auto_model_keeps_its_output(circles, shape):
     X = circles if shape == "rings" else load_digits().data[:300]
@@ -223,6 +231,7 @@ def test_a_stored_auto_model_keeps_its_output(circles, shape):
     np.testing.assert_array_equal(restored.transform(X[:25]), model.transform(X[:25]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("n", "d"), [(10, 1), (10, 2), (11, 5), (25, 1), (40, 3), (60, 13)])
 def test_every_choice_fits_any_shape(n, d):
     X = np.random.RandomState(n * 100 + d).normal(size=(n, d))

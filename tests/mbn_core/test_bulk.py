@@ -42,6 +42,7 @@ def leftovers(directory):
     return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
 
 
+@pytest.mark.slow
 def test_npy_in_chunks_equals_the_whole_embedding(workdir, expected):
     _, _, embedding, clusters = expected
     result = embed_file(workdir / "model", workdir / "rows.npy", workdir / "e.npy",
@@ -52,6 +53,7 @@ def test_npy_in_chunks_equals_the_whole_embedding(workdir, expected):
     assert leftovers(workdir) == []
 
 
+@pytest.mark.slow
 def test_zarr_in_and_out_exact_mode(workdir, expected):
     X, bundle, _, _ = expected
     source = zarr.open_array(str(workdir / "rows.zarr"), mode="w", shape=X.shape,
@@ -64,6 +66,7 @@ def test_zarr_in_and_out_exact_mode(workdir, expected):
     np.testing.assert_array_equal(written[:], bundle.embed(X, mode="exact"))
 
 
+@pytest.mark.slow
 def test_a_row_whose_embedding_overflows_is_named_by_its_place_in_the_file(workdir):
     X = np.load(workdir / "rows.npy").astype(np.float32)
     params = {"method": "multilevel", "max_epochs": 2, "map_points": 0}
@@ -76,6 +79,7 @@ def test_a_row_whose_embedding_overflows_is_named_by_its_place_in_the_file(workd
     assert leftovers(workdir) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", [np.nan, 1e39])  # 1e39: finite, beyond float32's range
 def test_a_bad_row_is_named_and_nothing_is_left(workdir, value):
     X = np.load(workdir / "rows.npy").astype(np.float64)
@@ -92,6 +96,7 @@ def test_a_bad_row_is_named_and_nothing_is_left(workdir, value):
     assert leftovers(workdir) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("source", "out", "message"),
     [
@@ -114,6 +119,7 @@ def test_bad_requests_are_value_errors(workdir, source, out, message):
         embed_file(workdir / "model", workdir / source, workdir / out)
 
 
+@pytest.mark.slow
 def test_npy_rows_open_a_map_per_read(workdir):
     rows = NpyRows(str(workdir / "rows.npy"))
     assert rows.shape == (700, 64) and rows.dtype == np.uint8
@@ -122,6 +128,7 @@ def test_npy_rows_open_a_map_per_read(workdir):
     np.testing.assert_array_equal(chunk, np.load(workdir / "rows.npy")[10:20])
 
 
+@pytest.mark.slow
 def test_on_a_cluster_the_workers_write_the_chunks(workdir, expected, dask_client):
     _, _, embedding, clusters = expected
     embed_file(workdir / "model", workdir / "rows.npy", workdir / "cluster.npy",
@@ -131,6 +138,7 @@ def test_on_a_cluster_the_workers_write_the_chunks(workdir, expected, dask_clien
     np.testing.assert_array_equal(zarr.open_array(str(workdir / "cluster-ids.zarr"))[:], clusters)
 
 
+@pytest.mark.slow
 def test_mbn_embed_streams_npy_and_zarr(workdir, expected, monkeypatch, capsys):
     _, _, embedding, _ = expected
     monkeypatch.chdir(workdir)

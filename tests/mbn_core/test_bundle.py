@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-import mbn_core.bundle.bundle as bundle_module
+import mbn_core.bundle.manifest as manifest_module
+import mbn_core.bundle.save as save_module
 from mbn_core import MBN, CompressiveMBN
 from mbn_core.bundle import (
     EXACT_FILE,
@@ -62,6 +63,7 @@ def rewrite_manifest(path, change):
 # ---------------------------------------------------------------------- round trip
 
 
+@pytest.mark.slow
 def test_save_load_embed_equals_the_model(model, saved, digits):
     X, _ = digits
     bundle = load_bundle(saved)
@@ -81,6 +83,7 @@ def test_save_load_embed_equals_the_model(model, saved, digits):
         )
 
 
+@pytest.mark.slow
 def test_cluster_head_round_trip(model, saved, digits):
     X, _ = digits
     bundle = load_bundle(saved)
@@ -92,6 +95,7 @@ def test_cluster_head_round_trip(model, saved, digits):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fast", "exact"])
 def test_embed_with_clusters_is_embed_and_predict_in_one_pass(saved, digits, mode):
     X = digits[0][:50]
@@ -102,6 +106,7 @@ def test_embed_with_clusters_is_embed_and_predict_in_one_pass(saved, digits, mod
     assert clusters.dtype == np.int64
 
 
+@pytest.mark.slow
 def test_manifest_describes_the_model(model, saved):
     manifest = json.loads((saved / MANIFEST).read_text())
     assert manifest["format"] == "mbn-bundle"
@@ -132,12 +137,14 @@ def test_manifest_describes_the_model(model, saved):
     assert sorted(p.name for p in saved.iterdir()) == sorted([MANIFEST, EXACT_FILE, ONNX_FILE])
 
 
+@pytest.mark.slow
 def test_arrays_load_without_pickle(saved):
     with np.load(saved / EXACT_FILE, allow_pickle=False) as arrays:
         assert "ks" in arrays.files
         assert all(arrays[key].dtype != object for key in arrays.files)
 
 
+@pytest.mark.slow
 def test_bundle_properties(saved):
     bundle = load_bundle(saved, threads=2)
     assert (bundle.id, bundle.name, bundle.input_dim, bundle.output_dim) == (
@@ -149,6 +156,7 @@ def test_bundle_properties(saved):
     assert bundle.load_exact().estimator.n_jobs == 2
 
 
+@pytest.mark.slow
 def test_without_head(digits, tmp_path):
     X, _ = digits
     model = CompressiveMBN(
@@ -167,6 +175,7 @@ def test_without_head(digits, tmp_path):
 # ---------------------------------------------------------------------- writing
 
 
+@pytest.mark.slow
 def test_existing_directory_needs_overwrite(model, saved, tmp_path):
     target = tmp_path / "m"
     save_bundle(model, target, name="first")
@@ -177,6 +186,7 @@ def test_existing_directory_needs_overwrite(model, saved, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["m"]
 
 
+@pytest.mark.slow
 def test_overwrite_never_replaces_other_files(model, tmp_path):
     documents = tmp_path / "documents"
     documents.mkdir()
@@ -191,9 +201,10 @@ def test_overwrite_never_replaces_other_files(model, tmp_path):
     assert load_bundle(save_bundle(model, tmp_path / "empty", name="x", overwrite=True))
 
 
+@pytest.mark.slow
 def test_interrupted_write_leaves_nothing(model, tmp_path, monkeypatch):
     written = []
-    real_write = bundle_module._write_synced
+    real_write = save_module._write_synced
 
     def write_then_interrupt(path, data):
         written.append(path.name)
@@ -201,12 +212,13 @@ def test_interrupted_write_leaves_nothing(model, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         real_write(path, data)
 
-    monkeypatch.setattr(bundle_module, "_write_synced", write_then_interrupt)
+    monkeypatch.setattr(save_module, "_write_synced", write_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         save_bundle(model, tmp_path / "m", name="m")
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_model_id_defaults_to_the_directory_and_is_validated(model, tmp_path):
     path = save_bundle(model, tmp_path / "bundle-dir", name="x", model_id="other-id")
     assert load_bundle(path).id == "other-id"
@@ -245,6 +257,7 @@ def test_invalid_model_ids(bad, tmp_path):
 # ---------------------------------------------------------------------- verification
 
 
+@pytest.mark.slow
 def test_tampered_file_is_named(copy):
     data = bytearray((copy / ONNX_FILE).read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -253,6 +266,7 @@ def test_tampered_file_is_named(copy):
         load_bundle(copy)
 
 
+@pytest.mark.slow
 def test_truncated_file_is_named(copy):
     data = (copy / EXACT_FILE).read_bytes()
     (copy / EXACT_FILE).write_bytes(data[: len(data) // 2])
@@ -260,12 +274,14 @@ def test_truncated_file_is_named(copy):
         load_bundle(copy)
 
 
+@pytest.mark.slow
 def test_missing_file_is_named(copy):
     (copy / ONNX_FILE).unlink()
     with pytest.raises(BundleError, match=f"{ONNX_FILE}: missing"):
         load_bundle(copy)
 
 
+@pytest.mark.slow
 def test_symbolic_links_are_refused(copy):
     target = copy.parent / "elsewhere.onnx"
     (copy / ONNX_FILE).rename(target)
@@ -274,6 +290,7 @@ def test_symbolic_links_are_refused(copy):
         load_bundle(copy)
 
 
+@pytest.mark.slow
 def test_exact_file_is_checked_again_when_loaded_lazily(copy, digits):
     X, _ = digits
     bundle = load_bundle(copy)
@@ -284,6 +301,7 @@ def test_exact_file_is_checked_again_when_loaded_lazily(copy, digits):
         bundle.embed(X[:2], mode="exact")
 
 
+@pytest.mark.slow
 def test_consistent_but_broken_arrays_are_named(copy):
     with np.load(copy / EXACT_FILE, allow_pickle=False) as arrays:
         kept = {key: arrays[key] for key in arrays.files if key != "top.table"}
@@ -308,6 +326,7 @@ def test_foreign_directory(tmp_path):
         load_bundle(tmp_path / "nothing")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("content", "message"),
     [
@@ -323,6 +342,7 @@ def test_foreign_or_corrupt_manifest(copy, content, message):
         load_bundle(copy)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -345,6 +365,7 @@ def test_inconsistent_manifest_is_refused(copy, change, message):
 # ---------------------------------------------------------------------- manifest digest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("old", "new"),
     [
@@ -361,6 +382,7 @@ def test_a_changed_byte_in_the_manifest_is_refused(copy, old, new):
         load_bundle(copy)
 
 
+@pytest.mark.slow
 def test_manifest_without_digest_is_refused_from_format_2(copy):
     manifest = json.loads((copy / MANIFEST).read_text())
     del manifest["manifest_sha256"]
@@ -369,7 +391,20 @@ def test_manifest_without_digest_is_refused_from_format_2(copy):
         load_bundle(copy)
 
 
-def test_format_1_manifest_without_digest_still_loads(copy, digits, caplog):
+@pytest.mark.slow
+def _embeds_as(bundle, model, X) -> None:
+    """``bundle`` embeds and clusters X as the in-memory ``model`` it was saved from."""
+    expected = model.transform(X)
+    assert np.abs(bundle.embed(X) - expected).max() <= 1e-4 * np.abs(expected).max()
+    np.testing.assert_array_equal(
+        bundle.embed(X, mode="exact"), model.exact_transform(X).astype(np.float32)
+    )
+    np.testing.assert_array_equal(
+        bundle.predict_clusters(X, mode="exact"), model.predict_clusters(X, mode="exact")
+    )
+
+
+def test_format_1_manifest_without_digest_still_loads(model, copy, digits, caplog):
     manifest = json.loads((copy / MANIFEST).read_text())
     del manifest["manifest_sha256"]
     manifest["format_version"] = 1
@@ -377,9 +412,10 @@ def test_format_1_manifest_without_digest_still_loads(copy, digits, caplog):
     bundle = load_bundle(copy)
     assert bundle.manifest["format_version"] == FORMAT_VERSION
     assert "no manifest digest" in caplog.text
-    assert bundle.embed(digits[0][:2]).shape == (2, 10)
+    _embeds_as(bundle, model, digits[0][:20])
 
 
+@pytest.mark.slow
 def test_whitespace_changes_keep_the_digest_valid(copy):
     # The digest covers the manifest's content, not its formatting.
     manifest = json.loads((copy / MANIFEST).read_text())
@@ -390,35 +426,45 @@ def test_whitespace_changes_keep_the_digest_valid(copy):
 # ---------------------------------------------------------------------- format versions
 
 
+@pytest.mark.slow
 def test_newer_format_says_upgrade(copy):
     rewrite_manifest(copy, lambda m: m.update(format_version=FORMAT_VERSION + 1))
     with pytest.raises(BundleError, match=r"newer mbn.*Upgrade mbn"):
         load_bundle(copy)
 
 
+@pytest.mark.slow
 def test_older_unsupported_format_says_why(copy):
     rewrite_manifest(copy, lambda m: m.update(format_version=0))
     with pytest.raises(BundleError, match=r"version 0 is older.*no upgrade.*Retrain"):
         load_bundle(copy)
 
 
+@pytest.mark.slow
 def test_non_integer_format_version(copy):
     rewrite_manifest(copy, lambda m: m.update(format_version="1"))
     with pytest.raises(BundleError, match="format_version must be an integer"):
         load_bundle(copy)
 
 
-def test_older_supported_format_is_upgraded(copy, digits, monkeypatch):
+@pytest.mark.slow
+def test_older_supported_format_is_upgraded(model, saved, copy, digits, monkeypatch):
+    original = read_manifest(saved)
+
     # Pretend the current format is one newer, with an upgrade from today's format.
     def upgrade(manifest):
         return {**manifest, "upgraded": True}
 
-    monkeypatch.setattr(bundle_module, "FORMAT_VERSION", FORMAT_VERSION + 1)
-    monkeypatch.setitem(bundle_module._UPGRADES, FORMAT_VERSION, upgrade)
+    monkeypatch.setattr(manifest_module, "FORMAT_VERSION", FORMAT_VERSION + 1)
+    monkeypatch.setitem(manifest_module._UPGRADES, FORMAT_VERSION, upgrade)
     bundle = load_bundle(copy)
     assert bundle.manifest["upgraded"] is True
     assert bundle.manifest["format_version"] == FORMAT_VERSION + 1
-    assert bundle.embed(digits[0][:3]).shape == (3, 10)
+    # The upgrade changed only what it says: every other field is as saved, and the model
+    # embeds as the one saved.
+    upgraded = {k: v for k, v in bundle.manifest.items() if k not in ("upgraded", "format_version")}
+    assert upgraded == {k: v for k, v in original.items() if k != "format_version"}
+    _embeds_as(bundle, model, digits[0][:20])
 
 
 def as_version_1(path):
@@ -437,6 +483,7 @@ def as_version_1(path):
     rewrite_manifest(path, change)
 
 
+@pytest.mark.slow
 def test_version_1_bundle_loads_and_embeds_the_same(saved, copy, digits):
     X, _ = digits
     as_version_1(copy)
@@ -457,6 +504,7 @@ def test_version_1_bundle_loads_and_embeds_the_same(saved, copy, digits):
 # ---------------------------------------------------------------------- input
 
 
+@pytest.mark.slow
 def test_bad_input_is_a_value_error(saved, digits):
     X, _ = digits
     bundle = load_bundle(saved)

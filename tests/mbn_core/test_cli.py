@@ -61,6 +61,7 @@ def trained(workdir):
     return workdir / "model", result
 
 
+@pytest.mark.slow
 def test_train_writes_a_bundle_and_prints_the_report(trained):
     path, result = trained
     assert "Traceback" not in result.stderr
@@ -73,6 +74,7 @@ def test_train_writes_a_bundle_and_prints_the_report(trained):
     assert sorted(p.name for p in path.parent.iterdir() if p.name.startswith(".")) == []
 
 
+@pytest.mark.slow
 def test_embed_with_clusters(trained, workdir):
     path, _ = trained
     bundle = load_bundle(path)
@@ -86,12 +88,14 @@ def test_embed_with_clusters(trained, workdir):
     )
 
 
+@pytest.mark.slow
 def test_user_error_is_one_line_with_status_2(trained, workdir):
     result = run_mbn("embed", "model", "narrow.npy", "--out", "x.npy", cwd=workdir)
     assert_user_error(result, "narrow.npy", "10 columns", "expects 64")
     assert not (workdir / "x.npy").exists()
 
 
+@pytest.mark.slow
 def test_interrupt_leaves_no_bundle(workdir):
     # Big enough to still be fitting MBN when the signal arrives.
     process = subprocess.Popen(
@@ -122,6 +126,7 @@ def test_interrupt_leaves_no_bundle(workdir):
 # ---------------------------------------------------------------------- in process
 
 
+@pytest.mark.slow
 def test_info(trained, workdir, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
     assert cli.main(["info", "model"]) == 0
@@ -133,6 +138,7 @@ def test_info(trained, workdir, monkeypatch, capsys):
     assert "verified:" in out
 
 
+@pytest.mark.slow
 def test_embed_exact_from_sparse_input(trained, workdir, monkeypatch):
     path, _ = trained
     monkeypatch.chdir(workdir)
@@ -143,6 +149,7 @@ def test_embed_exact_from_sparse_input(trained, workdir, monkeypatch):
     np.testing.assert_array_equal(np.load(workdir / "exact.npy"), expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "fragments"),
     [
@@ -192,6 +199,7 @@ def test_bad_option_syntax_is_a_usage_error(capsys):
     assert "comma-separated integers" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_info_json(trained, workdir, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
     assert cli.main(["info", "model", "--json"]) == 0
@@ -213,11 +221,12 @@ def test_a_command_whose_extra_is_missing_says_what_to_install(capsys):
     )
 
 
+@pytest.mark.slow
 def test_the_library_and_the_cli_import_nothing_of_the_service():
     web = {"service", "fastapi", "uvicorn", "sqlalchemy", "psycopg", "msgspec", "pybase64",
            "starlette", "pydantic"}  # fmt: skip
     code = (
-        "import sys, mbn_core, mbn_core.cli, mbn_core.pipeline.training, mbn_core.bundle.bundle;"
+        "import sys, mbn_core, mbn_core.cli, mbn_core.pipeline.training, mbn_core.bundle.load;"
         "print(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:])))"
     )
     result = subprocess.run(
@@ -226,6 +235,7 @@ def test_the_library_and_the_cli_import_nothing_of_the_service():
     assert result.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_the_service_commands_parse(tmp_path):
     # The service's commands as `mbn` gets them from its entry points (python -m service uses
     # the same functions): options and help, without starting anything.
@@ -236,3 +246,41 @@ def test_the_service_commands_parse(tmp_path):
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert option in result.stdout
+
+
+@pytest.mark.slow
+def test_train_aligned_to_an_earlier_bundle(trained, workdir):
+    path, _ = trained
+    result = run_mbn("train", "digits.npz", "--out", "aligned", "--name", "Digits",
+                     "--align-to", str(path), "--random-state", "1", *SMALL,
+                     cwd=workdir)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "aligned to:  model on" in result.stdout
+    assert load_bundle(workdir / "aligned").manifest["alignment"]["reference_model"] == "model"
+    bad = run_mbn("train", "narrow.npy", "--out", "bad", "--align-to", str(path), *SMALL,
+                  cwd=workdir)  # fmt: skip
+    assert_user_error(bad, "64 features")
+
+
+def test_train_plan_prints_what_the_fit_will_build_and_writes_nothing(workdir, monkeypatch, capsys):
+    from mbn_core.pipeline.training import TrainingParams, fit_shape
+
+    monkeypatch.chdir(workdir)
+    before = sorted(workdir.iterdir())
+    options = ["--n-clusterings", "20", "--k1", "0.1", "--random-state", "3"]
+    assert cli.main(["train", "digits.npz", "--plan", *options]) == 0
+    out = capsys.readouterr().out
+    params = TrainingParams.from_dict(
+        {"method": "mbn", "n_clusterings": 20, "k1": 0.1, "random_state": 3}
+    )
+    X = load_digits().data
+    n_fit = fit_shape(params, X.shape)[0]
+    assert str(params.estimator().plan(X[:n_fit])) in out
+    assert f"MBN plan for {n_fit} rows x 64 features" in out
+    assert sorted(workdir.iterdir()) == before  # no bundle
+
+
+def test_train_needs_out_unless_it_plans(workdir, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    assert cli.main(["train", "digits.npz"]) == cli.EXIT_USAGE
+    assert "--out DIR is required" in capsys.readouterr().err

@@ -12,7 +12,7 @@ import pytest
 
 from mbn_core.data import csv_scan
 from mbn_core.data.files import is_header_row, peek_data_file
-from mbn_core.pipeline.training import load_training_data
+from mbn_core.data.readers import load_training_data
 
 
 def peak_bytes(func, *args):  # type: ignore[no-untyped-def]

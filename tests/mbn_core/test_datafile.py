@@ -8,7 +8,7 @@ import pytest
 import scipy.sparse as sp
 
 from mbn_core.data.files import SPARSE_BYTES_PER_FEATURE, DataShape, peek_data_file
-from mbn_core.pipeline.training import load_training_data
+from mbn_core.data.readers import load_training_data
 
 
 def header_only(shape, dtype="<f8"):

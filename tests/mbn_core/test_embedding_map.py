@@ -35,6 +35,7 @@ def blob_map(blobs):
     return build_map(x[:600], labels=y[:600], clusters=y[:600] + 10, random_state=0)
 
 
+@pytest.mark.slow
 def test_map_of_all_rows_keeps_their_order_and_colours(blob_map, blobs):
     _, y = blobs
     assert blob_map.n_points == 600
@@ -53,6 +54,7 @@ def test_map_of_all_rows_keeps_their_order_and_colours(blob_map, blobs):
     }
 
 
+@pytest.mark.slow
 def test_map_separates_blobs(blob_map, blobs):
     _, y = blobs
     # Each map point's nearest other map point is of its own blob (t-SNE kept the groups).
@@ -62,6 +64,7 @@ def test_map_separates_blobs(blob_map, blobs):
     assert agreement > 0.98
 
 
+@pytest.mark.slow
 def test_new_points_land_among_their_own_blob(blob_map, blobs):
     x, y = blobs
     placed = blob_map.locate(x[600:])  # rows the map never saw
@@ -70,6 +73,7 @@ def test_new_points_land_among_their_own_blob(blob_map, blobs):
     assert np.mean(y[:600][nearest] == y[600:]) > 0.98
 
 
+@pytest.mark.slow
 def test_locating_a_map_point_finds_its_place(blob_map, blobs):
     x, _ = blobs
     placed = blob_map.locate(x[:5])
@@ -77,6 +81,7 @@ def test_locating_a_map_point_finds_its_place(blob_map, blobs):
     np.testing.assert_allclose(placed, blob_map.xy[:5], atol=1e-2)
 
 
+@pytest.mark.slow
 def test_locating_is_row_independent(blob_map, blobs):
     x, _ = blobs
     together = blob_map.locate(x[600:700])
@@ -84,6 +89,7 @@ def test_locating_is_row_independent(blob_map, blobs):
     np.testing.assert_array_equal(together, alone)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("queries", "message"),
     [
@@ -98,6 +104,7 @@ def test_locate_refuses_bad_embeddings(blob_map, queries, message):
         blob_map.locate(queries)
 
 
+@pytest.mark.slow
 def test_a_sample_of_a_large_embedding(blobs):
     x, y = blobs
     sampled = build_map(x, clusters=y, max_points=100, random_state=1)
@@ -116,6 +123,7 @@ def test_tiny_embeddings_still_get_a_map():
     assert tiny.xy.shape == (3, 2) and tiny.color_by is None
 
 
+@pytest.mark.slow
 def test_a_one_component_embedding_gets_a_map():
     # Three groups on a line: sklearn's PCA start of two components refused this.
     values = np.repeat([0.0, 5.0, 10.0], 100) + np.random.default_rng(0).normal(0, 0.3, 300)
@@ -145,6 +153,7 @@ for offset, jitter in [(1.0, 1e-8), (0.0, 1e-30)]:
 """
 
 
+@pytest.mark.slow
 def test_a_near_constant_embedding_does_not_crash_the_process():
     done = subprocess.run(
         [sys.executable, "-X", "faulthandler", "-c", _NEAR_CONSTANT],
@@ -163,6 +172,7 @@ def wide_map():
     return wide, build_map(wide, random_state=0)
 
 
+@pytest.mark.slow
 def test_the_pca_start_survives_a_lapack_fault(wide_map, svd_fails):
     wide, clean = wide_map
     with pytest.raises(np.linalg.LinAlgError):  # the fault is real for sklearn's own start
@@ -186,12 +196,14 @@ def test_build_map_refuses_bad_arguments(kwargs, message):
         build_map(embedding, **kwargs)
 
 
+@pytest.mark.slow
 def test_bytes_round_trip(blob_map):
     again = EmbeddingMap.from_bytes(blob_map.to_bytes())
     for name in ("xy", "embedding", "row", "cluster", "label"):
         np.testing.assert_array_equal(getattr(again, name), getattr(blob_map, name))
 
 
+@pytest.mark.slow
 def test_malformed_bytes_are_refused(blob_map):
     with pytest.raises(ValueError, match="not a readable array archive"):
         EmbeddingMap.from_bytes(b"not an npz", "x/map.npz")
@@ -216,6 +228,7 @@ def mapped_bundle(digits, tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_training_stores_a_map_of_a_sample(mapped_bundle, digits):
     x, y = digits
     bundle = load_bundle(mapped_bundle)
@@ -234,6 +247,7 @@ def test_training_stores_a_map_of_a_sample(mapped_bundle, digits):
     np.testing.assert_array_equal(stored.cluster, bundle.predict_clusters(x[stored.row], "exact"))
 
 
+@pytest.mark.slow
 def test_unseen_digits_land_beside_their_class(mapped_bundle, digits):
     x, y = digits
     bundle = load_bundle(mapped_bundle)
@@ -246,6 +260,7 @@ def test_unseen_digits_land_beside_their_class(mapped_bundle, digits):
     assert agreement > 0.8, agreement
 
 
+@pytest.mark.slow
 def test_a_tampered_map_is_refused(mapped_bundle, tmp_path):
     import shutil
 
@@ -258,6 +273,7 @@ def test_a_tampered_map_is_refused(mapped_bundle, tmp_path):
         load_bundle(copy)
 
 
+@pytest.mark.slow
 def test_no_map_when_asked_for_none(digits, tmp_path):
     x, _ = digits
     path = train_bundle(
@@ -271,6 +287,7 @@ def test_no_map_when_asked_for_none(digits, tmp_path):
         bundle.embedding_map()
 
 
+@pytest.mark.slow
 def test_a_one_component_model_trains_with_a_map(digits, tmp_path):
     x, _ = digits
     params = {**SMALL, "n_components": 1, "map_points": 200}

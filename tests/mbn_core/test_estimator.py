@@ -43,6 +43,7 @@ def fitted(digits):
     return model, embedding
 
 
+@pytest.mark.slow
 @parametrize_with_checks([MBN(n_clusterings=20, random_state=0)])
 def test_sklearn_compatible_estimator(estimator, check):
     check(estimator)
@@ -64,6 +65,7 @@ def test_fit_transform_equals_transform_bit_for_bit(digits, fitted):
     np.testing.assert_array_equal(model.transform(X), embedding)
 
 
+@pytest.mark.slow
 def test_transform_is_batch_independent(digits, fitted):
     X, _ = digits
     model, embedding = fitted
@@ -93,6 +95,7 @@ def test_few_row_requests_give_the_batch_codes_at_every_layer(digits, fitted):
     np.testing.assert_array_equal(again, embedding[5:8])
 
 
+@pytest.mark.slow
 def test_same_seed_same_model_any_thread_count(digits, fitted):
     X, _ = digits
     model, embedding = fitted
@@ -217,6 +220,7 @@ def test_auto_feature_fraction_measures_whether_half_the_inputs_suffice(digits):
     assert _auto_features(load_wine().data, 3) == _auto_features(load_wine().data, 3)
 
 
+@pytest.mark.slow
 def test_auto_feature_fraction_does_not_depend_on_the_inputs_units():
     # Raw wine: one input's scale sets every neighbourhood, so the choice followed the seed's
     # subsets on raw units (benchmarks/RESULTS.md, "Raw wine").
@@ -254,6 +258,7 @@ def _own_blob_shares(X, y, blobs, **params):
     return np.array(shares)
 
 
+@pytest.mark.slow
 def test_auto_feature_fraction_never_clusters_one_of_two_inputs():
     # Single inputs of these blobs pass the trustworthiness bound, but blobs 2 and 3 touch
     # on a diagonal and overlap on each axis: clusterings of one input merge them.
@@ -265,6 +270,7 @@ def test_auto_feature_fraction_never_clusters_one_of_two_inputs():
     assert (one_input_each < 0.9).all()  # measured 0.80-0.82
 
 
+@pytest.mark.slow
 def test_auto_feature_fraction_handles_low_dimensional_manifolds():
     # a = 0.5 leaves each clustering one of moons' two coordinates (a degenerate partition
     # into strips) and two of the swiss roll's three. "auto" keeps them all and recovers the
@@ -308,6 +314,7 @@ def test_random_reconstruction_codes_against_shifted_centers(digits):
     )
 
 
+@pytest.mark.slow
 def test_callback_reports_progress_and_can_stop(digits, fitted):
     X, _ = digits
     calls = []
@@ -352,6 +359,7 @@ class PlanRecorder:
         return stage == "layout" and done == self.stop_at_epoch
 
 
+@pytest.mark.slow
 def test_a_callback_hears_the_plan_the_fit_settles_on():
     X, _ = make_circles(300, factor=0.5, noise=0.04, random_state=7)
     recorder = PlanRecorder()
@@ -365,6 +373,7 @@ def test_a_callback_hears_the_plan_the_fit_settles_on():
         stopper.transform(X)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("output", ["umap", "umap-bottom"])
 def test_a_callback_hears_the_umap_outputs_search_then_each_epoch(output):
     X, _ = make_circles(300, factor=0.5, noise=0.04, random_state=7)
@@ -384,6 +393,7 @@ def test_a_callback_hears_the_umap_outputs_search_then_each_epoch(output):
     np.testing.assert_array_equal(heard, plain)
 
 
+@pytest.mark.slow
 def test_a_callback_stops_the_umap_layout_between_epochs():
     X, _ = make_circles(300, factor=0.5, noise=0.04, random_state=7)
     recorder = PlanRecorder(stop_at_epoch=7)

@@ -52,6 +52,7 @@ def _check_config(name: str) -> None:
     np.testing.assert_array_equal(model.transform(new_rows), SAVED[f"{name}/new_embedding"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAST_CONFIGS)
 def test_codes_and_embeddings_are_unchanged(name):
     _check_config(name)

@@ -85,6 +85,7 @@ def test_wide_sparse_input_is_projected_without_being_made_dense(digits, monkeyp
     np.testing.assert_allclose(mapped, input_map.transform(digits), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_wide_sparse_input_beyond_the_covariance_route_is_projected():
     # 3,000 features: ARPACK on the implicitly centred sparse rows, as scikit-learn's PCA does.
     rng = np.random.default_rng(0)
@@ -153,6 +154,7 @@ def test_constant_and_single_rows_are_standardised_without_warnings():
         assert np.all(np.isfinite(input_map.transform(np.zeros((2, 64)))))
 
 
+@pytest.mark.slow
 def test_the_directions_are_exact_for_fewer_rows_than_ten_per_feature():
     # 600 x 200: scikit-learn's "auto" would take a randomized SVD here, whose directions
     # drift where variances are close. The map's are the full SVD's.

@@ -7,7 +7,7 @@ import pytest
 import scipy.sparse as sp
 
 from mbn_core import MBN
-from mbn_core.mbn import _kernels
+from mbn_core.mbn import _bottom_kernels, _kernels
 from mbn_core.mbn.bottom import (
     DIRECT_MAX_ROWS,
     bottom_clustering_codes,
@@ -307,7 +307,7 @@ def test_best_scores_flags_near_ties_and_returns_the_first_maximum():
     )
     best = np.empty(3, np.int32)
     near = np.empty(3, np.bool_)
-    _kernels.best_scores(scores, np.array([0.0, 0.05, 0.5], np.float32), best, near)
+    _bottom_kernels.best_scores(scores, np.array([0.0, 0.05, 0.5], np.float32), best, near)
     np.testing.assert_array_equal(best, [1, 0, 3])
     np.testing.assert_array_equal(near, [True, True, False])
 

@@ -32,6 +32,7 @@ def fit_with_reports(model: MBN, X) -> list[tuple[float, str]]:
     return reports
 
 
+@pytest.mark.slow
 def test_the_share_moves_through_the_layers_then_the_search_then_every_epoch():
     X, _ = make_circles(300, factor=0.5, noise=0.04, random_state=7)
     reports = fit_with_reports(MBN(n_classes=2, random_state=0), X)  # "auto": umap-bottom

@@ -88,6 +88,7 @@ def test_a_clashing_or_misnamed_method_is_refused():
         get_method("clash")
 
 
+@pytest.mark.slow
 def test_exported_method_trains_bundles_and_serves_both_paths(digits, tmp_path):
     X, y, new = digits
     path = train_bundle(
@@ -111,6 +112,7 @@ def test_exported_method_trains_bundles_and_serves_both_paths(digits, tmp_path):
     assert manifest["training"]["n_fit_samples"] == 1080
 
 
+@pytest.mark.slow
 def test_distilled_method_gets_a_compressor(digits, tmp_path):
     X, y, new = digits
     path = train_bundle(
@@ -131,6 +133,7 @@ def test_distilled_method_gets_a_compressor(digits, tmp_path):
     assert residual < 0.3
 
 
+@pytest.mark.slow
 def test_cli_trains_and_embeds_with_a_registered_method(digits, tmp_path, monkeypatch, capsys):
     X, y, new = digits
     monkeypatch.chdir(tmp_path)

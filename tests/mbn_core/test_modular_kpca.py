@@ -98,6 +98,7 @@ def loss_against_kernel(model, X, seed):
     return (1 - model.diversity_) * per_module + model.diversity_ * composite
 
 
+@pytest.mark.slow
 def test_same_seed_same_model_and_different_seed_differs(digits):
     X = digits[0][:150]
     a = ModularKPCA(**SMALL, max_epochs=5).fit(X).transform(X)
@@ -112,6 +113,7 @@ def test_same_seed_same_model_and_different_seed_differs(digits):
     assert not np.allclose(a, other.transform(X))
 
 
+@pytest.mark.slow
 def test_callback_sees_every_module_and_can_stop(digits):
     X = digits[0][:100]
     seen = []
@@ -160,6 +162,7 @@ def test_bad_input_raises_value_error(fitted, digits):
         ModularKPCA(**SMALL, diversity="validate").fit(digits[0][:10])
 
 
+@pytest.mark.slow
 def test_validate_picks_a_diversity_from_the_grid_by_retrieval(digits):
     model = ModularKPCA(**SMALL, diversity="validate", max_epochs=10).fit(digits[0][:200])
     scores = model.validation_scores_
@@ -170,6 +173,7 @@ def test_validate_picks_a_diversity_from_the_grid_by_retrieval(digits):
     assert scores[model.diversity_] > scores[0.0]
 
 
+@pytest.mark.slow
 def test_baselines_share_the_landmarks_and_have_their_structure(digits):
     X = digits[0][:200]
     mbm = ModularKPCA(**SMALL, max_epochs=3).fit(X)
@@ -195,6 +199,7 @@ def test_baselines_share_the_landmarks_and_have_their_structure(digits):
     assert rows.shape == (12, SMALL["n_landmarks"])
 
 
+@pytest.mark.slow
 def test_mbm_retrieves_better_than_the_modular_baselines(digits):
     # The ranking of Table 2 (retrieval) at a small scale: digits, 300 train / 100 queries.
     X, _ = digits

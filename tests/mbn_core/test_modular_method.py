@@ -31,6 +31,7 @@ def test_registered_with_an_exported_fast_path_and_its_options():
     assert "callback" not in names
 
 
+@pytest.mark.slow
 def test_bundle_stores_plain_arrays_and_serves_both_paths(digits, tmp_path):
     X, y, new = digits
     path = train_bundle(
@@ -55,6 +56,7 @@ def test_bundle_stores_plain_arrays_and_serves_both_paths(digits, tmp_path):
     assert isinstance(bundle.load_exact().estimator, ModularKPCA)
 
 
+@pytest.mark.slow
 def test_a_tampered_array_is_refused(digits, tmp_path):
     X, _, _ = digits
     path = train_bundle(X, tmp_path / "m", name="m", params={"method": "modular_kpca", **PARAMS})
@@ -66,6 +68,7 @@ def test_a_tampered_array_is_refused(digits, tmp_path):
         load_bundle(path)
 
 
+@pytest.mark.slow
 def test_cli_trains_with_method_modular_kpca(digits, tmp_path, monkeypatch, capsys):
     X, y, new = digits
     monkeypatch.chdir(tmp_path)

@@ -21,6 +21,7 @@ def swiss_roll():
     return X, np.c_[t, X[:, 1]]
 
 
+@pytest.mark.slow
 @parametrize_with_checks(
     [
         MultilevelEmbedding(n_neighbors=5, random_state=0),
@@ -206,6 +207,7 @@ def test_far_edges_keep_the_refinement_solvable(seed):
     assert weights.data.min() < 1e-90  # far edges already at the finest level
 
 
+@pytest.mark.slow
 def test_multilevel_kmeans_needs_no_more_final_iterations_than_random_kmeans():
     X = load_digits().data[:900]
     ours, plain = [], []

@@ -43,6 +43,7 @@ def test_registered_with_its_options_and_a_distilled_fast_path():
         TrainingParams.from_dict({"method": "multilevel", "coarse_method": "tsne"})
 
 
+@pytest.mark.slow
 def test_bundle_exact_mode_is_the_knn_refinement(bundle, digits):
     _, _, new = digits
     manifest = bundle.manifest
@@ -61,6 +62,7 @@ def test_bundle_exact_mode_is_the_knn_refinement(bundle, digits):
     )
 
 
+@pytest.mark.slow
 def test_fast_path_reports_fidelity_on_unseen_rows(bundle, digits):
     _, _, new = digits
     fidelity = bundle.manifest["fidelity"]
@@ -72,6 +74,7 @@ def test_fast_path_reports_fidelity_on_unseen_rows(bundle, digits):
     assert residual < 0.5
 
 
+@pytest.mark.slow
 def test_rows_whose_embedding_overflows_are_refused_by_name(bundle, digits):
     _, _, new = digits
     extreme = np.vstack([new[:2], np.full((1, new.shape[1]), 3.4e38, np.float32)])

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mbn_core.data.files import peek_data_file
-from mbn_core.pipeline.training import load_training_data
+from mbn_core.data.readers import load_training_data
 
 
 def npy_bytes(array: np.ndarray) -> bytes:

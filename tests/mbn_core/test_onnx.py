@@ -41,6 +41,7 @@ def assert_parity(expected, actual):
     assert np.abs(expected - actual).max() <= 1e-4 * scale
 
 
+@pytest.mark.slow
 def test_embedding_parity(with_head, exported, X):
     embedder = OnnxEmbedder(exported.SerializeToString())
     result = embedder.embed(X)
@@ -49,6 +50,7 @@ def test_embedding_parity(with_head, exported, X):
     assert_parity(with_head.transform(X), result)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("input_components", "sparse"),
     [(None, False), (None, True), (16, False), (16, True)],
@@ -66,6 +68,7 @@ def test_parity_for_every_input_map(X, input_components, sparse):
     assert_parity(model.transform(X), embedder.embed(X))
 
 
+@pytest.mark.slow
 def test_cluster_parity(with_head, exported, X):
     embedder = OnnxEmbedder(exported)
     clusters = embedder.predict_clusters(X)
@@ -74,6 +77,7 @@ def test_cluster_parity(with_head, exported, X):
     assert np.mean(clusters == with_head.predict_clusters(X)) >= 0.995
 
 
+@pytest.mark.slow
 def test_graph_is_float32_and_self_contained(exported):
     (graph_input,) = exported.graph.input
     assert graph_input.name == INPUT
@@ -84,6 +88,7 @@ def test_graph_is_float32_and_self_contained(exported):
     onnx.checker.check_model(exported, full_check=True)
 
 
+@pytest.mark.slow
 def test_thread_settings_do_not_change_results(exported, X):
     one = OnnxEmbedder(exported, threads=1).embed(X[:300])
     two = OnnxEmbedder(exported, threads=2).embed(X[:300])
@@ -92,6 +97,7 @@ def test_thread_settings_do_not_change_results(exported, X):
         OnnxEmbedder(exported, threads=0)
 
 
+@pytest.mark.slow
 def test_from_file(exported, X, tmp_path):
     path = tmp_path / "compressor.onnx"
     path.write_bytes(exported.SerializeToString())
@@ -99,6 +105,7 @@ def test_from_file(exported, X, tmp_path):
     assert (embedder.input_dim, embedder.output_dim, embedder.has_clusters) == (64, 10, True)
 
 
+@pytest.mark.slow
 def test_without_head_and_one_output_dimension(X):
     # One output dimension exercises skl2onnx's (-1, 1) reshape of MLPRegressor outputs.
     model = fit_model(X, n_components=1)
@@ -112,6 +119,7 @@ def test_without_head_and_one_output_dimension(X):
         embedder.predict_clusters(X[:2])
 
 
+@pytest.mark.slow
 def test_sparse_and_chunked_input(with_head, exported, X, monkeypatch):
     import mbn_core.distill.onnx as onnx_module
 
@@ -120,6 +128,7 @@ def test_sparse_and_chunked_input(with_head, exported, X, monkeypatch):
     assert_parity(with_head.transform(X), embedder.embed(sp.csr_matrix(X)))
 
 
+@pytest.mark.slow
 def test_bad_input(exported, X):
     embedder = OnnxEmbedder(exported)
     with pytest.raises(ValueError, match="shape"):
@@ -132,6 +141,7 @@ def test_bad_input(exported, X):
         embedder.embed(bad)
 
 
+@pytest.mark.slow
 def test_external_data_is_refused(exported):
     proto = onnx.ModelProto()
     proto.CopyFrom(exported)

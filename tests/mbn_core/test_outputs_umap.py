@@ -21,6 +21,7 @@ def fitted(codes_output_fit):
     return codes_output_fit("umap")
 
 
+@pytest.mark.slow
 def test_transform_reproduces_fit_and_is_batch_independent(digits_split, fitted):
     X, _, X_new, _ = digits_split
     model, embedding = fitted
@@ -56,6 +57,7 @@ def test_placement_is_the_weighted_mean_of_the_strongest_rows(seed):
     np.testing.assert_allclose(place(affinity, anchors), brute_force_place(affinity, anchors))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "data",
     [make_moons(400, noise=0.06, random_state=7), make_circles(400, factor=0.5, noise=0.04,
@@ -72,6 +74,7 @@ def test_separates_thin_manifolds(data, output):
     assert normalized_mutual_info_score(y, labels) > 0.9
 
 
+@pytest.mark.slow
 def test_the_bottom_output_lays_out_the_bottom_share_alone(digits_split, codes_output_fit):
     X, _, X_new, _ = digits_split
     model, embedding = codes_output_fit("umap-bottom")
@@ -86,6 +89,7 @@ def test_the_bottom_output_lays_out_the_bottom_share_alone(digits_split, codes_o
     np.testing.assert_array_equal(model.transform(X_new[:1]), model.transform(X_new)[:1])
 
 
+@pytest.mark.slow
 def test_the_bottom_output_round_trips_and_is_not_taken_for_the_other(
     digits_split, codes_output_fit
 ):
@@ -117,6 +121,7 @@ def test_the_bottom_output_round_trips_and_is_not_taken_for_the_other(
         model_from_arrays(layered_arrays, dict(layered.get_params(), output="auto"))
 
 
+@pytest.mark.slow
 def test_deterministic_when_the_graph_falls_into_pieces(digits_split):
     # Groups of duplicates: the co-association graph has more pieces than UMAP's spectral
     # start can place, and umap-learn places them with numpy's global generator.
@@ -130,6 +135,7 @@ def test_deterministic_when_the_graph_falls_into_pieces(digits_split):
     np.testing.assert_array_equal(np.random.get_state()[1], before)  # noqa: NPY002
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("n", "n_components"), [(3, 2), (6, 6), (10, 9)])
 def test_as_many_components_as_rows(n, n_components):
     # UMAP's spectral start cannot ask for n_components + 1 eigenvectors of n rows.
@@ -154,6 +160,7 @@ def test_a_missing_umap_learn_says_how_to_install_it(monkeypatch):
         MBN(n_classes=2, n_clusterings=10, output="umap").fit(np.eye(12))
 
 
+@pytest.mark.slow
 def test_fits_a_large_co_association_block_by_block():
     # 1,000 rows in 10 bottom cells over 400 clusterings: expected_pairs' bound is 40 million;
     # the UMAP output reads it in blocks of 100 rows.
@@ -168,6 +175,7 @@ def test_fits_a_large_co_association_block_by_block():
     assert normalized_mutual_info_score(y, labels) > 0.99  # the moons still apart
 
 
+@pytest.mark.slow
 def test_umap_learns_kernels_are_cached_on_disk_for_the_next_process():
     # umap-learn compiles them in every process without cache=True: 5-6 s of each training
     # process's first UMAP-output fit. After a fit each one has a cache and was looked up in it.

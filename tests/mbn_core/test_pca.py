@@ -82,6 +82,7 @@ def unfaulted_mbn(digits):
     return mbn, mbn.fit_transform(digits)
 
 
+@pytest.mark.slow
 def test_an_mbn_fit_survives_the_fault_in_its_top_layer(digits, unfaulted_mbn, svd_fails):
     mbn, expected = unfaulted_mbn
     embedded = mbn.fit_transform(digits)

@@ -8,6 +8,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
 from mbn_core.mbn._scratch import ScratchArrays
 from mbn_core.mbn.bottom import bottom_clustering_codes, with_ones_column
@@ -56,6 +57,7 @@ def test_bottom_codes_from_threads_equal_the_codes_of_one_thread():
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.slow
 def test_bottom_codes_do_not_fault_in_fresh_pages_per_block_under_dask_malloc_settings():
     # Dask's nanny sets MALLOC_TRIM_THRESHOLD_, which turns off glibc's dynamic mmap
     # threshold: per-block temporaries would then be mmap'd and faulted in on every block.

@@ -210,6 +210,7 @@ def test_check_matrix_names_its_source():
 # ---------------------------------------------------------------------- train_bundle
 
 
+@pytest.mark.slow
 def test_train_bundle_reports_progress_in_order(digits, tmp_path):
     X, y = digits
     calls, events = [], []
@@ -246,6 +247,7 @@ def test_train_bundle_reports_progress_in_order(digits, tmp_path):
     assert events[-1].phase_fraction == 1.0
 
 
+@pytest.mark.slow
 def test_params_object_and_model_id(digits, tmp_path):
     X, _ = digits
     params = TrainingParams.from_dict({**SMALL, "n_clusters": None})
@@ -253,6 +255,7 @@ def test_params_object_and_model_id(digits, tmp_path):
     assert load_bundle(path).id == "the-id"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phase", ["fit", "compressor", "report", "export"])
 def test_stopping_writes_nothing(digits, tmp_path, phase):
     X, _ = digits
@@ -329,6 +332,7 @@ def test_data_the_methods_cannot_embed_is_refused_before_training(tmp_path, meth
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_object_arrays_of_strings_are_labels(digits, tmp_path):
     # What pandas and fetch_openml give: refused as "object" for a while.
     X, y = digits
@@ -339,6 +343,7 @@ def test_object_arrays_of_strings_are_labels(digits, tmp_path):
     assert set(bundle.embedding_map().label) <= {str(v) for v in range(10)}
 
 
+@pytest.mark.slow
 def test_sparse_data_far_from_zero_is_not_taken_for_constant(tmp_path):
     # E[x^2] - E[x]^2 in float32 cancelled to 0 here and refused it; the spread is ~0.02.
     rows = (1e4 + 0.01 * _ROWS).astype(np.float32)
@@ -349,6 +354,7 @@ def test_sparse_data_far_from_zero_is_not_taken_for_constant(tmp_path):
     assert load_bundle(path).input_dim == 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["mbn", "modular_kpca", "multilevel"])
 @pytest.mark.parametrize("scale", [1e-14, 1e14])
 def test_every_method_trains_at_the_edges_of_the_range(tmp_path, method, scale):
@@ -372,6 +378,7 @@ def test_a_directory_that_cannot_be_written_is_refused_before_training(digits):
         train_bundle(X[:50], "/proc/mbn-bundle", name="m", params=SMALL, progress=progress)
 
 
+@pytest.mark.slow
 def test_existing_bundle_is_refused_unless_overwrite(digits, tmp_path):
     X, _ = digits
     (tmp_path / "m").mkdir()
@@ -381,6 +388,7 @@ def test_existing_bundle_is_refused_unless_overwrite(digits, tmp_path):
     assert load_bundle(tmp_path / "m").name == "m2"
 
 
+@pytest.mark.slow
 def test_a_thin_manifold_trains_a_bundle_of_the_bottom_umap_output(tmp_path):
     # The default output="auto" with the default 400 clusterings: two rings are thin.
     X, _ = make_circles(400, factor=0.5, noise=0.04, random_state=7)
@@ -408,6 +416,7 @@ def test_a_thin_manifold_trains_a_bundle_of_the_bottom_umap_output(tmp_path):
     assert np.isfinite(bundle.embed(X[:30])).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("output", ["umap", "umap-bottom"])
 def test_an_output_that_keeps_codes_trains_a_bundle(digits, tmp_path, output):
     X, _ = digits

@@ -80,6 +80,7 @@ def test_trailing_slashes_are_404_not_307(
     assert_error(response, 404, "not_found")
 
 
+@pytest.mark.slow
 def test_shutdown_gives_the_running_job_back(
     tmp_path: Path, digits: Digits, write_bundle: Callable[..., Path]
 ) -> None:

@@ -18,6 +18,9 @@ from servicetest import make_settings
 
 from service.app import create_app
 
+# Slow: schemathesis generates dozens of requests for every operation of the API.
+pytestmark = pytest.mark.slow
+
 # The schema must exist when the module is collected (schemathesis' fixture-based loading does
 # not work with this pytest), so the app does too; its model is written before the first test.
 _DATA_DIR = Path(tempfile.mkdtemp(prefix="mbn-fuzz-"))

@@ -303,6 +303,7 @@ def maps(
     return lambda max_rows=100: MapsHandler(registry, max_rows=max_rows)
 
 
+@pytest.mark.slow
 def test_stored_map(maps, digits_map: EmbeddingMap, digits) -> None:
     view = maps().stored_map("mapped")
     assert (view.model_id, view.name) == ("m-mapped", "mapped")

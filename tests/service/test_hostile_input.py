@@ -17,6 +17,9 @@ import pytest
 from fastapi.testclient import TestClient
 from servicetest import FAST_JOBS_ENV, TINY_PARAMS, Server, assert_error
 
+# Slow: a real mbn serve process, attacked over raw HTTP.
+pytestmark = pytest.mark.slow
+
 ROW = [0.0] * 64
 TRAIN_BYTES = 64 << 20
 MIB = 1 << 20

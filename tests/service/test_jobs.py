@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mbn_core.pipeline.training import load_training_data
+from mbn_core.data.readers import load_training_data
 from service.errors import Conflict, NotFound, Overloaded, Unavailable
 from service.jobs import Job, JobFiles, JobStore, new_job_id
 from service.schemas import JobOut

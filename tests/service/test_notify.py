@@ -7,11 +7,15 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 from servicetest import TINY_PARAMS, make_settings, wait_for
 
 from service.jobs import JobFiles, JobStore, new_job_id
 from service.submission import Submitter, check_params
 from service.worker import Worker
+
+# Slow: stand-alone worker processes on PostgreSQL.
+pytestmark = pytest.mark.slow
 
 
 def test_a_queued_job_is_announced_to_listeners(postgres_url: str) -> None:

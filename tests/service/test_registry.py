@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import mbn_core.bundle.bundle as bundle_module
+import mbn_core.bundle.load as bundle_load
 from service.errors import Conflict, NotFound, Unavailable
 from service.registry import ModelRegistry
 
@@ -221,9 +221,9 @@ def test_exact_models_are_bounded_and_eviction_reads_nothing(
     expected = bundles[0].embed(x, mode="exact")
     # Count the bundle files read and hashed (the real function, called through).
     reads: list[str] = []
-    verify = bundle_module._verified_bytes
+    verify = bundle_load._verified_bytes
     monkeypatch.setattr(
-        bundle_module,
+        bundle_load,
         "_verified_bytes",
         lambda path, manifest, name, keep=True: (
             reads.append(name) or verify(path, manifest, name, keep)

@@ -19,7 +19,7 @@ import scipy.sparse as sp
 from fastapi.testclient import TestClient
 from servicetest import TINY_PARAMS, assert_error, make_settings, running_app, wait_for
 
-from mbn_core.pipeline.training import load_training_data
+from mbn_core.data.readers import load_training_data
 from service.aliases import AliasFile
 from service.jobs import JobFiles
 
@@ -330,6 +330,7 @@ def test_bad_job_queries_are_422(client: TestClient, query: dict) -> None:
     assert_error(client.get("/jobs", params=query), 422, "invalid_input")
 
 
+@pytest.mark.slow
 def test_only_a_job_that_asks_promotes_its_model(
     api: Callable[..., TestClient], digits: Digits
 ) -> None:

@@ -10,6 +10,9 @@ from servicetest import MAP_POINTS, assert_error
 from mbn_core.bundle import save_bundle
 from mbn_core.bundle.embedding_map import MAP_FILE
 
+# Slow: every test serves a model with its map (a layout of the model's embedding).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def mapped_api(api, tiny_model, digits_map) -> Callable[..., object]:

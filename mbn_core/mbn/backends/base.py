@@ -223,5 +223,19 @@ def _dask(*, n_jobs: int | None = None, callback: ProgressCallback | None = None
     return DaskBackend.on_default_client(n_jobs=n_jobs, callback=callback)
 
 
+def _cuda(*, n_jobs: int | None = None, callback: ProgressCallback | None = None) -> LayerBackend:
+    from mbn_core.mbn.backends.cuda import CudaBackend
+
+    return CudaBackend(n_jobs=n_jobs, callback=callback)
+
+
+def _gpu_present() -> bool:
+    from mbn_core.mbn.backends.cuda import gpu_count
+
+    return gpu_count() > 0
+
+
 register_backend("local", _local)
 register_backend("dask", _dask)
+# Not preferred: "auto" stays on the CPU unless asked (MBN's device="cuda" or "auto").
+register_backend("cuda", _cuda, available=_gpu_present)

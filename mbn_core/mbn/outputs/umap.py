@@ -72,8 +72,8 @@ class UmapNotInstalled(ImportError):
 
 
 # umap-learn's numba functions that a fit runs and that it compiles in every process without
-# caching them on disk (no cache=True): 5-6 s of each process's first UMAP-output fit, more than
-# a 2,000-row fit itself, and every service job is a new process. (module, name) pairs. The
+# caching them on disk (no cache=True): seconds of each process's first UMAP-output fit, more
+# than a small fit itself, and every service job is a new process. (module, name) pairs. The
 # layout epoch's parallel twin wraps the same Python function, and numba's cache index does not
 # record ``parallel``: cached too, each would load the other's code, so it is not listed.
 _UNCACHED_KERNELS = (

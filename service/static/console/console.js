@@ -179,19 +179,26 @@
     );
     const body = $("#models-table tbody");
     body.replaceChildren(
-      ...list.models.map((model, i) => modelRow(model, manifests[i] || {})),
+      ...list.models.map((model, i) => modelRow(model, manifests[i] || {}, list.models)),
     );
     $("#models-empty").hidden = list.models.length > 0;
     $("#models-table").hidden = list.models.length === 0;
     show("models");
   }
 
-  function modelRow(model, manifest) {
+  function modelRow(model, manifest, models) {
     const training = manifest.training || {};
     const method = manifest.method || (manifest.hyperparameters && manifest.hyperparameters.method) || "mbn";
     const reports = ["fidelity", "quality"]
       .filter((name) => manifest[name] && typeof manifest[name] === "object")
       .map((name) => reportDetails(name, manifest[name]));
+    if (model.state !== "damaged") {
+      reports.push(livePanel(model));
+      const versions = (models || []).filter(
+        (other) => other.name === model.name && other.id !== model.id && other.state !== "damaged",
+      );
+      if (versions.length) reports.push(versionsPanel(model, manifest, versions));
+    }
     return el(
       "tr",
       { "data-model-id": model.id },
@@ -226,6 +233,92 @@
       el("summary", {}, name),
       el("table", {}, el("tbody", {}, rows)),
     );
+  }
+
+  function num(value) {
+    return value === null || value === undefined ? "—" : formatNumber(value);
+  }
+
+  // The live monitor of this replica, fetched when opened (it may run a k-means).
+  function livePanel(model) {
+    const body = el("div", {}, "…");
+    const details = el(
+      "details",
+      { className: "report report-live" },
+      el("summary", {}, "live"),
+      body,
+    );
+    details.addEventListener("toggle", async () => {
+      if (!details.open) return;
+      try {
+        const monitor = await api(`/models/${encodeURIComponent(model.id)}/monitor`);
+        const live = monitor.live || {};
+        const rows = [
+          ["replica", monitor.replica],
+          ["rows seen", monitor.rows_seen],
+          ["shadow rows (window)", `${monitor.shadow_rows} (${monitor.window_shadow_rows})`],
+          ["R² live / training", `${num(live.r2)} / ${num((monitor.training || {}).r2)}`],
+          [
+            "median cosine live / training",
+            `${num(live.cosine_median)} / ${num((monitor.training || {}).cosine_median)}`,
+          ],
+          [
+            "cluster agreement live / training",
+            `${num(live.cluster_agreement)} / ${num((monitor.training || {}).cluster_agreement)}`,
+          ],
+          ["novel share", num(monitor.novelty_share)],
+          ["out of range share", num(monitor.out_of_range_share)],
+          ["last update", monitor.last_update ? new Date(monitor.last_update * 1000).toISOString() : "—"],
+          ["note", monitor.note],
+        ];
+        body.replaceChildren(
+          el("table", {}, el("tbody", {}, rows.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, String(v)))))),
+        );
+      } catch (error) {
+        body.replaceChildren(el("p", { className: "error" }, error.message));
+      }
+    });
+    return details;
+  }
+
+  // Other versions of the name, compared with this one on reference rows when opened.
+  function versionsPanel(model, manifest, versions) {
+    const alignment = manifest.alignment;
+    const body = el("div", {}, "…");
+    const details = el(
+      "details",
+      { className: "report report-versions" },
+      el("summary", {}, `versions (${versions.length + 1})`),
+      alignment
+        ? el("p", {}, `aligned to ${alignment.reference_model}, residual ${num(alignment.residual)}`)
+        : null,
+      body,
+    );
+    details.addEventListener("toggle", async () => {
+      if (!details.open) return;
+      const rows = await Promise.all(
+        versions.map(async (other) => {
+          try {
+            const report = await api(
+              `/models/${encodeURIComponent(model.id)}/compare/${encodeURIComponent(other.id)}`,
+            );
+            const fast = report.fast;
+            return el(
+              "tr",
+              {},
+              el("th", {}, other.id),
+              el("td", {}, `cosine ${num(fast.cosine_median)}`),
+              el("td", {}, `10-NN ${num(fast.knn_overlap)}`),
+              el("td", {}, `clusters ${num(fast.cluster_agreement)}`),
+            );
+          } catch (error) {
+            return el("tr", {}, el("th", {}, other.id), el("td", { colSpan: 3 }, error.message));
+          }
+        }),
+      );
+      body.replaceChildren(el("table", {}, el("tbody", {}, rows)));
+    });
+    return details;
   }
 
   function confirmDelete(model) {

@@ -1,0 +1,380 @@
+"""Reading a bundle: verify every file's size and SHA-256, then embed with either path.
+
+``load_bundle`` checks the manifest (``mbn_core.bundle.manifest``) and every file it lists and
+opens the fast path; the exact model is read, and verified again, when it is asked for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import threading
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from mbn_core.bundle.embedding_map import MAP_FILE, EmbeddingMap
+from mbn_core.bundle.manifest import (
+    HEAD_CENTERS,
+    MANIFEST,
+    ONNX_FILE,
+    OPTIONAL_FILES,
+    BundleError,
+    exact_file,
+    read_manifest,
+)
+from mbn_core.distill.compressor import MODES
+from mbn_core.distill.onnx import OnnxEmbedder
+from mbn_core.methods import Method, get_method
+
+
+class OutOfRangeInput(ValueError):
+    """Rows whose embedding overflowed to NaN or infinity: their values are too far outside
+    what the model was trained on (a fast path's MLP or kernel extrapolates without bound).
+
+    Attributes
+    ----------
+    rows : ndarray of int
+        The offending rows' indices in the batch.
+    """
+
+    def __init__(self, message: str, rows: np.ndarray) -> None:
+        super().__init__(message)
+        self.rows = rows
+
+
+@dataclass(frozen=True)
+class ExactModel:
+    """A bundle's exact model in memory: the method's fitted estimator and the clustering
+    head. An immutable value; whoever keeps one decides how long (the service's registry keeps
+    a few in an LRU cache; dropping one is dropping a reference, nothing is read again).
+
+    Make one with ``Bundle.load_exact``.
+    """
+
+    bundle_id: str
+    estimator: Any
+    centers: np.ndarray | None
+    # A version aligned to an earlier one (mbn_core.pipeline.alignment): the estimator's
+    # embedding times ``matrix`` plus ``shift``; None for an unaligned model.
+    alignment: tuple[np.ndarray, np.ndarray] | None = None
+
+    def embed_with_clusters(self, X) -> tuple[np.ndarray, np.ndarray | None]:
+        """Embedding (float32) and cluster ids (int64; None without a head) of checked X."""
+        embedding = np.asarray(self.estimator.transform(X), dtype=np.float32)
+        if self.alignment is not None:
+            matrix, shift = self.alignment
+            embedding = (embedding.astype(np.float64) @ matrix + shift).astype(np.float32)
+        if self.centers is None:
+            return embedding, None
+        scores = embedding @ (-2.0 * self.centers.T) + np.sum(self.centers**2, axis=1)
+        return embedding, np.argmin(scores, axis=1).astype(np.int64)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the estimator's arrays, when it says (``nbytes``), else 0."""
+        return int(getattr(self.estimator, "nbytes", 0) or 0)
+
+
+class Bundle:
+    """A verified, loaded bundle: an immutable value holding the manifest and the fast path.
+
+    Use ``load_bundle`` to make one. Thread safe: ``embed`` and ``predict_clusters`` may be
+    called from several threads. The exact model is not kept here: ``load_exact`` reads it
+    (verifying its hash) and returns it; pass it back as ``exact=`` to reuse it. Without it,
+    exact mode reads the model for that one call (fine for a script, not for a server).
+
+    Attributes
+    ----------
+    path : Path
+    manifest : dict
+        The parsed ``manifest.json`` (upgraded to the current format version).
+    id, name, created, method : str
+    input_dim, output_dim : int
+    n_clusters : int or None
+        Clusters of the clustering head; None without one.
+    """
+
+    def __init__(self, path: Path, manifest: dict[str, Any], embedder: OnnxEmbedder, threads: int):
+        self.path = path
+        self.manifest = manifest
+        self.id: str = manifest["id"]
+        self.name: str = manifest["name"]
+        self.created: str = manifest["created"]
+        self.method: str = manifest["method"]
+        self.input_dim: int = manifest["input_dim"]
+        self.output_dim: int = manifest["output_dim"]
+        self.n_clusters: int | None = manifest["n_clusters"]
+        self.threads = threads
+        self._embedder = embedder
+        self._map: EmbeddingMap | None = None
+        self._map_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Bundle(id={self.id!r}, name={self.name!r}, path={str(self.path)!r})"
+
+    def embed(self, X, mode: str = "fast", *, exact: ExactModel | None = None) -> np.ndarray:
+        """Embedding of X, float32 of shape (n_samples, output_dim).
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix of shape (n_samples, input_dim)
+            Finite real values.
+        mode : {"fast", "exact"}, default="fast"
+            The ONNX fast path, or the exact model.
+        exact : ExactModel, default=None
+            This bundle's exact model from ``load_exact``; None reads it for this call.
+        """
+        return self.embed_with_clusters(X, mode, exact=exact)[0]
+
+    def predict_clusters(
+        self, X, mode: str = "fast", *, exact: ExactModel | None = None
+    ) -> np.ndarray:
+        """Cluster id (int64) of each row: nearest k-means centroid of its embedding.
+
+        Raises ValueError when the bundle has no clustering head.
+        """
+        if self.n_clusters is None:
+            raise ValueError(f"model {self.id!r} has no clustering head")
+        clusters = self.embed_with_clusters(X, mode, exact=exact)[1]
+        assert clusters is not None
+        return clusters
+
+    def embed_with_clusters(
+        self, X, mode: str = "fast", *, exact: ExactModel | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Embedding (float32) and cluster ids (int64; None without a head) in one pass.
+
+        Cheaper than ``embed`` then ``predict_clusters``, which would run the model twice.
+        """
+        X = self._check_input(X, mode)
+        if mode == "fast":
+            result = self._embedder.run(X)
+        else:
+            if exact is None:
+                exact = self.load_exact()
+            elif exact.bundle_id != self.id:
+                raise ValueError(f"the exact model of {exact.bundle_id!r} is not {self.id!r}'s")
+            result = exact.embed_with_clusters(X)
+        _check_finite(result[0], mode)
+        return result
+
+    def load_exact(self) -> ExactModel:
+        """Read the exact model from the bundle's arrays, verifying their SHA-256 again.
+
+        Every call reads the file: keep the result to reuse it. Raises ``BundleError`` when
+        the file changed since the bundle was loaded.
+        """
+        estimator, centers = _load_exact(self.path, self.manifest, self.threads)
+        return ExactModel(
+            bundle_id=self.id,
+            estimator=estimator,
+            centers=centers,
+            alignment=_alignment(self.path, self.manifest),
+        )
+
+    @property
+    def has_map(self) -> bool:
+        """Whether the bundle holds a 2-D map of its training embedding."""
+        return MAP_FILE in self.manifest["files"]
+
+    def embedding_map(self) -> EmbeddingMap:
+        """The stored 2-D map (read, hash checked, on the first call).
+
+        Raises BundleError when the bundle has none (trained before maps, or without one)
+        or its file is damaged.
+        """
+        with self._map_lock:
+            if self._map is None:
+                file = self.path / MAP_FILE
+                if not self.has_map:
+                    raise BundleError(f"{file}: model {self.id!r} has no stored map")
+                data = _verified_bytes(self.path, self.manifest, MAP_FILE)
+                try:
+                    loaded = EmbeddingMap.from_bytes(data, str(file))
+                except ValueError as error:
+                    raise BundleError(str(error)) from None
+                if loaded.embedding.shape[1] != self.output_dim:
+                    raise BundleError(f"{file}: map embedding dimension disagrees")
+                self._map = loaded
+            return self._map
+
+    def optional_bytes(self, file_name: str) -> bytes:
+        """The verified bytes of one of ``OPTIONAL_FILES`` the bundle holds.
+
+        Raises BundleError when the bundle has none (``file_name not in
+        manifest["files"]``) or it is damaged.
+        """
+        if file_name not in OPTIONAL_FILES or file_name not in self.manifest["files"]:
+            raise BundleError(f"{self.path / file_name}: model {self.id!r} has no {file_name}")
+        return _verified_bytes(self.path, self.manifest, file_name)
+
+    def _check_input(self, X, mode: str):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if sp.issparse(X):
+            X = sp.csr_matrix(X, dtype=np.float32)
+            values = X.data
+        else:
+            try:
+                X = np.asarray(X, dtype=np.float32)
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"X must be a 2-D array of numbers: {error}") from None
+            values = X
+        if X.ndim != 2 or X.shape[1] != self.input_dim or X.shape[0] == 0:
+            raise ValueError(
+                f"X must have shape (n_samples >= 1, {self.input_dim}) for model "
+                f"{self.id!r}, got {tuple(X.shape)}"
+            )
+        if not np.isfinite(values).all():
+            raise ValueError("X contains NaN or infinity")
+        return X
+
+
+def _check_finite(embedding: np.ndarray, mode: str) -> None:
+    # On every embed: the whole-array test first, an order of magnitude cheaper than the
+    # per-row reduction, which only a failing batch needs.
+    if np.isfinite(embedding).all():
+        return
+    rows = np.flatnonzero(~np.isfinite(embedding).all(axis=1))
+    shown = ", ".join(str(row) for row in rows[:5]) + (", ..." if rows.size > 5 else "")
+    raise OutOfRangeInput(
+        f"{rows.size} row(s) ({shown}) embed to NaN or infinity in {mode} mode: their values "
+        "are too far outside the range the model was trained on",
+        rows,
+    )
+
+
+def load_bundle(directory: str | os.PathLike[str], *, threads: int = 1) -> Bundle:
+    """Read and verify a bundle directory.
+
+    Checks the manifest's format and version, then the size and SHA-256 of every file it
+    lists, then that the ONNX graph matches the manifest's dimensions. The exact model is
+    read later, on first use.
+
+    Parameters
+    ----------
+    directory : path
+        The bundle directory (never build it from untrusted input without
+        ``validate_model_id`` / ``bundle_path``).
+    threads : int, default=1
+        Threads of the ONNX session and of the exact model.
+
+    Raises
+    ------
+    BundleError
+        Naming the file: missing, truncated, tampered with, foreign, or of a format
+        version this code cannot read.
+    """
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    path = Path(directory)
+    if not path.is_dir():
+        what = "a file, not a bundle directory" if path.exists() else "no such bundle directory"
+        raise BundleError(f"{path}: {what}")
+    manifest = read_manifest(path)
+    for file_name in manifest["files"]:
+        _verified_bytes(path, manifest, file_name, keep=False)
+    onnx_bytes = _verified_bytes(path, manifest, ONNX_FILE)
+    try:
+        embedder = OnnxEmbedder(onnx_bytes, threads=threads)
+    except Exception as error:  # onnxruntime raises its own exception types
+        raise BundleError(f"{path / ONNX_FILE}: not a loadable compressor: {error}") from None
+    if (embedder.input_dim, embedder.output_dim) != (manifest["input_dim"], manifest["output_dim"]):
+        raise BundleError(
+            f"{path / ONNX_FILE}: maps {embedder.input_dim} -> {embedder.output_dim} dimensions "
+            f"but the manifest says {manifest['input_dim']} -> {manifest['output_dim']}"
+        )
+    if embedder.has_clusters != (manifest["n_clusters"] is not None):
+        raise BundleError(f"{path / ONNX_FILE}: clustering head disagrees with the manifest")
+    return Bundle(path, manifest, embedder, threads)
+
+
+def _verified_bytes(path: Path, manifest: dict[str, Any], file_name: str, keep: bool = True):
+    """Read a bundle file and check its size and SHA-256 against the manifest."""
+    file = path / file_name
+    entry = manifest["files"][file_name]
+    if file.is_symlink():
+        raise BundleError(f"{file}: a symbolic link; bundle files must be regular files")
+    try:
+        size = file.stat().st_size
+        if size != entry["bytes"]:
+            raise BundleError(
+                f"{file}: {size} bytes, the manifest says {entry['bytes']} "
+                f"({'truncated' if size < entry['bytes'] else 'changed'})"
+            )
+        digest = hashlib.sha256()
+        chunks = []
+        with file.open("rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+                if keep:
+                    chunks.append(chunk)
+    except FileNotFoundError:
+        raise BundleError(f"{file}: missing") from None
+    except OSError as error:
+        raise BundleError(f"{file}: cannot be read: {error.strerror}") from None
+    if digest.hexdigest() != entry["sha256"]:
+        raise BundleError(f"{file}: SHA-256 does not match the manifest (file was modified)")
+    return b"".join(chunks) if keep else None
+
+
+def _load_exact(
+    path: Path, manifest: dict[str, Any], threads: int
+) -> tuple[Any, np.ndarray | None]:
+    name = exact_file(manifest)
+    file = path / name
+    try:
+        method = get_method(manifest["method"])
+    except ValueError as error:
+        raise BundleError(f"{path / MANIFEST}: {error} (is the plug-in installed?)") from None
+    data = _verified_bytes(path, manifest, name)
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            arrays = {key: npz[key] for key in npz.files}
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as error:
+        raise BundleError(f"{file}: not a readable array archive: {error}") from None
+    centers = arrays.pop(HEAD_CENTERS, None)
+    try:
+        model = method.load(arrays, _load_params(method, manifest, threads))
+    except (TypeError, ValueError) as error:
+        raise BundleError(f"{file}: {error}") from None
+    n_features = getattr(model, "n_features_in_", manifest["input_dim"])
+    n_components = getattr(model, "n_components_", manifest["output_dim"])
+    if (n_features, n_components) != (manifest["input_dim"], manifest["output_dim"]):
+        raise BundleError(f"{file}: model dimensions disagree with the manifest")
+    if manifest["n_clusters"] is not None and (
+        centers is None or centers.shape != (manifest["n_clusters"], manifest["output_dim"])
+    ):
+        raise BundleError(f"{file}: clustering head centroids missing or misshapen")
+    return model, None if centers is None else centers.astype(np.float32)
+
+
+def _alignment(path: Path, manifest: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The exact path's map into the space of the model it was aligned to (the manifest's
+    ``alignment`` section), or None."""
+    section = manifest.get("alignment")
+    if section is None:
+        return None
+    c = manifest["output_dim"]
+    try:
+        matrix = np.asarray(section["matrix"], dtype=np.float64)
+        shift = np.asarray(section["shift"], dtype=np.float64)
+    except (KeyError, TypeError, ValueError):
+        matrix = shift = np.empty(0)
+    if matrix.shape != (c, c) or shift.shape != (c,) or not np.isfinite(matrix).all():
+        raise BundleError(f"{path / MANIFEST}: alignment section malformed")
+    return matrix, shift
+
+
+def _load_params(method: Method, manifest: dict[str, Any], threads: int) -> dict[str, Any]:
+    """The estimator's parameters as stored, with the reader's thread count."""
+    params = dict(manifest["hyperparameters"].get(method.name, {}))
+    if "n_jobs" in method.constraints:
+        params["n_jobs"] = threads
+    return params

@@ -1,0 +1,285 @@
+"""Exact bottom-layer codes in integer arithmetic, for small-integer data (images).
+
+When every input value and every center value is a whole number and they all lie within 256
+consecutive integers, a clustering's nearest center needs no floating point at all:
+
+- distances do not change when rows and centers are shifted by the same amount, so the rows
+  are stored as ``x - low`` in uint8 and the centers as ``w - low - 128`` in int8;
+- ``|x - w|^2 = |x|^2 - 2 x.w + |w|^2``, and every term that depends on the row alone drops
+  out of the arg-min, so the nearest center maximises ``2 x'.b - |w'|^2`` with ``x' = x - low``,
+  ``b = w' - 128`` and ``w' = w - low`` (a row constant ``128 * sum(x')`` dropped as well);
+- ``x'.b`` is a u8 x s8 integer GEMM (ONNX Runtime's ``MatMulInteger``, VNNI on x86), exact in
+  int32 while ``d * 255 * 128 < 2**31``; the rest is int64 in ``integer_best``.
+
+The float path ranks in float32 and re-ranks near ties in float64, which for whole numbers is
+exact: it returns the exact nearest center, lowest index on ties. These scores are exact, so
+the arg-max with the lowest index gives the same codes with no re-rank. Cosine similarity is
+rebuilt exactly as the float path's re-rank computes it (an exact integer dot product divided
+by the float64 square root of an exact integer norm), so it matches too.
+
+Data that does not qualify (fractions, a wider range, sparse input) is left to the float path:
+``integer_rows`` returns None, and so does everything else here when the integer kernel would
+not be exact on this machine (``kernel_is_exact``).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+# Values must fit in 256 consecutive integers: uint8 rows, int8 centers.
+LEVELS = 256
+_B_OFFSET = 128
+# x'.b summed in int32 by the GEMM: |x'.b| <= d * 255 * 128 must stay below 2**31.
+MAX_CHOSEN_DIMENSIONS = (2**31 - 1) // ((LEVELS - 1) * _B_OFFSET)
+# Euclidean scores 2 x'.b - |w'|^2 stay in int32 (the fast arg-max) up to this many.
+MAX_INT32_SCORE_DIMENSIONS = (2**31 - 1) // (2 * (LEVELS - 1) * _B_OFFSET + (LEVELS - 1) ** 2)
+# Rows per GEMM call: bounds the (rows, k) int32 scores each thread holds.
+_BLOCK_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class IntegerRows:
+    """Dense rows stored as ``values - low`` in uint8, the bottom layer's integer input.
+
+    Attributes
+    ----------
+    shifted : ndarray of shape (n, d), uint8
+        The rows minus ``low``.
+    low : int
+        The common shift; rows and the centers they are scored against all lie in
+        [low, low + 255].
+    """
+
+    shifted: np.ndarray
+    low: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.shifted.shape[0]), int(self.shifted.shape[1]))
+
+
+def integral_range(values: np.ndarray) -> tuple[int, int] | None:
+    """(min, max) of ``values`` seen as float32 when all are whole numbers, else None.
+
+    float32 is what the float path computes with, so a float64 value that rounds to a whole
+    float32 number counts as that number there and here alike.
+    """
+    if values.size == 0:
+        return None
+    low = high = None
+    for start in range(0, values.shape[0], 4096):
+        block = np.asarray(values[start : start + 4096], dtype=np.float32)
+        if not np.array_equal(block, np.rint(block)):  # NaN and inf fail here too
+            return None
+        block_low, block_high = float(block.min()), float(block.max())
+        low = block_low if low is None else min(low, block_low)
+        high = block_high if high is None else max(high, block_high)
+    assert low is not None and high is not None
+    return int(low), int(high)
+
+
+def integer_rows(X: np.ndarray, center_data: np.ndarray) -> IntegerRows | None:
+    """``X`` as ``IntegerRows`` for scoring against ``center_data``, or None when the rows
+    and centers together are not whole numbers within 256 consecutive integers (or the
+    integer kernel is not exact on this machine).
+
+    ``X`` is the validated dense input (n, d); ``center_data`` the bottom layer's stored
+    center rows (n_center_rows, d), whose values every center takes.
+    """
+    if not kernel_is_exact():
+        return None
+    rows_range = integral_range(X)
+    centers_range = integral_range(center_data)
+    if rows_range is None or centers_range is None:
+        return None
+    low = min(rows_range[0], centers_range[0])
+    high = max(rows_range[1], centers_range[1])
+    if high - low >= LEVELS:
+        return None
+    shifted = np.empty(X.shape, dtype=np.uint8)
+    for start in range(0, X.shape[0], 4096):
+        block = np.asarray(X[start : start + 4096], dtype=np.float32)
+        shifted[start : start + 4096] = block - np.float32(low)
+    return IntegerRows(shifted=shifted, low=low)
+
+
+def integer_codes(
+    rows: IntegerRows,
+    features: np.ndarray,
+    center_values: np.ndarray,
+    metric: str,
+) -> np.ndarray:
+    """Nearest center of every row for one bottom clustering, exactly, in integers.
+
+    Parameters
+    ----------
+    rows : IntegerRows
+    features : ndarray of shape (d_chosen,)
+        The clustering's chosen input dimensions.
+    center_values : ndarray of shape (k, d_chosen), float32
+        The centers on them (``BottomLayer.center_values``), whole numbers within the rows'
+        256 levels.
+    metric : {"euclidean", "cosine"}
+
+    Returns
+    -------
+    codes : ndarray of shape (n,), int32
+        The float path's codes: the nearest center, lowest index on exact ties.
+    """
+    n_rows = rows.shape[0]
+    n_centers, n_chosen = center_values.shape
+    if n_chosen > MAX_CHOSEN_DIMENSIONS:
+        raise ValueError(
+            f"{n_chosen} chosen dimensions exceed the integer kernel's exact range "
+            f"({MAX_CHOSEN_DIMENSIONS}); integer_rows' caller must take the float path"
+        )
+    # Whole numbers in [low, low + 255]: exact in float32, and in int16 once shifted.
+    centers = center_values.astype(np.int16) - np.int16(rows.low)  # in [0, 255]
+    b = np.ascontiguousarray((centers - _B_OFFSET).astype(np.int8).T)  # (d_chosen, k)
+    cosine = metric == "cosine"
+    fast = not cosine and n_chosen <= MAX_INT32_SCORE_DIMENSIONS
+    if cosine:
+        original = centers.astype(np.int64) + rows.low
+        center_term = np.square(original).sum(axis=1)  # |w|^2, exact
+        b_sums = b.sum(axis=0, dtype=np.int64)
+    else:
+        center_term = np.square(centers.astype(np.int32)).sum(axis=1, dtype=np.int64)  # |w'|^2
+        b_sums = np.zeros(n_centers, dtype=np.int64)
+    center_term32 = center_term.astype(np.int32) if fast else center_term
+    codes = np.empty(n_rows, dtype=np.int32)
+    block = max(1, min(n_rows, _BLOCK_BYTES // (4 * max(n_centers, 1))))
+    session = _session()
+    for start in range(0, n_rows, block):
+        stop = min(start + block, n_rows)
+        a = np.ascontiguousarray(np.take(rows.shifted[start:stop], features, axis=1))
+        dots = session.run(None, {"A": a, "B": b})[0]
+        if fast:
+            euclidean_best(dots, center_term32, codes[start:stop])
+            continue
+        row_sums = a.sum(axis=1, dtype=np.int64)
+        integer_best(
+            dots, center_term, b_sums, row_sums, rows.low, n_chosen, cosine, codes[start:stop]
+        )
+    return codes
+
+
+@njit(nogil=True, cache=True)
+def euclidean_best(dots, center_term, best):
+    """First arg-max of ``2 * dots - center_term`` per row, in int32 (the caller checked
+    that it cannot overflow): one vectorised pass for the maximum, one for its first index."""
+    n_rows, k = dots.shape
+    scores = np.empty(k, np.int32)
+    for i in range(n_rows):
+        row = dots[i]
+        top = np.int32(-(2**31))
+        for j in range(k):
+            score = np.int32(2) * row[j] - center_term[j]
+            scores[j] = score
+            top = max(top, score)
+        first = np.int32(k)
+        for j in range(k):
+            first = min(first, np.int32(j) if scores[j] == top else np.int32(k))
+        best[i] = first
+
+
+@njit(nogil=True, cache=True)
+def integer_best(dots, center_term, b_sums, row_sums, low, n_chosen, cosine, best):
+    """Each row's best center (the first arg-max) from the exact integer products ``dots``
+    (= x'.b).
+
+    Euclidean: maximise ``2 * dots - center_term`` (``center_term`` = |w'|^2). Cosine:
+    maximise ``x.w / sqrt(|w|^2)`` in float64, computed as the float path's re-rank computes
+    it, with ``x.w`` rebuilt exactly from x'.b, the row sums of x', the column sums of b
+    (``b_sums``) and the shift ``low`` (``center_term`` = |w|^2; a zero center scores 0).
+    """
+    n_rows, k = dots.shape
+    norms = np.empty(k, np.float64)
+    if cosine:
+        for j in range(k):
+            norms[j] = np.sqrt(np.float64(center_term[j]))
+    c = np.int64(_B_OFFSET) + np.int64(low)
+    for i in range(n_rows):
+        top = -np.inf
+        top_at = 0
+        row_term = c * row_sums[i] + np.int64(n_chosen) * np.int64(low) * c
+        for j in range(k):
+            if cosine:
+                dot = np.int64(dots[i, j]) + row_term + np.int64(low) * b_sums[j]
+                score = np.float64(dot) / norms[j] if norms[j] > 0 else 0.0
+            else:
+                score = np.float64(2 * np.int64(dots[i, j]) - center_term[j])
+            if score > top:
+                top = score
+                top_at = j
+        best[i] = top_at
+
+
+_lock = threading.RLock()
+_state: dict[str, object] = {}
+
+
+def kernel_is_exact() -> bool:
+    """Whether ONNX Runtime's u8 x s8 ``MatMulInteger`` sums exactly on this machine.
+
+    x86 CPUs without VNNI multiply u8 x s8 pairs with a saturating 16-bit instruction
+    (``vpmaddubsw``), which clips large products; a probe of the extreme values (255 x -128
+    pairs) and of random ones finds out once per process.
+    """
+    with _lock:
+        if "exact" not in _state:
+            _state["exact"] = _probe()
+        return bool(_state["exact"])
+
+
+def _probe() -> bool:
+    try:
+        session = _session()
+    except Exception:  # no usable onnxruntime: the float path serves
+        return False
+    rng = np.random.default_rng(0)
+    cases = [
+        (np.full((8, 64), 255, np.uint8), np.full((64, 16), -128, np.int8)),
+        (np.full((8, 64), 255, np.uint8), np.full((64, 16), 127, np.int8)),
+        (
+            rng.integers(0, 256, (64, 300), dtype=np.uint8),
+            rng.integers(-128, 128, (300, 40), dtype=np.int8),
+        ),
+    ]
+    for a, b in cases:
+        got = session.run(None, {"A": a, "B": b})[0]
+        if not np.array_equal(got, a.astype(np.int64) @ b.astype(np.int64)):
+            return False
+    return True
+
+
+def _session():
+    """One ONNX Runtime session holding a single MatMulInteger, shared by all threads
+    (``run`` is thread-safe); one intra-op thread, since clusterings run in parallel."""
+    with _lock:
+        return _session_locked()
+
+
+def _session_locked():
+    session = _state.get("session")
+    if session is None:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+
+        a = helper.make_tensor_value_info("A", TensorProto.UINT8, [None, None])
+        b = helper.make_tensor_value_info("B", TensorProto.INT8, [None, None])
+        y = helper.make_tensor_value_info("Y", TensorProto.INT32, [None, None])
+        node = helper.make_node("MatMulInteger", ["A", "B"], ["Y"])
+        graph = helper.make_graph([node], "mm", [a, b], [y])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        session = ort.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        _state["session"] = session
+    return session

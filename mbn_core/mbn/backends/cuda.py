@@ -1,0 +1,419 @@
+"""MBN on one NVIDIA GPU: every layer's codes computed there, the CPU's codes bit for bit.
+
+``MBN(device="cuda")`` fits and encodes through ``CudaBackend``, the backend registered as
+"cuda" (``backends.base``). The array code is
+``gpu_arrays``, written against a namespace ``xp``: CuPy here, numpy in the tests, where the
+same runner runs on the CPU. CuPy is imported lazily; without it (the ``gpu`` extra) or
+without a visible GPU, ``device="cuda"`` is refused with a ValueError that says so.
+
+Memory: the input is uploaded in row blocks that fit the budget (``device_budget``), and
+each bottom clustering is scored block by block, so the data need not fit on the card; the
+upper layers hold the (n, V) codes and their posting lists on the device (``max_rows``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from mbn_core.mbn._integer_scores import integral_range
+from mbn_core.mbn.backends import gpu_arrays as ga
+from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback
+from mbn_core.mbn.bottom import BottomLayer, input_row_norms
+from mbn_core.mbn.dtypes import smallest_uint
+from mbn_core.mbn.encoders import UpperClusterings
+from mbn_core.mbn.upper import UpperLayer
+
+log = logging.getLogger(__name__)
+
+DEVICES = ("cpu", "cuda", "auto")
+INSTALL_HINT = "pip install 'mbn[gpu]' (CuPy for your CUDA version, e.g. cupy-cuda12x)"
+# Bytes of scores (rows x centers) held on the device at once per block (at most a quarter
+# of the budget).
+_SCORE_BYTES = 4 << 30
+# Bytes of input rows uploaded at once.
+_INPUT_BYTES = 8 << 30
+# Device bytes per row and clustering that the upper layers hold at their peak: the codes
+# (int32, as batch and as centers), their keys (int64), the sort's output and scratch, and
+# the posting lists.
+_UPPER_BYTES_PER_CODE = 48
+
+_COUNT_SOURCE = r"""
+extern "C" __global__ void count_shared(
+    const int* __restrict__ rows, const long long* __restrict__ start,
+    const int* __restrict__ length, const int* __restrict__ owner, const long long n_lists,
+    const int row_start, const int row_stop, const int k, int* __restrict__ counts)
+{
+    // One warp per posting list: its points each share one more kept code with the
+    // list's center.
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (warp >= n_lists) return;
+    const long long s = start[warp];
+    const int len = length[warp];
+    const int j = owner[warp];
+    for (int p = lane; p < len; p += 32) {
+        const int i = rows[s + p];
+        if (i >= row_start && i < row_stop) {
+            atomicAdd(&counts[(long long)(i - row_start) * k + j], 1);
+        }
+    }
+}
+"""
+
+
+def require_cupy() -> Any:
+    """The ``cupy`` module, or ImportError saying what to install."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise ImportError(f'device="cuda" needs CuPy: {INSTALL_HINT}') from exc
+    return cupy
+
+
+def gpu_count() -> int:
+    """NVIDIA GPUs CuPy can see (0 without CuPy or a driver)."""
+    try:
+        cupy = require_cupy()
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # no CuPy, no driver, no device: all mean "none here"
+        return 0
+
+
+def resolve_device(device: str) -> str:
+    """ "cpu" or "cuda" for the ``device`` parameter; ValueError when "cuda" cannot run."""
+    if device not in DEVICES:
+        raise ValueError(f"device={device!r} must be one of {', '.join(DEVICES)}")
+    if device == "cpu":
+        return "cpu"
+    if device == "auto":
+        return "cuda" if gpu_count() > 0 else "cpu"
+    try:
+        require_cupy()
+    except ImportError as exc:
+        raise ValueError(str(exc)) from None
+    if gpu_count() == 0:
+        raise ValueError(
+            'device="cuda" but CUDA finds no NVIDIA GPU here; use device="cpu" or "auto"'
+        )
+    return "cuda"
+
+
+def device_name() -> str:
+    """The name of the GPU ``device="cuda"`` uses (device 0 of CuPy's current device)."""
+    cupy = require_cupy()
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    name = props["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def device_budget(xp: Any) -> int:
+    """Bytes the backend may use on the device (numpy: a fixed 16 GiB, for the tests)."""
+    if xp is np:
+        return 16 << 30
+    free, _total = xp.cuda.runtime.memGetInfo()
+    return int(free * 0.8)
+
+
+def max_rows(n_clusterings: int, budget: int) -> int:
+    """Rows whose upper-layer codes and posting lists fit ``budget`` device bytes."""
+    return budget // (_UPPER_BYTES_PER_CODE * n_clusterings)
+
+
+@functools.lru_cache(maxsize=1)
+def _count_kernel() -> Any:
+    cupy = require_cupy()
+    return cupy.RawKernel(_COUNT_SOURCE, "count_shared")
+
+
+def _kernel_counter(xp: Any) -> ga.Counter:
+    """The CUDA kernel counting shared codes (``gpu_arrays.count_shared_codes``' job)."""
+    kernel = _count_kernel()
+
+    def count(postings, lists, k, row_start, row_stop):
+        if _kernel_state.get("failed"):
+            return ga.count_shared_codes(xp, postings, lists, k, row_start, row_stop)
+        try:
+            return launch(postings, lists, k, row_start, row_stop)
+        except Exception as exc:  # NVRTC missing or too old: the array code counts the same
+            log.warning("CUDA count kernel unavailable (%s); counting with array code", exc)
+            _kernel_state["failed"] = True
+            return ga.count_shared_codes(xp, postings, lists, k, row_start, row_stop)
+
+    def launch(postings, lists, k, row_start, row_stop):
+        counts = xp.zeros((row_stop - row_start, k), dtype=xp.int32)
+        n_lists = int(lists.length.size)
+        if n_lists:
+            threads = 256
+            blocks = (n_lists * 32 + threads - 1) // threads
+            kernel(
+                (blocks,),
+                (threads,),
+                (
+                    postings.rows, lists.start, lists.length, lists.owner, np.int64(n_lists),
+                    np.int32(row_start), np.int32(row_stop), np.int32(k), counts,
+                ),
+            )  # fmt: skip
+        return counts
+
+    return count
+
+
+_kernel_state: dict[str, bool] = {}
+
+
+def kernel_in_use() -> str:
+    """Which counter the upper layers used: the CUDA kernel or its array-code reference."""
+    return "array code (bincount)" if _kernel_state.get("failed") else "CUDA kernel"
+
+
+def _reference_counter(xp: Any) -> ga.Counter:
+    return lambda postings, lists, k, start, stop: ga.count_shared_codes(
+        xp, postings, lists, k, start, stop
+    )
+
+
+_last_gemm: dict[str, bool] = {}
+
+
+def tf32_used() -> bool:
+    """Whether the last bottom layer's GEMMs ran in TF32."""
+    return bool(_last_gemm.get("tf32"))
+
+
+class _TF32:
+    """Allows TF32 in CuPy's float32 matmul inside the block, where the inputs are exact in
+    it (whole numbers up to 2048); restores the previous setting after. No-op for numpy or
+    when CuPy lacks the switch."""
+
+    def __init__(self, xp: Any, allowed: bool) -> None:
+        self.xp, self.allowed, self.previous = xp, allowed, None
+        self.used = False
+
+    def __enter__(self) -> _TF32:
+        if not self.allowed or self.xp is np:
+            return self
+        try:
+            from cupy._core import _routines_linalg as linalg
+
+            self.previous = linalg.get_compute_type(np.float32)
+            linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
+            self.used = True
+        except Exception as exc:  # a CuPy without the switch: plain float32, same codes
+            log.info("TF32 not available in this CuPy (%s); float32 GEMMs", exc)
+            self.previous = None
+        _last_gemm["tf32"] = self.used
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.used:
+            from cupy._core import _routines_linalg as linalg
+
+            linalg.set_compute_type(np.float32, self.previous)
+
+
+# ---------------------------------------------------------------------- bottom layer
+
+
+def bottom_layer_codes(
+    xp: Any,
+    layer: BottomLayer,
+    X: np.ndarray,
+    code_dtype: type[np.unsignedinteger],
+    report: Callable[[int, int], None] | None = None,
+    budget: int | None = None,
+) -> np.ndarray:
+    """(n, V) bottom codes of dense X on the device; ``report(done, total)`` hears each
+    clustering."""
+    if sp.issparse(X) or sp.issparse(layer.center_data):
+        raise ValueError("the CUDA backend takes dense input; sparse input trains on the CPU")
+    n_rows, _ = X.shape
+    V, k = layer.centers.shape
+    X32 = np.ascontiguousarray(X, dtype=np.float32)
+    rows_range, centers_range = integral_range(X32), integral_range(layer.center_data)
+    integer = rows_range is not None and centers_range is not None
+    tf32 = False
+    if integer:
+        assert rows_range is not None and centers_range is not None
+        low, high = min(rows_range[0], centers_range[0]), max(rows_range[1], centers_range[1])
+        integer = ga.integer_exact(low, high, layer.n_features)
+        tf32 = integer and max(abs(low), abs(high)) <= ga.TF32_EXACT_MAX
+    budget = device_budget(xp) if budget is None else budget
+    score_bytes = min(_SCORE_BYTES, budget // 4)
+    block = max(1, min(n_rows, score_bytes // (4 * k), _INPUT_BYTES // (4 * X32.shape[1] + 1)))
+    n_blocks = (n_rows + block - 1) // block
+    # Kept in its compact dtype (uint8 for pixels), gathered to float32 per clustering.
+    center_data = xp.asarray(layer.center_data)
+    centers = xp.asarray(layer.centers.astype(np.int64))
+    norms = input_row_norms(X32)
+    codes = np.empty((n_rows, V), dtype=code_dtype)
+    features = [layer.features(v) for v in range(V)]
+    with _TF32(xp, tf32):
+        for b, start in enumerate(range(0, n_rows, block)):
+            stop = min(start + block, n_rows)
+            X_block = xp.asarray(X32[start:stop])
+            tolerance_norms = xp.asarray(norms[start:stop])
+            for v in range(V):
+                chosen = xp.asarray(features[v])
+                if layer.shift_masks is None:
+                    values = xp.take(xp.take(center_data, centers[v], axis=0), chosen, axis=1)
+                    values = values.astype(xp.float32)
+                else:
+                    values = xp.asarray(layer.center_values(v))
+                prepared = ga.prepare_centers(xp, values, layer.metric, integer)
+                A = xp.ascontiguousarray(xp.take(X_block, chosen, axis=1))
+                scores = ga.score_block(xp, A, prepared, layer.metric)
+                tolerance = ga.row_tolerance(xp, tolerance_norms, prepared)
+                host_rows = _HostRows(X32, start, features[v], layer, v)
+                best = _pick(xp, scores, tolerance, A, prepared, layer.metric, integer, host_rows)
+                codes[start:stop, v] = _to_host(xp, best)
+                if report is not None:
+                    report((b * V + v + 1) // n_blocks, V)
+    return codes
+
+
+class _HostRows:
+    """The host's view of one block and clustering, for the CPU's re-rank of float data."""
+
+    def __init__(self, X32: np.ndarray, start: int, features: np.ndarray, layer, v: int):
+        self.X32, self.start, self.features, self.layer, self.v = X32, start, features, layer, v
+
+    def rows(self, local: np.ndarray) -> np.ndarray:
+        return self.X32[self.start + local][:, self.features]
+
+    @functools.cached_property
+    def values(self) -> np.ndarray:
+        return self.layer.center_values(self.v)
+
+
+def _pick(xp, scores, tolerance, A, prepared, metric, integer, host_rows):
+    """Each row's best center: the first arg-max, near ties re-ranked exactly."""
+    best, near = ga.best_and_near_ties(xp, scores, tolerance)
+    near_rows = xp.flatnonzero(near)
+    if int(near_rows.size) == 0:
+        return best
+    if integer:
+        rows64 = A[near_rows].astype(xp.float64)
+        best[near_rows] = ga.exact_best_on_device(xp, rows64, prepared, metric)
+    else:
+        local = _to_host(xp, near_rows)
+        exact = ga.exact_best_on_host(
+            _to_host(xp, scores[near_rows]),
+            _to_host(xp, tolerance[near_rows]),
+            host_rows.rows(local),
+            host_rows.values,
+            metric,
+        )
+        best[near_rows] = xp.asarray(exact)
+    return best
+
+
+def _to_host(xp: Any, array: Any) -> np.ndarray:
+    return array if xp is np else xp.asnumpy(array)
+
+
+# ---------------------------------------------------------------------- upper layers
+
+
+def upper_layer_codes(
+    xp: Any,
+    batch_codes: np.ndarray,
+    center_codes: np.ndarray,
+    centers: np.ndarray,
+    seeds: np.ndarray,
+    n_values: int,
+    feature_fraction: float,
+    code_dtype: type[np.unsignedinteger],
+    report: Callable[[int, int], None] | None = None,
+    counter: ga.Counter | None = None,
+) -> np.ndarray:
+    """(n, V) codes of an upper layer for the batch's previous-layer ``batch_codes``.
+
+    ``center_codes`` are the previous-layer codes of the rows ``centers`` (V, k) index.
+    """
+    counter = counter or (_kernel_counter(xp) if xp is not np else _reference_counter(xp))
+    n_points = batch_codes.shape[0]
+    V, k = centers.shape
+    postings = ga.build_postings(xp, xp.asarray(batch_codes.astype(np.int32)), n_values)
+    stored = xp.asarray(np.asarray(center_codes).astype(np.int32))
+    block = max(1, min(n_points, _SCORE_BYTES // (4 * k)))
+    out = np.empty((n_points, V), dtype=code_dtype)
+    for w in range(V):
+        rows = xp.asarray(centers[w].astype(np.int64))
+        lists = ga.center_lists(xp, postings, stored[rows], seeds[w], feature_fraction)
+        for start in range(0, n_points, block):
+            stop = min(start + block, n_points)
+            counts = counter(postings, lists, k, start, stop)
+            best = ga.upper_block_codes(counts)
+            out[start:stop, w] = _to_host(xp, best)
+        if report is not None:
+            report(w + 1, V)
+    return out
+
+
+# ---------------------------------------------------------------------- the backend
+
+
+class CudaBackend(LayerBackend):
+    """Computes every layer on the device of ``xp`` (CuPy's current GPU; numpy runs the same
+    code on the CPU, as the tests do). Sparse input has no device path: its bottom layer runs
+    on the local backend's threads, with the same codes."""
+
+    name = "cuda"
+
+    def __init__(
+        self,
+        *,
+        n_jobs: int | None = None,
+        callback: ProgressCallback | None = None,
+        xp: Any = None,
+    ) -> None:
+        super().__init__(n_jobs=n_jobs, callback=callback)
+        self.xp = require_cupy() if xp is None else xp
+        self._local: LayerBackend | None = None
+
+    def close(self) -> None:
+        if self._local is not None:
+            self._local.close()
+        if self.xp is not np:
+            self.xp.get_default_memory_pool().free_all_blocks()
+
+    def bottom_codes(self, layer: BottomLayer, X) -> np.ndarray:
+        if sp.issparse(X) or sp.issparse(layer.center_data):
+            from mbn_core.mbn.backends.local import LocalBackend
+
+            self._local = self._local or LocalBackend(n_jobs=self.n_jobs, callback=self.callback)
+            return self._local.bottom_codes(layer, X)
+        code_dtype = smallest_uint(layer.n_centers - 1)
+        return bottom_layer_codes(self.xp, layer, X, code_dtype, self._reporter(0))
+
+    def fit_upper_codes(
+        self, index: int, codes: np.ndarray, clusterings: UpperClusterings
+    ) -> np.ndarray:
+        return upper_layer_codes(
+            self.xp, codes, codes, clusterings.centers, clusterings.seeds,
+            clusterings.n_values, clusterings.feature_fraction,
+            smallest_uint(clusterings.n_centers - 1), self._reporter(index),
+        )  # fmt: skip
+
+    def upper_codes(self, index: int, codes: np.ndarray, layer: UpperLayer) -> np.ndarray:
+        return upper_layer_codes(
+            self.xp, codes, layer.center_codes, layer.centers.astype(np.int64), layer.seeds,
+            layer.n_values, layer.feature_fraction, smallest_uint(layer.n_centers - 1),
+        )  # fmt: skip
+
+    def _reporter(self, layer: int) -> Callable[[int, int], None]:
+        return lambda done, total: self.report(layer, done, total)
+
+
+def numpy_backend(
+    *, n_jobs: int | None = None, callback: ProgressCallback | None = None
+) -> CudaBackend:
+    """The CUDA backend's code run with numpy on the CPU (a ``BackendFactory``, for
+    ``use_backend``): what the tests and ``bench_gpu.py --device cpu`` check."""
+    return CudaBackend(n_jobs=n_jobs, callback=callback, xp=np)

@@ -1,0 +1,250 @@
+"""MBN's layers as array code over a namespace ``xp``: CuPy on a GPU, numpy in the tests.
+
+Everything the CUDA backend (``backends.cuda``) computes goes through these functions, so
+their logic runs in CI with ``xp = numpy`` and on a GPU with ``xp = cupy``. Only the
+posting-list count has a kernel of its own on the GPU (``backends.cuda``); its reference here
+(``count_shared_codes``) counts the same pairs with ``bincount``.
+
+The codes are the CPU's, bit for bit:
+
+- bottom layer: float32 scores (TF32 allowed where the inputs are exact in it), the first
+  arg-max, and every row whose runner-up lies within the scores' rounding-error bound
+  re-ranked exactly. Small-integer data are re-ranked on the device in float64, which is exact
+  for them (every sum is a whole number below 2**53); other data are re-ranked on the host by
+  the CPU's own ``_exact_best``. Either way the result is the float64 nearest center, lowest
+  index on exact ties, as in ``bottom._pick_centers``.
+- upper layers: the number of kept one-hot dimensions each point shares with each center,
+  counted through the points' posting lists (never a dense one-hot product), then the first
+  arg-max: the CPU kernels' rule (ties to the lowest center, 0 when nothing is shared).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mbn_core.mbn.bottom import _TIE_MARGIN, _exact_best
+from mbn_core.mbn.upper import keep_threshold
+
+# splitmix64, as ``_kernels._splitmix64``.
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+# Unit roundoff of the GPU's float32 scores, taken as a whole float32 epsilon: TF32 tensor
+# cores may truncate rather than round their float32 sums, which doubles the per-step error.
+_GPU_UNIT = float(np.finfo(np.float32).eps)
+# Whole numbers up to this magnitude are exact in TF32 (11 significant bits).
+TF32_EXACT_MAX = 2048
+# float64 sums of products of whole numbers stay exact below this.
+_FLOAT64_EXACT = 2.0**53
+
+
+def splitmix64(xp: Any, seed: np.uint64, keys: Any) -> Any:
+    """``_kernels._splitmix64(seed, key)`` for an array of uint64 ``keys``."""
+    z = xp.uint64(seed) + keys.astype(xp.uint64) * _GOLDEN
+    z = (z ^ (z >> xp.uint64(30))) * _MIX1
+    z = (z ^ (z >> xp.uint64(27))) * _MIX2
+    return z ^ (z >> xp.uint64(31))
+
+
+# ---------------------------------------------------------------------- bottom layer
+
+
+@dataclass(frozen=True)
+class BottomCenters:
+    """One bottom clustering's centers, prepared for scoring on the device."""
+
+    values_t: Any  # (d_chosen, k) float32: the GEMM's right-hand side
+    center_term: Any  # (k,) float32: -|w|^2 / 2 (Euclidean) or 1 / |w| (cosine, 1 for 0)
+    values64: Any | None  # (k, d_chosen) float64 for the exact re-rank, integer data only
+    sq_norms64: Any | None  # (k,) float64 exact |w|^2, integer data only
+    error_per_norm: float
+    error_const: float
+
+
+def prepare_centers(xp: Any, values: Any, metric: str, integer: bool) -> BottomCenters:
+    """``values`` (k, d_chosen) float32 on the device, as ``score_block`` uses them."""
+    values64 = values.astype(xp.float64)
+    sq_norms = (values64 * values64).sum(axis=1)
+    norms = xp.sqrt(sq_norms)
+    if metric == "euclidean":
+        term = (-0.5 * sq_norms).astype(xp.float32)
+        w_max = float(norms.max()) if norms.size else 0.0
+        n_terms = values.shape[1] + 2  # the products, the bias and the final rounding
+        gamma = n_terms * _GPU_UNIT / (1 - n_terms * _GPU_UNIT)
+        per_norm, const = gamma * w_max, gamma * 0.5 * w_max**2
+    else:
+        term = (1.0 / xp.where(norms > 0, norms, 1.0)).astype(xp.float32)
+        n_terms = values.shape[1] + 3  # the products, 1 / |w|, its product and rounding
+        per_norm, const = n_terms * _GPU_UNIT / (1 - n_terms * _GPU_UNIT), 0.0
+    return BottomCenters(
+        values_t=xp.ascontiguousarray(values.T),
+        center_term=term,
+        values64=values64 if integer else None,
+        sq_norms64=sq_norms if integer else None,
+        error_per_norm=per_norm,
+        error_const=const,
+    )
+
+
+def score_block(xp: Any, rows: Any, centers: BottomCenters, metric: str) -> Any:
+    """(m, k) float32 scores of ``rows`` (m, d_chosen) float32: larger is nearer."""
+    scores = rows @ centers.values_t
+    if metric == "euclidean":
+        scores += centers.center_term
+    else:
+        scores *= centers.center_term
+    return scores
+
+
+def row_tolerance(xp: Any, row_norms: Any, centers: BottomCenters) -> Any:
+    """Per-row score differences that rounding could have reversed (times the margin)."""
+    bound = centers.error_per_norm * row_norms + centers.error_const
+    return (_TIE_MARGIN * bound).astype(xp.float32)
+
+
+def best_and_near_ties(xp: Any, scores: Any, tolerance: Any) -> tuple[Any, Any]:
+    """First arg-max of each row, and whether another score lies within its tolerance."""
+    best = scores.argmax(axis=1).astype(xp.int32)
+    top = scores.max(axis=1)
+    close = (scores >= (top - tolerance)[:, None]).sum(axis=1)
+    return best, close > 1
+
+
+def exact_best_on_device(xp: Any, rows64: Any, centers: BottomCenters, metric: str) -> Any:
+    """The exact nearest center of integer ``rows64`` (f, d_chosen) float64, computed in
+    float64 (exact: every sum is a whole number below 2**53), lowest index on ties.
+
+    Cosine: ``x.w / sqrt(|w|^2)`` as ``bottom._exact_best`` computes it (0 for a zero center).
+    """
+    assert centers.values64 is not None and centers.sq_norms64 is not None
+    dots = rows64 @ centers.values64.T
+    if metric == "euclidean":
+        exact = 2.0 * dots - centers.sq_norms64
+    else:
+        norms = xp.sqrt(centers.sq_norms64)
+        exact = xp.where(norms > 0, dots / xp.where(norms > 0, norms, 1.0), 0.0)
+    return exact.argmax(axis=1).astype(xp.int32)
+
+
+def exact_best_on_host(
+    scores: np.ndarray,
+    tolerance: np.ndarray,
+    rows: np.ndarray,
+    values: np.ndarray,
+    metric: str,
+) -> np.ndarray:
+    """``bottom._pick_centers``' re-rank of near-tie rows, on the host.
+
+    ``scores`` (f, k) and ``tolerance`` (f,) are the rows' float32 scores, ``rows``
+    (f, d_chosen) their float32 inputs, ``values`` (k, d_chosen) the float32 centers.
+    Candidates within tolerance of the best are ranked by ``_exact_best``, as on the CPU.
+    """
+    out = np.empty(len(rows), dtype=np.int32)
+    for i in range(len(rows)):
+        row = scores[i]
+        candidates = np.flatnonzero(row >= row.max() - tolerance[i])
+        chosen = values[candidates].astype(np.float64)
+        out[i] = candidates[_exact_best(rows[i].astype(np.float64), chosen, metric)]
+    return out
+
+
+def integer_exact(low: float, high: float, n_chosen: int) -> bool:
+    """Whether data of whole numbers in [low, high] re-rank exactly in float64 sums."""
+    largest = max(abs(low), abs(high))
+    return 2.0 * n_chosen * largest * largest < _FLOAT64_EXACT
+
+
+# ---------------------------------------------------------------------- upper layers
+
+
+@dataclass(frozen=True)
+class DevicePostings:
+    """Posting lists of a batch's codes: the rows with code c in clustering v are
+    ``rows[indptr[v * n_values + c]:indptr[v * n_values + c + 1]]``."""
+
+    indptr: Any  # (V * n_values + 1,) int64
+    rows: Any  # (n * V,) int32
+    n_points: int
+    n_values: int
+
+
+def build_postings(xp: Any, codes: Any, n_values: int) -> DevicePostings:
+    """Invert ``codes`` (n, V) on the device (a sort by key; order within a list is free:
+    counting does not depend on it)."""
+    n_points, n_clusterings = codes.shape
+    keys = xp.arange(n_clusterings, dtype=xp.int64)[None, :] * n_values + codes.astype(xp.int64)
+    flat = keys.ravel()
+    order = xp.argsort(flat)
+    rows = (order // n_clusterings).astype(xp.int32)
+    counts = xp.bincount(flat, minlength=n_clusterings * n_values)
+    indptr = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(counts).astype(xp.int64)])
+    return DevicePostings(indptr=indptr, rows=rows, n_points=n_points, n_values=n_values)
+
+
+@dataclass(frozen=True)
+class CenterLists:
+    """The kept posting lists of one upper clustering's centers: list q belongs to center
+    ``owner[q]`` and spans ``rows[start[q]:start[q] + length[q]]`` of the postings."""
+
+    start: Any  # int64
+    length: Any  # int32
+    owner: Any  # int32
+
+
+def center_lists(
+    xp: Any,
+    postings: DevicePostings,
+    center_codes: Any,
+    seed: np.uint64,
+    feature_fraction: float,
+) -> CenterLists:
+    """The lists of the one-hot dimensions (v, center_codes[j, v]) each center keeps.
+
+    ``center_codes`` (k, V_prev) are the centers' previous-layer codes; a dimension is kept
+    when its splitmix64 hash under ``seed`` falls below the layer's threshold, as on the CPU.
+    """
+    n_clusterings = center_codes.shape[1]
+    keys = xp.arange(n_clusterings, dtype=xp.int64)[None, :] * postings.n_values
+    keys = keys + center_codes.astype(xp.int64)
+    if feature_fraction >= 1.0:
+        kept = xp.ones(keys.shape, dtype=bool)
+    else:
+        kept = splitmix64(xp, seed, keys) < xp.uint64(keep_threshold(feature_fraction))
+    owner, column = xp.nonzero(kept)  # row-major: each center's lists in clustering order
+    chosen = keys[owner, column]
+    owner = owner.astype(xp.int32)
+    start = postings.indptr[chosen]
+    length = (postings.indptr[chosen + 1] - start).astype(xp.int32)
+    return CenterLists(start=start, length=length, owner=owner)
+
+
+def count_shared_codes(
+    xp: Any, postings: DevicePostings, lists: CenterLists, k: int, row_start: int, row_stop: int
+) -> Any:
+    """(row_stop - row_start, k) int32: for points in the row range, how many kept
+    dimensions they share with each center (the reference of the CUDA kernel)."""
+    total = int(lists.length.sum())
+    ends = xp.cumsum(lists.length.astype(xp.int64))
+    first = ends - lists.length
+    # Entry e of the concatenated lists belongs to the first list ending after it.
+    entries = xp.arange(total, dtype=xp.int64)
+    which = xp.searchsorted(ends, entries, side="right")
+    position = lists.start[which] + (entries - first[which])
+    points = postings.rows[position].astype(xp.int64)
+    inside = (points >= row_start) & (points < row_stop)
+    flat = (points[inside] - row_start) * k + lists.owner[which][inside]
+    n_rows = row_stop - row_start
+    return xp.bincount(flat, minlength=n_rows * k).reshape(n_rows, k).astype(xp.int32)
+
+
+def upper_block_codes(counts: Any) -> Any:
+    """Each point's center with the most shared codes: the first arg-max (ties to the
+    lowest center, 0 when nothing is shared), as the CPU kernels choose."""
+    return counts.argmax(axis=1).astype(counts.dtype)
+
+
+Counter = Callable[[DevicePostings, CenterLists, int, int, int], Any]

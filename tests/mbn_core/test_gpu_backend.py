@@ -1,0 +1,102 @@
+"""The CUDA backend's array code, run with numpy: the CPU's codes and embeddings, bit for bit.
+
+``CudaBackend`` takes the array namespace; with numpy (``cuda.numpy_backend``) it runs the
+exact code CuPy runs on a GPU (the posting-list count through its ``bincount`` reference
+instead of the CUDA kernel), so CI checks the backend's logic without a GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+from mbn_core import MBN
+from mbn_core.mbn import _kernels
+from mbn_core.mbn.backends import cuda, use_backend
+from mbn_core.mbn.backends import gpu_arrays as ga
+
+
+def _fit_on(backend, X, **params):
+    with use_backend(backend):
+        model = MBN(n_clusterings=12, k_max=120, random_state=0, n_jobs=2, **params)
+        return model, model.fit_transform(X)
+
+
+def _images(n=360, seed=3):
+    rng = np.random.default_rng(seed)
+    prototypes = rng.random((4, 100)) > 0.6
+    rows = prototypes[rng.integers(0, 4, n)] * 180.0 + rng.normal(0, 50, (n, 100))
+    return np.clip(np.rint(rows), 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize(
+    "data, params",
+    [
+        ("digits", {}),
+        ("images", {"metric": "cosine"}),
+        ("scaled", {}),  # float data: near ties re-ranked on the host
+        ("scaled", {"metric": "cosine", "shift_fraction": 0.3}),
+        ("duplicated", {}),
+    ],
+)
+def test_device_code_gives_the_cpu_model(data, params):
+    if data == "digits":
+        X = load_digits().data[:400]
+    elif data == "images":
+        X = _images()
+    elif data == "scaled":
+        X = _images().astype(np.float32) / 255
+    else:
+        X = np.repeat(load_digits().data[:120], 3, axis=0)
+    device, embedding = _fit_on(cuda.numpy_backend, X, **params)
+    cpu, cpu_embedding = _fit_on("local", X, **params)
+    np.testing.assert_array_equal(embedding, cpu_embedding)
+    for layer in range(len(cpu.ks_)):
+        on_cpu = cpu.encode(X, layer=layer)
+        np.testing.assert_array_equal(device.encode(X, layer=layer), on_cpu)
+        with use_backend(cuda.numpy_backend):  # new rows encoded by the device code
+            np.testing.assert_array_equal(cpu.encode(X, layer=layer), on_cpu)
+    with use_backend(cuda.numpy_backend):
+        np.testing.assert_array_equal(cpu.transform(X), cpu_embedding)
+
+
+def test_splitmix_matches_the_kernels():
+    keys = np.arange(0, 10_000, 7, dtype=np.uint64)
+    seed = np.uint64(0xDEADBEEF12345)
+    threshold = np.uint64(2**63)
+    np.testing.assert_array_equal(
+        ga.splitmix64(np, seed, keys) < threshold, _kernels.dimension_kept(seed, keys, threshold)
+    )
+
+
+def test_counts_are_the_shared_kept_codes():
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 5, size=(50, 6))
+    postings = ga.build_postings(np, codes, 5)
+    centers = np.array([3, 10, 44])
+    lists = ga.center_lists(np, postings, codes[centers], np.uint64(99), 1.0)
+    counts = ga.count_shared_codes(np, postings, lists, 3, 0, 50)
+    np.testing.assert_array_equal(counts, (codes[:, None, :] == codes[centers][None]).sum(axis=2))
+    # A row range counts the same rows.
+    np.testing.assert_array_equal(
+        ga.count_shared_codes(np, postings, lists, 3, 20, 30), counts[20:30]
+    )
+
+
+def test_cuda_without_a_gpu_is_refused(monkeypatch):
+    monkeypatch.setattr(cuda, "gpu_count", lambda: 0)
+    X = load_digits().data[:100]
+    with pytest.raises(ValueError, match="device"):
+        MBN(n_clusterings=4, k_max=20, device="cuda").fit(X)
+    model = MBN(n_clusterings=4, k_max=20, device="auto", random_state=0).fit(X)
+    assert model.device_ == "cpu"
+    with pytest.raises(ValueError, match="device"):
+        MBN(device="tpu").fit(X)
+
+
+def test_bad_input_is_refused_on_the_device_runner():
+    X = load_digits().data[:100].copy()
+    X[3, 4] = np.nan
+    with use_backend(cuda.numpy_backend), pytest.raises(ValueError, match="NaN"):
+        MBN(n_clusterings=4, k_max=20).fit(X)

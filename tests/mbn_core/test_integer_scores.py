@@ -1,0 +1,201 @@
+"""The integer bottom layer gives the float path's codes, bit for bit, ties included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.datasets import load_digits
+
+from mbn_core import MBN
+from mbn_core.mbn import _integer_scores, bottom
+from mbn_core.mbn._integer_scores import (
+    IntegerRows,
+    integer_codes,
+    integer_rows,
+    integral_range,
+    kernel_is_exact,
+)
+from mbn_core.mbn.bottom import (
+    bottom_clustering_codes,
+    bottom_input,
+    input_row_norms,
+    with_ones_column,
+)
+
+
+@pytest.fixture
+def float_path(monkeypatch):
+    """Run the block with the integer path switched off (every input takes float32)."""
+
+    def switch_off():
+        monkeypatch.setattr(bottom, "integer_rows", lambda *args: None)
+
+    return switch_off
+
+
+def _float_codes(X, features, centers, metric):
+    X_work = with_ones_column(X.astype(np.float32))
+    norms = input_row_norms(X)
+    return bottom_clustering_codes(X_work, features, centers.astype(np.float32), metric, norms)
+
+
+def _integer(X, centers, features, metric):
+    rows = integer_rows(X, centers)
+    assert rows is not None
+    return integer_codes(rows, features, centers[:, features].astype(np.float32), metric)
+
+
+def test_the_kernel_is_exact_here():
+    # The probe covers the saturating pairs (255 x -128); CI machines must pass it, or the
+    # integer path never runs there and the tests below would compare the float path to itself.
+    assert kernel_is_exact()
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_random_bytes_match_the_float_path(metric):
+    rng = np.random.default_rng(0)
+    X = rng.integers(0, 256, size=(600, 50)).astype(np.float64)
+    centers = X[rng.choice(600, 40, replace=False)]
+    features = np.sort(rng.choice(50, 25, replace=False))
+    got = _integer(X, centers, features, metric)
+    np.testing.assert_array_equal(got, _float_codes(X, features, centers[:, features], metric))
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_exact_ties_go_to_the_lowest_index(metric):
+    rng = np.random.default_rng(1)
+    base = rng.integers(0, 256, size=(30, 16)).astype(np.float64)
+    # Every center appears three times, and rows sit exactly midway between two centers
+    # (even coordinates, so the midpoint is whole), and at the extremes 0 and 255.
+    centers = np.repeat(base[:10], 3, axis=0)
+    rng.shuffle(centers)
+    even = 2 * (centers // 2)
+    middle = (even[:-1] + even[1:]) / 2
+    X = np.vstack([base, centers, middle, np.zeros((3, 16)), np.full((3, 16), 255.0), even])
+    centers = np.vstack([centers, even[:5]])
+    features = np.arange(16)
+    got = _integer(X, centers, features, metric)
+    np.testing.assert_array_equal(got, _float_codes(X, features, centers, metric))
+    if metric == "euclidean":
+        # Ties really occurred and were resolved to the first of the equal centers.
+        distances = ((X[:, None, :] - centers[None]) ** 2).sum(axis=2)
+        first = np.argmin(distances, axis=1)
+        np.testing.assert_array_equal(got, first)
+        assert (np.sum(distances == distances.min(axis=1, keepdims=True), axis=1) > 1).sum() > 30
+
+
+@pytest.mark.parametrize(
+    "low, metric", [(0, "euclidean"), (-128, "euclidean"), (1000, "cosine"), (-40, "cosine")]
+)
+def test_shifted_ranges_match_the_float_path(low, metric):
+    rng = np.random.default_rng(2)
+    X = rng.integers(low, low + 256, size=(300, 20)).astype(np.float64)
+    centers = X[:25]
+    features = np.array([0, 3, 4, 9, 11, 12, 19])
+    rows = integer_rows(X, centers)
+    assert rows is not None and rows.low == low
+    got = _integer(X, centers, features, metric)
+    np.testing.assert_array_equal(got, _float_codes(X, features, centers[:, features], metric))
+
+
+def test_only_small_whole_numbers_qualify():
+    X = np.arange(40, dtype=np.float64).reshape(20, 2)
+    assert integer_rows(X, X) is not None
+    assert integer_rows(X / 255, X / 255) is None  # fractions
+    assert integer_rows(X * 7, X * 7) is None  # 273 levels
+    wide = X.copy()
+    wide[0, 0] = 300  # the rows alone are narrow enough, rows and centers are not
+    assert integer_rows(X, wide) is None
+    assert integral_range(np.array([[np.nan, 1.0]])) is None
+    # float64 values that float32 rounds to whole numbers are whole numbers there.
+    assert integral_range(np.array([[3.00000001, 4.0]])) == (3, 4)
+
+
+def test_too_many_dimensions_are_refused():
+    rows = IntegerRows(shifted=np.zeros((2, 3), np.uint8), low=0)
+    big = _integer_scores.MAX_CHOSEN_DIMENSIONS + 1
+    with pytest.raises(ValueError, match="exact range"):
+        integer_codes(rows, np.zeros(big, np.intp), np.zeros((2, big), np.float32), "euclidean")
+
+
+def _generated_images(n=400, side=12, seed=0):
+    """uint8 images: a few blurred strokes per class, noise, saturated pixels (ties at 0, 255)."""
+    rng = np.random.default_rng(seed)
+    prototypes = rng.random((5, side, side)) > 0.7
+    labels = rng.integers(0, 5, n)
+    images = prototypes[labels] * 200.0 + rng.normal(0, 40, (n, side, side))
+    images = np.clip(np.rint(images), 0, 255).astype(np.uint8)
+    return images.reshape(n, -1)
+
+
+def _codes(model, X):
+    return [model.encode(X, layer=i) for i in range(len(model.ks_))]
+
+
+def _fit(X, **params):
+    model = MBN(n_clusterings=12, k_max=150, random_state=0, n_jobs=2, **params)
+    return model, model.fit_transform(X)
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("digits", {}),
+        ("images", {}),
+        ("images", {"metric": "cosine"}),
+        ("digits", {"shift_fraction": 0.5}),
+        ("duplicated", {}),
+    ],
+)
+def test_networks_are_identical_to_the_float_path(name, params, float_path):
+    if name == "digits":
+        X = load_digits().data[:500]  # whole numbers 0..16, float64
+    elif name == "images":
+        X = _generated_images()
+    else:  # every row three times: centers tie exactly at distance 0
+        X = np.repeat(load_digits().data[:150], 3, axis=0)
+    assert isinstance(bottom_input(np.asarray(X, np.float64), _bottom(X)), IntegerRows)
+    model, embedding = _fit(X, **params)
+    codes = _codes(model, X)
+    transformed = model.transform(X[:40])
+    one_row = model.transform(X[7:8])
+    float_path()
+    reference, ref_embedding = _fit(X, **params)
+    np.testing.assert_array_equal(embedding, ref_embedding)
+    for mine, theirs in zip(codes, _codes(reference, X), strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    np.testing.assert_array_equal(transformed, reference.transform(X[:40]))
+    np.testing.assert_array_equal(one_row[0], transformed[7])
+
+
+def _bottom(X):
+    model = MBN(n_clusterings=2, ks=[5], output="pca", n_components=2, random_state=0)
+    return model.fit(X).bottom_layer_
+
+
+def test_scaled_floats_take_the_float_path():
+    X = _generated_images().astype(np.float32) / 255
+    assert not isinstance(bottom_input(X, _bottom(X)), IntegerRows)
+
+
+def test_sparse_counts_match_the_dense_integer_path():
+    X = load_digits().data[:500]
+    params = {"n_clusterings": 12, "k_max": 150, "random_state": 0, "n_jobs": 2}
+    dense = MBN(**params).fit(X)
+    sparse = MBN(**params).fit(sp.csr_matrix(X))
+    for mine, theirs in zip(_codes(dense, X), _codes(sparse, sp.csr_matrix(X)), strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+
+
+def test_the_int64_arg_max_gives_the_same_codes(monkeypatch):
+    # Past MAX_INT32_SCORE_DIMENSIONS the Euclidean scores are ranked in int64 instead.
+    rng = np.random.default_rng(4)
+    X = rng.integers(0, 256, size=(200, 30)).astype(np.float64)
+    X[100:] = X[:100]  # exact ties
+    features = np.arange(30)
+    fast = _integer(X, X[:50], features, "euclidean")
+    monkeypatch.setattr(_integer_scores, "MAX_INT32_SCORE_DIMENSIONS", 0)
+    wide = _integer(X, X[:50], features, "euclidean")
+    np.testing.assert_array_equal(fast, wide)
+    np.testing.assert_array_equal(wide, _float_codes(X, features, X[:50], "euclidean"))

@@ -1,0 +1,68 @@
+"""The seed-corpus run of ``benchmarks/fuzz_parsers.py``: a few hundred mutated cases per
+format through the real parsing code, and part of them through a real ``mbn serve``. Every
+case is accepted or refused (ValueError, 4xx); anything else is a defect. The long run
+(10,000 cases per format) is the benchmark's command; its figures are in docs/BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from servicetest import REPO, Server, wait_for
+
+_spec = importlib.util.spec_from_file_location(
+    "fuzz_parsers", REPO / "benchmarks" / "fuzz_parsers.py"
+)
+assert _spec is not None and _spec.loader is not None
+fuzz = importlib.util.module_from_spec(_spec)
+sys.modules["fuzz_parsers"] = fuzz  # its dataclasses look their module up
+_spec.loader.exec_module(fuzz)
+
+CASES = 300
+HTTP_CASES = 60
+
+
+@pytest.mark.parametrize("fmt", ["npy", "npz", "sparse", "csv", "json", "base64"])
+def test_parsers_refuse_every_mutated_case_cleanly(tmp_path: Path, fmt: str) -> None:
+    tally = fuzz.Tally()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # overflowing casts: refused below
+        for case in fuzz.cases(fmt, CASES, seed=1):
+            fuzz.run_direct(case, tmp_path, tally)
+    assert tally.outcomes["defect"] == 0, "\n\n".join(tally.defects)
+    # The mutations reach past the first check: some cases are accepted, most refused.
+    assert tally.outcomes["refused"] > CASES // 2
+    assert tally.outcomes["accepted"] + tally.outcomes["refused"] == CASES
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(
+    tmp_path_factory: pytest.TempPathFactory, write_bundle: Callable[..., Path]
+) -> Iterator[Server]:
+    data = tmp_path_factory.mktemp("fuzz")
+    write_bundle(data / "models", "m-digits", "digits")
+    server = Server(fuzz.fuzz_server_env(data), data / "server.log").start()
+    try:
+        with server.client() as client:
+            wait_for(lambda: client.get("/health/ready").status_code == 200, 60, "ready")
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", fuzz.FORMATS)
+def test_mutated_uploads_and_bodies_over_http_get_no_5xx(fuzz_server: Server, fmt: str) -> None:
+    tally = fuzz.Tally()
+    with httpx.Client(base_url=fuzz_server.url, timeout=60) as client:
+        for case in fuzz.cases(fmt, HTTP_CASES, seed=2):
+            fuzz.run_http(case, client, tally)
+    assert tally.outcomes["http defect"] == 0, "\n".join(tally.defects)
+    assert sum(tally.outcomes.values()) == HTTP_CASES
+    log = fuzz_server.log_path.read_text(errors="replace")
+    assert "Traceback" not in log, log[-3000:]
