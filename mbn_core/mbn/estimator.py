@@ -536,6 +536,9 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 codes = layer.codes_few(codes)
             return bottom_codes, codes
         backend = get_backend(_backend_name(self.device), n_jobs=self.n_jobs)
+        if not backend.embeds_new_rows:  # a backend for fitting only (see LayerBackend)
+            backend.close()
+            backend = get_backend("local", n_jobs=self.n_jobs)
         with threadpool_limits(limits=1, user_api="blas"), backend:
             codes = backend.bottom_codes(self.bottom_layer_, X)
             bottom_codes = codes

@@ -152,3 +152,20 @@ def test_an_incomplete_backend_cannot_be_built():
 
     with pytest.raises(TypeError, match="abstract"):
         BottomOnly()  # type: ignore[abstract]
+
+
+def test_a_backend_for_fitting_only_leaves_transform_to_the_local_backend(digits, fitted):
+    class FitOnly(RecordingBackend):
+        embeds_new_rows = False
+
+    backends: list[RecordingBackend] = []
+
+    def factory(**options):
+        backends.append(FitOnly(**options))
+        return backends[-1]
+
+    with use_backend(factory):
+        embedding = fitted.transform(digits[:40])
+    [unused] = backends
+    assert unused.calls == [] and unused.closed
+    np.testing.assert_array_equal(embedding, fitted.transform(digits[:40]))

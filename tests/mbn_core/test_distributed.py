@@ -16,6 +16,7 @@ distributed = pytest.importorskip("distributed")
 from mbn_core import MBN, TrainingStopped, cli, model_to_arrays  # noqa: E402
 from mbn_core.bundle import EXACT_FILE  # noqa: E402
 from mbn_core.mbn.backends import dask as mbn_distributed  # noqa: E402
+from mbn_core.mbn.backends import get_backend  # noqa: E402
 from mbn_core.mbn.backends.dask import SchedulerUnreachable, last_transfers, use_dask  # noqa: E402
 
 # Slow: MBN fitted on a Dask cluster of worker processes.
@@ -192,21 +193,35 @@ def test_a_scheduler_without_workers_is_refused_before_any_work():
         mbn_distributed.connect(empty.scheduler_address, timeout=0.5)
 
 
-def test_transform_inside_use_dask_runs_every_layer_on_the_cluster(client, digits):
+def test_the_dask_backend_encodes_new_rows_as_the_local_one(client, digits):
     model = MBN(**PARAMS, n_jobs=2).fit(digits)
-    new_rows = digits[::7] / 3.0  # more rows than transform encodes on the calling thread
-    expected = model.transform(new_rows)
-    with use_dask(client, clusterings_per_task=6):
-        embedding = model.transform(new_rows)
-    transfers = last_transfers()
-    assert [t.layer for t in transfers] == list(range(len(model.ks_)))
-    assert all(t.n_tasks == 4 for t in transfers)  # 24 clusterings, 6 per task
+    new_rows = digits[::7] / 3.0
+    with get_backend("local", n_jobs=2) as local:
+        expected = [local.bottom_codes(model.bottom_layer_, new_rows)]
+        for index, layer in enumerate(model.upper_layers_, start=1):
+            expected.append(local.upper_codes(index, expected[-1], layer))
+    with mbn_distributed.DaskBackend(client, clusterings_per_task=6) as remote:
+        codes = [remote.bottom_codes(model.bottom_layer_, new_rows)]
+        for index, layer in enumerate(model.upper_layers_, start=1):
+            codes.append(remote.upper_codes(index, codes[-1], layer))
+    assert [t.n_tasks for t in remote.transfers] == [4] * len(model.ks_)  # 24 clusterings / 6
+    for got, want in zip(codes, expected, strict=True):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+def test_transform_inside_use_dask_stays_on_local_threads(client, digits):
+    model = MBN(**PARAMS, n_jobs=2).fit(digits)
+    expected = model.transform(digits[::7])
+    with use_dask(client):
+        model.fit(digits)  # the fit runs on the cluster ...
+        fit_transfers = last_transfers()
+        embedding = model.transform(digits[::7])  # ... its embedding of new rows does not
+    assert last_transfers() == fit_transfers
     np.testing.assert_array_equal(embedding, expected)
 
 
 def test_dask_backend_by_name_takes_the_default_client(client):
-    from mbn_core.mbn.backends import get_backend
-
     with get_backend("dask") as backend:
         assert isinstance(backend, mbn_distributed.DaskBackend)
         assert backend.client is distributed.default_client()

@@ -68,6 +68,10 @@ class LayerBackend(ABC):
     """
 
     name: ClassVar[str]
+    # Whether ``MBN.transform`` runs here too. A backend whose fixed cost per layer pays off
+    # only over a whole fit (Dask scatters each layer's input to every worker) says False,
+    # and ``transform`` then runs on the local backend; its layer methods still work.
+    embeds_new_rows: ClassVar[bool] = True
 
     def __init__(self, *, n_jobs: int | None = None, callback: ProgressCallback | None = None):
         self.n_jobs = n_jobs

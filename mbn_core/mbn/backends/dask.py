@@ -1,9 +1,11 @@
 """The Dask backend: each layer's clusterings run as tasks on the workers of a Dask cluster.
 
-``use_dask`` is a context manager: every ``MBN.fit`` and ``MBN.transform`` inside it (also
-those inside ``CompressiveMBN.fit`` and ``mbn_core.pipeline.training.train_bundle``) maps its
-layers' clusterings onto a ``dask.distributed`` cluster instead of local threads; a request
-of a few rows, which ``transform`` encodes on the calling thread, stays there::
+``use_dask`` is a context manager: every ``MBN.fit`` inside it (also the one inside
+``CompressiveMBN.fit`` and ``mbn_core.pipeline.training.train_bundle``) maps its layers'
+clusterings onto a ``dask.distributed`` cluster instead of local threads. ``transform`` stays
+on local threads (``DaskBackend.embeds_new_rows`` is False): scattering each layer's input to
+every worker pays off over a fit, not for the batches a fit's reports embed; files larger
+than memory are embedded chunk by chunk with ``dask.array`` (``mbn_core.bundle.bulk``)::
 
     from mbn_core import MBN
     from mbn_core.mbn.backends.dask import use_dask
@@ -136,7 +138,7 @@ def use_dask(
     clusterings_per_task: int | None = None,
     timeout: float = CONNECT_TIMEOUT,
 ) -> Iterator[Client]:
-    """Run the layers of every ``MBN.fit`` and ``transform`` in this context on a Dask cluster.
+    """Run the layers of every ``MBN.fit`` in this context on a Dask cluster.
 
     Parameters
     ----------
@@ -209,6 +211,7 @@ class DaskBackend(LayerBackend):
     """
 
     name = "dask"
+    embeds_new_rows = False
 
     def __init__(
         self,
@@ -222,7 +225,6 @@ class DaskBackend(LayerBackend):
         self.client = client
         self.clusterings_per_task = clusterings_per_task
         self.transfers: list[LayerTransfer] = []
-        _last_backend.backend = self
 
     @classmethod
     def on_default_client(
@@ -311,6 +313,7 @@ class DaskBackend(LayerBackend):
             client.cancel([*futures, data])
             # Workers drop the layer's shared arrays; a worker that died has none to drop.
             client.run(_forget, shipped.key, on_error="ignore")
+        _last_backend.backend = self
         self.transfers.append(
             LayerTransfer(layer, _shipped_bytes(shipped), n_workers, gathered, len(ranges))
         )
@@ -336,8 +339,7 @@ _last_backend = _LastBackend()
 
 
 def last_transfers() -> list[LayerTransfer]:
-    """Bytes moved per layer by the last distributed fit or transform in this thread (for
-    benchmarks)."""
+    """Bytes moved per layer by the last distributed fit in this thread (for benchmarks)."""
     backend = _last_backend.backend
     return [] if backend is None else list(backend.transfers)
 
