@@ -23,8 +23,7 @@ from mbn_core.data.checks import check_spread
 from mbn_core.data.files import DataShape, peek_data_file
 from mbn_core.pipeline.training import TrainingParams, check_feasible
 from service.config import Settings
-from service.domain import Conflict, InvalidInput, Overloaded, PayloadTooLarge
-from service.errors import shortened
+from service.domain import Conflict, InvalidInput, Overloaded, PayloadTooLarge, shortened
 from service.jobs import Job, JobFiles, JobStore, new_job_id
 
 log = logging.getLogger(__name__)
