@@ -44,6 +44,7 @@ def test_a_very_long_first_line_is_checked_in_bounded_memory(tmp_path: Path) -> 
         peek_data_file(longest)
 
 
+@pytest.mark.slow
 def test_a_long_header_line_is_tested_cell_by_cell() -> None:
     line = b"name," * 2_000_000
     tracemalloc.start()

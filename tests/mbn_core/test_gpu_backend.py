@@ -30,6 +30,7 @@ def _images(n=360, seed=3):
     return np.clip(np.rint(rows), 0, 255).astype(np.uint8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "data, params",
     [

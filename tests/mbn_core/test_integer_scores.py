@@ -138,6 +138,7 @@ def _fit(X, **params):
     return model, model.fit_transform(X)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, params",
     [

@@ -27,6 +27,7 @@ def assert_plan_is_the_fit(plan: Plan, model: MBN, X) -> None:
         assert layer.feature_fraction == plan.upper_feature_fraction
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "params",
     [

@@ -113,6 +113,7 @@ def test_training_uploads_get_their_own_limit(api: Callable[..., TestClient]) ->
     assert_error(client.post("/embed", json={"inputs": rows}), 413)
 
 
+@pytest.mark.slow
 def test_overload_over_http(api: Callable[..., TestClient]) -> None:
     """With one exact slot, concurrent exact requests beyond it get 429 at once, and the
     fast path keeps answering meanwhile."""
