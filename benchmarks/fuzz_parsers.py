@@ -425,7 +425,7 @@ def parse_file(case: Case, directory: Path) -> str:
     """The API's header check and (if it passes) the trainer's loader on the case's file:
     'accepted', 'refused' (ValueError), or a defect raised as is."""
     from mbn_core.data.files import peek_data_file
-    from mbn_core.pipeline.training import load_training_data
+    from mbn_core.data.readers import load_training_data
 
     path = directory / case.name
     path.write_bytes(case.data)

@@ -11,14 +11,8 @@ from sklearn.datasets import load_digits, make_circles
 from mbn_core import MBN, TrainingStopped
 from mbn_core.bundle import load_bundle
 from mbn_core.data.files import peek_data_file
-from mbn_core.pipeline.training import (
-    PHASES,
-    TrainingEvent,
-    TrainingParams,
-    check_matrix,
-    load_training_data,
-    train_bundle,
-)
+from mbn_core.data.readers import check_matrix, load_training_data
+from mbn_core.pipeline.training import PHASES, TrainingEvent, TrainingParams, train_bundle
 
 SMALL = {
     "n_clusterings": 20,
