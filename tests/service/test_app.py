@@ -32,6 +32,8 @@ def test_openapi_documents_the_contract(api: Callable[..., TestClient]) -> None:
         ("POST", "/models/{model_id}/promote"),
         ("GET", "/models/{model_id}/map"),
         ("POST", "/models/{model_id}/map/locate"),
+        ("GET", "/models/{model_id}/monitor"),
+        ("GET", "/models/{model_a}/compare/{model_b}"),
         ("GET", "/health/live"),
         ("GET", "/health/ready"),
         ("GET", "/metrics"),

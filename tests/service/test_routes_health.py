@@ -20,6 +20,7 @@ def test_live_and_ready(api: Callable[..., TestClient]) -> None:
         "disk": True,
         "models_scanned": True,
         "model_available": True,
+        "embed_capacity": True,
     }
 
 
