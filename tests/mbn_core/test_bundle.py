@@ -404,6 +404,7 @@ def _embeds_as(bundle, model, X) -> None:
     )
 
 
+@pytest.mark.slow
 def test_format_1_manifest_without_digest_still_loads(model, copy, digits, caplog):
     manifest = json.loads((copy / MANIFEST).read_text())
     del manifest["manifest_sha256"]
