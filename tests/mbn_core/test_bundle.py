@@ -523,6 +523,7 @@ def test_bad_input_is_a_value_error(saved, digits):
         load_bundle(saved, threads=0)
 
 
+@pytest.mark.slow
 def test_exact_mode_keeps_the_exact_model_until_released(copy, digits):
     """bundle.embed(X, mode="exact") read and re-hashed the exact model on every call (1.25-1.9 s
     a row on an MNIST model; 59 ms with the model kept). The first call reads it; later ones

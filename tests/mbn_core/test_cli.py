@@ -286,6 +286,7 @@ def test_train_needs_out_unless_it_plans(workdir, monkeypatch, capsys):
     assert "--out DIR is required" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_version() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "mbn_core.cli", "--version"], capture_output=True, text=True
@@ -293,6 +294,7 @@ def test_version() -> None:
     assert result.returncode == 0 and result.stdout.strip() == f"mbn {metadata.version('mbn')}"
 
 
+@pytest.mark.slow
 def test_train_creates_missing_parent_directories(workdir):
     """The README's `mbn train data.npz --out models/mnist` failed without models/."""
     result = run_mbn("train", "digits.npz", "--out", "new/models/digits", *SMALL, cwd=workdir)
@@ -300,6 +302,7 @@ def test_train_creates_missing_parent_directories(workdir):
     assert load_bundle(workdir / "new" / "models" / "digits").input_dim == 64
 
 
+@pytest.mark.slow
 def test_embed_writes_csv_for_a_csv_path(trained, workdir):
     """A .csv --out held NumPy binary."""
     path, _ = trained
@@ -313,6 +316,7 @@ def test_embed_writes_csv_for_a_csv_path(trained, workdir):
     assert clusters.shape == (25,)
 
 
+@pytest.mark.slow
 def test_embed_refuses_an_unknown_output_suffix(trained, workdir):
     result = run_mbn("embed", "model", "queries.npy", "--out", "emb.txt", cwd=workdir)
     assert_user_error(result, "emb.txt", ".npy, .csv, .zarr")
