@@ -9,7 +9,14 @@ import pytest
 from sklearn.datasets import load_digits, make_blobs
 from sklearn.manifold import TSNE
 
-from mbn_core.bundle import EXACT_FILE, ONNX_FILE, BundleError, load_bundle
+from mbn_core.bundle import (
+    EXACT_FILE,
+    NOVELTY_FILE,
+    ONNX_FILE,
+    REFERENCE_FILE,
+    BundleError,
+    load_bundle,
+)
 from mbn_core.bundle.embedding_map import MAP_FILE, EmbeddingMap, build_map
 from mbn_core.pipeline.training import TrainingParams, train_bundle
 
@@ -233,7 +240,7 @@ def test_training_stores_a_map_of_a_sample(mapped_bundle, digits):
     x, y = digits
     bundle = load_bundle(mapped_bundle)
     manifest = bundle.manifest
-    assert set(manifest["files"]) == {EXACT_FILE, ONNX_FILE, MAP_FILE}
+    assert set(manifest["files"]) == {EXACT_FILE, ONNX_FILE, MAP_FILE, NOVELTY_FILE, REFERENCE_FILE}
     assert manifest["map"]["n_points"] == 400 and manifest["map"]["color_by"] == "label"
     assert bundle.has_map
     stored = bundle.embedding_map()
