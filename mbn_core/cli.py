@@ -514,6 +514,9 @@ def _describe(manifest: dict[str, Any], *, brief: bool) -> list[str]:
             f"reference rows, residual {alignment['residual']:.4f} "
             f"(unaligned {alignment['unaligned_residual']:.4f})"
         )
+    scaling = manifest.get("input_scaling")
+    if isinstance(scaling, dict):
+        lines.append(f"input:       {_scaling_summary(scaling)}")
     novelty = manifest.get("novelty")
     if novelty and "threshold" in novelty:
         lines.append(
@@ -533,6 +536,20 @@ def _describe(manifest: dict[str, Any], *, brief: bool) -> list[str]:
                 f"file:        {file_name}  {entry['bytes']:,} bytes  sha256 {entry['sha256']}"
             )
     return lines
+
+
+def _scaling_summary(section: dict) -> str:
+    """``standard scaling (auto: feature ranges 64.5x apart)``: what the model does to raw
+    rows and why."""
+    method, requested = section.get("method"), section.get("requested")
+    text = "no scaling" if method == "none" else f"{method} scaling"
+    if requested == "auto":
+        ratio = section.get("feature_range_ratio")
+        why = "" if ratio is None else f": feature ranges {ratio:.3g}x apart"
+        text += f" (auto{why})"
+    elif requested != method:
+        text += f" (requested {requested})"
+    return text
 
 
 def _nan_for_none(fidelity: dict[str, Any]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from typing import Any, Literal
 import numpy as np
 
 from mbn_core.bundle.embedding_map import MAP_POINTS
+from mbn_core.data.scaling import INPUT_SCALING
 from mbn_core.params import Param, estimator_params
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,7 @@ class Method:
         """Every training option, by group: the method's, the compressor's, the pipeline's."""
         groups = {self.name: self.params(), "compressor": self.fast_path_params()}
         groups["pipeline"] = pipeline_params()
+        groups["input"] = [INPUT_SCALING]
         groups["map"] = [MAP_POINTS]
         return {group: params for group, params in groups.items() if params}
 

@@ -11,7 +11,7 @@ import io
 import os
 import threading
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from mbn_core.bundle.manifest import (
     exact_file,
     read_manifest,
 )
+from mbn_core.data.scaling import SCALING_FILE, InputScaling
 from mbn_core.distill.compressor import MODES
 from mbn_core.distill.onnx import OnnxEmbedder
 from mbn_core.methods import Method, get_method
@@ -60,12 +61,15 @@ class ExactModel:
     bundle_id: str
     estimator: Any
     centers: np.ndarray | None
+    # What the model does to raw rows first (mbn_core.data.scaling); the identity for most.
+    input_scaling: InputScaling = field(default_factory=lambda: InputScaling("none"))
     # A version aligned to an earlier one (mbn_core.pipeline.alignment): the estimator's
     # embedding times ``matrix`` plus ``shift``; None for an unaligned model.
     alignment: tuple[np.ndarray, np.ndarray] | None = None
 
     def embed_with_clusters(self, X) -> tuple[np.ndarray, np.ndarray | None]:
         """Embedding (float32) and cluster ids (int64; None without a head) of checked X."""
+        X = self.input_scaling.transform(X)
         embedding = np.asarray(self.estimator.transform(X), dtype=np.float32)
         if self.alignment is not None:
             matrix, shift = self.alignment
@@ -101,7 +105,14 @@ class Bundle:
         Clusters of the clustering head; None without one.
     """
 
-    def __init__(self, path: Path, manifest: dict[str, Any], embedder: OnnxEmbedder, threads: int):
+    def __init__(
+        self,
+        path: Path,
+        manifest: dict[str, Any],
+        embedder: OnnxEmbedder,
+        threads: int,
+        input_scaling: InputScaling,
+    ):
         self.path = path
         self.manifest = manifest
         self.id: str = manifest["id"]
@@ -112,6 +123,7 @@ class Bundle:
         self.output_dim: int = manifest["output_dim"]
         self.n_clusters: int | None = manifest["n_clusters"]
         self.threads = threads
+        self.input_scaling = input_scaling
         self._embedder = embedder
         self._map: EmbeddingMap | None = None
         self._map_lock = threading.Lock()
@@ -190,6 +202,7 @@ class Bundle:
             bundle_id=self.id,
             estimator=estimator,
             centers=centers,
+            input_scaling=self.input_scaling,
             alignment=_alignment(self.path, self.manifest),
         )
 
@@ -307,7 +320,16 @@ def load_bundle(directory: str | os.PathLike[str], *, threads: int = 1) -> Bundl
         )
     if embedder.has_clusters != (manifest["n_clusters"] is not None):
         raise BundleError(f"{path / ONNX_FILE}: clustering head disagrees with the manifest")
-    return Bundle(path, manifest, embedder, threads)
+    scaling_bytes = None
+    if SCALING_FILE in manifest["files"]:
+        scaling_bytes = _verified_bytes(path, manifest, SCALING_FILE)
+    try:
+        scaling = InputScaling.from_manifest(
+            manifest["input_scaling"], scaling_bytes, manifest["input_dim"]
+        )
+    except ValueError as error:
+        raise BundleError(f"{path / SCALING_FILE}: {error}") from None
+    return Bundle(path, manifest, embedder, threads, scaling)
 
 
 def _verified_bytes(path: Path, manifest: dict[str, Any], file_name: str, keep: bool = True):

@@ -37,13 +37,15 @@ from typing import Any
 import numpy as np
 
 from mbn_core.bundle.embedding_map import MAP_FILE
+from mbn_core.data.scaling import SCALING_FILE, SCALINGS
 from mbn_core.methods import PIPELINE_PARAMS
 
 log = logging.getLogger(__name__)
 
 FORMAT = "mbn-bundle"
-# Version 2 added the manifest's own digest (``manifest_sha256``); version 3 the method.
-FORMAT_VERSION = 3
+# Version 2 added the manifest's own digest (``manifest_sha256``); version 3 the method;
+# version 4 the input scaling (a reader that ignored it would embed unscaled rows).
+FORMAT_VERSION = 4
 # Oldest format this code can read, upgrading the manifest step by step (see _UPGRADES).
 MIN_FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -58,8 +60,8 @@ DATA_FILES = (EXACT_FILE, ONNX_FILE)
 NOVELTY_FILE = "novelty.npz"
 REFERENCE_FILE = "reference.npz"
 # Files a bundle may hold besides its data files (hashed like them when present): the 2-D map,
-# the novelty model, the reference rows.
-OPTIONAL_FILES = (MAP_FILE, NOVELTY_FILE, REFERENCE_FILE)
+# the novelty model, the reference rows, the input scaling's arrays.
+OPTIONAL_FILES = (MAP_FILE, NOVELTY_FILE, REFERENCE_FILE, SCALING_FILE)
 MODEL_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # A manifest is a few kilobytes; refuse to parse anything absurdly larger.
 _MAX_MANIFEST_BYTES = 1 << 20
@@ -87,6 +89,11 @@ def _upgrade_v2(manifest: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
+def _upgrade_v3(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Version 3 to 4: models before input scaling took their rows as they came."""
+    return {**manifest, "input_scaling": {"method": "none", "requested": "none"}}
+
+
 # Options that bundles may have been trained with and that this mbn no longer has, as
 # (hyperparameter section, option, value) -> what to do instead. Such a bundle is refused
 # when read, naming the option: its models cannot be rebuilt, or not as the manifest says.
@@ -109,7 +116,11 @@ def _refuse_removed_options(file: Path, manifest: dict[str, Any]) -> None:
 # Manifest upgrades: _UPGRADES[v] turns a version-v manifest into a version v+1 one.
 # Version 2 only added the self-digest, which a version-1 manifest cannot have: its fields
 # are read as they are (and a warning says that the manifest itself is not protected).
-_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: dict, 2: _upgrade_v2}
+_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    1: dict,
+    2: _upgrade_v2,
+    3: _upgrade_v3,
+}
 
 
 class BundleError(ValueError):
@@ -280,6 +291,15 @@ def _check_manifest_fields(file: Path, manifest: dict[str, Any]) -> None:
         raise BundleError(
             f"{file}: lists files {sorted(files)}, expected {expected} "
             f"and optionally {sorted(OPTIONAL_FILES)}"
+        )
+    section = manifest.get("input_scaling")
+    method = section.get("method") if isinstance(section, dict) else None
+    if method not in SCALINGS:
+        raise BundleError(f"{file}: field 'input_scaling' has an invalid value {section!r:.200}")
+    if (method != "none") != (SCALING_FILE in files):
+        raise BundleError(
+            f"{file}: input_scaling {method!r} "
+            f"{'needs' if method != 'none' else 'takes no'} {SCALING_FILE}"
         )
     for file_name, entry in files.items():
         if (

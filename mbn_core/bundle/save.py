@@ -39,6 +39,7 @@ from mbn_core.bundle.manifest import (
     validate_name,
 )
 from mbn_core.bundle.trained import TrainedModel
+from mbn_core.data.scaling import SCALING_FILE
 from mbn_core.distill.compressor import CompressiveMBN
 
 log = logging.getLogger(__name__)
@@ -94,9 +95,11 @@ def save_bundle(
     name = validate_name(name)
     check_target(directory, overwrite=overwrite)
     extra_files = dict(extra_files or {})
-    unknown = sorted(set(extra_files) - set(OPTIONAL_FILES))
+    # The scaling's file is the model's own (model.input_scaling), never an extra.
+    allowed = [file_name for file_name in OPTIONAL_FILES if file_name != SCALING_FILE]
+    unknown = sorted(set(extra_files) - set(allowed))
     if unknown:
-        raise ValueError(f"extra_files may hold {list(OPTIONAL_FILES)}, got {unknown}")
+        raise ValueError(f"extra_files may hold {allowed}, got {unknown}")
     sections = dict(manifest_sections or {})
     parent = directory.parent
 
@@ -108,6 +111,8 @@ def save_bundle(
         raise ValueError(f"manifest_sections may not replace manifest fields {clashes}")
     manifest.update(_jsonable(sections))
     files = {EXACT_FILE: exact_bytes, ONNX_FILE: onnx_bytes, **extra_files}
+    if not model.input_scaling.is_identity:
+        files[SCALING_FILE] = model.input_scaling.to_bytes()
     manifest["files"] = {file_name: _file_entry(data) for file_name, data in files.items()}
     manifest_bytes = manifest_to_bytes(manifest)
 
@@ -211,6 +216,7 @@ def _manifest(
         "training": _jsonable(training),
         "fidelity": _jsonable(model.fidelity),
         "quality": _jsonable(model.quality),
+        "input_scaling": model.input_scaling.section(),
         "library_versions": library_versions(),
     }
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from mbn_core.data.scaling import InputScaling
 from mbn_core.distill.compressor import CompressiveMBN
 from mbn_core.methods import NOT_OPTIONS, PIPELINE_PARAMS, Method, method_of
 
@@ -44,6 +45,9 @@ class TrainedModel:
         The exact embedding of the training rows ``training_rows`` (for the bundle's map).
     training_rows : ndarray of shape (n_rows,) or None
         Their row numbers in the training data.
+    input_scaling : InputScaling
+        What the model does to raw rows before the method sees them (the fast path holds it
+        too; ``mbn_core.data.scaling``).
     """
 
     method: Method
@@ -58,6 +62,7 @@ class TrainedModel:
     n_components: int = 0
     training_embedding: np.ndarray | None = None
     training_rows: np.ndarray | None = None
+    input_scaling: InputScaling = field(default_factory=lambda: InputScaling("none"))
 
     @classmethod
     def from_compressor(cls, model: CompressiveMBN) -> TrainedModel:

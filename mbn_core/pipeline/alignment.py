@@ -221,8 +221,10 @@ def reference_files(
 
 
 def _exact(model: TrainedModel, rows: np.ndarray) -> np.ndarray:
-    """The model's exact embedding of ``rows`` (before any alignment)."""
-    return np.asarray(model.estimator.transform(rows), dtype=np.float64)
+    """The model's exact embedding of raw ``rows`` (scaled as the model scales them; before
+    any alignment)."""
+    scaled = model.input_scaling.transform(rows)
+    return np.asarray(model.estimator.transform(scaled), dtype=np.float64)
 
 
 def _unaligned_residual(source: np.ndarray, target: np.ndarray) -> float:

@@ -25,9 +25,10 @@ no novelty model, and bundles trained before it have none either.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ import scipy.sparse as sp
 from sklearn.utils import check_random_state
 
 from mbn_core.bundle import NOVELTY_FILE, Bundle, BundleError
+from mbn_core.data.scaling import InputScaling
 from mbn_core.utils.pca import fit_pca
 
 # The share of calibration rows scoring at or below the threshold.
@@ -83,6 +85,9 @@ class Novelty:
         Scores above it are novel: the ``QUANTILE`` of the calibration rows' scores.
     feature_low, feature_high : ndarray of shape (n_features,)
         Per feature, the range beyond which a row is out of range (margin included).
+    input_scaling : InputScaling
+        The model's scaling of raw rows, applied before scoring: the novelty model is fitted
+        on the rows the method saw (set from the bundle by ``load_novelty``, not stored).
     """
 
     mean: np.ndarray
@@ -92,6 +97,7 @@ class Novelty:
     threshold: float
     feature_low: np.ndarray
     feature_high: np.ndarray
+    input_scaling: InputScaling = field(default_factory=lambda: InputScaling("none"))
 
     def __post_init__(self) -> None:
         # Scoring runs beside the fast path: its float64 operands are prepared once.
@@ -178,7 +184,7 @@ class Novelty:
             raise ValueError(
                 f"X must have shape (n_samples, {self.n_features}), got {tuple(X.shape)}"
             )
-        return X
+        return self.input_scaling.transform(X)
 
     def _parts(self, X: np.ndarray) -> np.ndarray:
         """(reconstruction error, mean neighbour distance) of each row, unscaled.
@@ -291,4 +297,4 @@ def load_novelty(bundle: Bundle) -> Novelty | None:
         raise BundleError(str(error)) from None
     if model.n_features != bundle.input_dim:
         raise BundleError(f"{bundle.id}/{NOVELTY_FILE}: input dimension disagrees")
-    return model
+    return dataclasses.replace(model, input_scaling=bundle.input_scaling)

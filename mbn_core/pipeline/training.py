@@ -34,6 +34,7 @@ from mbn_core.bundle.embedding_map import MAP_FILE, MAP_POINTS, EmbeddingMap, bu
 from mbn_core.bundle.trained import TrainedModel, estimator_hyperparameters
 from mbn_core.data.checks import check_spread
 from mbn_core.data.readers import check_labels, check_matrix
+from mbn_core.data.scaling import INPUT_SCALING, choose_scaling, scale_graph_input
 from mbn_core.distill.compressor import CompressiveMBN
 from mbn_core.distill.input_map import projected_width
 from mbn_core.exceptions import TrainingStopped
@@ -131,9 +132,10 @@ class TrainingParams:
                 # Every method has these options (the pipeline's), so they are the training's.
                 raise ValueError(str(error).replace("of CompressiveMBN", "of training")) from None
             self.estimator()._validate_params()
+            own = (MAP_POINTS, INPUT_SCALING)  # the training's own options, no estimator's
             validate_parameter_constraints(
-                {MAP_POINTS.name: MAP_POINTS.constraints},
-                {MAP_POINTS.name: self.values[MAP_POINTS.name]},
+                {param.name: param.constraints for param in own},
+                {param.name: self.values[param.name] for param in own},
                 caller_name="training",
             )
         except InvalidParameterError as error:
@@ -306,11 +308,19 @@ def train_bundle(
         raise ValueError(f"method {method.name!r} does not take sparse input")
     check_feasible(params, X.shape[0])
     estimator = params.estimator()
+    scaling = choose_scaling(X, params[INPUT_SCALING.name])
+    if scaling.method != "none":
+        log.info("input scaling %r (feature range ratio %.3g)", scaling.method, scaling.range_ratio)
 
     tracker = _Tracker(params, estimator, X.shape, progress, events)
     started = time.perf_counter()
     log.info("training %r with %s on %d x %d points", name, method.name, *X.shape)
-    model = fit_model(params, X, labels, estimator=estimator, tracker=tracker)
+    # The method, its fast path and the novelty model see scaled rows; the bundle takes raw
+    # ones (its graph and its exact path scale them), and so do the reference rows.
+    scaled = scaling.transform(X)
+    model = fit_model(params, scaled, labels, estimator=estimator, tracker=tracker)
+    model.input_scaling = scaling
+    model.fast_path = scale_graph_input(model.fast_path, scaling)
     extra_files, sections = reference_files(model, X, old, params.pipeline()["random_state"])
     if params[MAP_POINTS.name] and model.training_embedding is not None:
         if tracker.report("export", 0.0, "2-D map of the training embedding (t-SNE)"):
@@ -323,7 +333,7 @@ def train_bundle(
             "seconds": round(time.perf_counter() - map_started, 3),
         }
     novelty_files, novelty_manifest = novelty_section(
-        X, model.training_rows, params.pipeline()["random_state"]
+        scaled, model.training_rows, params.pipeline()["random_state"]
     )
     extra_files.update(novelty_files)
     sections.update(novelty_manifest)

@@ -189,7 +189,7 @@
   function modelRow(model, manifest, models) {
     const training = manifest.training || {};
     const method = manifest.method || (manifest.hyperparameters && manifest.hyperparameters.method) || "mbn";
-    const reports = ["fidelity", "quality"]
+    const reports = ["fidelity", "quality", "input_scaling"]
       .filter((name) => manifest[name] && typeof manifest[name] === "object")
       .map((name) => reportDetails(name, manifest[name]));
     if (model.state !== "damaged") {
