@@ -47,15 +47,18 @@ def test_every_training_option_and_setting_is_documented():
         assert f"| `MBN_{name.upper()}` |" in deployment, name
 
 
-# The README's "Layout" section lists every module of these packages, one line each: a line
-# without indentation ending in "/" names a package root, and an indented line starting with a
-# path ending in ".py" names a module relative to the last root.
+# The README's "Layout" section is a table with one row per package directory:
+# | `<directory>/` | <what it holds> | `<module>` `<module>` ... |
+# The third cell names every module of that directory, without ".py", each in backticks; the
+# second is free text. Every module of these packages but ``__init__.py`` files and Alembic's
+# revision scripts must be named exactly once, and every name must be a module that exists.
 LAYOUT_PACKAGES = ("mbn_core", "service")
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def modules_on_disk() -> set[str]:
     """Every module of the packages but ``__init__.py`` files and Alembic's revision scripts
-    (``service/migrations/versions/``: listed as that folder, not one line per revision)."""
+    (``service/migrations/versions/``: the README names that folder, not each revision)."""
     found = set()
     for package in LAYOUT_PACKAGES:
         for path in (REPO / package).rglob("*.py"):
@@ -67,39 +70,58 @@ def modules_on_disk() -> set[str]:
 
 
 def modules_in_readme_layout() -> dict[str, int]:
-    """The modules the code block of the README's layout section names, with each one's line."""
+    """The modules the table of the README's layout section names, with each one's line."""
     listed: dict[str, int] = {}
-    in_section = in_block = False
-    root = None
+    directories: dict[str, int] = {}
+    in_section = False
     for number, line in enumerate((REPO / "README.md").read_text().splitlines(), start=1):
         if line.startswith("## "):
             in_section = line == "## Layout"
-        elif in_section and line.startswith("```"):
-            in_block = not in_block
-        elif in_block and line and not line[0].isspace():
-            root = line.split()[0].rstrip("/")
-        elif in_block and line.strip() and line.split()[0].endswith(".py"):
-            assert root is not None, f"README.md line {number}: a module before any package"
-            name = f"{root}/{line.split()[0]}"
+            continue
+        if not in_section or not line.startswith("|"):
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if cells[0] == "package" or set(cells[0]) <= set("-: "):
+            continue  # the header row and the rule under it
+        where = f"README.md line {number}"
+        assert len(cells) == 3, f"{where}: a layout row has three cells, not {len(cells)}"
+        match = re.fullmatch(r"`([A-Za-z0-9_/]+)/`", cells[0])
+        assert match, f"{where}: the first cell must be a directory in backticks: `mbn_core/mbn/`"
+        directory = match.group(1)
+        assert directory.split("/")[0] in LAYOUT_PACKAGES, f"{where}: {directory}/ is no package"
+        assert directory not in directories, (
+            f"README.md lines {directories[directory]} and {number} both list {directory}/"
+        )
+        directories[directory] = number
+        names = re.findall(r"`([^`]*)`", cells[2])
+        assert names, f"{where}: {directory}/ names no module"
+        for module in names:
+            assert _MODULE_NAME.fullmatch(module), (
+                f"{where}: `{module}` is not a module name (write `name`, without .py)"
+            )
+            name = f"{directory}/{module}.py"
             assert name not in listed, (
                 f"README.md lines {listed[name]} and {number} both list {name}: remove one"
             )
             listed[name] = number
-    assert listed, "README.md has no '## Layout' section with a code block of modules"
+    assert listed, "README.md has no '## Layout' table of packages and their modules"
     return listed
 
 
 def test_readme_layout_lists_every_module():
     on_disk = modules_on_disk()
     listed = modules_in_readme_layout()
+    rows = {Path(name).parent.as_posix() for name in listed}
     problems = [
-        f"add the line '  {name.split('/', 1)[1]}  <what it does>' under {name.split('/')[0]}/"
+        f"add `{Path(name).stem}` to the row of {Path(name).parent.as_posix()}/"
+        if Path(name).parent.as_posix() in rows
+        else f"add a row for {Path(name).parent.as_posix()}/ naming `{Path(name).stem}`"
         for name in sorted(on_disk - listed.keys())
     ] + [
-        f"remove line {listed[name]} ('{name.split('/', 1)[1]}'): {name} does not exist"
+        f"remove `{Path(name).stem}` from line {listed[name]}: {name} does not exist"
         for name in sorted(listed.keys() - on_disk)
     ]
-    assert not problems, "README.md's '## Layout' block is out of date:\n" + "\n".join(problems)
+    assert not problems, "README.md's '## Layout' table is out of date:\n" + "\n".join(problems)
 
 
 @pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: str(p.relative_to(REPO)))
