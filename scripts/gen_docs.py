@@ -31,6 +31,7 @@ def training_options() -> str:
         "compressor": "the distilled compressor's",
         "pipeline": "the pipeline's (every method)",
         "map": "the stored map's (every method)",
+        "input": "the input's (every method)",
     }
     shown_shared: set[str] = set()
     # The methods of this repository (not plug-ins a test or a site registered).
@@ -39,7 +40,7 @@ def training_options() -> str:
         if method.module not in BUILTIN_MODULES:
             continue
         for group, params in method.option_groups().items():
-            if group in ("pipeline", "map"):  # every method's: shown once
+            if group in ("pipeline", "map", "input"):  # every method's: shown once
                 if group in shown_shared:
                     continue
                 shown_shared.add(group)

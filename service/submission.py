@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+import scipy.sparse as sp
 
 from mbn_core.data.checks import check_spread
 from mbn_core.data.files import DataShape, peek_data_file
@@ -90,13 +91,15 @@ def _check_counts(params: dict[str, Any], bound: int) -> None:
                 )
 
 
-def check_data(n_rows: int, params: dict[str, Any]) -> None:
+def check_data(n_rows: int, params: dict[str, Any], *, sparse: bool = False) -> None:
     """Refuse data the training would fail on by its size (too few rows for the layers,
-    the compressor, the embedding or the clustering head)."""
+    the compressor, the embedding or the clustering head) or kind (sparse input for a method
+    or a scaling that cannot take it)."""
+    kind = "sparse " if sparse else ""
     try:
-        check_feasible(TrainingParams.from_dict(params), n_rows)
+        check_feasible(TrainingParams.from_dict(params), n_rows, sparse=sparse)
     except ValueError as exc:
-        raise InvalidInput(f"params do not fit {n_rows} rows: {exc}") from None
+        raise InvalidInput(f"params do not fit {n_rows} {kind}rows: {exc}") from None
 
 
 class Submitter:
@@ -136,7 +139,7 @@ class Submitter:
             )
         if y is not None and y.shape != (x.shape[0],):
             raise InvalidInput(f"labels has {y.shape[0]} entries for {x.shape[0]} rows of data")
-        check_data(x.shape[0], params)
+        check_data(x.shape[0], params, sparse=sp.issparse(x))
         try:
             check_spread(x, "data")  # constant rows, or values float32 cannot train on
         except ValueError as exc:
@@ -176,7 +179,7 @@ class Submitter:
         path = self.files.path(job_id, data_file)
         try:
             shape = self._check_file(path)
-            check_data(shape.n_rows, params)
+            check_data(shape.n_rows, params, sparse=shape.sparse)
             if prepare is not None:
                 params = prepare(params, shape.n_features)
         except BaseException:

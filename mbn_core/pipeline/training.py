@@ -59,7 +59,7 @@ ProgressCallback = Callable[[str, float], object]
 
 # An MLP weight costs about this many bottom-layer multiply-adds per point and epoch (forward,
 # backward and update, on one BLAS thread against the bottom layer's two;
-# docs/decisions/0023-training-progress.md).
+# docs/decisions/0024-training-progress.md).
 _MLP_COST = 7.0
 # Share of the whole job left to the fidelity evaluation and the export.
 _EXPORT_SHARE = 0.02
@@ -210,14 +210,22 @@ class TrainingEvent:
     message: str
 
 
-def check_feasible(params: TrainingParams, n_rows: int) -> None:
-    """ValueError unless ``params`` can train on ``n_rows`` rows: what ``train_bundle`` would
-    otherwise find out only after the fit (the compressor needs 4 rows, the clustering head
-    ``n_clusters``, and the method its own: ``Method.check_rows``)."""
+def check_feasible(params: TrainingParams, n_rows: int, *, sparse: bool = False) -> None:
+    """ValueError unless ``params`` can train on ``n_rows`` rows (``sparse``: of a sparse
+    matrix): what ``train_bundle`` would otherwise find out only after the fit (the
+    compressor needs 4 rows, the clustering head ``n_clusters``, and the method its own:
+    ``Method.check_rows``)."""
     minimum = 4  # rows are held out for validation and fidelity
     if n_rows < minimum:
         raise ValueError(f"training needs at least {minimum} rows, got {n_rows}")
     method = params.spec
+    if sparse and not method.sparse:
+        raise ValueError(f"method {method.name!r} does not take sparse input")
+    if sparse and params[INPUT_SCALING.name] == "standard":
+        raise ValueError(
+            "input_scaling='standard' centres every feature, which would make sparse input "
+            "dense; weight sparse features yourself (tf-idf, say) and use 'none' or 'auto'"
+        )
     if method.check_rows is not None:
         method.check_rows(params.estimator(), fit_shape(params, (n_rows, 1))[0])
         if method.export is None:
@@ -304,9 +312,7 @@ def train_bundle(
     check_spread(X)
     labels = check_labels(y, X.shape[0], "y")
     method = params.spec
-    if sp.issparse(X) and not method.sparse:
-        raise ValueError(f"method {method.name!r} does not take sparse input")
-    check_feasible(params, X.shape[0])
+    check_feasible(params, X.shape[0], sparse=sp.issparse(X))
     estimator = params.estimator()
     scaling = choose_scaling(X, params[INPUT_SCALING.name])
     if scaling.method != "none":

@@ -259,6 +259,28 @@ def test_sparse_uploads_are_sized_by_their_arrays(api: Callable[..., TestClient]
     assert "sparse values" in error["message"] and "MBN_MAX_TRAIN_BYTES" in error["message"]
 
 
+@pytest.mark.parametrize(
+    ("params", "reason"),
+    [
+        ({"input_scaling": "standard"}, "input_scaling='standard'"),
+        ({"method": "modular_kpca"}, "does not take sparse input"),
+    ],
+)
+def test_sparse_uploads_a_training_cannot_take_are_refused_at_submission(
+    shared: TestClient, params: dict, reason: str
+) -> None:
+    # Refused with the reason before a job exists, not failed as a job later.
+    buffer = io.BytesIO()
+    sp.save_npz(buffer, sp.random(60, 40, density=0.2, format="csr", random_state=0))
+    response = shared.post(
+        "/train",
+        files={"file": ("bag.npz", buffer.getvalue())},
+        data={"params": json.dumps(params)},
+    )
+    error = assert_error(response, 422)
+    assert reason in error["message"] and "sparse rows" in error["message"]
+
+
 def test_json_training_data_is_bounded_by_the_body_limit(client: TestClient) -> None:
     # JSON rows become Python objects in the API process: the upload limit is for files.
     rows = [[0.5] * 64] * 400  # ~100 kB, over max_body_bytes, under max_upload_bytes
