@@ -187,6 +187,11 @@ class BodyPace:
 LINGER_SECONDS = 5.0
 MAX_LINGERING = 2
 
+# How long a chunk of a body being read waits for bodies already worked on to free the room
+# it needs (RowBudget.buffering). Work ends on its own, usually in well under a second;
+# past this the body is refused (429) rather than kept waiting with its bytes held.
+ROOM_WAIT_SECONDS = 5.0
+
 
 def _has_header(scope: Scope, wanted: bytes) -> bool:
     return any(name == wanted for name, _ in scope.get("headers", ()))
@@ -233,7 +238,9 @@ class AdmissionMiddleware:
     A slot is held by work, never by a client's bytes: a client that sends its headers and
     then trickles its body (or nothing) holds only its connection and the bytes it sent,
     until BodyLimitMiddleware's pace drops it. The bytes of bodies, being read or worked
-    on, are bounded by the budget's ``max_buffered_bytes`` instead."""
+    on, are bounded by the budget's ``max_buffered_bytes`` instead (see
+    ``RowBudget.buffering`` for which body is refused when they are at their bound). A
+    refused body's bytes are dropped before its answer waits for the rest of the body."""
 
     def __init__(
         self, app: ASGIApp, *, budget: RowBudget, paths: frozenset[str] = frozenset({"/embed"})
@@ -246,10 +253,13 @@ class AdmissionMiddleware:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.paths:
             await self.app(scope, receive, send)
             return
-        with self.budget.buffering() as hold:
+        with self.budget.buffering() as buffer:
             try:
-                body = await self._read_body(receive, hold)
+                body = await self._read_body(receive, buffer)
             except ServiceError as error:  # too large, too slow, or no room for more bodies
+                # The answer may wait seconds for the rest of the body to be drained: the
+                # bytes read so far are of no use, and other bodies need their room now.
+                buffer.release()
                 await _send_error(scope, receive, send, error)
                 return
             if body is None:
@@ -263,18 +273,16 @@ class AdmissionMiddleware:
                 await self.app(scope, _replay(body, receive), send)
 
     @staticmethod
-    async def _read_body(receive: Receive, hold: Callable[[int], None]) -> bytes | None:
-        chunks: list[bytes] = []
+    async def _read_body(receive: Receive, buffer: BodyBuffer) -> bytes | None:
         while True:
             message = await receive()
             if message["type"] != "http.request":
                 return None
-            chunk = message.get("body", b"")
-            if chunk:
-                hold(len(chunk))
-                chunks.append(chunk)
+            # Called for an empty chunk too: a body refused while its client was silent
+            # learns it here.
+            await buffer.add(message.get("body", b""))
             if not message.get("more_body", False):
-                return b"".join(chunks)
+                return buffer.take()
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -323,6 +331,10 @@ class RowBudget:
         self.rows_in_flight = 0
         self.requests_in_flight = 0
         self.buffered_bytes = 0
+        # Bodies being read, oldest first (a dict: ordered, and removal by key is cheap).
+        self._reading: dict[BodyBuffer, None] = {}
+        # Futures of body chunks waiting for bytes to be freed (each made on the running loop).
+        self._room_waiters: list[asyncio.Future[None]] = []
         # Since when every request slot is taken (monotonic seconds), None while one is free:
         # readiness reads it from its own thread (a float assignment is atomic).
         self.full_since: float | None = None
@@ -361,25 +373,75 @@ class RowBudget:
         return 0.0 if since is None else time.monotonic() - since
 
     @contextmanager
-    def buffering(self) -> Iterator[Callable[[int], None]]:
-        """Bytes of a request's body, counted while inside: the function given adds ``n``
-        more, or raises Overloaded (429) when the bodies held (being read or worked on)
-        would pass ``max_buffered_bytes``."""
-        held = 0
+    def buffering(self) -> Iterator[BodyBuffer]:
+        """A request's body, its bytes counted while inside: being read (``BodyBuffer.add``),
+        then, once taken, worked on. The bodies held never pass ``max_buffered_bytes``.
 
-        def add(n: int) -> None:
-            nonlocal held
-            if self.buffered_bytes + n > self.max_buffered_bytes:
-                self._reject(
-                    "buffered", f"{self.buffered_bytes} bytes of /embed bodies are being read"
-                )
-            self.buffered_bytes += n
-            held += n
-
+        When a chunk does not fit, the body that arrived later loses, never the one that
+        has been arriving longer: a body nearly in would otherwise be refused because
+        bodies that came after it took the room it was about to fill, and both clients then
+        got 429 (each refused body held its bytes while its answer waited). So a chunk of an
+        older body takes the room of bodies still being read that started after it (they
+        are refused, their bytes dropped at once), and waits up to ``ROOM_WAIT_SECONDS`` for
+        bodies already worked on, which end on their own; only when neither would make room
+        is it refused itself. Nothing is reserved for bytes not yet sent: a client that
+        declares a large body and sends nothing holds nothing, so slow clients cannot keep
+        others out."""
+        body = BodyBuffer(self)
+        self._reading[body] = None
         try:
-            yield add
+            yield body
         finally:
-            self.buffered_bytes -= held
+            body.release()
+
+    def _reading_after(self, body: BodyBuffer) -> list[BodyBuffer]:
+        """The bodies being read that started after ``body``, oldest first."""
+        reading = list(self._reading)
+        return reading[reading.index(body) + 1 :] if body in self._reading else []
+
+    async def _make_room(self, body: BodyBuffer, n: int) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ROOM_WAIT_SECONDS
+        while True:
+            if body.refusal is not None:
+                raise body.refusal
+            if self.buffered_bytes + n <= self.max_buffered_bytes:
+                break
+            later = self._reading_after(body)
+            if self.buffered_bytes - sum(b.held for b in later) + n <= self.max_buffered_bytes:
+                for victim in reversed(later):  # the one that started last goes first
+                    if self.buffered_bytes + n <= self.max_buffered_bytes:
+                        break
+                    victim.refuse(self._refusal("buffered", self._full()))
+                break
+            worked_on = self.buffered_bytes - sum(b.held for b in self._reading)
+            freeable = worked_on + sum(b.held for b in later)
+            if self.buffered_bytes - freeable + n > self.max_buffered_bytes:
+                self._reject("buffered", self._full())  # older bodies hold the room
+            if loop.time() >= deadline:
+                self._reject("buffered", self._full())
+            waiter = loop.create_future()
+            self._room_waiters.append(waiter)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await waiter
+            except TimeoutError:
+                pass  # checked once more, then refused
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._room_waiters.remove(waiter)
+        self.buffered_bytes += n
+
+    def _freed(self, n: int) -> None:
+        self.buffered_bytes -= n
+        if n:
+            waiters, self._room_waiters = self._room_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def _full(self) -> str:
+        return f"{self.buffered_bytes} bytes of /embed bodies are being read"
 
     @contextmanager
     def rows(self, n: int) -> Iterator[None]:
@@ -395,8 +457,55 @@ class RowBudget:
             self.rows_in_flight -= n
 
     def _reject(self, reason: str, what: str) -> None:
+        raise self._refusal(reason, what)
+
+    def _refusal(self, reason: str, what: str) -> Overloaded:
         self._on_reject(reason)
-        raise Overloaded(f"overloaded: {what}; retry later", retry_after=self.retry_after)
+        return Overloaded(f"overloaded: {what}; retry later", retry_after=self.retry_after)
+
+
+class BodyBuffer:
+    """One /embed body in a RowBudget: its chunks while it is read, then the bytes counted
+    while it is worked on. Event loop only, like the budget's counters."""
+
+    def __init__(self, budget: RowBudget) -> None:
+        self._budget = budget
+        self._chunks: list[bytes] = []
+        self.held = 0  # bytes counted in the budget for this body
+        self.refusal: Overloaded | None = None  # set when a body that came earlier needed the room
+
+    async def add(self, chunk: bytes) -> None:
+        """Count and keep ``chunk``, waiting for room if need be, or raise Overloaded (429):
+        no room, or this body was refused to make room for an earlier one."""
+        if self.refusal is not None:
+            raise self.refusal
+        if chunk:
+            await self._budget._make_room(self, len(chunk))
+            self._chunks.append(chunk)
+            self.held += len(chunk)
+
+    def take(self) -> bytes:
+        """The whole body, read: from here on it is worked on, and keeps its bytes counted
+        until ``buffering`` ends (no later body can take its room)."""
+        if self.refusal is not None:
+            raise self.refusal
+        self._budget._reading.pop(self, None)
+        body = b"".join(self._chunks)
+        self._chunks = []
+        return body
+
+    def refuse(self, refusal: Overloaded) -> None:
+        """Refused while still being read: its bytes are dropped now, and its reader raises
+        ``refusal`` at its next chunk."""
+        self.refusal = refusal
+        self.release()
+
+    def release(self) -> None:
+        """Drop the body and its count (idempotent)."""
+        self._budget._reading.pop(self, None)
+        self._chunks = []
+        held, self.held = self.held, 0
+        self._budget._freed(held)
 
 
 class ExactGate:
