@@ -9,7 +9,7 @@ and ``mbn train``'s bars show): the job's seconds, the largest lead and lag of t
 fraction against the share of the job's time gone, and the longest stretch without a report
 with the fraction the bar stood at meanwhile.
 
-Decision record: docs/decisions/0023-training-progress.md.
+Decision record: docs/decisions/0024-training-progress.md.
 """
 
 from __future__ import annotations

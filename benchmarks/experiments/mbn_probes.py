@@ -48,7 +48,7 @@ Decision records (docs/decisions/):
 - 0004-output-auto.md
 - 0005-ensemble-size-and-restarts.md
 - 0006-metric-cosine-opt-in.md
-- 0023-training-progress.md
+- 0024-training-progress.md
 """
 
 from __future__ import annotations
