@@ -463,8 +463,8 @@ class Settings(BaseSettings):
 
 
 def settings_markdown() -> str:
-    """The settings as a Markdown table (variable, default, meaning): what the README shows,
-    generated from the fields so the two cannot disagree (``scripts/gen_docs.py``)."""
+    """The settings as a Markdown table (variable, default, meaning): what docs/DEPLOYMENT.md
+    shows, generated from the fields so the two cannot disagree (``scripts/gen_docs.py``)."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for name, field in Settings.model_fields.items():
         default = field.default

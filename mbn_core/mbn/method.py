@@ -148,7 +148,8 @@ METHOD = register(
         save=model_to_arrays,
         load=model_from_arrays,
         # A service trains on tens of thousands of rows: the bottom layer, linear in k1, is
-        # the cost, and 2000 centers keep a 60,000-row job in minutes (README: training).
+        # the cost, and 2000 centers keep a 60,000-row job in minutes (docs/GUIDE.md, training;
+        # decision 0001).
         defaults={"k_max": 2000},
         track=_track,
         cost=_cost,
