@@ -1,11 +1,13 @@
 """What shadowing costs fast-mode requests: latency with and without the live monitor.
 
-Starts ``mbn serve`` alternately with ``MBN_SHADOW_FRACTION=0`` (no monitor) and with the
-fraction under test (default: the service's default), ``--rounds`` times each, and measures
-fast-mode single-vector ``/embed`` latency client side: one request at a time, then from
-``--clients`` concurrent connections. Each configuration's p50 and p99 are the medians over
-its rounds; the last rows give the monitor's counters after the shadowed rounds (rows seen,
-shadow rows, rows whose exact embedding was skipped because exact work was running).
+Starts two ``mbn serve`` processes side by side on the same model, one with
+``MBN_SHADOW_FRACTION=0`` (no monitor) and one with the fraction under test (default: the
+service's default), warms both up, and measures fast-mode single-vector ``/embed`` latency
+client side: one request at a time, then from ``--clients`` concurrent connections. The two
+servers take turns in ``--blocks`` alternating blocks, so both see the same machine moment by
+moment (on a shared machine the load moves more between minutes than shadowing costs). The
+last row gives the shadowed server's monitor counters (rows seen, shadow rows, rows skipped
+because exact work was running or the shadow process was behind).
 
 Run: ``MBN_MNIST=path/to/mnist70k.npz python benchmarks/bench_shadow.py [--model-dir DIR]``
 (without ``--model-dir`` it first trains a model on ``--train`` MNIST images).
@@ -18,10 +20,10 @@ import asyncio
 import os
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 from bench_report import add_training_option, print_measures
 from bench_server import free_port, wait_until_ready
 from bench_service import (
@@ -59,20 +61,58 @@ def serve(model_dir: Path, data_dir: Path, fraction: float):
     return proc, url
 
 
-def measure(url: str, single: list[bytes], clients: int, seconds: float) -> dict[str, float]:
+def warm_up(url: str, single: list[bytes], shadowed: bool) -> None:
     # One exact request first, in both configurations: it reads the exact model and compiles
-    # its kernels, which the first shadow rows would otherwise wait for (measured: longer
-    # than a round on a loaded machine, so no row was ever shadowed).
+    # its kernels in the API process. Then the same warm-up traffic to both, and (shadowed)
+    # until the shadow process, started by the first sample, has answered once: its start-up
+    # is a one-off, not what a running service pays per request.
     httpx.post(f"{url}/embed", content=single[0].replace(b'"fast"', b'"exact"'), timeout=600,
                headers={"content-type": "application/json"})  # fmt: skip
-    latencies, _ = timed_requests(url, single, warmup=50)
-    concurrent, _ = asyncio.run(concurrent_clients(url, single, clients, seconds))
-    return {
-        "p50": percentile(latencies, 50),
-        "p99": percentile(latencies, 99),
-        "c_p50": percentile(concurrent, 50),
-        "c_p99": percentile(concurrent, 99),
-    }
+    timed_requests(url, single[:1000], warmup=0)
+    if not shadowed:
+        return
+    deadline = time.monotonic() + 300
+    while monitor_of(url)["shadow_rows"] == 0:
+        if time.monotonic() > deadline:
+            raise SystemExit("no row was shadowed within 300 s of warm-up traffic")
+        # Pauses between small bursts: the shadow process starts (imports, kernels
+        # compiled) only on cycles nobody else wants.
+        time.sleep(2)
+        timed_requests(url, single[:100], warmup=0)
+
+
+def monitor_of(url: str) -> dict:
+    model = httpx.get(f"{url}/models").json()["default"]
+    return httpx.get(f"{url}/models/{model}/monitor", timeout=60).json()
+
+
+def interleaved(urls: list[str], single: list[bytes], blocks: int) -> list[list[float]]:
+    """Sequential latencies of each server, its requests interleaved with the other's in
+    ``blocks`` alternating blocks (so that both see the same machine, moment by moment)."""
+    latencies: list[list[float]] = [[] for _ in urls]
+    size = max(1, len(single) // blocks)
+    for block in range(blocks):
+        part = single[block * size : (block + 1) * size]
+        order = range(len(urls)) if block % 2 == 0 else reversed(range(len(urls)))
+        for index in order:
+            latencies[index] += timed_requests(urls[index], part, warmup=0)[0]
+    return latencies
+
+
+def concurrent_interleaved(
+    urls: list[str], single: list[bytes], clients: int, seconds: float, blocks: int
+) -> list[list[float]]:
+    """Latencies under ``clients`` concurrent connections, alternating between the servers
+    in windows of ``seconds / blocks``."""
+    latencies: list[list[float]] = [[] for _ in urls]
+    for block in range(blocks):
+        order = range(len(urls)) if block % 2 == 0 else reversed(range(len(urls)))
+        for index in order:
+            window, _ = asyncio.run(
+                concurrent_clients(urls[index], single, clients, seconds / blocks)
+            )
+            latencies[index] += window
+    return latencies
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -85,10 +125,10 @@ def main(argv: list[str] | None = None) -> None:
         default=Settings.model_fields["shadow_fraction"].default,
         help="the shadow fraction under test",
     )
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=2_000, help="sequential, per round")
+    parser.add_argument("--requests", type=int, default=10_000, help="sequential, per server")
+    parser.add_argument("--blocks", type=int, default=20, help="alternations of the servers")
     parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--seconds", type=float, default=10.0, help="concurrent, per round")
+    parser.add_argument("--seconds", type=float, default=20.0, help="concurrent, per server")
     add_training_option(parser, "n_clusterings=100")
     args = parser.parse_args(argv)
     x, y = load_mnist_float(None)
@@ -99,39 +139,40 @@ def main(argv: list[str] | None = None) -> None:
             model_dir = root / "models"
             params = {"map_points": 0, **args.option}
             train_model(model_dir, x, y, n_train=args.train, params=params)
-        held_out = x[60_000:]
-        single = bodies_for(held_out, 1, args.requests + 50, "json-int")
-        results: dict[float, list[dict[str, float]]] = {0.0: [], args.fraction: []}
-        monitor = {}
-        for round_ in range(args.rounds):
-            for fraction in (0.0, args.fraction):
-                proc, url = serve(model_dir, root / f"data-{round_}-{fraction}", fraction)
-                try:
-                    results[fraction].append(measure(url, single, args.clients, args.seconds))
-                    if fraction:
-                        model = httpx.get(f"{url}/models").json()["default"]
-                        monitor = httpx.get(f"{url}/models/{model}/monitor", timeout=60).json()
-                finally:
-                    proc.send_signal(signal.SIGTERM)
-                    proc.wait(60)
-
-    def median(fraction: float, key: str) -> float:
-        return float(np.median([r[key] for r in results[fraction]]))
+        single = bodies_for(x[60_000:], 1, args.requests, "json-int")
+        fractions = (0.0, args.fraction)
+        servers = [serve(model_dir, root / f"data-{fraction}", fraction) for fraction in fractions]
+        try:
+            urls = [url for _, url in servers]
+            for url, fraction in zip(urls, fractions, strict=True):
+                warm_up(url, single, fraction > 0)
+            sequential = interleaved(urls, single, args.blocks)
+            concurrent = concurrent_interleaved(
+                urls, single, args.clients, args.seconds, args.blocks
+            )
+            monitor = monitor_of(urls[1])
+        finally:
+            for proc, _ in servers:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(60)
 
     rows = []
-    for key, what in (
-        ("p50", "sequential p50"),
-        ("p99", "sequential p99"),
-        ("c_p50", f"{args.clients} clients p50"),
-        ("c_p99", f"{args.clients} clients p99"),
+    for what, measured in (
+        ("sequential", sequential),
+        (f"{args.clients} clients", concurrent),
     ):
-        off, on = median(0.0, key), median(args.fraction, key)
-        rows.append(
-            (f"{what}, ms: off / fraction {args.fraction}", f"{off:.3f} / {on:.3f} "
-             f"({(on / off - 1) * 100:+.1f}%)")
-        )  # fmt: skip
+        for q in (50, 99):
+            off, on = (percentile(values, q) for values in measured)
+            rows.append(
+                (f"{what} p{q}, ms: off / fraction {args.fraction}",
+                 f"{off:.3f} / {on:.3f} ({(on / off - 1) * 100:+.1f}%)")
+            )  # fmt: skip
     rows.append(
-        ("monitor after the last shadowed round",
+        ("requests measured per server", f"{len(sequential[0])} sequential, "
+         f"{len(concurrent[0])} / {len(concurrent[1])} concurrent")
+    )  # fmt: skip
+    rows.append(
+        ("monitor of the shadowed server",
          f"rows seen {monitor.get('rows_seen')}, sampled {monitor.get('rows_sampled')}, "
          f"shadow rows {monitor.get('shadow_rows')}, skipped (exact busy) "
          f"{monitor.get('skipped_exact_busy')}, dropped (behind) {monitor.get('dropped_behind')}, "
