@@ -492,6 +492,9 @@ def _describe(manifest: dict[str, Any], *, brief: bool) -> list[str]:
     if "input_noise" in training:
         fit.append(f"input noise {training['input_noise']:.3g}")
     times = [f"{phase} {value:.1f} s" for phase, value in seconds.items()]
+    map_seconds = manifest.get("map", {}).get("seconds")
+    if isinstance(map_seconds, int | float):
+        times.append(f"map {map_seconds:.1f} s")
     times.append(f"total {training.get('total_seconds', 0):.1f} s")
     lines += [
         f"method:      {manifest.get('method', '?')} (fast path: "
@@ -621,9 +624,11 @@ class _ProgressBars:
         if event.phase != self.phase:
             self._close()
             self.phase = event.phase
-            if event.phase == "export":
-                return
-            label = {"fit": "fit", "compressor": "MLP", "report": "report"}[event.phase]
+            # The export's first step, the stored map's t-SNE, can be most of a small job:
+            # its bar says so, though t-SNE reports no steps of its own.
+            label = {"fit": "fit", "compressor": "MLP", "report": "report", "export": "export"}[
+                event.phase
+            ]
             self.bar = tqdm(
                 total=self._TOTAL,
                 desc=label,

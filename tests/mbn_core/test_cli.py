@@ -135,6 +135,10 @@ def test_info(trained, workdir, monkeypatch, capsys):
     assert "64 -> 10 (metric euclidean, pca output" in out  # what output="auto" chose
     assert "MLP epochs, input noise 0.3\n" in out  # what input_noise="auto" chose
     assert "quality:     trustworthiness / continuity" in out and "pca " in out
+    assert "input:       no scaling (auto: feature ranges" in out  # digits' pixels
+    manifest = load_bundle(workdir / "model").manifest
+    # The stored map's t-SNE is part of the job's time.
+    assert f"map {manifest['map']['seconds']:.1f} s" in out
     assert "verified:" in out
 
 
