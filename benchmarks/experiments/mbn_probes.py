@@ -1,5 +1,5 @@
 """Probes of MBN's "auto" rules and outputs: the experiments behind decision records
-0002-0006 and 0023 (docs/decisions/). Not benchmarks of a current figure; kept runnable to
+0002-0006 and 0024 (docs/decisions/). Not benchmarks of a current figure; kept runnable to
 revisit the decisions.
 
     python benchmarks/experiments/mbn_probes.py restarts [--datasets ...] [--seeds 15] [--group 5]
@@ -40,7 +40,7 @@ equals the one of the output asked for by name, bit for bit (decision 0004).
 service's ``k_max``) and prints the seconds of the bottom layer, the upper layers, the UMAP
 output's neighbour search and its layout; the costs the progress estimate takes from them
 (``mbn_core.mbn.method``); and the largest gap between the reported share and the share of the
-fit's time gone (decision 0023).
+fit's time gone (decision 0024).
 
 Decision records (docs/decisions/):
 - 0002-feature-fraction-auto.md
