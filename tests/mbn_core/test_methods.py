@@ -38,7 +38,7 @@ def test_registered_methods_are_listed():
 def test_options_come_from_the_estimators():
     exported = [p.name for p in get_method("toy-exported").options()]
     assert exported == ["n_components", "whiten", "holdout_fraction", "n_clusters",
-                        "random_state", "n_jobs", "map_points"]  # fmt: skip
+                        "random_state", "n_jobs", "input_scaling", "map_points"]  # fmt: skip
     distilled = {p.name: p for p in get_method("toy-distilled").options()}
     assert "hidden_layer_sizes" in distilled and "n_clusterings" not in distilled
     assert distilled["n_components"].default == 3  # the method's declared training default
