@@ -127,6 +127,7 @@ def wine_bundle(tmp_path_factory):
     return path, X
 
 
+@pytest.mark.slow
 def test_bundle_records_the_choice_and_takes_raw_rows(wine_bundle):
     path, X = wine_bundle
     bundle = load_bundle(path)
@@ -153,6 +154,7 @@ def test_bundle_records_the_choice_and_takes_raw_rows(wine_bundle):
     )
 
 
+@pytest.mark.slow
 def test_novelty_scores_raw_rows_in_the_models_units(wine_bundle):
     path, X = wine_bundle
     novelty = load_novelty(load_bundle(path))
@@ -164,6 +166,7 @@ def test_novelty_scores_raw_rows_in_the_models_units(wine_bundle):
     assert novelty.is_novel(shifted).mean() > 0.9
 
 
+@pytest.mark.slow
 def test_the_choice_can_be_overridden(tmp_path):
     X, y = load_wine(return_X_y=True)
     path = train_bundle(
@@ -181,6 +184,7 @@ def _rewrite(path, change):
     write_manifest(path, manifest)
 
 
+@pytest.mark.slow
 def test_a_bundle_whose_scaling_disagrees_with_its_files_is_refused(wine_bundle, tmp_path):
     path, _ = wine_bundle
     missing = tmp_path / "missing"
