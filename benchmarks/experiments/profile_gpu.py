@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_data import load_mnist  # noqa: E402
+from bench_data import load_mnist
 
-from mbn_core import MBN  # noqa: E402
+from mbn_core import MBN
 
 
 def main() -> None:
