@@ -39,10 +39,13 @@ RUN groupadd --gid 10001 mbn \
     && mkdir -p /data /var/cache/mbn/numba \
     && chown mbn:mbn /data /var/cache/mbn/numba
 
-# The dependencies, then this project's wheel: a code change only redoes the last, small layer.
+# The dependencies, then this project's wheel: a code change only redoes the last, small layers.
+# The wheel is copied, not bind-mounted: podman reuses a RUN layer whatever a bind mount holds,
+# so a mounted wheel left the image on the code of its first build.
 COPY --from=builder /opt/venv /opt/venv
-RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    /opt/venv/bin/pip install --no-cache-dir --no-deps /wheels/*.whl
+COPY --from=builder /wheels /tmp/wheels
+RUN /opt/venv/bin/pip install --no-cache-dir --no-deps /tmp/wheels/*.whl \
+    && rm -rf /tmp/wheels
 
 # numba compiles the hot loops on first use and caches them (cache=True); site-packages is not
 # writable for the service's user, so the cache goes to a directory that is.

@@ -45,6 +45,11 @@ url=http://127.0.0.1:$PORT
 [[ $("${podman[@]}" run --rm --no-healthcheck "$IMAGE" id -u) != 0 ]] || fail "the image runs as root"
 compilers=$("${podman[@]}" run --rm --no-healthcheck "$IMAGE" sh -c 'command -v gcc cc c++ clang || true')
 [[ -z $compilers ]] || fail "compilers in the final image: $compilers"
+# The image holds this tree's code, not a cached build's (a layer reused whatever it was built
+# from): every installed module's SHA-256 against the tree's file.
+"${podman[@]}" run --rm -i --no-healthcheck --entrypoint /opt/venv/bin/python "$IMAGE" - \
+    <"$ROOT/docker/code_digest.py" | python3 "$ROOT/docker/code_digest.py" --check "$ROOT" \
+    || fail "the image's code is not this tree's"
 healthcheck=$("${podman[@]}" image inspect --format '{{json .Config.Healthcheck}}' "$IMAGE")
 [[ $healthcheck == *health/live* ]] || fail "no HEALTHCHECK on /health/live in the image: $healthcheck"
 
