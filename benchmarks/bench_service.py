@@ -73,8 +73,14 @@ def train_model(
 
 
 def start_server(
-    model_dir: Path, data_dir: Path, onnx_threads: int, processes: int
+    model_dir: Path,
+    data_dir: Path,
+    onnx_threads: int | None = None,
+    processes: int = 1,
+    settings: dict[str, str] | None = None,
 ) -> tuple[Any, str]:
+    """``mbn serve`` on ``model_dir`` (no demo model, no worker), ready; ``settings``: more
+    ``MBN_*`` variables. None for ``onnx_threads`` keeps the service's default."""
     port = free_port()
     env = {
         **os.environ,
@@ -82,9 +88,12 @@ def start_server(
         "MBN_MODEL_DIR": str(model_dir),
         "MBN_DEMO_MODEL": "false",
         "MBN_EMBEDDED_WORKER": "false",
-        "MBN_ONNX_THREADS": str(onnx_threads),
         "MBN_LOG_LEVEL": "warning",
+        **(settings or {}),
     }
+    if onnx_threads is not None:
+        env["MBN_ONNX_THREADS"] = str(onnx_threads)
+    data_dir.mkdir(parents=True, exist_ok=True)
     command = [str(Path(sys.executable).with_name("mbn")), "serve", "--port", str(port)]
     command += ["--workers", str(processes)]
     log = (data_dir / "server.log").open("wb")

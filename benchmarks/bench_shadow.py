@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import tempfile
 import time
@@ -25,40 +24,17 @@ from pathlib import Path
 
 import httpx
 from bench_report import add_training_option, print_measures
-from bench_server import free_port, wait_until_ready
 from bench_service import (
     bodies_for,
     concurrent_clients,
     load_mnist_float,
     percentile,
+    start_server,
     timed_requests,
     train_model,
 )
 
 from service.config import Settings
-
-
-def serve(model_dir: Path, data_dir: Path, fraction: float):
-    import subprocess
-    import sys
-
-    port = free_port()
-    env = {
-        **os.environ,
-        "MBN_DATA_DIR": str(data_dir),
-        "MBN_MODEL_DIR": str(model_dir),
-        "MBN_DEMO_MODEL": "false",
-        "MBN_EMBEDDED_WORKER": "false",
-        "MBN_LOG_LEVEL": "warning",
-        "MBN_SHADOW_FRACTION": str(fraction),
-    }
-    command = [sys.executable, "-m", "service", "serve", "--port", str(port)]
-    data_dir.mkdir(parents=True, exist_ok=True)
-    log = (data_dir / "server.log").open("wb")
-    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    wait_until_ready(proc, url, data_dir / "server.log", "server")
-    return proc, url
 
 
 def warm_up(url: str, single: list[bytes], shadowed: bool) -> None:
@@ -141,7 +117,14 @@ def main(argv: list[str] | None = None) -> None:
             train_model(model_dir, x, y, n_train=args.train, params=params)
         single = bodies_for(x[60_000:], 1, args.requests, "json-int")
         fractions = (0.0, args.fraction)
-        servers = [serve(model_dir, root / f"data-{fraction}", fraction) for fraction in fractions]
+        servers = [
+            start_server(
+                model_dir,
+                root / f"data-{fraction}",
+                settings={"MBN_SHADOW_FRACTION": str(fraction)},
+            )
+            for fraction in fractions
+        ]
         try:
             urls = [url for _, url in servers]
             for url, fraction in zip(urls, fractions, strict=True):

@@ -11,9 +11,10 @@ import io
 import os
 import threading
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -32,6 +33,8 @@ from mbn_core.data.scaling import SCALING_FILE, InputScaling
 from mbn_core.distill.compressor import MODES
 from mbn_core.distill.onnx import OnnxEmbedder
 from mbn_core.methods import Method, get_method
+
+T = TypeVar("T")
 
 
 class OutOfRangeInput(ValueError):
@@ -241,6 +244,19 @@ class Bundle:
         if file_name not in OPTIONAL_FILES or file_name not in self.manifest["files"]:
             raise BundleError(f"{self.path / file_name}: model {self.id!r} has no {file_name}")
         return _verified_bytes(self.path, self.manifest, file_name)
+
+    def read_optional(self, file_name: str, parse: Callable[[bytes, str], T]) -> T | None:
+        """``parse(bytes, source)`` of one of ``OPTIONAL_FILES``, verified; None when the
+        bundle has none. A ValueError of ``parse`` (a damaged file) becomes a BundleError."""
+        if file_name not in self.manifest["files"]:
+            return None
+        source = f"{self.id}/{file_name}"
+        try:
+            return parse(self.optional_bytes(file_name), source)
+        except BundleError:
+            raise
+        except ValueError as error:
+            raise BundleError(str(error)) from None
 
     def _check_input(self, X, mode: str):
         if mode not in MODES:

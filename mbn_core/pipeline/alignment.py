@@ -145,13 +145,9 @@ def sample_reference_rows(X, rows, random_state) -> np.ndarray:
 
 def load_reference(bundle: Bundle) -> ReferenceRows | None:
     """``bundle``'s reference rows, or None when it has none (trained before them)."""
-    if REFERENCE_FILE not in bundle.manifest["files"]:
+    reference = bundle.read_optional(REFERENCE_FILE, ReferenceRows.from_bytes)
+    if reference is None:
         return None
-    data = bundle.optional_bytes(REFERENCE_FILE)
-    try:
-        reference = ReferenceRows.from_bytes(data, f"{bundle.id}/{REFERENCE_FILE}")
-    except ValueError as error:
-        raise BundleError(str(error)) from None
     if reference.rows.shape[1] != bundle.input_dim or (
         reference.embedding.shape[1] != bundle.output_dim
     ):

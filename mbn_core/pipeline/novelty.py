@@ -288,13 +288,9 @@ def novelty_section(X, rows, random_state) -> tuple[dict[str, bytes], dict[str, 
 def load_novelty(bundle: Bundle) -> Novelty | None:
     """``bundle``'s novelty model, or None when it has none (trained before novelty models,
     or on sparse input). BundleError when its file is damaged."""
-    if NOVELTY_FILE not in bundle.manifest["files"]:
+    model = bundle.read_optional(NOVELTY_FILE, Novelty.from_bytes)
+    if model is None:
         return None
-    data = bundle.optional_bytes(NOVELTY_FILE)
-    try:
-        model = Novelty.from_bytes(data, f"{bundle.id}/{NOVELTY_FILE}")
-    except ValueError as error:
-        raise BundleError(str(error)) from None
     if model.n_features != bundle.input_dim:
         raise BundleError(f"{bundle.id}/{NOVELTY_FILE}: input dimension disagrees")
     return dataclasses.replace(model, input_scaling=bundle.input_scaling)
