@@ -126,6 +126,20 @@ class Server(Process):
         return httpx.Client(base_url=self.url, timeout=30, **kwargs)
 
 
+@contextlib.contextmanager
+def serving(env: dict[str, str], log_path: Path, *, ready: bool = True) -> Iterator[Server]:
+    """``mbn serve`` with ``env``: started (and, with ``ready``, answering ``/health/ready``
+    200), stopped on leaving."""
+    server = Server(env, log_path).start()
+    try:
+        if ready:
+            with server.client() as client:
+                wait_for(lambda: client.get("/health/ready").status_code == 200, 60, "ready")
+        yield server
+    finally:
+        server.stop()
+
+
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
     """Poll until ``condition()`` is truthy; return its value or fail naming ``what``."""
     deadline = time.monotonic() + timeout

@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from servicetest import FAST_JOBS_ENV, TINY_PARAMS, Server, assert_error
+from servicetest import FAST_JOBS_ENV, TINY_PARAMS, Server, assert_error, serving
 
 # Slow: a real mbn serve process, attacked over raw HTTP.
 pytestmark = pytest.mark.slow
@@ -38,12 +38,9 @@ def server(
         "MBN_EMBEDDED_WORKER": "false",
         "MBN_MAX_TRAIN_BYTES": str(TRAIN_BYTES),
     }
-    srv = Server(env, data_dir / "server.log").start()
-    try:
+    with serving(env, data_dir / "server.log", ready=False) as srv:
         yield srv
-    finally:
-        srv.stop()
-        assert "Traceback" not in srv.log_path.read_text(), srv.log_tail()
+    assert "Traceback" not in srv.log_path.read_text(), srv.log_tail()
 
 
 @pytest.fixture

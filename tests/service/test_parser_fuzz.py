@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servicetest import REPO, Server, wait_for
+from servicetest import REPO, Server, serving
 
 _spec = importlib.util.spec_from_file_location(
     "fuzz_parsers", REPO / "benchmarks" / "fuzz_parsers.py"
@@ -46,13 +46,8 @@ def fuzz_server(
 ) -> Iterator[Server]:
     data = tmp_path_factory.mktemp("fuzz")
     write_bundle(data / "models", "m-digits", "digits")
-    server = Server(fuzz.fuzz_server_env(data), data / "server.log").start()
-    try:
-        with server.client() as client:
-            wait_for(lambda: client.get("/health/ready").status_code == 200, 60, "ready")
+    with serving(fuzz.fuzz_server_env(data), data / "server.log") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.mark.slow

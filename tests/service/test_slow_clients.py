@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servicetest import Server, wait_for
+from servicetest import Server, serving, wait_for
 
 # Slow: a real mbn serve process, held by slow and malformed clients.
 pytestmark = pytest.mark.slow
@@ -46,13 +46,8 @@ def server(
         "MBN_MAX_HEADER_BYTES": str(MAX_HEADER_BYTES),
         "MBN_LOG_LEVEL": "info",
     }
-    server = Server(env, data / "server.log").start()
-    try:
-        with server.client() as client:
-            wait_for(lambda: client.get("/health/ready").status_code == 200, 60, "ready")
+    with serving(env, data / "server.log") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _connect(server: Server) -> socket.socket:
