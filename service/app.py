@@ -122,6 +122,7 @@ class Runtime:
             fraction=settings.shadow_fraction,
             window=settings.monitor_window,
             replica=settings.replica_name or socket.gethostname(),
+            max_delay=settings.shadow_max_delay,
         )
         metrics.watch_monitor(monitor.gauges, monitor.replica)
         log.info(

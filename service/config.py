@@ -240,6 +240,15 @@ class Settings(BaseSettings):
         "request runs, an exact embedding in the background (shadow rows) that measures the "
         "fast path's live fidelity. 0 turns monitoring off.",
     )
+    shadow_max_delay: float = Field(
+        default=30.0,
+        ge=0.0,
+        le=3600.0,
+        description="Seconds a sampled row may wait to be processed with others: the "
+        "monitor embeds sampled rows exactly in batches (a few hundred rows, or whatever "
+        "waited this long), which costs the CPU several times less per row than one at a "
+        "time. 0: processed as soon as the monitor's thread is free.",
+    )
     monitor_window: int = Field(
         default=1000,
         ge=10,

@@ -1,15 +1,22 @@
 """Live monitoring of each model: fidelity of the fast path on shadow rows, input novelty.
 
 A share (``MBN_SHADOW_FRACTION``) of the rows answered in fast mode is sampled. Sampled rows
-are copied (a few rows, on the event loop) and handed to one background thread of the
-lowest CPU priority; nothing on the request's path waits for it. There
+are copied (a few rows, on the event loop) and queued for one background thread of the
+lowest CPU priority; nothing on the request's path waits for it. The thread takes the queue
+in batches: once ``batch_rows`` rows wait, or the oldest has waited ``MBN_SHADOW_MAX_DELAY``
+seconds. There
 
 - every sampled row gets its novelty score and range check (``mbn_core.pipeline.novelty``),
 - and, when no exact-mode request is running, the rows are also embedded exactly: the
   *shadow rows*, whose fast and exact embeddings are kept for the fidelity report.
 
-Memory is bounded: one sample is processed at a time and at most one waits (a newer sample
-replaces it; replaced and skipped rows are counted), and each model keeps its last
+Why batches: embedding one row exactly reads every bottom-layer center, a batch reads them
+once for all its rows, so a row's exact work costs several times less in a batch of hundreds,
+and the thread holds the interpreter lock once per batch instead of once per row. What
+shadowing costs fast requests is that work's share of the CPU.
+
+Memory is bounded: at most ``2 * batch_rows`` rows wait (beyond it the oldest are dropped
+and counted), one batch is processed at a time, and each model keeps its last
 ``MBN_MONITOR_WINDOW`` sampled rows and shadow rows. The report over the window uses the
 very function that measures the bundle's fidelity at training time
 (``mbn_core.pipeline.fidelity.measure_fidelity``), computed when asked and cached until the
@@ -26,7 +33,6 @@ import threading
 import time
 import warnings
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +52,10 @@ log = logging.getLogger(__name__)
 SHADOW_THREAD_NICENESS = 19
 # Clusters of the window's k-means comparison when the model has no clustering head.
 _DEFAULT_REPORT_CLUSTERS = 10
+# Rows the shadow thread embeds together. A few hundred rows make the bottom layer a matrix
+# product rather than one pass over the centers per row; at the default fraction a busy
+# replica gathers them in well under a minute, and a quiet one is served by the delay.
+SHADOW_BATCH_ROWS = 256
 
 
 @dataclass
@@ -54,6 +64,7 @@ class _Sample:
     rows: np.ndarray
     fast: np.ndarray
     exact: bool  # whether the exact pool was idle when the rows were sampled
+    queued_at: float  # time.monotonic()
 
 
 @dataclass
@@ -66,6 +77,7 @@ class ModelWindow:
     shadow_rows: int = 0
     skipped_busy: int = 0  # sampled while the exact pool was busy: no exact embedding
     dropped: int = 0  # sampled while the shadow thread was behind: not processed
+    pending: int = 0  # sampled and queued, not processed yet
     last_update: float | None = None  # time.time() of the last processed sample
     novel: deque[bool] = field(init=False)
     out_of_range: deque[bool] = field(init=False)
@@ -73,7 +85,7 @@ class ModelWindow:
     exact: deque[np.ndarray] = field(init=False)
     centers: np.ndarray | None = None  # the clustering head's, from the exact model
     version: int = 0
-    cached: tuple[int, dict[str, Any]] | None = None
+    cached: tuple[int, dict[str, Any]] | None = None  # (version, live fidelity)
 
     def __post_init__(self) -> None:
         self.novel = deque(maxlen=self.window)
@@ -97,6 +109,11 @@ class LiveMonitor:
         Sampled rows and shadow rows each model keeps.
     replica : str
         This replica's name, for the metrics' label.
+    max_delay : float
+        Seconds a sampled row may wait for others to fill a batch (0: processed as soon as
+        the thread is free, with whatever has queued meanwhile).
+    batch_rows : int
+        Rows that start a batch without waiting; twice this many may wait in all.
     seed : int or None
         Seed of the sampling.
     """
@@ -109,6 +126,8 @@ class LiveMonitor:
         fraction: float,
         window: int,
         replica: str,
+        max_delay: float,
+        batch_rows: int = SHADOW_BATCH_ROWS,
         seed: int | None = None,
     ) -> None:
         self.registry = registry
@@ -116,70 +135,124 @@ class LiveMonitor:
         self.fraction = fraction
         self.window = window
         self.replica = replica
+        self.max_delay = max_delay
+        self.batch_rows = batch_rows
         self._rng = np.random.default_rng(seed)
+        # One lock guards the windows, the queue and the thread's state; the thread sleeps on it.
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
         self._windows: dict[str, ModelWindow] = {}
         self._novelty: dict[str, tuple[Bundle, Novelty | None]] = {}
-        self._running = False  # a sample is being processed (event loop and thread read it)
-        self._waiting: _Sample | None = None
-        self._pool = ThreadPoolExecutor(
-            max_workers=1,
-            thread_name_prefix="mbn-shadow",
-            initializer=lower_thread_priority,
-            initargs=(SHADOW_THREAD_NICENESS,),
-        )
+        self._queue: deque[_Sample] = deque()
+        self._queued_rows = 0
+        self._busy = False  # a batch is being processed
+        self._flush = False  # process what waits now (wait_idle)
+        self._stopped = False
+        self._thread: threading.Thread | None = None
 
     # --- the request's side (event loop) ------------------------------------------------------
     def observe(self, bundle: Bundle, rows: np.ndarray, fast: np.ndarray) -> None:
-        """Count ``rows`` (answered in fast mode with ``fast``) and hand a sample of them to
-        the background thread. Cheap and never blocking: a draw per row and a copy of the
-        sampled ones."""
+        """Count ``rows`` (answered in fast mode with ``fast``) and queue a sample of them for
+        the background thread. Cheap and never blocking: a draw per row, a copy of the
+        sampled ones, at most a wake-up of the thread."""
         if self.fraction <= 0:
             return
         chosen = np.flatnonzero(self._rng.random(rows.shape[0]) < self.fraction)
+        limit = 2 * self.batch_rows
         with self._lock:
             model = self._window(bundle.id)
             model.rows_seen += rows.shape[0]
-            if chosen.size == 0:
+            if chosen.size == 0 or self._stopped:
                 return
             model.rows_sampled += chosen.size
-            sample = _Sample(bundle, rows[chosen].copy(), fast[chosen].copy(), self._exact_idle())
-            if self._running:
-                if self._waiting is not None:  # replaced by the newer sample: bounded memory
-                    self._window(self._waiting.bundle.id).dropped += len(self._waiting.rows)
-                self._waiting = sample
-                return
-            self._running = True
-        self._pool.submit(self._process, sample)
+            if chosen.size > limit:  # a huge request at a high fraction: its last rows
+                model.dropped += chosen.size - limit
+                chosen = chosen[-limit:]
+            sample = _Sample(
+                bundle,
+                rows[chosen].copy(),
+                fast[chosen].copy(),
+                self._exact_idle(),
+                time.monotonic(),
+            )
+            self._queue.append(sample)
+            self._queued_rows += len(sample.rows)
+            model.pending += len(sample.rows)
+            while self._queued_rows > limit:  # behind: the oldest rows go
+                old = self._queue.popleft()
+                self._queued_rows -= len(old.rows)
+                old_model = self._window(old.bundle.id)
+                old_model.pending -= len(old.rows)
+                old_model.dropped += len(old.rows)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="mbn-shadow", daemon=True)
+                self._thread.start()
+            elif len(self._queue) == 1 or self._queued_rows >= self.batch_rows:
+                self._wake.notify()  # a new deadline, or a full batch
 
     def _exact_idle(self) -> bool:
         return self.gate.in_flight == 0
 
     # --- the background thread -------------------------------------------------------------
-    def _process(self, sample: _Sample | None) -> None:
-        while sample is not None:
+    def _run(self) -> None:
+        lower_thread_priority(SHADOW_THREAD_NICENESS)
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
             try:
-                self._process_one(sample)
+                for samples in _by_model(batch):
+                    self._process_model(samples)
             except Exception:  # a monitor must never take the service down
-                log.exception("monitoring model %s failed", sample.bundle.id)
-            with self._lock:
-                sample, self._waiting = self._waiting, None
-                if sample is None:
-                    self._running = False
+                log.exception("monitoring failed")
+            finally:
+                with self._lock:
+                    self._busy = False
+                    self._wake.notify_all()  # wait_idle
 
-    def _process_one(self, sample: _Sample) -> None:
-        bundle = sample.bundle
+    def _next_batch(self) -> list[_Sample] | None:
+        """Wait until a batch is due and take it off the queue (None once shut down)."""
+        with self._lock:
+            while not self._stopped:
+                if self._queue:
+                    due = self._queue[0].queued_at + self.max_delay
+                    wait = due - time.monotonic()
+                    if self._flush or self._queued_rows >= self.batch_rows or wait <= 0:
+                        break
+                    self._wake.wait(wait)
+                else:
+                    self._flush = False
+                    self._wake.wait()
+            if self._stopped:
+                return None
+            batch, rows = [], 0
+            while self._queue and rows < self.batch_rows:
+                sample = self._queue.popleft()
+                batch.append(sample)
+                rows += len(sample.rows)
+                self._window(sample.bundle.id).pending -= len(sample.rows)
+            self._queued_rows -= rows
+            self._busy = True
+            return batch
+
+    def _process_model(self, samples: list[_Sample]) -> None:
+        """Score one model's rows of a batch, and embed exactly those sampled while the exact
+        pool was idle, if it still is."""
+        bundle = samples[-1].bundle  # the newest of the id (a replaced bundle's rows too)
+        rows = np.concatenate([sample.rows for sample in samples])
+        fast = np.concatenate([sample.fast for sample in samples])
+        shadow = np.concatenate([np.full(len(s.rows), s.exact) for s in samples])
         novelty = self.novelty(bundle)
         novel = out_of_range = None
         if novelty is not None:
-            novel = novelty.is_novel(sample.rows)
-            out_of_range = novelty.out_of_range(sample.rows)
+            novel = novelty.is_novel(rows)
+            out_of_range = novelty.out_of_range(rows)
         exact = centers = None
         # Checked again here: an exact request may have started since the rows were sampled.
-        if sample.exact and self._exact_idle():
+        if shadow.any() and self._exact_idle():
             try:
                 model = self.registry.exact(bundle)
-                exact = bundle.embed(sample.rows, mode="exact", exact=model)
+                exact = bundle.embed(rows[shadow], mode="exact", exact=model)
                 centers = model.centers
             except (BundleError, FileNotFoundError, ValueError) as error:
                 log.warning("model %s: no shadow embedding: %s", bundle.id, error)
@@ -189,11 +262,12 @@ class LiveMonitor:
                 window.novel.extend(novel.tolist())
                 window.out_of_range.extend(out_of_range.tolist())
             if exact is None:
-                window.skipped_busy += len(sample.rows)
+                window.skipped_busy += len(rows)
             else:
-                window.fast.extend(sample.fast)
+                window.skipped_busy += len(rows) - len(exact)
+                window.fast.extend(fast[shadow])
                 window.exact.extend(exact)
-                window.shadow_rows += len(sample.rows)
+                window.shadow_rows += len(exact)
                 window.centers = centers
             window.version += 1
             window.last_update = time.time()
@@ -213,45 +287,52 @@ class LiveMonitor:
         return model
 
     def idle(self) -> bool:
-        """Whether no sample is being processed or waiting."""
+        """Whether no batch is being processed and no sampled row waits."""
         with self._lock:
-            return not self._running
+            return not self._busy and not self._queue
 
     def report(self, bundle: Bundle) -> dict[str, Any]:
         """The monitor of ``bundle``: counters, live fidelity on the shadow window beside
         the training-time report, novelty and out-of-range shares of the sampled window.
-        Computing the fidelity takes a k-means run: call it off the event loop."""
+        Computing the fidelity takes a k-means run (cached until the window changes): call
+        it off the event loop."""
         with self._lock:
-            window = self._windows.get(bundle.id)
-            if window is None:
-                window = ModelWindow(self.window)
-            if window.cached is not None and window.cached[0] == window.version:
-                return window.cached[1]
-            version = window.version
-            fast = np.array(window.fast) if window.fast else None
-            exact = np.array(window.exact) if window.exact else None
-            novel = np.array(window.novel, dtype=bool)
-            out_of_range = np.array(window.out_of_range, dtype=bool)
+            window = self._windows.get(bundle.id) or ModelWindow(self.window)
             counters = {
                 "rows_seen": window.rows_seen,
                 "rows_sampled": window.rows_sampled,
                 "shadow_rows": window.shadow_rows,
                 "skipped_exact_busy": window.skipped_busy,
                 "dropped_behind": window.dropped,
+                "pending_rows": window.pending,
             }
+            version, cached = window.version, window.cached
+            fast = np.array(window.fast) if window.fast else None
+            exact = np.array(window.exact) if window.exact else None
+            novel = np.array(window.novel, dtype=bool)
+            out_of_range = np.array(window.out_of_range, dtype=bool)
             last_update = window.last_update
             centers = window.centers
+        if cached is not None and cached[0] == version:
+            live = cached[1]
+        else:
+            live = live_fidelity(fast, exact, centers, bundle.n_clusters)
+            with self._lock:
+                current = self._windows.get(bundle.id)
+                if current is not None and current.version == version:
+                    current.cached = (version, live)
         has_novelty = NOVELTY_FILE in bundle.manifest.get("files", {})
-        report: dict[str, Any] = {
+        return {
             "model": bundle.id,
             "name": bundle.name,
             "replica": self.replica,
             "shadow_fraction": self.fraction,
+            "shadow_max_delay": self.max_delay,
             "window": self.window,
             **counters,
             "window_shadow_rows": 0 if fast is None else len(fast),
             "window_sampled_rows": len(novel),
-            "live": live_fidelity(fast, exact, centers, bundle.n_clusters),
+            "live": live,
             "training": bundle.manifest.get("fidelity"),
             "novelty_available": has_novelty,
             "novelty_threshold": bundle.manifest.get("novelty", {}).get("threshold"),
@@ -259,13 +340,8 @@ class LiveMonitor:
             "out_of_range_share": float(np.mean(out_of_range)) if out_of_range.size else 0.0,
             "last_update": last_update,
             "has_traffic": counters["rows_seen"] > 0,
-            "note": _note(counters["rows_seen"], fast, has_novelty, self.fraction),
+            "note": _note(counters, fast, has_novelty, self.fraction, self.max_delay),
         }
-        with self._lock:
-            current = self._windows.get(bundle.id)
-            if current is not None and current.version == version:
-                current.cached = (version, report)
-        return report
 
     def gauges(self) -> list[tuple[str, str, dict[str, float]]]:
         """(model id, model name, the gauges' values) of every model with a window, as of
@@ -293,22 +369,38 @@ class LiveMonitor:
         return out
 
     def wait_idle(self, timeout: float) -> bool:
-        """Wait until no sample is being processed or waiting (for tests and shutdown)."""
+        """Process every waiting row now, without waiting for a batch to fill, and wait
+        until that is done (for tests and benchmarks). False when ``timeout`` passed first."""
         deadline = time.monotonic() + timeout
-        while not self.idle():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
-        return True
+        with self._lock:
+            self._flush = True
+            self._wake.notify_all()
+            while self._busy or self._queue:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stopped:
+                    return False
+                self._wake.wait(left)
+            return True
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the thread after its current batch; waiting rows are not processed."""
+        with self._lock:
+            self._stopped = True
+            self._wake.notify_all()
 
     def _window(self, model_id: str) -> ModelWindow:
         window = self._windows.get(model_id)
         if window is None:
             window = self._windows[model_id] = ModelWindow(self.window)
         return window
+
+
+def _by_model(batch: list[_Sample]) -> list[list[_Sample]]:
+    """The batch's samples grouped by model id, in order of first appearance."""
+    groups: dict[str, list[_Sample]] = {}
+    for sample in batch:
+        groups.setdefault(sample.bundle.id, []).append(sample)
+    return list(groups.values())
 
 
 def live_fidelity(
@@ -359,15 +451,24 @@ def _number(value: Any) -> float:
     return float(value) if isinstance(value, int | float) and np.isfinite(value) else 0.0
 
 
-def _note(rows_seen: int, fast: np.ndarray | None, has_novelty: bool, fraction: float) -> str:
+def _note(
+    counters: dict[str, int],
+    fast: np.ndarray | None,
+    has_novelty: bool,
+    fraction: float,
+    max_delay: float,
+) -> str:
     if fraction <= 0:
         return "monitoring is off (MBN_SHADOW_FRACTION=0): every figure is zero"
-    if rows_seen == 0:
+    if counters["rows_seen"] == 0:
         return "no fast-mode traffic on this replica yet: every figure is zero"
     parts = []
     if fast is None:
         parts.append("no shadow rows yet (none sampled, or the exact pool was busy): live "
                      "fidelity is zero")  # fmt: skip
+    if counters["pending_rows"]:
+        parts.append(f"{counters['pending_rows']} sampled rows wait to be processed in a "
+                     f"batch (within {max_delay:g} s, MBN_SHADOW_MAX_DELAY)")  # fmt: skip
     if not has_novelty:
         parts.append("the model has no novelty model (trained before them, or on sparse "
                      "input): novelty and out-of-range shares are zero")  # fmt: skip

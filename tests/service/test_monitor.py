@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from servicetest import make_settings, running_app
+from servicetest import make_settings, running_app, wait_for
 from sklearn.metrics import r2_score
 
 from mbn_core.bundle import NOVELTY_FILE, load_bundle, save_bundle
@@ -47,8 +47,19 @@ def _app(tmp_path: Path, write_bundle, novelty_bundle, **overrides) -> Iterator[
 
 @pytest.fixture
 def shadowing(tmp_path, write_bundle, novelty_bundle) -> Iterator[TestClient]:
-    """Every fast row sampled and shadowed (MBN_SHADOW_FRACTION=1)."""
-    yield from _app(tmp_path, write_bundle, novelty_bundle, shadow_fraction=1.0)
+    """Every fast row sampled and shadowed (MBN_SHADOW_FRACTION=1), as soon as the
+    monitor's thread is free (MBN_SHADOW_MAX_DELAY=0)."""
+    yield from _app(
+        tmp_path, write_bundle, novelty_bundle, shadow_fraction=1.0, shadow_max_delay=0.0
+    )
+
+
+@pytest.fixture
+def batching(tmp_path, write_bundle, novelty_bundle) -> Iterator[TestClient]:
+    """Every fast row sampled; rows wait for a full batch (MBN_SHADOW_MAX_DELAY an hour)."""
+    yield from _app(
+        tmp_path, write_bundle, novelty_bundle, shadow_fraction=1.0, shadow_max_delay=3600.0
+    )
 
 
 def test_a_model_without_traffic_answers_zeros_and_says_so(shadowing: TestClient) -> None:
@@ -129,25 +140,75 @@ def test_monitor_equals_a_brute_force_recomputation(shadowing: TestClient, digit
     assert value == pytest.approx(live["r2"])
 
 
-def test_shadow_rows_never_delay_fast_requests(shadowing: TestClient, digits: Digits) -> None:
+def test_shadow_rows_never_delay_fast_requests(
+    shadowing: TestClient, digits: Digits, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monitor = shadowing.app.state.monitor
+    monkeypatch.setattr(monitor, "batch_rows", 10)  # at most 20 rows wait
     # The shadow thread is held busy: fast requests must still be answered, each one.
-    release = threading.Event()
-    monitor._pool.submit(release.wait)
+    release, held = threading.Event(), threading.Event()
+    process = monitor._process_model
+
+    def held_busy(samples: list) -> None:
+        held.set()
+        release.wait()
+        process(samples)
+
+    monkeypatch.setattr(monitor, "_process_model", held_busy)
+    x = digits[0][:25]
     try:
-        x = digits[0][:5]
-        for _ in range(6):
-            response = shadowing.post("/embed", json={"model": "novel", "inputs": x.tolist()})
+        assert (
+            shadowing.post("/embed", json={"model": "novel", "inputs": x[:5].tolist()}).status_code
+            == 200
+        )
+        assert held.wait(60)  # the first 5 rows are being processed
+        for _ in range(5):
+            response = shadowing.post("/embed", json={"model": "novel", "inputs": x[:5].tolist()})
             assert response.status_code == 200
         window = monitor._windows["m-novel"]
         assert window.rows_seen == 30 and window.shadow_rows == 0
-        # Bounded: one sample queued, one waiting; the four replaced are counted.
-        assert window.dropped == 20
+        # Bounded: 25 rows queued behind the busy thread, the oldest 5 dropped.
+        assert window.pending == 20 and window.dropped == 5
+        # One request of more rows than may wait keeps its last ones.
+        response = shadowing.post("/embed", json={"model": "novel", "inputs": x.tolist()})
+        assert response.status_code == 200
+        assert window.pending == 20 and window.dropped == 30
     finally:
         release.set()
     assert monitor.wait_idle(300)
     body = shadowing.get("/models/m-novel/monitor").json()
-    assert body["shadow_rows"] == 10 and body["dropped_behind"] == 20
+    assert body["rows_seen"] == 55 and body["pending_rows"] == 0
+    assert body["shadow_rows"] == 25 and body["dropped_behind"] == 30
+
+
+def test_sampled_rows_wait_for_a_batch(batching: TestClient, digits: Digits) -> None:
+    monitor = batching.app.state.monitor
+    monitor.batch_rows = 8
+    x = digits[0][1500:1513]
+
+    def post(rows: np.ndarray) -> dict:
+        response = batching.post("/embed", json={"model": "novel", "inputs": rows.tolist()})
+        assert response.status_code == 200
+        return batching.get("/models/m-novel/monitor").json()
+
+    body = post(x[:5])
+    assert body["pending_rows"] == 5 and body["shadow_rows"] == 0
+    assert "5 sampled rows wait" in body["note"]
+    post(x[5:10])  # 10 rows wait: a full batch, processed without the delay
+
+    def processed() -> dict | None:
+        body = batching.get("/models/m-novel/monitor").json()
+        return body if body["shadow_rows"] == 10 else None
+
+    body = wait_for(processed, 300, "the full batch processed")  # reads the exact model
+    assert body["pending_rows"] == 0 and body["window_sampled_rows"] == 10
+    body = post(x[10:])
+    assert body["pending_rows"] == 3 and body["shadow_rows"] == 10
+    assert monitor.wait_idle(300)  # processes what waits, without the delay
+    body = batching.get("/models/m-novel/monitor").json()
+    assert body["shadow_rows"] == 13 and body["pending_rows"] == 0
+    exact = load_bundle(batching.app.state.registry.get("m-novel").path).embed(x, "exact")
+    np.testing.assert_allclose(np.array(monitor._windows["m-novel"].exact), exact, rtol=1e-5)
 
 
 def test_shadow_rows_skip_a_busy_exact_pool(shadowing: TestClient, digits: Digits) -> None:
@@ -177,12 +238,12 @@ def test_monitor_of_a_real_server(
 ) -> None:
     """``mbn serve`` in its own process: every fast row shadowed, the monitor equal to a
     recomputation of the same rows, the gauges in /metrics labelled by replica."""
-    from servicetest import FAST_JOBS_ENV, Server, wait_for
+    from servicetest import FAST_JOBS_ENV, Server
 
     data_dir = tmp_path / "data"
     path = novelty_bundle(data_dir / "models")
     env = {**FAST_JOBS_ENV, "MBN_DATA_DIR": str(data_dir), "MBN_DEMO_MODEL": "false",
-           "MBN_EMBEDDED_WORKER": "false", "MBN_SHADOW_FRACTION": "1",
+           "MBN_EMBEDDED_WORKER": "false", "MBN_SHADOW_FRACTION": "1", "MBN_SHADOW_MAX_DELAY": "0",
            "MBN_REPLICA_NAME": "replica-a"}  # fmt: skip
     server = Server(env, tmp_path / "server.log")
     processes.append(server)
