@@ -76,13 +76,54 @@ def test_counts_are_the_shared_kept_codes():
     codes = rng.integers(0, 5, size=(50, 6))
     postings = ga.build_postings(np, codes, 5)
     centers = np.array([3, 10, 44])
-    lists = ga.center_lists(np, postings, codes[centers], np.uint64(99), 1.0)
+    lists = ga.center_lists(np, postings, codes[centers][None], np.array([99]), 1.0)
     counts = ga.count_shared_codes(np, postings, lists, 3, 0, 50)
     np.testing.assert_array_equal(counts, (codes[:, None, :] == codes[centers][None]).sum(axis=2))
-    # A row range counts the same rows.
+    # A row range counts the same rows, and so do runs of a few postings at a time.
     np.testing.assert_array_equal(
         ga.count_shared_codes(np, postings, lists, 3, 20, 30), counts[20:30]
     )
+    np.testing.assert_array_equal(
+        ga.count_shared_codes(np, postings, lists, 3, 0, 50, max_entries=7), counts
+    )
+
+
+def test_a_group_of_clusterings_counts_as_each_alone():
+    rng = np.random.default_rng(1)
+    codes = rng.integers(0, 9, size=(80, 12))
+    postings = ga.build_postings(np, codes, 9)
+    centers = rng.integers(0, 80, size=(4, 6))
+    seeds = rng.integers(0, 2**63, size=4, dtype=np.uint64)
+    grouped = ga.center_lists(np, postings, codes[centers], seeds, 0.5)
+    counts = ga.count_shared_codes(np, postings, grouped, 4 * 6, 0, 80)
+    for g in range(4):
+        alone = ga.center_lists(np, postings, codes[centers[g]][None], seeds[g : g + 1], 0.5)
+        np.testing.assert_array_equal(
+            counts[:, g * 6 : (g + 1) * 6], ga.count_shared_codes(np, postings, alone, 6, 0, 80)
+        )
+        np.testing.assert_array_equal(
+            ga.upper_block_codes(counts, 6)[:, g],
+            ga.upper_block_codes(ga.count_shared_codes(np, postings, alone, 6, 0, 80), 6)[:, 0],
+        )
+
+
+def test_upper_layers_in_groups_give_the_same_codes(monkeypatch):
+    """Clusterings one at a time, in groups of three and all together: the same codes."""
+    rng = np.random.default_rng(2)
+    batch = rng.integers(0, 20, size=(300, 16)).astype(np.uint8)
+    centers = rng.integers(0, 300, size=(7, 10))
+    seeds = rng.integers(0, 2**63, size=7, dtype=np.uint64)
+
+    def layer(group: int) -> np.ndarray:
+        monkeypatch.setattr(cuda, "clusterings_per_group", lambda *_: group)
+        return cuda.upper_layer_codes(np, batch, batch, centers, seeds, 20, 0.5, np.uint8)
+
+    # MNIST-70k's layers: the last in one group, the second (k = 4,000) three at a time.
+    assert cuda.clusterings_per_group(400, 15, 70_000, 400) == 400
+    assert cuda.clusterings_per_group(400, 4000, 70_000, 400) == 3
+    alone = layer(1)
+    np.testing.assert_array_equal(layer(3), alone)
+    np.testing.assert_array_equal(layer(7), alone)
 
 
 def test_cuda_without_a_gpu_is_refused(monkeypatch):

@@ -38,6 +38,13 @@ INSTALL_HINT = "pip install 'mbn[gpu]' (CuPy for your CUDA version, e.g. cupy-cu
 _SCORE_BYTES = 4 << 30
 # Bytes of input rows uploaded at once.
 _INPUT_BYTES = 8 << 30
+# Bytes of a group of upper clusterings' center keys and posting lists (``center_lists``),
+# at about this many bytes per key: the key, its hash, the mask, and the kept lists' indices.
+_LIST_BYTES = 2 << 30
+_LIST_BYTES_PER_KEY = 64
+# Bytes of counts per group when numpy runs this code on the CPU: groups that stay in the
+# caches, since there a clustering's own overhead is small and memory traffic is not.
+_HOST_COUNT_BYTES = 8 << 20
 # Device bytes per row and clustering that the upper layers hold at their peak: the codes
 # (int32, as batch and as centers), their keys (int64), the sort's output and scratch, and
 # the posting lists.
@@ -47,10 +54,10 @@ _COUNT_SOURCE = r"""
 extern "C" __global__ void count_shared(
     const int* __restrict__ rows, const long long* __restrict__ start,
     const int* __restrict__ length, const int* __restrict__ owner, const long long n_lists,
-    const int row_start, const int row_stop, const int k, int* __restrict__ counts)
+    const int row_start, const int row_stop, const int columns, int* __restrict__ counts)
 {
     // One warp per posting list: its points each share one more kept code with the
-    // list's center.
+    // list's center, column j of the counts.
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (warp >= n_lists) return;
@@ -60,7 +67,7 @@ extern "C" __global__ void count_shared(
     for (int p = lane; p < len; p += 32) {
         const int i = rows[s + p];
         if (i >= row_start && i < row_stop) {
-            atomicAdd(&counts[(long long)(i - row_start) * k + j], 1);
+            atomicAdd(&counts[(long long)(i - row_start) * columns + j], 1);
         }
     }
 }
@@ -135,18 +142,18 @@ def _kernel_counter(xp: Any) -> ga.Counter:
     """The CUDA kernel counting shared codes (``gpu_arrays.count_shared_codes``' job)."""
     kernel = _count_kernel()
 
-    def count(postings, lists, k, row_start, row_stop):
+    def count(postings, lists, columns, row_start, row_stop):
         if _kernel_state.get("failed"):
-            return ga.count_shared_codes(xp, postings, lists, k, row_start, row_stop)
+            return ga.count_shared_codes(xp, postings, lists, columns, row_start, row_stop)
         try:
-            return launch(postings, lists, k, row_start, row_stop)
+            return launch(postings, lists, columns, row_start, row_stop)
         except Exception as exc:  # NVRTC missing or too old: the array code counts the same
             log.warning("CUDA count kernel unavailable (%s); counting with array code", exc)
             _kernel_state["failed"] = True
-            return ga.count_shared_codes(xp, postings, lists, k, row_start, row_stop)
+            return ga.count_shared_codes(xp, postings, lists, columns, row_start, row_stop)
 
-    def launch(postings, lists, k, row_start, row_stop):
-        counts = xp.zeros((row_stop - row_start, k), dtype=xp.int32)
+    def launch(postings, lists, columns, row_start, row_stop):
+        counts = xp.zeros((row_stop - row_start, columns), dtype=xp.int32)
         n_lists = int(lists.length.size)
         if n_lists:
             threads = 256
@@ -156,7 +163,7 @@ def _kernel_counter(xp: Any) -> ga.Counter:
                 (threads,),
                 (
                     postings.rows, lists.start, lists.length, lists.owner, np.int64(n_lists),
-                    np.int32(row_start), np.int32(row_stop), np.int32(k), counts,
+                    np.int32(row_start), np.int32(row_stop), np.int32(columns), counts,
                 ),
             )  # fmt: skip
         return counts
@@ -335,25 +342,45 @@ def upper_layer_codes(
     """(n, V) codes of an upper layer for the batch's previous-layer ``batch_codes``.
 
     ``center_codes`` are the previous-layer codes of the rows ``centers`` (V, k) index.
+    Clusterings are counted in groups (``clusterings_per_group``): one set of posting lists,
+    one count and one arg-max per group instead of per clustering, because a clustering's
+    own work (a few million increments) is too small to hide a round of launches and copies.
     """
     counter = counter or (_kernel_counter(xp) if xp is not np else _reference_counter(xp))
     n_points = batch_codes.shape[0]
     V, k = centers.shape
     postings = ga.build_postings(xp, xp.asarray(batch_codes.astype(np.int32)), n_values)
     stored = xp.asarray(np.asarray(center_codes).astype(np.int32))
+    all_centers = xp.asarray(centers.astype(np.int64))
     block = max(1, min(n_points, _SCORE_BYTES // (4 * k)))
+    count_bytes = _SCORE_BYTES if xp is not np else _HOST_COUNT_BYTES
+    group = clusterings_per_group(V, k, block, stored.shape[1], count_bytes)
     out = np.empty((n_points, V), dtype=code_dtype)
-    for w in range(V):
-        rows = xp.asarray(centers[w].astype(np.int64))
-        lists = ga.center_lists(xp, postings, stored[rows], seeds[w], feature_fraction)
+    for first in range(0, V, group):
+        last = min(first + group, V)
+        lists = ga.center_lists(
+            xp, postings, stored[all_centers[first:last]], seeds[first:last], feature_fraction
+        )
+        codes = xp.empty((n_points, last - first), dtype=xp.int32)
         for start in range(0, n_points, block):
             stop = min(start + block, n_points)
-            counts = counter(postings, lists, k, start, stop)
-            best = ga.upper_block_codes(counts)
-            out[start:stop, w] = _to_host(xp, best)
+            counts = counter(postings, lists, (last - first) * k, start, stop)
+            codes[start:stop] = ga.upper_block_codes(counts, k)
+        out[:, first:last] = _to_host(xp, codes)
         if report is not None:
-            report(w + 1, V)
+            report(last, V)
     return out
+
+
+def clusterings_per_group(
+    n_clusterings: int, k: int, block_rows: int, n_previous: int, count_bytes: int = _SCORE_BYTES
+) -> int:
+    """Upper clusterings counted together: as many as keep a block's counts (rows x
+    clusterings x centers, int32) within ``count_bytes``, and the centers' keys and lists
+    (clusterings x centers x previous clusterings) within ``_LIST_BYTES``."""
+    by_counts = count_bytes // (4 * k * block_rows)
+    by_lists = _LIST_BYTES // (_LIST_BYTES_PER_KEY * k * n_previous)
+    return max(1, min(n_clusterings, by_counts, by_lists))
 
 
 # ---------------------------------------------------------------------- the backend

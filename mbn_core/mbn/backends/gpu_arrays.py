@@ -20,6 +20,7 @@ The codes are the CPU's, bit for bit:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,11 +41,15 @@ _GPU_UNIT = float(np.finfo(np.float32).eps)
 TF32_EXACT_MAX = 2048
 # float64 sums of products of whole numbers stay exact below this.
 _FLOAT64_EXACT = 2.0**53
+# Postings the counting reference (``count_shared_codes``) expands at once: its scratch is
+# a few int64 arrays of this length.
+REFERENCE_ENTRIES = 1 << 24
 
 
-def splitmix64(xp: Any, seed: np.uint64, keys: Any) -> Any:
-    """``_kernels._splitmix64(seed, key)`` for an array of uint64 ``keys``."""
-    z = xp.uint64(seed) + keys.astype(xp.uint64) * _GOLDEN
+def splitmix64(xp: Any, seed: Any, keys: Any) -> Any:
+    """``_kernels._splitmix64(seed, key)`` for an array of uint64 ``keys`` and a seed, or an
+    array of seeds broadcast against them."""
+    z = xp.asarray(seed, dtype=xp.uint64) + keys.astype(xp.uint64) * _GOLDEN
     z = (z ^ (z >> xp.uint64(30))) * _MIX1
     z = (z ^ (z >> xp.uint64(27))) * _MIX2
     return z ^ (z >> xp.uint64(31))
@@ -187,8 +192,9 @@ def build_postings(xp: Any, codes: Any, n_values: int) -> DevicePostings:
 
 @dataclass(frozen=True)
 class CenterLists:
-    """The kept posting lists of one upper clustering's centers: list q belongs to center
-    ``owner[q]`` and spans ``rows[start[q]:start[q] + length[q]]`` of the postings."""
+    """The kept posting lists of a group of upper clusterings' centers: list q belongs to
+    column ``owner[q]`` of the counts (center j of the group's clustering g is column
+    ``g * k + j``) and spans ``rows[start[q]:start[q] + length[q]]`` of the postings."""
 
     start: Any  # int64
     length: Any  # int32
@@ -199,52 +205,82 @@ def center_lists(
     xp: Any,
     postings: DevicePostings,
     center_codes: Any,
-    seed: np.uint64,
+    seeds: Any,
     feature_fraction: float,
 ) -> CenterLists:
-    """The lists of the one-hot dimensions (v, center_codes[j, v]) each center keeps.
+    """The lists of the one-hot dimensions (v, center_codes[g, j, v]) each center keeps.
 
-    ``center_codes`` (k, V_prev) are the centers' previous-layer codes; a dimension is kept
-    when its splitmix64 hash under ``seed`` falls below the layer's threshold, as on the CPU.
+    ``center_codes`` (G, k, V_prev) are the previous-layer codes of the centers of G
+    clusterings, ``seeds`` (G,) their seeds; a dimension is kept when its splitmix64 hash
+    under the clustering's seed falls below the layer's threshold, as on the CPU.
     """
-    n_clusterings = center_codes.shape[1]
-    keys = xp.arange(n_clusterings, dtype=xp.int64)[None, :] * postings.n_values
+    n_groups, k, n_clusterings = center_codes.shape
+    keys = xp.arange(n_clusterings, dtype=xp.int64)[None, None, :] * postings.n_values
     keys = keys + center_codes.astype(xp.int64)
     if feature_fraction >= 1.0:
         kept = xp.ones(keys.shape, dtype=bool)
     else:
-        kept = splitmix64(xp, seed, keys) < xp.uint64(keep_threshold(feature_fraction))
-    owner, column = xp.nonzero(kept)  # row-major: each center's lists in clustering order
-    chosen = keys[owner, column]
-    owner = owner.astype(xp.int32)
+        seeds = xp.asarray(np.asarray(seeds, dtype=np.uint64)).reshape(n_groups, 1, 1)
+        kept = splitmix64(xp, seeds, keys) < xp.uint64(keep_threshold(feature_fraction))
+    group, center, column = xp.nonzero(kept)  # row-major: each center's lists in order
+    chosen = keys[group, center, column]
+    owner = (group * k + center).astype(xp.int32)
     start = postings.indptr[chosen]
     length = (postings.indptr[chosen + 1] - start).astype(xp.int32)
     return CenterLists(start=start, length=length, owner=owner)
 
 
 def count_shared_codes(
-    xp: Any, postings: DevicePostings, lists: CenterLists, k: int, row_start: int, row_stop: int
+    xp: Any,
+    postings: DevicePostings,
+    lists: CenterLists,
+    columns: int,
+    row_start: int,
+    row_stop: int,
+    max_entries: int = REFERENCE_ENTRIES,
 ) -> Any:
-    """(row_stop - row_start, k) int32: for points in the row range, how many kept
-    dimensions they share with each center (the reference of the CUDA kernel)."""
-    total = int(lists.length.sum())
-    ends = xp.cumsum(lists.length.astype(xp.int64))
-    first = ends - lists.length
-    # Entry e of the concatenated lists belongs to the first list ending after it.
-    entries = xp.arange(total, dtype=xp.int64)
-    which = xp.searchsorted(ends, entries, side="right")
-    position = lists.start[which] + (entries - first[which])
-    points = postings.rows[position].astype(xp.int64)
-    inside = (points >= row_start) & (points < row_stop)
-    flat = (points[inside] - row_start) * k + lists.owner[which][inside]
+    """(row_stop - row_start, columns) int32: for points in the row range, how many kept
+    dimensions they share with each center (the reference of the CUDA kernel). The lists are
+    walked in runs of about ``max_entries`` postings, which bounds the scratch memory."""
     n_rows = row_stop - row_start
-    return xp.bincount(flat, minlength=n_rows * k).reshape(n_rows, k).astype(xp.int32)
+    ends = xp.cumsum(lists.length.astype(xp.int64))
+    total = int(ends[-1]) if ends.size else 0
+    # List boundaries closest to multiples of max_entries: a run of whole lists each time
+    # (a single list longer than that is a run of its own).
+    cuts = xp.searchsorted(ends, xp.arange(max_entries, total, max_entries), side="left")
+    bounds = [0, *sorted({int(c) + 1 for c in _to_numpy(xp, cuts)} - {0}), int(ends.size)]
+    counts = None
+    for first_list, stop_list in itertools.pairwise(bounds):
+        if first_list >= stop_list:
+            continue
+        length = lists.length[first_list:stop_list].astype(xp.int64)
+        run_ends = xp.cumsum(length)
+        run_first = run_ends - length
+        # Entry e of the run's concatenated lists belongs to the first list ending after it.
+        entries = xp.arange(int(run_ends[-1]), dtype=xp.int64)
+        which = xp.searchsorted(run_ends, entries, side="right")
+        position = lists.start[first_list:stop_list][which] + (entries - run_first[which])
+        points = postings.rows[position].astype(xp.int64)
+        inside = (points >= row_start) & (points < row_stop)
+        owner = lists.owner[first_list:stop_list][which][inside]
+        flat = (points[inside] - row_start) * columns + owner
+        run = xp.bincount(flat, minlength=n_rows * columns)
+        counts = run if counts is None else counts + run
+    if counts is None:
+        return xp.zeros((n_rows, columns), dtype=xp.int32)
+    return counts.reshape(n_rows, columns).astype(xp.int32)
 
 
-def upper_block_codes(counts: Any) -> Any:
-    """Each point's center with the most shared codes: the first arg-max (ties to the
-    lowest center, 0 when nothing is shared), as the CPU kernels choose."""
-    return counts.argmax(axis=1).astype(counts.dtype)
+def upper_block_codes(counts: Any, k: int) -> Any:
+    """(rows, G) codes from a group's (rows, G * k) counts: in each clustering, the center
+    with the most shared codes, the first arg-max (ties to the lowest center, 0 when nothing
+    is shared), as the CPU kernels choose."""
+    n_rows = counts.shape[0]
+    return counts.reshape(n_rows, -1, k).argmax(axis=2).astype(counts.dtype)
+
+
+def _to_numpy(xp: Any, array: Any) -> np.ndarray:
+    return array if xp is np else xp.asnumpy(array)
 
 
 Counter = Callable[[DevicePostings, CenterLists, int, int, int], Any]
