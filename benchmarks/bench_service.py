@@ -78,9 +78,11 @@ def start_server(
     onnx_threads: int | None = None,
     processes: int = 1,
     settings: dict[str, str] | None = None,
+    cpus: set[int] | None = None,
 ) -> tuple[Any, str]:
     """``mbn serve`` on ``model_dir`` (no demo model, no worker), ready; ``settings``: more
-    ``MBN_*`` variables. None for ``onnx_threads`` keeps the service's default."""
+    ``MBN_*`` variables. None for ``onnx_threads`` keeps the service's default; ``cpus``
+    pins the server (and every thread it starts) to those CPUs."""
     port = free_port()
     env = {
         **os.environ,
@@ -97,7 +99,8 @@ def start_server(
     command = [str(Path(sys.executable).with_name("mbn")), "serve", "--port", str(port)]
     command += ["--workers", str(processes)]
     log = (data_dir / "server.log").open("wb")
-    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=pin)
     url = f"http://127.0.0.1:{port}"
     wait_until_ready(proc, url, data_dir / "server.log", "server")
     return proc, url

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
+import numpy as np
 from bench_report import add_training_option, print_measures
 from bench_service import (
     bodies_for,
@@ -91,6 +94,50 @@ def concurrent_interleaved(
     return latencies
 
 
+def one_round(
+    model_dir: Path,
+    root: Path,
+    single: list[bytes],
+    fractions: tuple[float, float],
+    first: int,
+    cpus: set[int] | None,
+    args: argparse.Namespace,
+) -> tuple[list[list[float]], list[list[float]], dict]:
+    """Both servers started (server ``first`` first), warmed up and measured side by side:
+    (sequential latencies, concurrent latencies, the shadowed server's monitor)."""
+    servers: list[Any] = [None, None]
+    try:
+        for index in (first, 1 - first):
+            servers[index] = start_server(
+                model_dir,
+                root / f"data-{index}",
+                settings={"MBN_SHADOW_FRACTION": str(fractions[index])},
+                cpus=cpus,
+            )
+        urls = [url for _, url in servers]
+        for url, fraction in zip(urls, fractions, strict=True):
+            warm_up(url, single, fraction > 0)
+        sequential = interleaved(urls, single, args.blocks)
+        concurrent = concurrent_interleaved(urls, single, args.clients, args.seconds, args.blocks)
+        return sequential, concurrent, monitor_of(urls[1])
+    finally:
+        for server in servers:
+            if server is not None:
+                server[0].send_signal(signal.SIGTERM)
+                server[0].wait(60)
+
+
+def pin_cpus(pin: bool) -> set[int] | None:
+    """With ``pin`` and two CPUs or more: the servers' CPU (the last one), and this process
+    (the load generator) moved to the others. Both servers then run on the same core, as
+    one replica with one core to itself."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not pin or len(cpus) < 2:
+        return None
+    os.sched_setaffinity(0, set(cpus[:-1]))
+    return {cpus[-1]}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, help="models to serve (default: train one)")
@@ -105,9 +152,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--blocks", type=int, default=20, help="alternations of the servers")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=20.0, help="concurrent, per server")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="pairs of fresh servers, their start order swapped"
+    )
+    parser.add_argument(
+        "--no-pin", action="store_true", help="leave the servers and the load on any CPU"
+    )
     add_training_option(parser, "n_clusterings=100")
     args = parser.parse_args(argv)
     x, y = load_mnist_float(None)
+    cpus = pin_cpus(not args.no_pin)
+    fractions = (0.0, args.fraction)
+    rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model_dir = args.model_dir
@@ -116,51 +172,37 @@ def main(argv: list[str] | None = None) -> None:
             params = {"map_points": 0, **args.option}
             train_model(model_dir, x, y, n_train=args.train, params=params)
         single = bodies_for(x[60_000:], 1, args.requests, "json-int")
-        fractions = (0.0, args.fraction)
-        servers = [
-            start_server(
-                model_dir,
-                root / f"data-{fraction}",
-                settings={"MBN_SHADOW_FRACTION": str(fraction)},
-            )
-            for fraction in fractions
-        ]
-        try:
-            urls = [url for _, url in servers]
-            for url, fraction in zip(urls, fractions, strict=True):
-                warm_up(url, single, fraction > 0)
-            sequential = interleaved(urls, single, args.blocks)
-            concurrent = concurrent_interleaved(
-                urls, single, args.clients, args.seconds, args.blocks
-            )
-            monitor = monitor_of(urls[1])
-        finally:
-            for proc, _ in servers:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(60)
+        for number in range(args.rounds):
+            rounds.append(
+                one_round(model_dir, root / f"round-{number}", single, fractions, number % 2,
+                          cpus, args)
+            )  # fmt: skip
 
     rows = []
-    for what, measured in (
-        ("sequential", sequential),
-        (f"{args.clients} clients", concurrent),
-    ):
+    for what, which in (("sequential", 0), (f"{args.clients} clients", 1)):
         for q in (50, 99):
-            off, on = (percentile(values, q) for values in measured)
+            pairs = [[percentile(values, q) for values in one[which]] for one in rounds]
+            changes = [(on / off - 1) * 100 for off, on in pairs]
             rows.append(
-                (f"{what} p{q}, ms: off / fraction {args.fraction}",
-                 f"{off:.3f} / {on:.3f} ({(on / off - 1) * 100:+.1f}%)")
+                (f"{what} p{q}: change at fraction {args.fraction}, median (rounds)",
+                 f"{np.median(changes):+.1f}% ("
+                 + ", ".join(f"{change:+.1f}%" for change in changes) + "); off "
+                 + ", ".join(f"{off:.3f}" for off, _ in pairs) + " ms")
             )  # fmt: skip
+    counts = [(len(one[0][0]), len(one[1][0]), len(one[1][1])) for one in rounds]
     rows.append(
-        ("requests measured per server", f"{len(sequential[0])} sequential, "
-         f"{len(concurrent[0])} / {len(concurrent[1])} concurrent")
+        ("requests measured per server and round (sequential, concurrent off / on)",
+         "; ".join(f"{a}, {b} / {c}" for a, b, c in counts))
     )  # fmt: skip
-    rows.append(
-        ("monitor of the shadowed server",
-         f"rows seen {monitor.get('rows_seen')}, sampled {monitor.get('rows_sampled')}, "
-         f"shadow rows {monitor.get('shadow_rows')}, skipped (exact busy) "
-         f"{monitor.get('skipped_exact_busy')}, dropped (behind) {monitor.get('dropped_behind')}, "
-         f"live R^2 {monitor.get('live', {}).get('r2')}")
-    )  # fmt: skip
+    for number, (_, _, monitor) in enumerate(rounds):
+        rows.append(
+            (f"round {number + 1}: monitor of the shadowed server",
+             f"rows seen {monitor.get('rows_seen')}, sampled {monitor.get('rows_sampled')}, "
+             f"shadow rows {monitor.get('shadow_rows')}, pending {monitor.get('pending_rows')}, "
+             f"skipped (exact busy) {monitor.get('skipped_exact_busy')}, dropped (behind) "
+             f"{monitor.get('dropped_behind')}, live R^2 {monitor.get('live', {}).get('r2')}")
+        )  # fmt: skip
+    rows.append(("servers pinned to CPU", str(sorted(cpus)) if cpus else "no"))
     print_measures("Cost of shadowing, fast mode", "bench_shadow.py", rows, argv)
 
 

@@ -138,6 +138,10 @@ class LiveMonitor:
         self.max_delay = max_delay
         self.batch_rows = batch_rows
         self._rng = np.random.default_rng(seed)
+        # Rows to let pass before the next sampled one: a geometric gap, drawn once per
+        # sampled row rather than a random number per row, so that a request with no
+        # sampled row (nearly all of them) costs a subtraction.
+        self._countdown = self._rows_to_skip()
         # One lock guards the windows, the queue and the thread's state; the thread sleeps on it.
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -153,16 +157,26 @@ class LiveMonitor:
     # --- the request's side (event loop) ------------------------------------------------------
     def observe(self, bundle: Bundle, rows: np.ndarray, fast: np.ndarray) -> None:
         """Count ``rows`` (answered in fast mode with ``fast``) and queue a sample of them for
-        the background thread. Cheap and never blocking: a draw per row, a copy of the
-        sampled ones, at most a wake-up of the thread."""
+        the background thread: each row with probability ``fraction``. Cheap and never
+        blocking: a counter, and for a request with sampled rows a copy of them and at most a
+        wake-up of the thread."""
         if self.fraction <= 0:
             return
-        chosen = np.flatnonzero(self._rng.random(rows.shape[0]) < self.fraction)
+        n_rows = rows.shape[0]
         limit = 2 * self.batch_rows
         with self._lock:
             model = self._window(bundle.id)
-            model.rows_seen += rows.shape[0]
-            if chosen.size == 0 or self._stopped:
+            model.rows_seen += n_rows
+            if self._countdown >= n_rows:  # the common case: no row of this request
+                self._countdown -= n_rows
+                return
+            # Row ``countdown`` is sampled, the later ones each with the fraction; the gap
+            # to the next sampled row starts afresh (rows are sampled independently).
+            first = self._countdown
+            later = np.flatnonzero(self._rng.random(n_rows - first - 1) < self.fraction)
+            chosen = np.concatenate([[first], first + 1 + later])
+            self._countdown = self._rows_to_skip()
+            if self._stopped:
                 return
             model.rows_sampled += chosen.size
             if chosen.size > limit:  # a huge request at a high fraction: its last rows
@@ -189,6 +203,11 @@ class LiveMonitor:
                 self._thread.start()
             elif len(self._queue) == 1 or self._queued_rows >= self.batch_rows:
                 self._wake.notify()  # a new deadline, or a full batch
+
+    def _rows_to_skip(self) -> int:
+        if self.fraction <= 0:
+            return 0
+        return int(self._rng.geometric(min(1.0, self.fraction))) - 1
 
     def _exact_idle(self) -> bool:
         return self.gate.in_flight == 0

@@ -273,3 +273,29 @@ def test_monitor_of_a_real_server(
     assert body["novelty_share"] == pytest.approx(np.mean(novelty.is_novel(x)))
     line = 'mbn_live_fidelity_r2{model="m-novel",replica="replica-a"}'
     assert float(metrics.split(line)[1].split()[0]) == pytest.approx(body["live"]["r2"])
+
+
+def test_rows_are_sampled_at_the_fraction() -> None:
+    """Each row with probability ``fraction``, whatever the requests' sizes: the geometric
+    gaps between sampled rows give the rate of a draw per row."""
+    from types import SimpleNamespace
+
+    from service.monitor import LiveMonitor
+
+    monitor = LiveMonitor(
+        None, SimpleNamespace(in_flight=0), fraction=0.05, window=100, replica="r",
+        max_delay=3600.0, batch_rows=10**9, seed=0,
+    )  # fmt: skip
+    bundle = SimpleNamespace(id="m")
+    rng = np.random.default_rng(1)
+    try:
+        for _ in range(4000):
+            n = int(rng.choice([1, 1, 1, 3, 40]))
+            monitor.observe(bundle, np.zeros((n, 2)), np.zeros((n, 1)))
+        window = monitor._windows["m"]
+        rate = window.rows_sampled / window.rows_seen
+        # about 36,000 rows: the binomial's standard deviation of the rate is 0.0012
+        assert abs(rate - 0.05) < 0.005, rate
+        assert window.pending == window.rows_sampled
+    finally:
+        monitor.shutdown()
