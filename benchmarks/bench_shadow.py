@@ -5,9 +5,12 @@ Starts two ``mbn serve`` processes side by side on the same model, one with
 service's default), warms both up, and measures fast-mode single-vector ``/embed`` latency
 client side: one request at a time, then from ``--clients`` concurrent connections. The two
 servers take turns in ``--blocks`` alternating blocks, so both see the same machine moment by
-moment (on a shared machine the load moves more between minutes than shadowing costs). The
-last row gives the shadowed server's monitor counters (rows seen, shadow rows, rows skipped
-because exact work was running or the shadow process was behind).
+moment (on a shared machine the load moves more between minutes than shadowing costs). Both
+servers are pinned to one CPU and the load generator to the others (``--no-pin`` leaves
+them free), and the whole comparison is repeated for ``--rounds`` pairs of fresh processes,
+started in alternating order, because two processes differ by several percent with nothing
+changed; the figures are the median change over rounds. The last rows give the shadowed
+server's monitor counters per round.
 
 Run: ``MBN_MNIST=path/to/mnist70k.npz python benchmarks/bench_shadow.py [--model-dir DIR]``
 (without ``--model-dir`` it first trains a model on ``--train`` MNIST images).
