@@ -257,6 +257,7 @@
           ["replica", monitor.replica],
           ["rows seen", monitor.rows_seen],
           ["shadow rows (window)", `${monitor.shadow_rows} (${monitor.window_shadow_rows})`],
+          ["waiting for a batch", monitor.pending_rows],
           ["R² live / training", `${num(live.r2)} / ${num((monitor.training || {}).r2)}`],
           [
             "median cosine live / training",
