@@ -219,15 +219,14 @@ class LiveMonitor:
             batch = self._next_batch()
             if batch is None:
                 return
-            try:
-                for samples in _by_model(batch):
+            for samples in _by_model(batch):
+                try:
                     self._process_model(samples)
-            except Exception:  # a monitor must never take the service down
-                log.exception("monitoring failed")
-            finally:
-                with self._lock:
-                    self._busy = False
-                    self._wake.notify_all()  # wait_idle
+                except Exception:  # a monitor must never take the service down
+                    log.exception("monitoring model %s failed", samples[-1].bundle.id)
+            with self._lock:
+                self._busy = False
+                self._wake.notify_all()  # wait_idle
 
     def _next_batch(self) -> list[_Sample] | None:
         """Wait until a batch is due and take it off the queue (None once shut down)."""
@@ -326,13 +325,17 @@ class LiveMonitor:
                 "pending_rows": window.pending,
             }
             version, cached = window.version, window.cached
-            fast = np.array(window.fast) if window.fast else None
-            exact = np.array(window.exact) if window.exact else None
+            if cached is not None and cached[0] != version:
+                cached = None
+            n_shadow = len(window.fast)
+            # The window's rows are copied only when the fidelity must be computed again.
+            fast = np.array(window.fast) if n_shadow and cached is None else None
+            exact = np.array(window.exact) if n_shadow and cached is None else None
             novel = np.array(window.novel, dtype=bool)
             out_of_range = np.array(window.out_of_range, dtype=bool)
             last_update = window.last_update
             centers = window.centers
-        if cached is not None and cached[0] == version:
+        if cached is not None:
             live = cached[1]
         else:
             live = live_fidelity(fast, exact, centers, bundle.n_clusters)
@@ -349,7 +352,7 @@ class LiveMonitor:
             "shadow_max_delay": self.max_delay,
             "window": self.window,
             **counters,
-            "window_shadow_rows": 0 if fast is None else len(fast),
+            "window_shadow_rows": n_shadow,
             "window_sampled_rows": len(novel),
             "live": live,
             "training": bundle.manifest.get("fidelity"),
@@ -359,7 +362,7 @@ class LiveMonitor:
             "out_of_range_share": float(np.mean(out_of_range)) if out_of_range.size else 0.0,
             "last_update": last_update,
             "has_traffic": counters["rows_seen"] > 0,
-            "note": _note(counters, fast, has_novelty, self.fraction, self.max_delay),
+            "note": _note(counters, n_shadow, has_novelty, self.fraction, self.max_delay),
         }
 
     def gauges(self) -> list[tuple[str, str, dict[str, float]]]:
@@ -472,7 +475,7 @@ def _number(value: Any) -> float:
 
 def _note(
     counters: dict[str, int],
-    fast: np.ndarray | None,
+    n_shadow: int,
     has_novelty: bool,
     fraction: float,
     max_delay: float,
@@ -482,7 +485,7 @@ def _note(
     if counters["rows_seen"] == 0:
         return "no fast-mode traffic on this replica yet: every figure is zero"
     parts = []
-    if fast is None:
+    if n_shadow == 0:
         parts.append("no shadow rows yet (none sampled, or the exact pool was busy): live "
                      "fidelity is zero")  # fmt: skip
     if counters["pending_rows"]:

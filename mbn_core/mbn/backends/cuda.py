@@ -278,7 +278,7 @@ def bottom_layer_codes(
                 tolerance = ga.row_tolerance(xp, tolerance_norms, prepared)
                 host_rows = _HostRows(X32, start, features[v], layer, v)
                 best = _pick(xp, scores, tolerance, A, prepared, layer.metric, integer, host_rows)
-                codes[start:stop, v] = _to_host(xp, best)
+                codes[start:stop, v] = ga.to_host(xp, best)
                 if report is not None:
                     report((b * V + v + 1) // n_blocks, V)
     return codes
@@ -308,20 +308,16 @@ def _pick(xp, scores, tolerance, A, prepared, metric, integer, host_rows):
         rows64 = A[near_rows].astype(xp.float64)
         best[near_rows] = ga.exact_best_on_device(xp, rows64, prepared, metric)
     else:
-        local = _to_host(xp, near_rows)
+        local = ga.to_host(xp, near_rows)
         exact = ga.exact_best_on_host(
-            _to_host(xp, scores[near_rows]),
-            _to_host(xp, tolerance[near_rows]),
+            ga.to_host(xp, scores[near_rows]),
+            ga.to_host(xp, tolerance[near_rows]),
             host_rows.rows(local),
             host_rows.values,
             metric,
         )
         best[near_rows] = xp.asarray(exact)
     return best
-
-
-def _to_host(xp: Any, array: Any) -> np.ndarray:
-    return array if xp is np else xp.asnumpy(array)
 
 
 # ---------------------------------------------------------------------- upper layers
@@ -366,7 +362,7 @@ def upper_layer_codes(
             stop = min(start + block, n_points)
             counts = counter(postings, lists, (last - first) * k, start, stop)
             codes[start:stop] = ga.upper_block_codes(counts, k)
-        out[:, first:last] = _to_host(xp, codes)
+        out[:, first:last] = ga.to_host(xp, codes)
         if report is not None:
             report(last, V)
     return out

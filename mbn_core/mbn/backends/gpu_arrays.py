@@ -248,7 +248,7 @@ def count_shared_codes(
     # List boundaries closest to multiples of max_entries: a run of whole lists each time
     # (a single list longer than that is a run of its own).
     cuts = xp.searchsorted(ends, xp.arange(max_entries, total, max_entries), side="left")
-    bounds = [0, *sorted({int(c) + 1 for c in _to_numpy(xp, cuts)} - {0}), int(ends.size)]
+    bounds = [0, *sorted({int(c) + 1 for c in to_host(xp, cuts)} - {0}), int(ends.size)]
     counts = None
     for first_list, stop_list in itertools.pairwise(bounds):
         if first_list >= stop_list:
@@ -279,7 +279,8 @@ def upper_block_codes(counts: Any, k: int) -> Any:
     return counts.reshape(n_rows, -1, k).argmax(axis=2).astype(counts.dtype)
 
 
-def _to_numpy(xp: Any, array: Any) -> np.ndarray:
+def to_host(xp: Any, array: Any) -> np.ndarray:
+    """``array`` as a numpy array (a copy from the device under CuPy, itself under numpy)."""
     return array if xp is np else xp.asnumpy(array)
 
 
