@@ -2,9 +2,9 @@
 
 A share (``MBN_SHADOW_FRACTION``) of the rows answered in fast mode is sampled. Sampled rows
 are copied (a few rows, on the event loop) and queued for one background thread of the
-lowest CPU priority; nothing on the request's path waits for it. The thread takes the queue
-in batches: once ``batch_rows`` rows wait, or the oldest has waited ``MBN_SHADOW_MAX_DELAY``
-seconds. There
+lowest CPU priority (``SCHED_IDLE``: it runs only on CPU time nothing else wants); nothing on
+the request's path waits for it. The thread takes the queue in batches: once ``batch_rows``
+rows wait, or the oldest has waited ``MBN_SHADOW_MAX_DELAY`` seconds. There
 
 - every sampled row gets its novelty score and range check (``mbn_core.pipeline.novelty``),
 - and, when no exact-mode request is running, the rows are also embedded exactly: the
@@ -43,13 +43,11 @@ from sklearn.metrics import r2_score
 from mbn_core.bundle import NOVELTY_FILE, Bundle, BundleError
 from mbn_core.pipeline.fidelity import measure_fidelity
 from mbn_core.pipeline.novelty import Novelty, load_novelty
-from service.limits import ExactGate, lower_thread_priority
+from service.limits import ExactGate, idle_thread_priority
 from service.registry import ModelRegistry
 
 log = logging.getLogger(__name__)
 
-# The shadow thread's nice increment: the lowest priority there is, below the pools'.
-SHADOW_THREAD_NICENESS = 19
 # Clusters of the window's k-means comparison when the model has no clustering head.
 _DEFAULT_REPORT_CLUSTERS = 10
 # Rows the shadow thread embeds together. A few hundred rows make the bottom layer a matrix
@@ -214,7 +212,7 @@ class LiveMonitor:
 
     # --- the background thread -------------------------------------------------------------
     def _run(self) -> None:
-        lower_thread_priority(SHADOW_THREAD_NICENESS)
+        idle_thread_priority()
         while True:
             batch = self._next_batch()
             if batch is None:

@@ -107,12 +107,84 @@ def integer_rows(X: np.ndarray, center_data: np.ndarray) -> IntegerRows | None:
     return IntegerRows(shifted=shifted, low=low)
 
 
-def integer_codes(
-    rows: IntegerRows,
+@dataclass(frozen=True)
+class IntegerCenters:
+    """One clustering's centers as the integer kernel scores them.
+
+    Attributes
+    ----------
+    b : ndarray of shape (d_chosen, k), int8
+        ``w - low - 128`` on the chosen dimensions, the GEMM's right operand.
+    center_term : ndarray of shape (k,), int64
+        ``|w - low|^2`` (euclidean) or ``|w|^2`` (cosine).
+    b_sums : ndarray of shape (k,), int64
+        Column sums of ``b`` (cosine; zeros for euclidean).
+    metric : {"euclidean", "cosine"}
+    """
+
+    b: np.ndarray
+    center_term: np.ndarray
+    b_sums: np.ndarray
+    metric: str
+
+
+def integer_centers(
+    data: np.ndarray,
+    rows: np.ndarray,
     features: np.ndarray,
-    center_values: np.ndarray,
+    low: int,
     metric: str,
-) -> np.ndarray:
+    from_previous: np.ndarray | None = None,
+) -> IntegerCenters:
+    """The centers ``data[rows]`` on ``features``, as ``IntegerCenters`` for rows shifted by
+    ``low``, built in one pass over the values they read.
+
+    ``from_previous`` (bool, one per chosen feature) marks dimensions where center i takes
+    center i - 1's value (cyclically): the bottom layer's random reconstruction. Values must
+    be whole numbers in [low, low + 255] (what ``integer_rows`` checked).
+    """
+    n_chosen = len(features)
+    if n_chosen > MAX_CHOSEN_DIMENSIONS:
+        raise ValueError(
+            f"{n_chosen} chosen dimensions exceed the integer kernel's exact range "
+            f"({MAX_CHOSEN_DIMENSIONS}); integer_rows' caller must take the float path"
+        )
+    if from_previous is None:
+        from_previous = np.zeros(n_chosen, dtype=np.bool_)
+    k = len(rows)
+    b = np.empty((n_chosen, k), dtype=np.int8)
+    center_term = np.zeros(k, dtype=np.int64)
+    b_sums = np.zeros(k, dtype=np.int64)
+    cosine = metric == "cosine"
+    _fill_integer_centers(
+        data, np.asarray(rows), np.asarray(features), from_previous, np.int64(low), cosine,
+        b, center_term, b_sums,
+    )  # fmt: skip
+    return IntegerCenters(b=b, center_term=center_term, b_sums=b_sums, metric=metric)
+
+
+@njit(nogil=True, cache=True)
+def _fill_integer_centers(data, rows, features, from_previous, low, cosine, b, term, b_sums):
+    # Center by center (faster here than feature by feature, though b is written across).
+    k = rows.shape[0]
+    for i in range(k):
+        row = rows[i]
+        previous = rows[(i - 1) % k]
+        total = np.int64(0)
+        column_sum = np.int64(0)
+        for j in range(features.shape[0]):
+            source = previous if from_previous[j] else row
+            shifted = np.int64(data[source, features[j]]) - low  # in [0, 255]
+            b[j, i] = np.int8(shifted - _B_OFFSET)
+            original = shifted + low if cosine else shifted
+            total += original * original
+            column_sum += shifted - _B_OFFSET
+        term[i] = total
+        if cosine:
+            b_sums[i] = column_sum
+
+
+def integer_codes(rows: IntegerRows, features: np.ndarray, centers: IntegerCenters) -> np.ndarray:
     """Nearest center of every row for one bottom clustering, exactly, in integers.
 
     Parameters
@@ -120,10 +192,8 @@ def integer_codes(
     rows : IntegerRows
     features : ndarray of shape (d_chosen,)
         The clustering's chosen input dimensions.
-    center_values : ndarray of shape (k, d_chosen), float32
-        The centers on them (``BottomLayer.center_values``), whole numbers within the rows'
-        256 levels.
-    metric : {"euclidean", "cosine"}
+    centers : IntegerCenters
+        The clustering's centers on them (``integer_centers``, with ``rows.low``).
 
     Returns
     -------
@@ -131,40 +201,37 @@ def integer_codes(
         The float path's codes: the nearest center, lowest index on exact ties.
     """
     n_rows = rows.shape[0]
-    n_centers, n_chosen = center_values.shape
-    if n_chosen > MAX_CHOSEN_DIMENSIONS:
-        raise ValueError(
-            f"{n_chosen} chosen dimensions exceed the integer kernel's exact range "
-            f"({MAX_CHOSEN_DIMENSIONS}); integer_rows' caller must take the float path"
-        )
-    # Whole numbers in [low, low + 255]: exact in float32, and in int16 once shifted.
-    centers = center_values.astype(np.int16) - np.int16(rows.low)  # in [0, 255]
-    b = np.ascontiguousarray((centers - _B_OFFSET).astype(np.int8).T)  # (d_chosen, k)
-    cosine = metric == "cosine"
+    b = centers.b
+    n_chosen, n_centers = b.shape
+    cosine = centers.metric == "cosine"
     fast = not cosine and n_chosen <= MAX_INT32_SCORE_DIMENSIONS
-    if cosine:
-        original = centers.astype(np.int64) + rows.low
-        center_term = np.square(original).sum(axis=1)  # |w|^2, exact
-        b_sums = b.sum(axis=0, dtype=np.int64)
-    else:
-        center_term = np.square(centers.astype(np.int32)).sum(axis=1, dtype=np.int64)  # |w'|^2
-        b_sums = np.zeros(n_centers, dtype=np.int64)
-    center_term32 = center_term.astype(np.int32) if fast else center_term
+    center_term = centers.center_term.astype(np.int32) if fast else centers.center_term
     codes = np.empty(n_rows, dtype=np.int32)
     block = max(1, min(n_rows, _BLOCK_BYTES // (4 * max(n_centers, 1))))
     session = _session()
+    a = np.empty((block, n_chosen), dtype=np.uint8)
     for start in range(0, n_rows, block):
         stop = min(start + block, n_rows)
-        a = np.ascontiguousarray(np.take(rows.shifted[start:stop], features, axis=1))
-        dots = session.run(None, {"A": a, "B": b})[0]
+        part = a[: stop - start]
+        _gather_columns(rows.shifted, start, features, part)
+        dots = session.run(None, {"A": part, "B": b})[0]
         if fast:
-            euclidean_best(dots, center_term32, codes[start:stop])
+            euclidean_best(dots, center_term, codes[start:stop])
             continue
-        row_sums = a.sum(axis=1, dtype=np.int64)
+        row_sums = part.sum(axis=1, dtype=np.int64)
         integer_best(
-            dots, center_term, b_sums, row_sums, rows.low, n_chosen, cosine, codes[start:stop]
-        )
+            dots, center_term, centers.b_sums, row_sums, rows.low, n_chosen, cosine,
+            codes[start:stop],
+        )  # fmt: skip
     return codes
+
+
+@njit(nogil=True, cache=True)
+def _gather_columns(values, start, columns, out):
+    """out[i, c] = values[start + i, columns[c]] (a block of rows on the chosen columns)."""
+    for i in range(out.shape[0]):
+        for c in range(columns.shape[0]):
+            out[i, c] = values[start + i, columns[c]]
 
 
 @njit(nogil=True, cache=True)

@@ -21,7 +21,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from mbn_core.mbn import _bottom_kernels, _kernels
-from mbn_core.mbn._integer_scores import IntegerRows, integer_codes, integer_rows
+from mbn_core.mbn._integer_scores import (
+    IntegerCenters,
+    IntegerRows,
+    integer_centers,
+    integer_codes,
+    integer_rows,
+)
 from mbn_core.mbn._scratch import ScratchArrays
 from mbn_core.mbn.dtypes import smallest_uint
 
@@ -403,6 +409,22 @@ class BottomLayer:
             values[:, local] = previous
         return values
 
+    def integer_centers(self, clustering: int, features: np.ndarray, low: int) -> IntegerCenters:
+        """One clustering's centers for the integer kernel (rows shifted by ``low``), read
+        straight from the stored center rows: no float32 copy in between, so a small batch
+        does not pay more for its centers than for its products."""
+        if isinstance(self.center_data, sp.csr_matrix):
+            values = self.center_values(clustering)
+            k, n_chosen = values.shape
+            return integer_centers(values, np.arange(k), np.arange(n_chosen), low, self.metric)
+        from_previous = None
+        if self.shift_masks is not None:
+            shifted = np.unpackbits(self.shift_masks[clustering], count=self.n_features)
+            from_previous = shifted[features].astype(np.bool_)
+        return integer_centers(
+            self.center_data, self.centers[clustering], features, low, self.metric, from_previous
+        )
+
     def _values(self, rows: np.ndarray, features: np.ndarray) -> np.ndarray:
         if isinstance(self.center_data, sp.csr_matrix):
             values = self.center_data[rows][:, features].toarray()
@@ -485,8 +507,8 @@ class BottomLayer:
         self, X: np.ndarray | sp.csr_matrix | IntegerRows, clustering: int, row_norms: np.ndarray
     ) -> np.ndarray:
         if isinstance(X, IntegerRows):
-            features, values = self.features(clustering), self.center_values(clustering)
-            return integer_codes(X, features, values, self.metric)
+            features = self.features(clustering)
+            return integer_codes(X, features, self.integer_centers(clustering, features, X.low))
         if sp.issparse(X) and sp.issparse(self.center_data) and self.shift_masks is None:
             return bottom_codes_sparse(X, self, clustering, row_norms)
         if (

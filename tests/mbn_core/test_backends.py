@@ -13,7 +13,7 @@ from mbn_core.mbn.backends import (
     register_backend,
     use_backend,
 )
-from mbn_core.mbn.backends.local import LocalBackend
+from mbn_core.mbn.backends.local import LocalBackend, clusterings_per_task
 
 PARAMS = {"n_clusterings": 12, "delta": 0.5, "random_state": 3}
 
@@ -141,6 +141,21 @@ def test_a_backend_reports_progress_and_stops_when_told(digits, fitted):
     ):
         backend.bottom_codes(fitted.bottom_layer_, digits)
     assert seen == [(0, done, 12) for done in range(1, 6)]
+
+
+def test_small_batches_encode_runs_of_clusterings_per_task(digits, fitted):
+    assert clusterings_per_task(5_000, 400, 2) == 1  # fit: progress stays per clustering
+    assert clusterings_per_task(256, 100, 1) == 16
+    assert clusterings_per_task(20, 12, 2) == 6  # never fewer tasks than threads
+    assert clusterings_per_task(0, 12, 1) == 12
+    # Every column is still its own clustering's codes, whatever the runs.
+    X = digits[:40].astype(np.float64)
+    with get_backend("local", n_jobs=3) as backend:
+        grouped = backend.bottom_codes(fitted.bottom_layer_, X)
+    layer = fitted.bottom_layer_
+    with get_backend("local", n_jobs=1) as backend:
+        alone = [backend.bottom_codes(layer, X[i : i + 1]) for i in range(len(X))]
+    np.testing.assert_array_equal(grouped, np.vstack(alone))
 
 
 def test_an_incomplete_backend_cannot_be_built():

@@ -11,6 +11,7 @@ from mbn_core import MBN
 from mbn_core.mbn import _integer_scores, bottom
 from mbn_core.mbn._integer_scores import (
     IntegerRows,
+    integer_centers,
     integer_codes,
     integer_rows,
     integral_range,
@@ -43,7 +44,8 @@ def _float_codes(X, features, centers, metric):
 def _integer(X, centers, features, metric):
     rows = integer_rows(X, centers)
     assert rows is not None
-    return integer_codes(rows, features, centers[:, features].astype(np.float32), metric)
+    block = integer_centers(centers, np.arange(len(centers)), features, rows.low, metric)
+    return integer_codes(rows, features, block)
 
 
 def test_the_kernel_is_exact_here():
@@ -113,10 +115,9 @@ def test_only_small_whole_numbers_qualify():
 
 
 def test_too_many_dimensions_are_refused():
-    rows = IntegerRows(shifted=np.zeros((2, 3), np.uint8), low=0)
     big = _integer_scores.MAX_CHOSEN_DIMENSIONS + 1
     with pytest.raises(ValueError, match="exact range"):
-        integer_codes(rows, np.zeros(big, np.intp), np.zeros((2, big), np.float32), "euclidean")
+        integer_centers(np.zeros((2, big)), np.arange(2), np.arange(big), 0, "euclidean")
 
 
 def _generated_images(n=400, side=12, seed=0):

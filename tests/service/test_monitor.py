@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -148,8 +149,10 @@ def test_shadow_rows_never_delay_fast_requests(
     # The shadow thread is held busy: fast requests must still be answered, each one.
     release, held = threading.Event(), threading.Event()
     process = monitor._process_model
+    policies: list[int] = []
 
     def held_busy(samples: list) -> None:
+        policies.append(os.sched_getscheduler(0))
         held.set()
         release.wait()
         process(samples)
@@ -162,6 +165,8 @@ def test_shadow_rows_never_delay_fast_requests(
             == 200
         )
         assert held.wait(60)  # the first 5 rows are being processed
+        # On CPU time nothing else wants: any request thread preempts it at once.
+        assert policies == [os.SCHED_IDLE]
         for _ in range(5):
             response = shadowing.post("/embed", json={"model": "novel", "inputs": x[:5].tolist()})
             assert response.status_code == 200

@@ -19,13 +19,15 @@ from mbn_core.mbn.upper import UpperLayer
 
 
 class LocalBackend(LayerBackend):
-    """Runs each layer's clusterings on ``n_jobs`` threads, one task per clustering."""
+    """Runs each layer's clusterings on ``n_jobs`` threads, as tasks of one clustering or (small
+    batches) a run of them."""
 
     name = "local"
 
     def __init__(self, *, n_jobs: int | None = None, callback: ProgressCallback | None = None):
         super().__init__(n_jobs=n_jobs, callback=callback)
-        self.pool = ThreadPoolExecutor(effective_threads(n_jobs))
+        self.n_threads = effective_threads(n_jobs)
+        self.pool = ThreadPoolExecutor(self.n_threads)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -52,28 +54,50 @@ class LocalBackend(LayerBackend):
     def map_clusterings(
         self, layer: int, n_clusterings: int, encode: Encoder, n_rows: int, n_centers: int
     ) -> np.ndarray:
-        """(n_rows, n_clusterings) codes, column v from ``encode(v)``, one task each,
-        reporting every finished clustering (in order) to the callback."""
+        """(n_rows, n_clusterings) codes, column v from ``encode(v)``, reporting every finished
+        clustering (in order) to the callback.
+
+        One task per clustering, except for small batches: there a clustering is a fraction
+        of a millisecond of work, less than a task's hand-over between threads, so each task
+        takes a run of clusterings (``clusterings_per_task``).
+        """
         codes = np.empty((n_rows, n_clusterings), dtype=smallest_uint(n_centers - 1))
         stopped = False
+        per_task = clusterings_per_task(n_rows, n_clusterings, self.n_threads)
 
-        def task(v: int) -> None:
-            if not stopped:
+        def task(first: int) -> None:
+            for v in range(first, min(first + per_task, n_clusterings)):
+                if stopped:
+                    return
                 codes[:, v] = encode(v)
 
-        futures: list[Future[None]] = [self.pool.submit(task, v) for v in range(n_clusterings)]
+        starts = range(0, n_clusterings, per_task)
+        futures: list[Future[None]] = [self.pool.submit(task, first) for first in starts]
         try:
-            for done, future in enumerate(futures, start=1):
+            for first, future in zip(starts, futures, strict=True):
                 future.result()
-                try:
-                    self.report(layer, done, n_clusterings)
-                except BaseException:
-                    stopped = True
-                    raise
+                for done in range(first + 1, min(first + per_task, n_clusterings) + 1):
+                    try:
+                        self.report(layer, done, n_clusterings)
+                    except BaseException:
+                        stopped = True
+                        raise
         finally:
             for future in futures:
                 future.cancel()
         return codes
+
+
+# A task covers clusterings until it has about this many rows' worth of work: in ``fit``
+# (thousands of rows) that is one clustering, so progress and stopping stay per clustering.
+TASK_ROWS = 4096
+
+
+def clusterings_per_task(n_rows: int, n_clusterings: int, n_threads: int) -> int:
+    """Clusterings one task encodes: enough for ``TASK_ROWS`` rows, and no fewer tasks than
+    threads."""
+    wanted = max(1, TASK_ROWS // max(n_rows, 1))
+    return max(1, min(wanted, -(-n_clusterings // max(n_threads, 1))))
 
 
 def effective_threads(n_jobs: int | None) -> int:
