@@ -2,18 +2,21 @@
 
 A share (``MBN_SHADOW_FRACTION``) of the rows answered in fast mode is sampled. Sampled rows
 are copied (a few rows, on the event loop) and queued for one background thread of the
-lowest CPU priority (``SCHED_IDLE``: it runs only on CPU time nothing else wants); nothing on
-the request's path waits for it. The thread takes the queue in batches: once ``batch_rows``
-rows wait, or the oldest has waited ``MBN_SHADOW_MAX_DELAY`` seconds. There
+highest nice value; nothing on the request's path waits for it. The thread takes the queue in
+batches: once ``batch_rows`` rows wait, or the oldest has waited ``MBN_SHADOW_MAX_DELAY``
+seconds. There
 
 - every sampled row gets its novelty score and range check (``mbn_core.pipeline.novelty``),
 - and, when no exact-mode request is running, the rows are also embedded exactly: the
-  *shadow rows*, whose fast and exact embeddings are kept for the fidelity report.
+  *shadow rows*, whose fast and exact embeddings are kept for the fidelity report. That
+  embedding runs on a thread in Linux's ``SCHED_IDLE`` class: it gets CPU time nothing else
+  wants, and a request's thread takes the CPU back from it at once.
 
 Why batches: embedding one row exactly reads every bottom-layer center, a batch reads them
 once for all its rows, so a row's exact work costs several times less in a batch of hundreds,
-and the thread holds the interpreter lock once per batch instead of once per row. What
-shadowing costs fast requests is that work's share of the CPU.
+and the thread holds the interpreter lock once per batch instead of once per row. On a replica
+whose CPU the requests take whole, the exact work waits: rows queue, then are dropped and
+counted, and the figures update more slowly, while the requests do not.
 
 Memory is bounded: at most ``2 * batch_rows`` rows wait (beyond it the oldest are dropped
 and counted), one batch is processed at a time, and each model keeps its last
@@ -33,6 +36,7 @@ import threading
 import time
 import warnings
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,11 +47,15 @@ from sklearn.metrics import r2_score
 from mbn_core.bundle import NOVELTY_FILE, Bundle, BundleError
 from mbn_core.pipeline.fidelity import measure_fidelity
 from mbn_core.pipeline.novelty import Novelty, load_novelty
-from service.limits import ExactGate, idle_thread_priority
+from service.limits import ExactGate, idle_thread_priority, lower_thread_priority
 from service.registry import ModelRegistry
 
 log = logging.getLogger(__name__)
 
+# The monitor's own thread (batching, novelty scores, loading exact models, the windows): the
+# highest nice value. Work that takes locks an exact request may wait on runs here, not at
+# SCHED_IDLE, where a busy machine could hold it (and so that request) for seconds.
+MONITOR_THREAD_NICENESS = 19
 # Clusters of the window's k-means comparison when the model has no clustering head.
 _DEFAULT_REPORT_CLUSTERS = 10
 # Rows the shadow thread embeds together. A few hundred rows make the bottom layer a matrix
@@ -151,6 +159,11 @@ class LiveMonitor:
         self._flush = False  # process what waits now (wait_idle)
         self._stopped = False
         self._thread: threading.Thread | None = None
+        # The exact embeddings themselves: CPU-bound kernels and no shared locks, on one
+        # SCHED_IDLE thread (and the threads it starts), which runs on spare CPU time only.
+        self._embedder = ThreadPoolExecutor(
+            1, thread_name_prefix="mbn-shadow-embed", initializer=idle_thread_priority
+        )
 
     # --- the request's side (event loop) ------------------------------------------------------
     def observe(self, bundle: Bundle, rows: np.ndarray, fast: np.ndarray) -> None:
@@ -212,7 +225,7 @@ class LiveMonitor:
 
     # --- the background thread -------------------------------------------------------------
     def _run(self) -> None:
-        idle_thread_priority()
+        lower_thread_priority(MONITOR_THREAD_NICENESS)
         while True:
             batch = self._next_batch()
             if batch is None:
@@ -268,7 +281,10 @@ class LiveMonitor:
         if shadow.any() and self._exact_idle():
             try:
                 model = self.registry.exact(bundle)
-                exact = bundle.embed(rows[shadow], mode="exact", exact=model)
+                shadow_rows = rows[shadow]
+                exact = self._embedder.submit(
+                    bundle.embed, shadow_rows, mode="exact", exact=model
+                ).result()
                 centers = model.centers
             except (BundleError, FileNotFoundError, ValueError) as error:
                 log.warning("model %s: no shadow embedding: %s", bundle.id, error)
@@ -407,6 +423,7 @@ class LiveMonitor:
         with self._lock:
             self._stopped = True
             self._wake.notify_all()
+        self._embedder.shutdown(wait=False, cancel_futures=True)
 
     def _window(self, model_id: str) -> ModelWindow:
         window = self._windows.get(model_id)
