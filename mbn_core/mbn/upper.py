@@ -17,6 +17,10 @@ import numpy as np
 from mbn_core.mbn import _kernels
 from mbn_core.mbn.dtypes import smallest_uint
 
+# Batches of up to this many rows are encoded row by row over a layer's ``CodeIndex``
+# (``UpperLayer.encodes_by_row``) rather than through the rebuilt code matrix.
+INDEXED_ROWS = 256
+
 
 def keep_threshold(fraction: float) -> np.uint64:
     """Hash threshold that keeps a one-hot dimension with probability ``fraction``."""
@@ -146,6 +150,12 @@ class UpperLayer:
     @property
     def n_centers(self) -> int:
         return int(self.centers.shape[1])
+
+    def encodes_by_row(self, n_rows: int) -> bool:
+        """Whether ``codes_few`` is the cheaper way to encode a batch of ``n_rows`` on the
+        host: with an index, the batch path first rebuilds the code matrix, which costs as
+        much as a few hundred rows encoded over the index one by one."""
+        return self.index is not None and n_rows <= INDEXED_ROWS
 
     def codes_few(self, codes: np.ndarray) -> np.ndarray:
         """This layer's codes of a few points from their previous-layer ``codes``.

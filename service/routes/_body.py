@@ -22,11 +22,12 @@ from service.errors import (
     invalid_from_validation,
     shortened,
 )
+from service.json_members import member_spans
 
 M = TypeVar("M", bound=BaseModel)
 
-# Top-level members as raw JSON slices: finds and checks the syntax without building values.
-_MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_KEY = msgspec.json.Decoder(str)
+_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
 def is_json(content_type: str | None) -> bool:
@@ -99,12 +100,12 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> None:
 
 
 def check_structure(
-    body: bytes, skip: msgspec.Raw | None = None, what: str = "the JSON body"
+    body: bytes, skip: memoryview | None = None, what: str = "the JSON body"
 ) -> None:
     """Refuse what the fast parsers would silently accept: duplicate keys (where pydantic
     and msgspec keep the last one) and nesting too deep to parse (``RecursionError``).
 
-    ``skip`` is a member of ``body`` (a zero-copy slice of it, as msgspec returns) that a
+    ``skip`` is a member of ``body`` (a view into it, as ``split_member`` returns) that a
     fast path already parsed as plain number rows or a base64 string, so it holds no
     objects; it is replaced by ``0`` before the check, which keeps the check small for
     large batches. Syntax errors are left to pydantic, which words them. ``what`` names the
@@ -128,7 +129,7 @@ def check_structure(
         return
 
 
-def _offset_in(body: bytes, member: msgspec.Raw) -> int | None:
+def _offset_in(body: bytes, member: memoryview) -> int | None:
     """Where ``member`` starts inside ``body``, when it is a view into it."""
     view = memoryview(member)
     if len(view) == 0 or len(body) == 0:
@@ -145,21 +146,39 @@ async def parse_json(request: Request, model: type[M], *, limit: int | None = No
     return parse_body(model, await read_json_body(request, limit=limit))
 
 
-def split_member(body: bytes, names: tuple[str, ...]) -> tuple[bytes, str, msgspec.Raw] | None:
+def split_member(body: bytes, names: tuple[str, ...]) -> tuple[bytes, str, memoryview] | None:
     """A JSON object body without the first of its top-level members named in ``names``, that
-    name and the member's raw JSON; None when the body is not a JSON object holding one of
-    them (the caller parses it whole)."""
-    try:
-        members = _MEMBERS.decode(body)
-    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
-        # Malformed, nested too deeply, not UTF-8: the general path refuses it in words.
+    name and the member's raw JSON (a view into ``body``); None when the body is not a JSON
+    object holding one of them (the caller parses it whole).
+
+    The members are placed by ``service.json_members`` with the interpreter lock released;
+    the keys are decoded here (a later duplicate wins, as in a dict) and ``rest``, a few
+    small members, is checked to be JSON. The member returned is checked by its own parser.
+    """
+    spans = member_spans(body)
+    if spans is None:
         return None
+    members: dict[str, tuple[int, int]] = {}
+    for key_start, key_end, value_start, value_end in spans.tolist():
+        try:
+            key = _KEY.decode(body[key_start:key_end])
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            return None
+        members[key] = (value_start, value_end)
     name = next((name for name in names if name in members), None)
     if name is None:
         return None
-    raw = members.pop(name)
-    rest = (msgspec.json.encode(key) + b":" + bytes(value) for key, value in members.items())
-    return b"{" + b",".join(rest) + b"}", name, raw
+    start, end = members.pop(name)
+    rest = (
+        b"{"
+        + b",".join(msgspec.json.encode(k) + b":" + body[a:b] for k, (a, b) in members.items())
+        + b"}"
+    )
+    try:
+        _OBJECT.decode(rest)  # small: the values the scan did not check, checked here
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        return None  # not JSON: parsed whole, so the message points into the body sent
+    return rest, name, memoryview(body)[start:end]
 
 
 def json_body(model: type[BaseModel], *, extra_content: dict[str, Any] | None = None) -> dict:

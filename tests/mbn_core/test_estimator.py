@@ -25,6 +25,7 @@ from mbn_core import MBN, TrainingStopped, model_from_arrays, model_to_arrays
 from mbn_core.mbn.coassociation import cell_index, coassociation
 from mbn_core.mbn.estimator import FEW_ROWS
 from mbn_core.mbn.outputs import umap as umap_output
+from mbn_core.mbn.upper import INDEXED_ROWS
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +78,12 @@ def test_transform_is_batch_independent(digits, fitted):
 
 def test_few_row_requests_give_the_batch_codes_at_every_layer(digits, fitted):
     # Requests of up to FEW_ROWS rows take the row-by-row path (index of center rows,
-    # one pass over the bottom centers); the whole batch takes the GEMM and posting-list
-    # path: every layer's codes must agree bit for bit, whatever the grouping.
+    # one pass over the bottom centers); up to INDEXED_ROWS, the bottom layer's GEMMs and the
+    # index row by row; the whole batch the GEMM and posting-list path: every layer's codes
+    # must agree bit for bit, whatever the grouping.
     X, _ = digits
     model, embedding = fitted
-    assert FEW_ROWS < 600
+    assert FEW_ROWS < 100 < INDEXED_ROWS < 600
     assert any(layer.index is not None for layer in model.upper_layers_)
     assert any(layer.stored_codes is not None for layer in model.upper_layers_)
     for layer in range(len(model.ks_)):
@@ -90,6 +92,8 @@ def test_few_row_requests_give_the_batch_codes_at_every_layer(digits, fitted):
         np.testing.assert_array_equal(
             np.vstack(groups), np.vstack([batch[i : i + FEW_ROWS] for i in range(0, 600, 50)])
         )
+        middle = [model.encode(X[i : i + 100], layer=layer) for i in (0, 300)]
+        np.testing.assert_array_equal(np.vstack(middle), np.vstack([batch[:100], batch[300:400]]))
     again = model.transform(X[5:8])
     np.testing.assert_array_equal(again, model.transform(X[5:8]))  # deterministic
     np.testing.assert_array_equal(again, embedding[5:8])

@@ -1,0 +1,145 @@
+"""service.json_members places an /embed body's members without the interpreter lock; the
+fast path built on it must treat every body exactly as the msgspec split it replaced did."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import sys
+
+import msgspec
+import numpy as np
+import pytest
+from servicetest import REPO
+
+from service.json_members import MAX_DEPTH, MAX_MEMBERS, member_spans
+from service.routes import embed
+
+
+def _fuzz_module():
+    """benchmarks/fuzz_parsers.py (its seeds and mutations), loaded once per process."""
+    if "fuzz_parsers" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "fuzz_parsers", REPO / "benchmarks" / "fuzz_parsers.py"
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["fuzz_parsers"] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+    return sys.modules["fuzz_parsers"]
+
+
+fuzz = _fuzz_module()
+
+_MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def reference_split(body: bytes, names: tuple[str, ...]):
+    """The split this module replaced: msgspec decodes the top level, holding the lock."""
+    try:
+        members = _MEMBERS.decode(body)
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        return None
+    name = next((name for name in names if name in members), None)
+    if name is None:
+        return None
+    raw = members.pop(name)
+    rest = (msgspec.json.encode(key) + b":" + bytes(value) for key, value in members.items())
+    return b"{" + b",".join(rest) + b"}", name, memoryview(raw)
+
+
+def members_of(body: bytes) -> list[tuple[bytes, bytes]] | None:
+    spans = member_spans(body)
+    if spans is None:
+        return None
+    return [(body[a:b], body[c:d]) for a, b, c, d in spans.tolist()]
+
+
+def test_members_are_placed_with_their_raw_json() -> None:
+    body = b' {"mode" : "fast", "inputs":[[1, 2], [3,4]] ,"x":{"a":[1,{"b":"}]"}]},"n":-1.5e3}\n'
+    assert members_of(body) == [
+        (b'"mode"', b'"fast"'),
+        (b'"inputs"', b"[[1, 2], [3,4]]"),
+        (b'"x"', b'{"a":[1,{"b":"}]"}]}'),
+        (b'"n"', b"-1.5e3"),
+    ]
+    assert members_of(b"{}") == [] and members_of(b" { } ") == []
+    assert members_of(b'{"k\\"ey": "v\\\\"}') == [(b'"k\\"ey"', b'"v\\\\"')]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"[1]",
+        b'"s"',
+        b"{",
+        b'{"a"}',
+        b'{"a":}',
+        b'{"a":1,}',
+        b'{"a":1 "b":2}',
+        b'{"a":[1}',
+        b'{"a":{1]}',
+        b'{"a":[1]]}',
+        b'{"a":1} x',
+        b'{"a":"\x01"}',  # a raw control character in a string
+        b'{"a":"open}',
+        b"{a:1}",
+        b'{"a":tr"ue}',
+    ],
+)
+def test_bodies_it_cannot_place_are_left_whole(body: bytes) -> None:
+    assert member_spans(body) is None
+
+
+def test_limits_leave_the_body_whole() -> None:
+    many = "{" + ",".join(f'"k{i}":{i}' for i in range(MAX_MEMBERS + 1)) + "}"
+    assert member_spans(many.encode()) is None
+    most = "{" + ",".join(f'"k{i}":{i}' for i in range(MAX_MEMBERS)) + "}"
+    placed = member_spans(most.encode())
+    assert placed is not None and len(placed) == MAX_MEMBERS
+    deep = b'{"a":' + b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1) + b"}"
+    assert member_spans(deep) is None
+    assert member_spans(b'{"a":' + b"[" * MAX_DEPTH + b"]" * MAX_DEPTH + b"}") is not None
+
+
+def outcome(body: bytes) -> tuple:
+    """What /embed's parsing makes of ``body``: the request and its rows, or the refusal."""
+    try:
+        request, parsed = embed._parse(body)
+    except Exception as error:  # every refusal, named by type and message
+        return ("refused", type(error).__name__, str(error))
+    rows = parsed.tobytes() if isinstance(parsed, np.ndarray) else parsed
+    return ("accepted", request.model_dump_json(), rows)
+
+
+def corpus() -> list[bytes]:
+    bodies = [case.data for case in fuzz.cases("json", 400, seed=7)]
+    bodies += [case.data for case in fuzz.cases("base64", 200, seed=7)]
+    rng = random.Random(0)
+    rows = [[rng.randint(0, 255) for _ in range(4)] for _ in range(3)]
+    for extra in (
+        {"mode": "exact"},
+        {"model": "m", "mode": "fast", "return_clusters": True},
+        {"inputs": [[9, 9, 9, 9]]},  # a duplicate key
+        {"model": "\u00e9\ud83d\ude00", "nested": {"deep": [[{"x": None}]]}},
+    ):
+        bodies.append(json.dumps({"inputs": rows, **extra}).encode())
+        bodies.append(json.dumps({**extra, "inputs": rows}, indent=2).encode())
+    bodies.append(b'{"inputs": [[1, 2]], "inputs": [[3, 4]]}')
+    bodies.append(b'{"inputs": [[1, 2]], "mode": tru}')  # invalid outside the rows
+    bodies.append(b'{"inputs": [[1, 2]], "mode": "fa\xffst"}')  # not UTF-8 outside them
+    bodies.append(b'{"inputs": [[1, 2\xff]]}')  # not UTF-8 inside them
+    return bodies
+
+
+def test_the_fast_path_treats_every_body_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    bodies = corpus()
+    now = [outcome(body) for body in bodies]
+    monkeypatch.setattr(embed, "split_member", reference_split)
+    before = [outcome(body) for body in bodies]
+    for body, got, expected in zip(bodies, now, before, strict=True):
+        assert got == expected, body[:200]
+    kinds = {result[0] for result in now}
+    assert kinds == {"accepted", "refused"}  # the corpus reaches both
