@@ -229,6 +229,7 @@ class LiveMonitor:
         while True:
             batch = self._next_batch()
             if batch is None:
+                self._embedder.shutdown(wait=False)  # only this thread submits to it
                 return
             for samples in _by_model(batch):
                 try:
@@ -423,7 +424,6 @@ class LiveMonitor:
         with self._lock:
             self._stopped = True
             self._wake.notify_all()
-        self._embedder.shutdown(wait=False, cancel_futures=True)
 
     def _window(self, model_id: str) -> ModelWindow:
         window = self._windows.get(model_id)

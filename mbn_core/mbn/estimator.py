@@ -543,10 +543,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             codes = backend.bottom_codes(self.bottom_layer_, X)
             bottom_codes = codes
             for index, layer in enumerate(self.upper_layers_[: depth - 1], start=1):
-                if backend.name == "local" and layer.encodes_by_row(n_samples):
-                    codes = layer.codes_few(codes)
-                else:
-                    codes = backend.upper_codes(index, codes, layer)
+                codes = backend.upper_codes(index, codes, layer)
         return bottom_codes, codes
 
     # ------------------------------------------------------------------ helpers

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.util
 import os
 import signal
 import socket
@@ -53,6 +54,19 @@ FAST_JOBS_ENV = {
     "MBN_TRAIN_THREADS": "1",
     "MBN_LOG_LEVEL": "info",
 }
+
+
+def fuzz_parsers() -> Any:
+    """``benchmarks/fuzz_parsers.py`` (its seeds and mutations), loaded once per process."""
+    if "fuzz_parsers" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "fuzz_parsers", REPO / "benchmarks" / "fuzz_parsers.py"
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["fuzz_parsers"] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+    return sys.modules["fuzz_parsers"]
 
 
 def free_port() -> int:

@@ -3,34 +3,18 @@ fast path built on it must treat every body exactly as the msgspec split it repl
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-import sys
 
 import msgspec
 import numpy as np
 import pytest
-from servicetest import REPO
+from servicetest import fuzz_parsers
 
 from service.json_members import MAX_DEPTH, MAX_MEMBERS, member_spans
 from service.routes import embed
 
-
-def _fuzz_module():
-    """benchmarks/fuzz_parsers.py (its seeds and mutations), loaded once per process."""
-    if "fuzz_parsers" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "fuzz_parsers", REPO / "benchmarks" / "fuzz_parsers.py"
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["fuzz_parsers"] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
-    return sys.modules["fuzz_parsers"]
-
-
-fuzz = _fuzz_module()
+fuzz = fuzz_parsers()
 
 _MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 

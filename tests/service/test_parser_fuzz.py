@@ -5,23 +5,15 @@ case is accepted or refused (ValueError, 4xx); anything else is a defect. The lo
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from servicetest import REPO, Server, serving
+from servicetest import Server, fuzz_parsers, serving
 
-_spec = importlib.util.spec_from_file_location(
-    "fuzz_parsers", REPO / "benchmarks" / "fuzz_parsers.py"
-)
-assert _spec is not None and _spec.loader is not None
-fuzz = importlib.util.module_from_spec(_spec)
-sys.modules["fuzz_parsers"] = fuzz  # its dataclasses look their module up
-_spec.loader.exec_module(fuzz)
+fuzz = fuzz_parsers()
 
 CASES = 300
 HTTP_CASES = 60

@@ -46,6 +46,10 @@ class LocalBackend(LayerBackend):
         )
 
     def upper_codes(self, index: int, codes: np.ndarray, layer: UpperLayer) -> np.ndarray:
+        if layer.encodes_by_row(codes.shape[0]):  # a mid-size batch over the layer's index
+            codes = layer.codes_few(codes)
+            self.report(index, len(layer.centers), len(layer.centers))
+            return codes
         encode = upper_encoder(layer, codes, self.pool)
         return self.map_clusterings(
             index, len(layer.centers), encode, codes.shape[0], layer.n_centers
