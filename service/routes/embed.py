@@ -98,7 +98,7 @@ def _encode(
     if req.encoding_format == "base64":
         payload["embeddings_b64"] = matrix_to_b64(embeddings)
     else:
-        payload["embeddings"] = embeddings.tolist()
+        payload["embeddings"] = _json_matrix(embeddings)
     if clusters is not None:
         payload["clusters"] = clusters.tolist()
     if req.return_novelty:
@@ -112,6 +112,23 @@ def _encode(
             payload["novelty"] = novelty[0].tolist()
             payload["novel"] = novelty[1].tolist()
     return msgspec.json.encode(payload)
+
+
+# Rows per slice of a JSON answer. Each slice is one call that holds the interpreter lock
+# (Python floats made and written); between slices the event loop can take the lock, where a
+# large answer in one call kept it waiting for milliseconds.
+_ENCODE_ROWS = 512
+
+
+def _json_matrix(matrix: np.ndarray) -> list | msgspec.Raw:
+    """``matrix`` as JSON rows: the bytes ``msgspec`` writes for ``matrix.tolist()``."""
+    if len(matrix) <= _ENCODE_ROWS:
+        return matrix.tolist()
+    parts = (
+        msgspec.json.encode(matrix[start : start + _ENCODE_ROWS].tolist())[1:-1]
+        for start in range(0, len(matrix), _ENCODE_ROWS)
+    )
+    return msgspec.Raw(b"[" + b",".join(parts) + b"]")
 
 
 def _parse(body: bytes) -> tuple[EmbedRequest, np.ndarray | bytes | None]:

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from servicetest import assert_error, make_settings, running_app
 
 from mbn_core.bundle import load_bundle
+from service.main import SWITCH_INTERVAL_SECONDS, configure_interpreter
+from service.routes.embed import _ENCODE_ROWS, _json_matrix
 
 Digits = tuple[np.ndarray, np.ndarray]
 
@@ -172,3 +176,20 @@ def test_wrong_content_type_is_415(client: TestClient) -> None:
 def test_json_without_content_type_is_accepted(client: TestClient) -> None:
     response = client.post("/embed", content=json.dumps({"inputs": [ROW]}))
     assert response.status_code == 200, response.text
+
+
+def test_large_json_answers_are_written_in_slices_with_the_same_bytes() -> None:
+    rng = np.random.default_rng(0)
+    for n in (0, 1, _ENCODE_ROWS, _ENCODE_ROWS + 1, 3 * _ENCODE_ROWS + 7):
+        matrix = rng.standard_normal((n, 10)).astype(np.float32)
+        whole = msgspec.json.encode({"embeddings": matrix.tolist()})
+        assert msgspec.json.encode({"embeddings": _json_matrix(matrix)}) == whole
+
+
+def test_serving_asks_for_the_interpreter_lock_after_a_millisecond() -> None:
+    before = sys.getswitchinterval()
+    try:
+        configure_interpreter()
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_SECONDS)
+    finally:
+        sys.setswitchinterval(before)
