@@ -55,20 +55,18 @@ def lower_thread_priority(increment: int) -> None:
         log.debug("could not lower a pool thread's priority: %s", error)
 
 
-def idle_thread_priority() -> bool:
+def idle_thread_priority() -> None:
     """Put the calling thread (and the threads it starts) in Linux's ``SCHED_IDLE`` class:
     it runs only on a CPU nothing else wants, and a waking thread of any other class
     preempts it at once. A low nice value is not enough for background work beside
     latency-bound requests: the scheduler may let the running thread finish a time slice
     (milliseconds) before a woken request thread gets the CPU. Falls back to the highest
-    nice value where the class is unavailable; returns whether the class was set."""
+    nice value where the class is unavailable (a pool initializer)."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
-        return True
     except (AttributeError, OSError) as error:
         log.debug("no SCHED_IDLE for a background thread (%s); nice 19 instead", error)
         lower_thread_priority(19)
-        return False
 
 
 class BodyLimitMiddleware:

@@ -282,9 +282,8 @@ class LiveMonitor:
         if shadow.any() and self._exact_idle():
             try:
                 model = self.registry.exact(bundle)
-                shadow_rows = rows[shadow]
                 exact = self._embedder.submit(
-                    bundle.embed, shadow_rows, mode="exact", exact=model
+                    bundle.embed, rows[shadow], mode="exact", exact=model
                 ).result()
                 centers = model.centers
             except (BundleError, FileNotFoundError, ValueError) as error:
