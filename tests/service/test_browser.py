@@ -303,6 +303,25 @@ def test_embedded_rows_appear_on_the_map(
 # ---------------------------------------------------------------------- jobs
 
 
+def submitted_job(tab: Page, server: Server) -> str:
+    """The id of the job the form just queued; on an error or silence, a failure that says
+    what the page and the server saw (a bare timeout said neither)."""
+    page = tab.page
+    try:
+        page.wait_for_selector(
+            "#train-result:has-text('queued'), #train-error:not(:empty)", timeout=90_000
+        )
+    except sync_api.TimeoutError:
+        pytest.fail(
+            f"no answer to the form in 90 s; page errors {tab.errors}; "
+            f"last requests {tab.requests[-5:]}\nserver log:\n{server.log_tail()}"
+        )
+    error = page.inner_text("#train-error")
+    if error:
+        pytest.fail(f"the form showed {error!r}; server log:\n{server.log_tail()}")
+    return page.inner_text("#train-result").split()[1]
+
+
 def test_a_job_from_the_form_shows_progress_to_success_and_its_model_can_be_deleted(
     tab: Page, server: Server, digits, screenshots: Path, tmp_path: Path
 ) -> None:
@@ -352,8 +371,7 @@ def test_a_job_from_the_form_shows_progress_to_success_and_its_model_can_be_dele
         }"""
     )
     page.click("#train-submit")
-    page.wait_for_selector("#train-result:has-text('queued')")
-    job_id = page.inner_text("#train-result").split()[1]
+    job_id = submitted_job(tab, server)
     row = f"#jobs-table tr[data-job-id='{job_id}']"
     page.wait_for_selector(f"{row}[data-status='running']", timeout=120_000)
     page.screenshot(path=screenshots / "console-jobs.png", full_page=True)
