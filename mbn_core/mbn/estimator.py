@@ -13,7 +13,6 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, RealNotInt, StrOptions
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
-from threadpoolctl import threadpool_limits
 
 from mbn_core.data.checks import check_magnitude
 from mbn_core.exceptions import TrainingStopped
@@ -32,6 +31,7 @@ from mbn_core.mbn.outputs import (
 from mbn_core.mbn.plan import Plan, settle
 from mbn_core.mbn.upper import UpperLayer
 from mbn_core.params import CheckedParams, check_int_items
+from mbn_core.utils.blas import one_blas_thread
 
 METRICS = ("euclidean", "cosine")
 OUTPUTS = (AUTO, *output_names())
@@ -327,7 +327,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 raise TrainingStopped("training stopped by the callback after the bottom layer")
             # One BLAS thread (as while settling): the backend's workers do not oversubscribe
             # the cores, and the top's PCA sums in the same order wherever the layers ran.
-            with threadpool_limits(limits=1, user_api="blas"):
+            with one_blas_thread():
                 upper: list[UpperLayer] = []
                 for index, k in enumerate(ks[1:], start=1):
                     layer, codes = self._fit_upper(codes, ks[index - 1], k, rng, backend, index)
@@ -539,7 +539,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         if not backend.embeds_new_rows:  # a backend for fitting only (see LayerBackend)
             backend.close()
             backend = get_backend("local", n_jobs=self.n_jobs)
-        with threadpool_limits(limits=1, user_api="blas"), backend:
+        with one_blas_thread(), backend:
             codes = backend.bottom_codes(self.bottom_layer_, X)
             bottom_codes = codes
             for index, layer in enumerate(self.upper_layers_[: depth - 1], start=1):

@@ -35,10 +35,10 @@ FAST_CONFIGS = ["digits_pca", "digits_cosine", "digits_shift", "digits_float", "
 SLOW_CONFIGS = ["digits_umap", "moons_auto"]
 
 
-def _check_config(name: str) -> None:
+def _check_config(name: str, **options) -> None:
     params, source = GEN.CONFIGS[name]
     fit_rows, new_rows = GEN.data(source)
-    model = MBN(**params).fit(fit_rows)
+    model = MBN(**{**params, **options}).fit(fit_rows)
     assert model.ks_ == SAVED[f"{name}/ks"].tolist()
     assert model.output_ == str(SAVED[f"{name}/output"])
     for layer in range(len(model.ks_)):
@@ -56,6 +56,13 @@ def _check_config(name: str) -> None:
 @pytest.mark.parametrize("name", FAST_CONFIGS)
 def test_codes_and_embeddings_are_unchanged(name):
     _check_config(name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["digits_pca", "sparse_cosine"])
+def test_one_thread_encodes_as_the_saved_codes(name):
+    # A one-thread backend encodes on the caller's thread, without its pool.
+    _check_config(name, n_jobs=1)
 
 
 @pytest.mark.slow

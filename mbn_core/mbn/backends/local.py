@@ -39,7 +39,7 @@ class LocalBackend(LayerBackend):
     def fit_upper_codes(
         self, index: int, codes: np.ndarray, clusterings: UpperClusterings
     ) -> np.ndarray:
-        encode = clusterings.encoder(codes, self.pool)
+        encode = clusterings.encoder(codes, self.pool if self.n_threads > 1 else None)
         n_clusterings = len(clusterings.centers)
         return self.map_clusterings(
             index, n_clusterings, encode, codes.shape[0], clusterings.n_centers
@@ -50,7 +50,7 @@ class LocalBackend(LayerBackend):
             codes = layer.codes_few(codes)
             self.report(index, len(layer.centers), len(layer.centers))
             return codes
-        encode = upper_encoder(layer, codes, self.pool)
+        encode = upper_encoder(layer, codes, self.pool if self.n_threads > 1 else None)
         return self.map_clusterings(
             index, len(layer.centers), encode, codes.shape[0], layer.n_centers
         )
@@ -76,6 +76,14 @@ class LocalBackend(LayerBackend):
                 codes[:, v] = encode(v)
 
         starts = range(0, n_clusterings, per_task)
+        if self.n_threads == 1:
+            # On the caller's thread: a pool of one would only add a hand-over per task, and
+            # each hand-over takes the interpreter lock, which a server's request threads share.
+            for first in starts:
+                task(first)
+                for done in range(first + 1, min(first + per_task, n_clusterings) + 1):
+                    self.report(layer, done, n_clusterings)
+            return codes
         futures: list[Future[None]] = [self.pool.submit(task, first) for first in starts]
         try:
             for first, future in zip(starts, futures, strict=True):
