@@ -56,6 +56,7 @@ def checkout(revision: str | None, folder: Path) -> Iterator[Path]:
 def train_with(code: Path, x: np.ndarray, model_dir: Path, work: Path) -> None:
     data = work / "train.npy"
     np.save(data, x)
+    model_dir.mkdir(parents=True, exist_ok=True)
     mbn = Path(sys.executable).with_name("mbn")
     command = [str(mbn), "train", str(data), "--out", str(model_dir / "bench"), "--name", "bench",
                "--n-clusterings", "100", "--random-state", "0", "--quiet"]  # fmt: skip
