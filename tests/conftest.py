@@ -1,6 +1,23 @@
-"""Fixtures shared by the library and the service tests."""
+"""Fixtures shared by the library and the service tests, and the quick tier's collection."""
+
+import re
+from pathlib import Path
 
 import pytest
+
+# A module whose every test is slow says so in one line (``pytestmark = pytest.mark.slow``).
+_WHOLLY_SLOW = re.compile(r"^pytestmark = pytest\.mark\.slow$", re.MULTILINE)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """In the quick tier (``-m "not slow"``) a module marked slow as a whole is not imported:
+    all its tests would be deselected anyway, and importing some of them (schemathesis and an
+    app built at import, a browser driver, Dask) costs each worker seconds."""
+    if config.getoption("markexpr", "") != "not slow":
+        return None
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    return True if _WHOLLY_SLOW.search(collection_path.read_text(encoding="utf-8")) else None
 
 
 @pytest.fixture(scope="session")
