@@ -96,10 +96,8 @@ def main() -> None:
         servers = []
         try:
             for name, code in (("old", old_code), ("new", new_code)):
-                os.environ["PYTHONPATH"] = str(code)
-                settings = {"MBN_SHADOW_FRACTION": "0"}
+                settings = {"MBN_SHADOW_FRACTION": "0", "PYTHONPATH": str(code)}
                 servers.append(start_server(model_dir, work / name, 1, 1, settings))
-            os.environ.pop("PYTHONPATH")
             for round_ in range(args.rounds):
                 order = (0, 1) if round_ % 2 == 0 else (1, 0)
                 figures: dict[int, tuple[float, float, float]] = {}

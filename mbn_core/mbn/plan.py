@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from mbn_core.mbn.auto import choose_delta, choose_output, thin_manifold_is_measurable
 from mbn_core.mbn.outputs import AUTO, get_output
+from mbn_core.utils.blas import one_blas_thread
 
 if TYPE_CHECKING:
     from mbn_core.mbn.backends.base import LayerBackend
@@ -126,7 +126,7 @@ def settle(
     bottom = codes = None
     delta = measured_delta = None
     # One BLAS thread for the layers (``fit`` keeps it for the rest of the network).
-    with threadpool_limits(limits=1, user_api="blas"):
+    with one_blas_thread():
         if keep_bottom or delta_is_measured or output_is_measured:
             bottom, codes = mbn._fit_bottom(X, ks[0], n_chosen, rng, backend)
         if delta_is_measured or output_is_measured:

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, eigsh
-from threadpoolctl import threadpool_limits
 
+from mbn_core.utils.blas import one_blas_thread
 from mbn_core.utils.eigen import eigh_by_index
 
 # Above this rank the block step uses Lanczos on T as "diagonal minus low rank" (O(ρ HM) per
@@ -171,7 +171,7 @@ def optimise(
     # One BLAS thread: these eigenproblems are small (ρ <= R), and a second thread spinning
     # on a busy machine made each one many times slower
     # (docs/decisions/0018-modular-kpca-optimiser-and-lambda.md).
-    with threadpool_limits(limits=1, user_api="blas"):
+    with one_blas_thread():
         if q.shape[0] >= LANCZOS_MIN_RANK:
             return _lanczos_epochs(
                 q, factors, diversity, epsilon, max_epochs, tol, losses, on_update

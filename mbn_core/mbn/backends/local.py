@@ -27,10 +27,13 @@ class LocalBackend(LayerBackend):
     def __init__(self, *, n_jobs: int | None = None, callback: ProgressCallback | None = None):
         super().__init__(n_jobs=n_jobs, callback=callback)
         self.n_threads = effective_threads(n_jobs)
-        self.pool = ThreadPoolExecutor(self.n_threads)
+        # One thread works on the caller's thread: a pool of one would only add a hand-over
+        # per task, each taking the interpreter lock that a server's request threads share.
+        self.pool = ThreadPoolExecutor(self.n_threads) if self.n_threads > 1 else None
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
     def bottom_codes(self, layer: BottomLayer, X) -> np.ndarray:
         encode = bottom_encoder(layer, X)
@@ -39,7 +42,7 @@ class LocalBackend(LayerBackend):
     def fit_upper_codes(
         self, index: int, codes: np.ndarray, clusterings: UpperClusterings
     ) -> np.ndarray:
-        encode = clusterings.encoder(codes, self.pool if self.n_threads > 1 else None)
+        encode = clusterings.encoder(codes, self.pool)
         n_clusterings = len(clusterings.centers)
         return self.map_clusterings(
             index, n_clusterings, encode, codes.shape[0], clusterings.n_centers
@@ -50,7 +53,7 @@ class LocalBackend(LayerBackend):
             codes = layer.codes_few(codes)
             self.report(index, len(layer.centers), len(layer.centers))
             return codes
-        encode = upper_encoder(layer, codes, self.pool if self.n_threads > 1 else None)
+        encode = upper_encoder(layer, codes, self.pool)
         return self.map_clusterings(
             index, len(layer.centers), encode, codes.shape[0], layer.n_centers
         )
@@ -76,18 +79,14 @@ class LocalBackend(LayerBackend):
                 codes[:, v] = encode(v)
 
         starts = range(0, n_clusterings, per_task)
-        if self.n_threads == 1:
-            # On the caller's thread: a pool of one would only add a hand-over per task, and
-            # each hand-over takes the interpreter lock, which a server's request threads share.
-            for first in starts:
-                task(first)
-                for done in range(first + 1, min(first + per_task, n_clusterings) + 1):
-                    self.report(layer, done, n_clusterings)
-            return codes
-        futures: list[Future[None]] = [self.pool.submit(task, first) for first in starts]
+        pool = self.pool
+        futures: list[Future[None]] = [] if pool is None else [pool.submit(task, f) for f in starts]
         try:
-            for first, future in zip(starts, futures, strict=True):
-                future.result()
+            for index, first in enumerate(starts):
+                if futures:
+                    futures[index].result()
+                else:
+                    task(first)
                 for done in range(first + 1, min(first + per_task, n_clusterings) + 1):
                     try:
                         self.report(layer, done, n_clusterings)
