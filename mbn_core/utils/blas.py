@@ -1,8 +1,8 @@
 """BLAS held at one thread while a network's own threads run, at the cost of a counter.
 
-``threadpoolctl.threadpool_limits`` finds the loaded BLAS libraries afresh at every call: about
-2 ms on this project's machines, all of it holding the interpreter lock, which a server pays
-on every exact request of more than a few rows while its other threads wait for the lock. A
+``threadpoolctl.threadpool_limits`` finds the loaded BLAS libraries afresh at every call,
+milliseconds that hold the interpreter lock, which a server pays on every exact request of
+more than a few rows while its other threads wait for the lock. A
 ``ThreadpoolController`` finds them once; it is found again whenever a module has been
 imported since (a newly imported extension may have loaded another BLAS).
 """
