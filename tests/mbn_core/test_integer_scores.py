@@ -201,3 +201,56 @@ def test_the_int64_arg_max_gives_the_same_codes(monkeypatch):
     wide = _integer(X, X[:50], features, "euclidean")
     np.testing.assert_array_equal(fast, wide)
     np.testing.assert_array_equal(wide, _float_codes(X, features, X[:50], "euclidean"))
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+@pytest.mark.parametrize("packed_rows", [0, 10**9])
+def test_packed_and_per_call_centers_give_the_float_codes(monkeypatch, metric, packed_rows):
+    # Large batches score against centers packed into a session of their own, small ones
+    # pass them with every block; both must give the float path's codes, across the
+    # blocks' boundaries (1,037 rows is no multiple of a block) and on exact ties.
+    monkeypatch.setattr(_integer_scores, "PACKED_ROWS", packed_rows)
+    monkeypatch.setattr(_integer_scores, "_BLOCK_BYTES", 64 * 4 * 70)  # 64-row blocks
+    rng = np.random.default_rng(5)
+    X = rng.integers(0, 256, size=(1037, 24)).astype(np.float64)
+    X[::7] = 0
+    X[1::7] = 255
+    centers = np.vstack([X[rng.choice(1037, 60, replace=False)], X[:10]])  # repeated centers
+    features = np.sort(rng.choice(24, 17, replace=False))
+    got = _integer(X, centers, features, metric)
+    np.testing.assert_array_equal(got, _float_codes(X, features, centers[:, features], metric))
+
+
+def test_the_int32_arg_max_is_exact_at_its_bound():
+    # At MAX_INT32_SCORE_DIMENSIONS the scores 2 x'.b - |w'|^2 reach their extremes
+    # (rows of 255 against centers of 0 and of 255); the int32 arg-max must rank them as
+    # the int64 one does.
+    d = _integer_scores.MAX_INT32_SCORE_DIMENSIONS
+    X = np.zeros((6, d))
+    X[:3] = 255
+    X[4, : d // 2] = 255
+    centers = np.vstack([np.zeros(d), np.full(d, 255.0), X[4], np.zeros(d)])
+    features = np.arange(d)
+    rows = integer_rows(X, centers)
+    assert rows is not None
+    block = integer_centers(centers, np.arange(4), features, rows.low, "euclidean")
+    dots = X.astype(np.int64) @ block.b.astype(np.int64)
+    assert (2 * dots - block.center_term).min() < -(2**30)  # near the int32 bound
+    got = integer_codes(rows, features, block)
+    np.testing.assert_array_equal(got, [1, 1, 1, 0, 2, 0])
+    wide = np.empty(6, np.int32)
+    _integer_scores.integer_best(
+        dots, block.center_term, block.b_sums, np.zeros(6, np.int64), rows.low, d, False, wide
+    )
+    np.testing.assert_array_equal(got, wide)
+
+
+def test_packed_sessions_keep_a_bounded_number_of_models(monkeypatch):
+    monkeypatch.setattr(_integer_scores, "PACKED_ROWS", 0)
+    rng = np.random.default_rng(6)
+    X = rng.integers(0, 256, size=(200, 12)).astype(np.float64)
+    for n_centers in range(3, 3 + 2 * _integer_scores._TEMPLATES_KEPT):
+        centers = X[:n_centers]
+        got = _integer(X, centers, np.arange(12), "euclidean")
+        np.testing.assert_array_equal(got, _float_codes(X, np.arange(12), centers, "euclidean"))
+    assert len(_integer_scores._state["templates"]) <= _integer_scores._TEMPLATES_KEPT
