@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+from numba import njit
 from sklearn.manifold import trustworthiness
 from sklearn.preprocessing import StandardScaler
 
@@ -155,9 +156,23 @@ def orphan_rate(
         kept = rng.random_sample(row_codes.shape) < fraction  # this point's dimensions
         held[:] = False
         held[clusterings, centers] = True
-        shares = (held[clusterings, row_codes] & kept).any(axis=1)
-        orphans += int(np.count_nonzero(~shares))
+        orphans += _count_orphans(row_codes, kept, held)
     return orphans / (n_trials * len(rows))
+
+
+@njit(nogil=True, cache=True)
+def _count_orphans(row_codes, kept, held):
+    """Rows i with no clustering v where ``kept[i, v]`` and ``held[v, row_codes[i, v]]``
+    (a row stops at its first shared code: most share one early)."""
+    orphans = 0
+    for i in range(row_codes.shape[0]):
+        shares = False
+        for v in range(row_codes.shape[1]):
+            if kept[i, v] and held[v, row_codes[i, v]]:
+                shares = True
+                break
+        orphans += not shares
+    return orphans
 
 
 def choose_delta(

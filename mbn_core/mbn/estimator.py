@@ -467,9 +467,9 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         seeds = rng.randint(0, 2**63, size=V, dtype=np.int64).astype(np.uint64)
         clusterings = UpperClusterings(centers.astype(np.int32), seeds, n_values, fraction)
         new_codes = backend.fit_upper_codes(index, codes, clusterings)
-        rows, local = np.unique(centers, return_inverse=True)
+        rows, local = _distinct_rows(centers, n_samples)
         layer = UpperLayer.create(
-            centers=local.reshape(V, k).astype(smallest_uint(len(rows) - 1)),
+            centers=local.astype(smallest_uint(len(rows) - 1)),
             center_codes=codes[rows].astype(smallest_uint(n_values - 1)),
             seeds=seeds,
             n_values=n_values,
@@ -597,3 +597,15 @@ def _output_progress(callback: ProgressCallback | None) -> OutputProgress | None
             )
 
     return progress
+
+
+def _distinct_rows(centers: np.ndarray, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows among ``centers`` (values in [0, n_rows)), in increasing order, and
+    each entry's position among them: ``np.unique(centers, return_inverse=True)`` without
+    sorting the V * k entries."""
+    present = np.zeros(n_rows, dtype=bool)
+    present[centers] = True
+    rows = np.flatnonzero(present)
+    position = np.empty(n_rows, dtype=np.intp)
+    position[rows] = np.arange(len(rows))
+    return rows, position[centers]

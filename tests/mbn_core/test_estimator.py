@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from mbn_core import MBN, TrainingStopped, model_from_arrays, model_to_arrays
 from mbn_core.mbn.coassociation import cell_index, coassociation
-from mbn_core.mbn.estimator import FEW_ROWS
+from mbn_core.mbn.estimator import FEW_ROWS, _distinct_rows
 from mbn_core.mbn.outputs import umap as umap_output
 from mbn_core.mbn.upper import INDEXED_ROWS
 
@@ -488,3 +488,13 @@ def test_transform_checks_its_input(fitted):
         model.transform(np.full((1, 64), np.nan))
     with pytest.raises(NotFittedError):
         MBN().transform(np.ones((2, 64)))
+
+
+def test_distinct_center_rows_are_numpy_unique():
+    # A layer stores its center rows once each; the positions must be np.unique's.
+    rng = np.random.default_rng(0)
+    centers = np.stack([rng.choice(300, 40, replace=False) for _ in range(25)])
+    rows, positions = _distinct_rows(centers, 300)
+    expected_rows, expected_positions = np.unique(centers, return_inverse=True)
+    np.testing.assert_array_equal(rows, expected_rows)
+    np.testing.assert_array_equal(positions, expected_positions.reshape(centers.shape))
