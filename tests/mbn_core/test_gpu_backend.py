@@ -36,6 +36,8 @@ def _images(n=360, seed=3):
     [
         ("digits", {}),
         ("images", {"metric": "cosine"}),
+        ("images", {"shift_fraction": 0.3}),  # centred exact scores, reconstructed centers
+        ("offset images", {}),  # whole numbers in [1000, 1255]: centred by 1128
         ("scaled", {}),  # float data: near ties re-ranked on the host
         ("scaled", {"metric": "cosine", "shift_fraction": 0.3}),
         ("duplicated", {}),
@@ -46,6 +48,8 @@ def test_device_code_gives_the_cpu_model(data, params):
         X = load_digits().data[:400]
     elif data == "images":
         X = _images()
+    elif data == "offset images":
+        X = _images().astype(np.float64) + 1000
     elif data == "scaled":
         X = _images().astype(np.float32) / 255
     else:
@@ -155,3 +159,45 @@ def test_the_device_is_recorded_in_the_bundle(tmp_path):
     assert load_bundle(path).manifest["training"]["device"] in ("cpu", "cuda")
     assert "device" not in load_bundle(path).manifest["hyperparameters"]["mbn"]
     main(["info", str(path)])
+
+
+def test_centred_scores_pick_the_exact_nearest_center():
+    # At the dimension bound, with the extreme values, exact ties (repeated centers, rows
+    # midway between two) and every row's float64 distances as the reference.
+    rng = np.random.default_rng(7)
+    d = ga.CENTRED_EXACT_DIMENSIONS
+    centers = rng.integers(-128, 128, (12, d)).astype(np.float32)
+    centers[3] = -128
+    centers[4] = 127
+    centers[5] = centers[2]  # a repeat: never chosen over center 2
+    even = 2 * np.floor(centers[:2] / 2)
+    centers[:2] = even
+    rows = np.vstack(
+        [
+            rng.integers(-128, 128, (40, d)),
+            np.full((1, d), -128),
+            np.full((1, d), 127),
+            (even[0] + even[1])[None] / 2,  # midway between centers 0 and 1: a tie
+            centers,
+        ]
+    ).astype(np.float32)
+    got = ga.centred_best(np, rows, centers)
+    distances = ((rows[:, None, :].astype(np.float64) - centers[None]) ** 2).sum(axis=2)
+    np.testing.assert_array_equal(got, np.argmin(distances, axis=1))
+    assert got[42] == 0 and got[43 + 5] == 2 and got[41] == 4 and got[40] == 3
+
+
+def test_small_integer_images_take_the_centred_scores(monkeypatch):
+    # Euclidean images within 256 levels never reach the near-tie re-rank.
+    def no_rerank(*args):
+        raise AssertionError("the re-rank path ran")
+
+    monkeypatch.setattr(cuda, "_pick", no_rerank)
+    X = _images()
+    _, embedding = _fit_on(cuda.numpy_backend, X)
+    _, cpu_embedding = _fit_on("local", X)
+    np.testing.assert_array_equal(embedding, cpu_embedding)
+    assert ga.centred_scores_are_exact(0, 255, ga.CENTRED_EXACT_DIMENSIONS, "euclidean")
+    assert not ga.centred_scores_are_exact(0, 256, 10, "euclidean")  # 257 levels
+    assert not ga.centred_scores_are_exact(0, 255, ga.CENTRED_EXACT_DIMENSIONS + 1, "euclidean")
+    assert not ga.centred_scores_are_exact(0, 255, 10, "cosine")

@@ -243,27 +243,37 @@ def bottom_layer_codes(
     V, k = layer.centers.shape
     X32 = np.ascontiguousarray(X, dtype=np.float32)
     rows_range, centers_range = integral_range(X32), integral_range(layer.center_data)
+    features = [layer.features(v) for v in range(V)]
     integer = rows_range is not None and centers_range is not None
     tf32 = False
+    # Small-integer data shifted to [-128, 127]: scores exact in float32, no re-rank.
+    offset: int | None = None
     if integer:
         assert rows_range is not None and centers_range is not None
         low, high = min(rows_range[0], centers_range[0]), max(rows_range[1], centers_range[1])
         integer = ga.integer_exact(low, high, layer.n_features)
         tf32 = integer and max(abs(low), abs(high)) <= ga.TF32_EXACT_MAX
+        if ga.centred_scores_are_exact(low, high, max(map(len, features)), layer.metric):
+            offset, tf32 = low + ga.CENTRE, True
     budget = device_budget(xp) if budget is None else budget
     score_bytes = min(_SCORE_BYTES, budget // 4)
-    block = max(1, min(n_rows, score_bytes // (4 * k), _INPUT_BYTES // (4 * X32.shape[1] + 1)))
+    # Centred scores hold the float32 products and their int32 scores at once.
+    per_score = 4 if offset is None else 8
+    block = max(
+        1, min(n_rows, score_bytes // (per_score * k), _INPUT_BYTES // (4 * X32.shape[1] + 1))
+    )
     n_blocks = (n_rows + block - 1) // block
     # Kept in its compact dtype (uint8 for pixels), gathered to float32 per clustering.
     center_data = xp.asarray(layer.center_data)
     centers = xp.asarray(layer.centers.astype(np.int64))
     norms = input_row_norms(X32)
     codes = np.empty((n_rows, V), dtype=code_dtype)
-    features = [layer.features(v) for v in range(V)]
     with _TF32(xp, tf32):
         for b, start in enumerate(range(0, n_rows, block)):
             stop = min(start + block, n_rows)
             X_block = xp.asarray(X32[start:stop])
+            if offset is not None:
+                X_block -= xp.float32(offset)
             tolerance_norms = xp.asarray(norms[start:stop])
             for v in range(V):
                 chosen = xp.asarray(features[v])
@@ -272,12 +282,17 @@ def bottom_layer_codes(
                     values = values.astype(xp.float32)
                 else:
                     values = xp.asarray(layer.center_values(v))
-                prepared = ga.prepare_centers(xp, values, layer.metric, integer)
                 A = xp.ascontiguousarray(xp.take(X_block, chosen, axis=1))
-                scores = ga.score_block(xp, A, prepared, layer.metric)
-                tolerance = ga.row_tolerance(xp, tolerance_norms, prepared)
-                host_rows = _HostRows(X32, start, features[v], layer, v)
-                best = _pick(xp, scores, tolerance, A, prepared, layer.metric, integer, host_rows)
+                if offset is not None:
+                    best = ga.centred_best(xp, A, values - xp.float32(offset))
+                else:
+                    prepared = ga.prepare_centers(xp, values, layer.metric, integer)
+                    scores = ga.score_block(xp, A, prepared, layer.metric)
+                    tolerance = ga.row_tolerance(xp, tolerance_norms, prepared)
+                    host_rows = _HostRows(X32, start, features[v], layer, v)
+                    best = _pick(
+                        xp, scores, tolerance, A, prepared, layer.metric, integer, host_rows
+                    )
                 codes[start:stop, v] = ga.to_host(xp, best)
                 if report is not None:
                     report((b * V + v + 1) // n_blocks, V)

@@ -7,11 +7,13 @@ posting-list count has a kernel of its own on the GPU (``backends.cuda``); its r
 
 The codes are the CPU's, bit for bit:
 
-- bottom layer: float32 scores (TF32 allowed where the inputs are exact in it), the first
-  arg-max, and every row whose runner-up lies within the scores' rounding-error bound
-  re-ranked exactly. Small-integer data are re-ranked on the device in float64, which is exact
-  for them (every sum is a whole number below 2**53); other data are re-ranked on the host by
-  the CPU's own ``_exact_best``. Either way the result is the float64 nearest center, lowest
+- bottom layer: small-integer data (images) within 256 consecutive integers, Euclidean, is
+  shifted to [-128, 127], where the float32 (TF32) scores are exact and their first arg-max
+  is the code (``centred_best``). Other data: float32 scores (TF32 allowed where the inputs
+  are exact in it), the first arg-max, and every row whose runner-up lies within the scores'
+  rounding-error bound re-ranked exactly: small-integer data on the device in float64, which
+  is exact for them (every sum is a whole number below 2**53), the rest on the host by the
+  CPU's own ``_exact_best``. Either way the result is the float64 nearest center, lowest
   index on exact ties, as in ``bottom._pick_centers``.
 - upper layers: the number of kept one-hot dimensions each point shares with each center,
   counted through the points' posting lists (never a dense one-hot product), then the first
@@ -155,6 +157,38 @@ def exact_best_on_host(
         chosen = values[candidates].astype(np.float64)
         out[i] = candidates[_exact_best(rows[i].astype(np.float64), chosen, metric)]
     return out
+
+
+# Small-integer data within 256 consecutive integers is shifted by ``low + CENTRE`` into
+# [-128, 127], where every product is at most 2**14 in magnitude and exact in TF32.
+CENTRE = 128
+# Sums of up to this many such products stay within 2**24: whole numbers, exact in float32
+# whatever the order (and the tensor cores' truncation) of the additions.
+CENTRED_EXACT_DIMENSIONS = 2**24 // (CENTRE * CENTRE)
+
+
+def centred_scores_are_exact(low: int, high: int, n_chosen: int, metric: str) -> bool:
+    """Whether ``centred_best`` gives the exact codes for whole numbers in [low, high]."""
+    return (
+        metric == "euclidean" and high - low < 2 * CENTRE and n_chosen <= CENTRED_EXACT_DIMENSIONS
+    )
+
+
+def centred_best(xp: Any, rows: Any, values: Any) -> Any:
+    """The nearest of ``values`` (k, d_chosen) to each of ``rows`` (m, d_chosen), lowest
+    index on exact ties: the CPU's codes, with no re-rank.
+
+    Both are float32 whole numbers in [-128, 127] with d_chosen at most
+    ``CENTRED_EXACT_DIMENSIONS`` (``centred_scores_are_exact``), so the float32 products
+    ``x.w`` are exact, and ``2 x.w - |w|^2`` (the distance less the row's own term) is exact
+    in int32, whose first arg-max is the nearest center.
+    """
+    dots = rows @ values.T
+    sq_norms = (values.astype(xp.int32) ** 2).sum(axis=1, dtype=xp.int32)
+    scores = dots.astype(xp.int32)
+    scores *= 2
+    scores -= sq_norms
+    return scores.argmax(axis=1).astype(xp.int32)
 
 
 def integer_exact(low: float, high: float, n_chosen: int) -> bool:
