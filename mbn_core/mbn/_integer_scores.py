@@ -38,7 +38,7 @@ MAX_CHOSEN_DIMENSIONS = (2**31 - 1) // ((LEVELS - 1) * _B_OFFSET)
 # Euclidean scores 2 x'.b - |w'|^2 stay in int32 (the fast arg-max) up to this many.
 MAX_INT32_SCORE_DIMENSIONS = (2**31 - 1) // (2 * (LEVELS - 1) * _B_OFFSET + (LEVELS - 1) ** 2)
 # Rows per GEMM call: the (rows, k) int32 products stay in a core's cache for the arg-max
-# that reads them, and a block is several of the AMX kernel's 64-row strides.
+# that reads them; at least one of the AMX kernel's 64-row strides.
 _BLOCK_BYTES = 1 << 20
 _MIN_BLOCK_ROWS = 64
 # Batches of at least this many rows score against centers packed once (``_BlockGemm``).

@@ -201,3 +201,12 @@ def test_small_integer_images_take_the_centred_scores(monkeypatch):
     assert not ga.centred_scores_are_exact(0, 256, 10, "euclidean")  # 257 levels
     assert not ga.centred_scores_are_exact(0, 255, ga.CENTRED_EXACT_DIMENSIONS + 1, "euclidean")
     assert not ga.centred_scores_are_exact(0, 255, 10, "cosine")
+
+
+def test_centred_scoring_leaves_the_callers_rows_alone():
+    # Under numpy the device runner sees the caller's float32 rows themselves: shifting
+    # them must not write into them.
+    X = _images().astype(np.float32)
+    before = X.copy()
+    _fit_on(cuda.numpy_backend, X)
+    np.testing.assert_array_equal(X, before)

@@ -273,7 +273,8 @@ def bottom_layer_codes(
             stop = min(start + block, n_rows)
             X_block = xp.asarray(X32[start:stop])
             if offset is not None:
-                X_block -= xp.float32(offset)
+                # Not in place: under numpy, X_block is a view of the caller's rows.
+                X_block = X_block - xp.float32(offset)
             tolerance_norms = xp.asarray(norms[start:stop])
             for v in range(V):
                 chosen = xp.asarray(features[v])
