@@ -247,15 +247,14 @@ class _BlockGemm:
     def __init__(self, b: np.ndarray, block: int, packed: bool) -> None:
         import onnxruntime as ort
 
-        self._ort = ort
         self._b = ort.OrtValue.ortvalue_from_numpy(b)
         # The session reads b's buffer (the OrtValue keeps it alive) for as long as it lives.
         self._session = _packed_session(b.shape, self._b) if packed else _session()
         self._packed = packed
         self._a = np.empty((block, b.shape[0]), dtype=np.uint8)
         self._out = np.empty((block, b.shape[1]), dtype=np.int32)
-        self._bound_rows = 0
-        self._binding = self._session.io_binding()
+        self._bound_rows = 0  # the rows the binding is for (0: none yet)
+        self._binding = None
 
     def rows(self, n_rows: int) -> np.ndarray:
         """The left operand's first ``n_rows`` rows, to fill before ``run``."""
@@ -263,11 +262,13 @@ class _BlockGemm:
 
     def run(self, n_rows: int) -> np.ndarray:
         """The (n_rows, k) int32 products of the rows filled through ``rows``."""
-        if n_rows != self._bound_rows:
+        if n_rows != self._bound_rows:  # the full blocks, then a shorter last one
+            import onnxruntime as ort
+
             binding = self._session.io_binding()
             a = self._a[:n_rows]
             out = self._out[:n_rows]
-            binding.bind_ortvalue_input("A", self._ort.OrtValue.ortvalue_from_numpy(a))
+            binding.bind_ortvalue_input("A", ort.OrtValue.ortvalue_from_numpy(a))
             if not self._packed:
                 binding.bind_ortvalue_input("B", self._b)
             binding.bind_output("Y", "cpu", 0, np.int32, out.shape, out.ctypes.data)
@@ -297,7 +298,7 @@ def euclidean_best(dots, center_term, best):
         top = np.int32(-(2**31))
         for j in range(k):
             # numba widens int32 arithmetic to int64; the cast keeps the loop in int32
-            # lanes (three times faster), and the caller's bound makes it exact.
+            # lanes (twice as many per vector), and the caller's bound makes it exact.
             score = np.int32(row[j] + row[j] - center_term[j])
             scores[j] = score
             top = score if score > top else top
@@ -388,19 +389,9 @@ def _session_locked():
     session = _state.get("session")
     if session is None:
         import onnxruntime as ort
-        from onnx import TensorProto, helper
 
-        a = helper.make_tensor_value_info("A", TensorProto.UINT8, [None, None])
-        b = helper.make_tensor_value_info("B", TensorProto.INT8, [None, None])
-        y = helper.make_tensor_value_info("Y", TensorProto.INT32, [None, None])
-        node = helper.make_node("MatMulInteger", ["A", "B"], ["Y"])
-        graph = helper.make_graph([node], "mm", [a, b], [y])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
         session = ort.InferenceSession(
-            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+            _matmul_integer_model(), _one_thread_options(), providers=["CPUExecutionProvider"]
         )
         _state["session"] = session
     return session
@@ -419,26 +410,41 @@ def _packed_session(shape: tuple[int, int], b):
         assert isinstance(templates, dict)
         model = templates.get(shape)
         if model is None:
-            model = _constant_b_model(shape)
+            model = _matmul_integer_model(shape)
             if len(templates) >= _TEMPLATES_KEPT:
                 templates.pop(next(iter(templates)))
             templates[shape] = model
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    # One node, nothing to optimise: skipping the passes takes a third off the build.
+    options = _one_thread_options()
+    # One node, nothing to optimise: the graph passes would only slow the build.
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.add_initializer("B", b)
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
-def _constant_b_model(shape: tuple[int, int]) -> bytes:
+def _one_thread_options():
+    """Session options for one intra-op thread: the clusterings run in parallel instead."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    return options
+
+
+def _matmul_integer_model(constant_b: tuple[int, int] | None = None) -> bytes:
+    """A model of one ``MatMulInteger``, A (uint8) @ B (int8) -> Y (int32): B an input, or,
+    given ``constant_b`` (its shape), a constant of zeros for ``add_initializer`` to replace."""
     from onnx import TensorProto, helper, numpy_helper
 
-    a = helper.make_tensor_value_info("A", TensorProto.UINT8, [None, shape[0]])
-    y = helper.make_tensor_value_info("Y", TensorProto.INT32, [None, shape[1]])
+    d, k = constant_b if constant_b is not None else (None, None)
+    a = helper.make_tensor_value_info("A", TensorProto.UINT8, [None, d])
+    y = helper.make_tensor_value_info("Y", TensorProto.INT32, [None, k])
     node = helper.make_node("MatMulInteger", ["A", "B"], ["Y"])
-    placeholder = numpy_helper.from_array(np.zeros(shape, dtype=np.int8), "B")
-    graph = helper.make_graph([node], "mm", [a], [y], initializer=[placeholder])
+    if constant_b is None:
+        b = helper.make_tensor_value_info("B", TensorProto.INT8, [None, None])
+        graph = helper.make_graph([node], "mm", [a, b], [y])
+    else:
+        placeholder = numpy_helper.from_array(np.zeros(constant_b, dtype=np.int8), "B")
+        graph = helper.make_graph([node], "mm", [a], [y], initializer=[placeholder])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     return bytes(model.SerializeToString())

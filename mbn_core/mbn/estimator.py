@@ -444,7 +444,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 row[:] = False
                 row[rng.choice(chosen, n_shift, replace=False)] = True
                 shift_masks[v] = np.packbits(row)
-        rows, local = np.unique(centers, return_inverse=True)
+        rows, local = _distinct_rows(centers, n_samples)
         if sp.issparse(X):
             center_data = sp.csr_matrix(X[rows], dtype=np.float32)
             center_data.sort_indices()
@@ -453,7 +453,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         layer = BottomLayer(
             feature_masks=feature_masks,
             shift_masks=shift_masks,
-            centers=local.reshape(V, k).astype(smallest_uint(len(rows) - 1)),
+            centers=local.astype(smallest_uint(len(rows) - 1)),
             center_data=center_data,
             metric=self.metric,
         )

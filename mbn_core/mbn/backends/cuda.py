@@ -266,7 +266,8 @@ def bottom_layer_codes(
     # Kept in its compact dtype (uint8 for pixels), gathered to float32 per clustering.
     center_data = xp.asarray(layer.center_data)
     centers = xp.asarray(layer.centers.astype(np.int64))
-    norms = input_row_norms(X32)
+    # The re-rank's tolerances scale with the rows' norms; centred scores need none.
+    norms = input_row_norms(X32) if offset is None else None
     codes = np.empty((n_rows, V), dtype=code_dtype)
     with _TF32(xp, tf32):
         for b, start in enumerate(range(0, n_rows, block)):
@@ -275,7 +276,9 @@ def bottom_layer_codes(
             if offset is not None:
                 # Not in place: under numpy, X_block is a view of the caller's rows.
                 X_block = X_block - xp.float32(offset)
-            tolerance_norms = xp.asarray(norms[start:stop])
+            else:
+                assert norms is not None
+                tolerance_norms = xp.asarray(norms[start:stop])
             for v in range(V):
                 chosen = xp.asarray(features[v])
                 if layer.shift_masks is None:

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from mbn_core.mbn._integer_scores import LEVELS
 from mbn_core.mbn.bottom import _TIE_MARGIN, _exact_best
 from mbn_core.mbn.upper import keep_threshold
 
@@ -159,9 +160,10 @@ def exact_best_on_host(
     return out
 
 
-# Small-integer data within 256 consecutive integers is shifted by ``low + CENTRE`` into
-# [-128, 127], where every product is at most 2**14 in magnitude and exact in TF32.
-CENTRE = 128
+# Small-integer data within LEVELS consecutive integers (the CPU integer path's range) is
+# shifted by ``low + CENTRE`` into [-128, 127], where every product is at most 2**14 in
+# magnitude and exact in TF32.
+CENTRE = LEVELS // 2
 # Sums of up to this many such products stay within 2**24: whole numbers, exact in float32
 # whatever the order (and the tensor cores' truncation) of the additions.
 CENTRED_EXACT_DIMENSIONS = 2**24 // (CENTRE * CENTRE)
@@ -169,9 +171,7 @@ CENTRED_EXACT_DIMENSIONS = 2**24 // (CENTRE * CENTRE)
 
 def centred_scores_are_exact(low: int, high: int, n_chosen: int, metric: str) -> bool:
     """Whether ``centred_best`` gives the exact codes for whole numbers in [low, high]."""
-    return (
-        metric == "euclidean" and high - low < 2 * CENTRE and n_chosen <= CENTRED_EXACT_DIMENSIONS
-    )
+    return metric == "euclidean" and high - low < LEVELS and n_chosen <= CENTRED_EXACT_DIMENSIONS
 
 
 def centred_best(xp: Any, rows: Any, values: Any) -> Any:
