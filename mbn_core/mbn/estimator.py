@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import functools
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from numbers import Integral, Real
 
 import numpy as np
@@ -329,9 +331,11 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             # the cores, and the top's PCA sums in the same order wherever the layers ran.
             with one_blas_thread():
                 upper: list[UpperLayer] = []
-                for index, k in enumerate(ks[1:], start=1):
-                    layer, codes = self._fit_upper(codes, ks[index - 1], k, rng, backend, index)
-                    upper.append(layer)
+                draw = functools.partial(self._draw_upper, plan.n_samples, rng=rng)
+                with _DrawsAhead(draw, ks[1:]) as draws:
+                    for index, drawn in enumerate(draws, start=1):
+                        layer, codes = self._fit_upper(codes, ks[index - 1], drawn, backend, index)
+                        upper.append(layer)
                 top, embedding = get_output(output).fit(
                     bottom_codes, codes, ks, plan.n_components, rng,
                     _output_progress(self.callback),
@@ -459,12 +463,18 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         )
         return layer, backend.bottom_codes(layer, X)
 
-    def _fit_upper(self, codes, n_values, k, rng, backend: LayerBackend, index):
-        n_samples = codes.shape[0]
+    def _draw_upper(self, n_samples: int, k: int, rng) -> tuple[np.ndarray, np.ndarray]:
+        """An upper layer's random draws: each clustering's k center rows, then the seeds of
+        their dimension choices."""
         V = self.n_clusterings
-        fraction = self._upper_fraction()
         centers = np.stack([rng.choice(n_samples, k, replace=False) for _ in range(V)])
         seeds = rng.randint(0, 2**63, size=V, dtype=np.int64).astype(np.uint64)
+        return centers, seeds
+
+    def _fit_upper(self, codes, n_values, drawn, backend: LayerBackend, index):
+        n_samples = codes.shape[0]
+        fraction = self._upper_fraction()
+        centers, seeds = drawn
         clusterings = UpperClusterings(centers.astype(np.int32), seeds, n_values, fraction)
         new_codes = backend.fit_upper_codes(index, codes, clusterings)
         rows, local = _distinct_rows(centers, n_samples)
@@ -597,6 +607,28 @@ def _output_progress(callback: ProgressCallback | None) -> OutputProgress | None
             )
 
     return progress
+
+
+class _DrawsAhead:
+    """The upper layers' draws (``draw(k)`` for each layer's k), made in order on a thread of
+    their own while the layers compute: the same draws from the generator as drawing each
+    layer's in turn, since one thread makes them in the layers' order and nothing else draws
+    until the last is taken. They are a permutation of the rows per clustering, as long as
+    the layer's own work on a GPU, and the shuffles release the GIL."""
+
+    def __init__(self, draw: Callable[[int], tuple[np.ndarray, np.ndarray]], ks: list[int]):
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="mbn-draws")
+        self._pending = [self._pool.submit(draw, k) for k in ks]
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        return (pending.result() for pending in self._pending)
+
+    def __enter__(self) -> _DrawsAhead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # A stopped or failed fit draws no further layers.
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _distinct_rows(centers: np.ndarray, n_rows: int) -> tuple[np.ndarray, np.ndarray]:

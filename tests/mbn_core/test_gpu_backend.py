@@ -106,8 +106,8 @@ def test_a_group_of_clusterings_counts_as_each_alone():
             counts[:, g * 6 : (g + 1) * 6], ga.count_shared_codes(np, postings, alone, 6, 0, 80)
         )
         np.testing.assert_array_equal(
-            ga.upper_block_codes(counts, 6)[:, g],
-            ga.upper_block_codes(ga.count_shared_codes(np, postings, alone, 6, 0, 80), 6)[:, 0],
+            ga.upper_block_codes(np, counts, 6)[:, g],
+            ga.upper_block_codes(np, ga.count_shared_codes(np, postings, alone, 6, 0, 80), 6)[:, 0],
         )
 
 

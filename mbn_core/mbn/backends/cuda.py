@@ -50,7 +50,13 @@ _HOST_COUNT_BYTES = 8 << 20
 # the posting lists.
 _UPPER_BYTES_PER_CODE = 48
 
-_COUNT_SOURCE = r"""
+# The backend's own kernels; each has an array-code reference in ``gpu_arrays`` that the
+# tests run with numpy and that stands in when NVRTC cannot build them.
+_KERNEL_SOURCE = r"""
+// No standard headers: NVRTC does not always find them.
+#define LOWEST_INT (-2147483647 - 1)
+#define HIGHEST_INT 2147483647
+
 extern "C" __global__ void count_shared(
     const int* __restrict__ rows, const long long* __restrict__ start,
     const int* __restrict__ length, const int* __restrict__ owner, const long long n_lists,
@@ -70,6 +76,57 @@ extern "C" __global__ void count_shared(
             atomicAdd(&counts[(long long)(i - row_start) * columns + j], 1);
         }
     }
+}
+
+// The first maximum of a warp's (value, index) pairs: larger value, then lower index.
+__device__ __forceinline__ void warp_first_max(int& top, int& where)
+{
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const int other_top = __shfl_down_sync(0xffffffffu, top, offset);
+        const int other_where = __shfl_down_sync(0xffffffffu, where, offset);
+        if (other_top > top || (other_top == top && other_where < where)) {
+            top = other_top;
+            where = other_where;
+        }
+    }
+}
+
+extern "C" __global__ void centred_first_best(
+    const float* __restrict__ dots, const int* __restrict__ sq_norms, const long long n_rows,
+    const int k, int* __restrict__ best)
+{
+    // One warp per row: 2 x.w - |w|^2 of each center, exact in int32 (the dots are whole
+    // numbers), read once; the first maximum, as gpu_arrays.first_best_centred.
+    const long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (row >= n_rows) return;
+    const float* d = dots + row * k;
+    int top = LOWEST_INT, where = HIGHEST_INT;
+    for (int j = lane; j < k; j += 32) {
+        const int score = 2 * __float2int_rz(d[j]) - sq_norms[j];
+        if (score > top) { top = score; where = j; }
+    }
+    warp_first_max(top, where);
+    if (lane == 0) best[row] = where;
+}
+
+extern "C" __global__ void first_max_per_segment(
+    const int* __restrict__ values, const long long n_segments, const int k,
+    int* __restrict__ best)
+{
+    // One warp per run of k values (a row's counts in one clustering): the first maximum,
+    // as gpu_arrays.upper_block_codes.
+    const long long segment = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (segment >= n_segments) return;
+    const int* v = values + segment * k;
+    int top = LOWEST_INT, where = HIGHEST_INT;
+    for (int j = lane; j < k; j += 32) {
+        const int value = v[j];
+        if (value > top) { top = value; where = j; }
+    }
+    warp_first_max(top, where);
+    if (lane == 0) best[segment] = where;
 }
 """
 
@@ -133,50 +190,96 @@ def max_rows(n_clusterings: int, budget: int) -> int:
 
 
 @functools.lru_cache(maxsize=1)
-def _count_kernel() -> Any:
+def _kernel_module() -> Any:
     cupy = require_cupy()
-    return cupy.RawKernel(_COUNT_SOURCE, "count_shared")
+    return cupy.RawModule(code=_KERNEL_SOURCE)
+
+
+# Kernels that failed to build or launch: their array-code references run instead.
+_failed_kernels: set[str] = set()
+_WARP_THREADS = 32
+_BLOCK_THREADS = 256
+
+
+def _launch_per_warp(name: str, n_warps: int, args: tuple) -> None:
+    """Launch kernel ``name`` with one warp per item, ``n_warps`` items."""
+    if n_warps:
+        kernel = _kernel_module().get_function(name)
+        blocks = (n_warps * _WARP_THREADS + _BLOCK_THREADS - 1) // _BLOCK_THREADS
+        kernel((blocks,), (_BLOCK_THREADS,), args)
+
+
+def _with_reference(name: str, kernel: Callable, reference: Callable) -> Callable:
+    """``kernel``, or ``reference`` (the same result by array code) once it has failed."""
+
+    def run(*args):
+        if name not in _failed_kernels:
+            try:
+                return kernel(*args)
+            except Exception as exc:  # NVRTC missing or too old: the array code agrees
+                log.warning("CUDA kernel %s unavailable (%s); using array code", name, exc)
+                _failed_kernels.add(name)
+        return reference(*args)
+
+    return run
 
 
 def _kernel_counter(xp: Any) -> ga.Counter:
     """The CUDA kernel counting shared codes (``gpu_arrays.count_shared_codes``' job)."""
-    kernel = _count_kernel()
-
-    def count(postings, lists, columns, row_start, row_stop):
-        if _kernel_state.get("failed"):
-            return ga.count_shared_codes(xp, postings, lists, columns, row_start, row_stop)
-        try:
-            return launch(postings, lists, columns, row_start, row_stop)
-        except Exception as exc:  # NVRTC missing or too old: the array code counts the same
-            log.warning("CUDA count kernel unavailable (%s); counting with array code", exc)
-            _kernel_state["failed"] = True
-            return ga.count_shared_codes(xp, postings, lists, columns, row_start, row_stop)
 
     def launch(postings, lists, columns, row_start, row_stop):
         counts = xp.zeros((row_stop - row_start, columns), dtype=xp.int32)
         n_lists = int(lists.length.size)
-        if n_lists:
-            threads = 256
-            blocks = (n_lists * 32 + threads - 1) // threads
-            kernel(
-                (blocks,),
-                (threads,),
-                (
-                    postings.rows, lists.start, lists.length, lists.owner, np.int64(n_lists),
-                    np.int32(row_start), np.int32(row_stop), np.int32(columns), counts,
-                ),
-            )  # fmt: skip
+        _launch_per_warp(
+            "count_shared", n_lists,
+            (
+                postings.rows, lists.start, lists.length, lists.owner, np.int64(n_lists),
+                np.int32(row_start), np.int32(row_stop), np.int32(columns), counts,
+            ),
+        )  # fmt: skip
         return counts
 
-    return count
+    return _with_reference("count_shared", launch, _reference_counter(xp))
 
 
-_kernel_state: dict[str, bool] = {}
+def _kernel_centred_pick() -> ga.CentredPick:
+    """The fused kernel for ``gpu_arrays.first_best_centred``: the scores read once, never
+    written out."""
+
+    def launch(xp, dots, sq_norms):
+        dots = xp.ascontiguousarray(dots, dtype=xp.float32)
+        n_rows, k = dots.shape
+        best = xp.empty(n_rows, dtype=xp.int32)
+        sq_norms = xp.ascontiguousarray(sq_norms, dtype=xp.int32)
+        _launch_per_warp(
+            "centred_first_best", n_rows, (dots, sq_norms, np.int64(n_rows), np.int32(k), best)
+        )
+        return best
+
+    return _with_reference("centred_first_best", launch, ga.first_best_centred)
+
+
+def _kernel_block_codes() -> ga.BlockCodes:
+    """The kernel for ``gpu_arrays.upper_block_codes``: one pass over the counts."""
+
+    def launch(xp, counts, k):
+        counts = xp.ascontiguousarray(counts, dtype=xp.int32)
+        n_rows, columns = counts.shape
+        best = xp.empty((n_rows, columns // k), dtype=xp.int32)
+        n_segments = int(best.size)
+        _launch_per_warp(
+            "first_max_per_segment", n_segments, (counts, np.int64(n_segments), np.int32(k), best)
+        )
+        return best
+
+    return _with_reference("first_max_per_segment", launch, ga.upper_block_codes)
 
 
 def kernel_in_use() -> str:
-    """Which counter the upper layers used: the CUDA kernel or its array-code reference."""
-    return "array code (bincount)" if _kernel_state.get("failed") else "CUDA kernel"
+    """Which of the backend's kernels ran, and which fell back to their array code."""
+    names = ("count_shared", "centred_first_best", "first_max_per_segment")
+    failed = [name for name in names if name in _failed_kernels]
+    return "CUDA kernels" if not failed else f"array code for {', '.join(failed)}"
 
 
 def _reference_counter(xp: Any) -> ga.Counter:
@@ -257,8 +360,9 @@ def bottom_layer_codes(
             offset, tf32 = low + ga.CENTRE, True
     budget = device_budget(xp) if budget is None else budget
     score_bytes = min(_SCORE_BYTES, budget // 4)
-    # Centred scores hold the float32 products and their int32 scores at once.
-    per_score = 4 if offset is None else 8
+    pick = _kernel_centred_pick() if xp is not np else None
+    # Centred scores by array code hold the float32 products and their int32 scores at once.
+    per_score = 8 if offset is not None and pick is None else 4
     block = max(
         1, min(n_rows, score_bytes // (per_score * k), _INPUT_BYTES // (4 * X32.shape[1] + 1))
     )
@@ -269,6 +373,8 @@ def bottom_layer_codes(
     # The re-rank's tolerances scale with the rows' norms; centred scores need none.
     norms = input_row_norms(X32) if offset is None else None
     codes = np.empty((n_rows, V), dtype=code_dtype)
+    # Uploaded once: a copy from pageable host memory waits for the device's queued work.
+    chosen_features = [xp.asarray(chosen) for chosen in features]
     with _TF32(xp, tf32):
         for b, start in enumerate(range(0, n_rows, block)):
             stop = min(start + block, n_rows)
@@ -279,8 +385,10 @@ def bottom_layer_codes(
             else:
                 assert norms is not None
                 tolerance_norms = xp.asarray(norms[start:stop])
+            # The block's codes stay on the device until its last clustering.
+            block_codes = xp.empty((stop - start, V), dtype=xp.int32)
             for v in range(V):
-                chosen = xp.asarray(features[v])
+                chosen = chosen_features[v]
                 if layer.shift_masks is None:
                     values = xp.take(xp.take(center_data, centers[v], axis=0), chosen, axis=1)
                     values = values.astype(xp.float32)
@@ -288,7 +396,7 @@ def bottom_layer_codes(
                     values = xp.asarray(layer.center_values(v))
                 A = xp.ascontiguousarray(xp.take(X_block, chosen, axis=1))
                 if offset is not None:
-                    best = ga.centred_best(xp, A, values - xp.float32(offset))
+                    best = ga.centred_best(xp, A, values - xp.float32(offset), pick)
                 else:
                     prepared = ga.prepare_centers(xp, values, layer.metric, integer)
                     scores = ga.score_block(xp, A, prepared, layer.metric)
@@ -297,9 +405,12 @@ def bottom_layer_codes(
                     best = _pick(
                         xp, scores, tolerance, A, prepared, layer.metric, integer, host_rows
                     )
-                codes[start:stop, v] = ga.to_host(xp, best)
-                if report is not None:
+                block_codes[:, v] = best
+                if report is not None and v < V - 1:  # queued; the last once copied back
                     report((b * V + v + 1) // n_blocks, V)
+            codes[start:stop] = ga.to_host(xp, block_codes)
+            if report is not None:
+                report((b * V + V) // n_blocks, V)
     return codes
 
 
@@ -362,10 +473,12 @@ def upper_layer_codes(
     own work (a few million increments) is too small to hide a round of launches and copies.
     """
     counter = counter or (_kernel_counter(xp) if xp is not np else _reference_counter(xp))
+    block_codes = _kernel_block_codes() if xp is not np else ga.upper_block_codes
     n_points = batch_codes.shape[0]
     V, k = centers.shape
-    postings = ga.build_postings(xp, xp.asarray(batch_codes.astype(np.int32)), n_values)
-    stored = xp.asarray(np.asarray(center_codes).astype(np.int32))
+    # Uploaded in their compact dtypes (half the bytes of int32 or less), widened there.
+    postings = ga.build_postings(xp, xp.asarray(batch_codes).astype(xp.int32), n_values)
+    stored = xp.asarray(np.asarray(center_codes)).astype(xp.int32)
     all_centers = xp.asarray(centers.astype(np.int64))
     block = max(1, min(n_points, _SCORE_BYTES // (4 * k)))
     count_bytes = _SCORE_BYTES if xp is not np else _HOST_COUNT_BYTES
@@ -380,7 +493,7 @@ def upper_layer_codes(
         for start in range(0, n_points, block):
             stop = min(start + block, n_points)
             counts = counter(postings, lists, (last - first) * k, start, stop)
-            codes[start:stop] = ga.upper_block_codes(counts, k)
+            codes[start:stop] = block_codes(xp, counts, k)
         out[:, first:last] = ga.to_host(xp, codes)
         if report is not None:
             report(last, V)

@@ -174,17 +174,24 @@ def centred_scores_are_exact(low: int, high: int, n_chosen: int, metric: str) ->
     return metric == "euclidean" and high - low < LEVELS and n_chosen <= CENTRED_EXACT_DIMENSIONS
 
 
-def centred_best(xp: Any, rows: Any, values: Any) -> Any:
+def centred_best(xp: Any, rows: Any, values: Any, pick: CentredPick | None = None) -> Any:
     """The nearest of ``values`` (k, d_chosen) to each of ``rows`` (m, d_chosen), lowest
     index on exact ties: the CPU's codes, with no re-rank.
 
     Both are float32 whole numbers in [-128, 127] with d_chosen at most
     ``CENTRED_EXACT_DIMENSIONS`` (``centred_scores_are_exact``), so the float32 products
     ``x.w`` are exact, and ``2 x.w - |w|^2`` (the distance less the row's own term) is exact
-    in int32, whose first arg-max is the nearest center.
+    in int32, whose first arg-max is the nearest center: ``pick`` (the CUDA backend's fused
+    kernel) or its reference ``first_best_centred``.
     """
     dots = rows @ values.T
     sq_norms = (values.astype(xp.int32) ** 2).sum(axis=1, dtype=xp.int32)
+    return (pick or first_best_centred)(xp, dots, sq_norms)
+
+
+def first_best_centred(xp: Any, dots: Any, sq_norms: Any) -> Any:
+    """(m,) int32 first arg-max of ``2 * dots - sq_norms`` in int32, for float32 ``dots``
+    (m, k) of whole numbers and int32 ``sq_norms`` (k,) (``centred_best``'s bounds)."""
     scores = dots.astype(xp.int32)
     scores *= 2
     scores -= sq_norms
@@ -305,12 +312,13 @@ def count_shared_codes(
     return counts.reshape(n_rows, columns).astype(xp.int32)
 
 
-def upper_block_codes(counts: Any, k: int) -> Any:
-    """(rows, G) codes from a group's (rows, G * k) counts: in each clustering, the center
-    with the most shared codes, the first arg-max (ties to the lowest center, 0 when nothing
-    is shared), as the CPU kernels choose."""
+def upper_block_codes(xp: Any, counts: Any, k: int) -> Any:
+    """(rows, G) int32 codes from a group's (rows, G * k) int32 counts: in each clustering,
+    the center with the most shared codes, the first arg-max (ties to the lowest center, 0
+    when nothing is shared), as the CPU kernels choose. The reference of the CUDA backend's
+    kernel."""
     n_rows = counts.shape[0]
-    return counts.reshape(n_rows, -1, k).argmax(axis=2).astype(counts.dtype)
+    return counts.reshape(n_rows, -1, k).argmax(axis=2).astype(xp.int32)
 
 
 def to_host(xp: Any, array: Any) -> np.ndarray:
@@ -319,3 +327,7 @@ def to_host(xp: Any, array: Any) -> np.ndarray:
 
 
 Counter = Callable[[DevicePostings, CenterLists, int, int, int], Any]
+# (xp, dots, sq_norms) -> best: ``first_best_centred``'s job.
+CentredPick = Callable[[Any, Any, Any], Any]
+# (xp, counts, k) -> codes: ``upper_block_codes``' job.
+BlockCodes = Callable[[Any, Any, int], Any]
