@@ -68,6 +68,10 @@ class IntegerRows:
         return (int(self.shifted.shape[0]), int(self.shifted.shape[1]))
 
 
+# Integer dtypes whose every value is exact in float32.
+_EXACT_IN_FLOAT32 = tuple(np.dtype(t) for t in (np.uint8, np.int8, np.uint16, np.int16))
+
+
 def integral_range(values: np.ndarray) -> tuple[int, int] | None:
     """(min, max) of ``values`` seen as float32 when all are whole numbers, else None.
 
@@ -76,6 +80,8 @@ def integral_range(values: np.ndarray) -> tuple[int, int] | None:
     """
     if values.size == 0:
         return None
+    if values.dtype in _EXACT_IN_FLOAT32:  # every value a whole number as it is
+        return int(values.min()), int(values.max())
     low = high = None
     for start in range(0, values.shape[0], 4096):
         block = np.asarray(values[start : start + 4096], dtype=np.float32)

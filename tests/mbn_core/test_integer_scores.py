@@ -114,6 +114,15 @@ def test_only_small_whole_numbers_qualify():
     assert integral_range(np.array([[3.00000001, 4.0]])) == (3, 4)
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.uint16, np.int16, np.int32, np.int64])
+def test_integral_range_of_integer_dtypes_matches_their_float_values(dtype):
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(0)
+    values = rng.integers(max(info.min, -(2**20)), min(info.max, 2**20), (5000, 3)).astype(dtype)
+    values[0, 0], values[-1, -1] = max(info.min, -(2**20)), min(info.max, 2**20) - 1
+    assert integral_range(values) == integral_range(values.astype(np.float64))
+
+
 def test_too_many_dimensions_are_refused():
     big = _integer_scores.MAX_CHOSEN_DIMENSIONS + 1
     with pytest.raises(ValueError, match="exact range"):

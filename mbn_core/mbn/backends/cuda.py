@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback
 from mbn_core.mbn.bottom import BottomLayer, input_row_norms
 from mbn_core.mbn.dtypes import smallest_uint
 from mbn_core.mbn.encoders import UpperClusterings
-from mbn_core.mbn.upper import UpperLayer
+from mbn_core.mbn.upper import UpperLayer, keep_threshold
 
 log = logging.getLogger(__name__)
 
@@ -57,23 +58,53 @@ _KERNEL_SOURCE = r"""
 #define LOWEST_INT (-2147483647 - 1)
 #define HIGHEST_INT 2147483647
 
-extern "C" __global__ void count_shared(
-    const int* __restrict__ rows, const long long* __restrict__ start,
-    const int* __restrict__ length, const int* __restrict__ owner, const long long n_lists,
+extern "C" __global__ void count_kept_shared(
+    const int* __restrict__ stored, const long long* __restrict__ centers,
+    const unsigned long long* __restrict__ seeds, const unsigned long long threshold,
+    const int keep_all, const long long* __restrict__ indptr, const int* __restrict__ rows,
+    const int n_previous, const int n_values, const int k, const long long n_dimensions,
     const int row_start, const int row_stop, const int columns, int* __restrict__ counts)
 {
-    // One warp per posting list: its points each share one more kept code with the
-    // list's center, column j of the counts.
-    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    // Thread t: dimension (v, code) of center j of the group's clustering g, t = (g * k + j)
+    // * n_previous + v; kept when splitmix64(seed_g, key) falls below the threshold, as
+    // gpu_arrays.center_lists. Then the warp walks each of its kept lists together: every
+    // point on it shares one more kept code with that center, column g * k + j.
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const int lane = threadIdx.x & 31;
-    if (warp >= n_lists) return;
-    const long long s = start[warp];
-    const int len = length[warp];
-    const int j = owner[warp];
-    for (int p = lane; p < len; p += 32) {
-        const int i = rows[s + p];
-        if (i >= row_start && i < row_stop) {
-            atomicAdd(&counts[(long long)(i - row_start) * columns + j], 1);
+    bool kept = false;
+    long long begin = 0;
+    int length = 0, column = 0;
+    if (t < n_dimensions) {
+        const long long pair = t / n_previous;
+        const int v = (int)(t - pair * n_previous);
+        const long long key = (long long)v * n_values + stored[centers[pair] * n_previous + v];
+        kept = keep_all != 0;
+        if (!kept) {
+            unsigned long long z = (unsigned long long)key * 0x9E3779B97F4A7C15ull;
+            z += seeds[pair / k];
+            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+            kept = (z ^ (z >> 31)) < threshold;
+        }
+        if (kept) {
+            begin = indptr[key];
+            length = (int)(indptr[key + 1] - begin);
+            column = (int)pair;
+            kept = length > 0;
+        }
+    }
+    unsigned int todo = __ballot_sync(0xffffffffu, kept);
+    while (todo) {
+        const int source = __ffs(todo) - 1;
+        todo &= todo - 1;
+        const long long list_begin = __shfl_sync(0xffffffffu, begin, source);
+        const int list_length = __shfl_sync(0xffffffffu, length, source);
+        const int list_column = __shfl_sync(0xffffffffu, column, source);
+        for (int p = lane; p < list_length; p += 32) {
+            const int i = rows[list_begin + p];
+            if (i >= row_start && i < row_stop) {
+                atomicAdd(&counts[(long long)(i - row_start) * columns + list_column], 1);
+            }
         }
     }
 }
@@ -224,24 +255,6 @@ def _with_reference(name: str, kernel: Callable, reference: Callable) -> Callabl
     return run
 
 
-def _kernel_counter(xp: Any) -> ga.Counter:
-    """The CUDA kernel counting shared codes (``gpu_arrays.count_shared_codes``' job)."""
-
-    def launch(postings, lists, columns, row_start, row_stop):
-        counts = xp.zeros((row_stop - row_start, columns), dtype=xp.int32)
-        n_lists = int(lists.length.size)
-        _launch_per_warp(
-            "count_shared", n_lists,
-            (
-                postings.rows, lists.start, lists.length, lists.owner, np.int64(n_lists),
-                np.int32(row_start), np.int32(row_stop), np.int32(columns), counts,
-            ),
-        )  # fmt: skip
-        return counts
-
-    return _with_reference("count_shared", launch, _reference_counter(xp))
-
-
 def _kernel_centred_pick() -> ga.CentredPick:
     """The fused kernel for ``gpu_arrays.first_best_centred``: the scores read once, never
     written out."""
@@ -277,15 +290,9 @@ def _kernel_block_codes() -> ga.BlockCodes:
 
 def kernel_in_use() -> str:
     """Which of the backend's kernels ran, and which fell back to their array code."""
-    names = ("count_shared", "centred_first_best", "first_max_per_segment")
+    names = ("count_kept_shared", "centred_first_best", "first_max_per_segment")
     failed = [name for name in names if name in _failed_kernels]
     return "CUDA kernels" if not failed else f"array code for {', '.join(failed)}"
-
-
-def _reference_counter(xp: Any) -> ga.Counter:
-    return lambda postings, lists, k, start, stop: ga.count_shared_codes(
-        xp, postings, lists, k, start, stop
-    )
 
 
 _last_gemm: dict[str, bool] = {}
@@ -463,16 +470,17 @@ def upper_layer_codes(
     feature_fraction: float,
     code_dtype: type[np.unsignedinteger],
     report: Callable[[int, int], None] | None = None,
-    counter: ga.Counter | None = None,
+    counting: SharedCodeCounting | None = None,
 ) -> np.ndarray:
     """(n, V) codes of an upper layer for the batch's previous-layer ``batch_codes``.
 
     ``center_codes`` are the previous-layer codes of the rows ``centers`` (V, k) index.
-    Clusterings are counted in groups (``clusterings_per_group``): one set of posting lists,
-    one count and one arg-max per group instead of per clustering, because a clustering's
-    own work (a few million increments) is too small to hide a round of launches and copies.
+    Clusterings are counted in groups (``clusterings_per_group``): one count and one arg-max
+    per group instead of per clustering, because a clustering's own work (a few million
+    increments) is too small to hide a round of launches.
     """
-    counter = counter or (_kernel_counter(xp) if xp is not np else _reference_counter(xp))
+    if counting is None:
+        counting = KernelCounting(xp) if xp is not np else ArrayCounting(xp)
     block_codes = _kernel_block_codes() if xp is not np else ga.upper_block_codes
     n_points = batch_codes.shape[0]
     V, k = centers.shape
@@ -480,24 +488,113 @@ def upper_layer_codes(
     postings = ga.build_postings(xp, xp.asarray(batch_codes).astype(xp.int32), n_values)
     stored = xp.asarray(np.asarray(center_codes)).astype(xp.int32)
     all_centers = xp.asarray(centers.astype(np.int64))
+    all_seeds = xp.asarray(np.asarray(seeds, dtype=np.uint64))
     block = max(1, min(n_points, _SCORE_BYTES // (4 * k)))
     count_bytes = _SCORE_BYTES if xp is not np else _HOST_COUNT_BYTES
     group = clusterings_per_group(V, k, block, stored.shape[1], count_bytes)
-    out = np.empty((n_points, V), dtype=code_dtype)
+    # Every group's codes stay on the device until the last: one copy back, no waits.
+    codes = xp.empty((n_points, V), dtype=xp.int32)
     for first in range(0, V, group):
         last = min(first + group, V)
-        lists = ga.center_lists(
-            xp, postings, stored[all_centers[first:last]], seeds[first:last], feature_fraction
+        kept = counting.kept_dimensions(
+            postings, stored, all_centers[first:last], all_seeds[first:last], feature_fraction
         )
-        codes = xp.empty((n_points, last - first), dtype=xp.int32)
         for start in range(0, n_points, block):
             stop = min(start + block, n_points)
-            counts = counter(postings, lists, (last - first) * k, start, stop)
-            codes[start:stop] = block_codes(xp, counts, k)
-        out[:, first:last] = ga.to_host(xp, codes)
-        if report is not None:
+            counts = counting.count(postings, kept, (last - first) * k, start, stop)
+            codes[start:stop, first:last] = block_codes(xp, counts, k)
+        if report is not None and last < V:  # queued; the last once copied back
             report(last, V)
+    out = ga.to_host(xp, codes).astype(code_dtype)
+    if report is not None:
+        report(V, V)
     return out
+
+
+class SharedCodeCounting:
+    """How an upper layer's group of clusterings counts the kept codes each point shares
+    with each center: ``kept_dimensions`` once per group, then ``count`` per row block."""
+
+    def kept_dimensions(self, postings, stored, centers, seeds, feature_fraction) -> Any:
+        """What ``count`` needs of the group: ``stored`` (n_rows, V_prev) int32 codes of the
+        center rows, ``centers`` (G, k) int64 rows of it, ``seeds`` (G,) uint64."""
+        raise NotImplementedError
+
+    def count(self, postings, kept, columns: int, row_start: int, row_stop: int) -> Any:
+        """(row_stop - row_start, columns) int32 counts: column g * k + j for center j of
+        the group's clustering g."""
+        raise NotImplementedError
+
+
+class ArrayCounting(SharedCodeCounting):
+    """The array-code reference: the kept posting lists (``gpu_arrays.center_lists``) once
+    per group, counted by ``gpu_arrays.count_shared_codes``."""
+
+    def __init__(self, xp: Any) -> None:
+        self.xp = xp
+
+    def kept_dimensions(self, postings, stored, centers, seeds, feature_fraction):
+        return ga.center_lists(self.xp, postings, stored[centers], seeds, feature_fraction)
+
+    def count(self, postings, kept, columns, row_start, row_stop):
+        return ga.count_shared_codes(self.xp, postings, kept, columns, row_start, row_stop)
+
+
+@dataclass(frozen=True)
+class _GroupCenters:
+    """A group's centers as the fused kernel reads them (nothing computed ahead)."""
+
+    stored: Any
+    centers: Any
+    seeds: Any
+    feature_fraction: float
+
+
+class KernelCounting(SharedCodeCounting):
+    """One CUDA kernel per row block: each thread hashes one (center, previous clustering)
+    dimension of the group's centers, and the warp walks the kept ones' posting lists
+    together, so the kept lists are never written out. Falls back to ``ArrayCounting``
+    when the kernel cannot be built."""
+
+    def __init__(self, xp: Any) -> None:
+        self.xp = xp
+        self.reference = ArrayCounting(xp)
+        self._count = _with_reference("count_kept_shared", self._launch, self._by_array_code)
+
+    def kept_dimensions(self, postings, stored, centers, seeds, feature_fraction):
+        return _GroupCenters(stored, centers, seeds, feature_fraction)
+
+    def count(self, postings, kept, columns, row_start, row_stop):
+        return self._count(postings, kept, columns, row_start, row_stop)
+
+    def _launch(self, postings, kept: _GroupCenters, columns, row_start, row_stop):
+        xp = self.xp
+        counts = xp.zeros((row_stop - row_start, columns), dtype=xp.int32)
+        n_groups, k = kept.centers.shape
+        n_previous = kept.stored.shape[1]
+        n_dimensions = n_groups * k * n_previous
+        if n_dimensions:
+            blocks = (n_dimensions + _BLOCK_THREADS - 1) // _BLOCK_THREADS
+            kernel = _kernel_module().get_function("count_kept_shared")
+            kernel(
+                (blocks,),
+                (_BLOCK_THREADS,),
+                (
+                    kept.stored, kept.centers, kept.seeds,
+                    keep_threshold(kept.feature_fraction),
+                    np.int32(kept.feature_fraction >= 1.0),
+                    postings.indptr, postings.rows, np.int32(n_previous),
+                    np.int32(postings.n_values), np.int32(k), np.int64(n_dimensions),
+                    np.int32(row_start), np.int32(row_stop), np.int32(columns), counts,
+                ),
+            )  # fmt: skip
+        return counts
+
+    def _by_array_code(self, postings, kept: _GroupCenters, columns, row_start, row_stop):
+        lists = self.reference.kept_dimensions(
+            postings, kept.stored, kept.centers, kept.seeds, kept.feature_fraction
+        )
+        return self.reference.count(postings, lists, columns, row_start, row_stop)
 
 
 def clusterings_per_group(

@@ -1,9 +1,11 @@
 """MBN's layers as array code over a namespace ``xp``: CuPy on a GPU, numpy in the tests.
 
 Everything the CUDA backend (``backends.cuda``) computes goes through these functions, so
-their logic runs in CI with ``xp = numpy`` and on a GPU with ``xp = cupy``. Only the
-posting-list count has a kernel of its own on the GPU (``backends.cuda``); its reference here
-(``count_shared_codes``) counts the same pairs with ``bincount``.
+their logic runs in CI with ``xp = numpy`` and on a GPU with ``xp = cupy``. Three steps have
+fused kernels of their own on the GPU (``backends.cuda``), each with its reference here: the
+centred scores' arg-max (``first_best_centred``), the kept posting lists and their count
+(``center_lists`` and ``count_shared_codes``, which counts the same pairs with ``bincount``),
+and the upper counts' arg-max (``upper_block_codes``).
 
 The codes are the CPU's, bit for bit:
 
@@ -326,7 +328,6 @@ def to_host(xp: Any, array: Any) -> np.ndarray:
     return array if xp is np else xp.asnumpy(array)
 
 
-Counter = Callable[[DevicePostings, CenterLists, int, int, int], Any]
 # (xp, dots, sq_norms) -> best: ``first_best_centred``'s job.
 CentredPick = Callable[[Any, Any, Any], Any]
 # (xp, counts, k) -> codes: ``upper_block_codes``' job.
