@@ -18,6 +18,7 @@ from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from mbn_core.data.checks import check_magnitude
 from mbn_core.exceptions import TrainingStopped
+from mbn_core.mbn._draws import choose_rows
 from mbn_core.mbn.auto import bottom_feature_count, least_bottom_features
 from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback, get_backend
 from mbn_core.mbn.bottom import BottomLayer, canonical_sparse, input_row_norms
@@ -467,7 +468,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         """An upper layer's random draws: each clustering's k center rows, then the seeds of
         their dimension choices."""
         V = self.n_clusterings
-        centers = np.stack([rng.choice(n_samples, k, replace=False) for _ in range(V)])
+        centers = choose_rows(rng, n_samples, k, V)  # rng.choice(n_samples, k, replace=False)
         seeds = rng.randint(0, 2**63, size=V, dtype=np.int64).astype(np.uint64)
         return centers, seeds
 
@@ -614,7 +615,7 @@ class _DrawsAhead:
     their own while the layers compute: the same draws from the generator as drawing each
     layer's in turn, since one thread makes them in the layers' order and nothing else draws
     until the last is taken. They are a permutation of the rows per clustering, as long as
-    the layer's own work on a GPU, and the shuffles release the GIL."""
+    the layer's own work on a GPU, and ``choose_rows`` makes them without the GIL."""
 
     def __init__(self, draw: Callable[[int], tuple[np.ndarray, np.ndarray]], ks: list[int]):
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="mbn-draws")

@@ -1,0 +1,84 @@
+"""``RandomState.choice(n, k, replace=False)`` repeated, drawn by numba without the GIL.
+
+The upper layers' center draws (a permutation of the rows per clustering) run on a thread
+of their own while the layers compute (``estimator._DrawsAhead``). NumPy's legacy shuffle
+holds the GIL, which stalls the thread that launches the GPU's work; this module draws the
+same numbers from the same generator state (MT19937, NumPy's legacy ``random_interval`` and
+Fisher-Yates shuffle) in compiled code that releases it, and leaves the generator's state
+where NumPy's calls would have left it. The tests compare it with NumPy's own calls.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# MT19937's constants (Matsumoto and Nishimura), as NumPy's ``mt19937.c``.
+_N = 624
+_M = 397
+_MATRIX_A = np.uint64(0x9908B0DF)
+_UPPER = np.uint64(0x80000000)
+_LOWER = np.uint64(0x7FFFFFFF)
+_TEMPER_B = np.uint64(0x9D2C5680)
+_TEMPER_C = np.uint64(0xEFC60000)
+# ``random_interval`` draws 32-bit words for bounds below this; beyond it, 64-bit ones.
+_WORD_BOUND = 2**32
+
+
+@njit(nogil=True, cache=True)
+def _twist(key: np.ndarray) -> None:
+    for i in range(_N):
+        y = (np.uint64(key[i]) & _UPPER) | (np.uint64(key[(i + 1) % _N]) & _LOWER)
+        mixed = np.uint64(key[(i + _M) % _N]) ^ (y >> np.uint64(1))
+        if y & np.uint64(1):
+            mixed ^= _MATRIX_A
+        key[i] = np.uint32(mixed)
+
+
+@njit(nogil=True, cache=True)
+def _permutation_prefixes(key: np.ndarray, pos: int, n: int, out: np.ndarray) -> int:
+    """Fill each row of ``out`` (times, k) with the first k entries of a legacy
+    ``permutation(n)``; returns the generator's new position in ``key`` (updated in place)."""
+    perm = np.empty(n, dtype=np.int64)
+    for row in range(out.shape[0]):
+        for i in range(n):
+            perm[i] = i
+        for i in range(n - 1, 0, -1):
+            # random_interval(i): masked 32-bit words until one is <= i.
+            mask = np.uint64(i)
+            for shift in (1, 2, 4, 8, 16):
+                mask |= mask >> np.uint64(shift)
+            while True:
+                if pos == _N:
+                    _twist(key)
+                    pos = 0
+                y = np.uint64(key[pos])
+                pos += 1
+                y ^= y >> np.uint64(11)
+                y ^= (y << np.uint64(7)) & _TEMPER_B
+                y ^= (y << np.uint64(15)) & _TEMPER_C
+                y ^= y >> np.uint64(18)
+                value = y & mask
+                if value <= np.uint64(i):
+                    break
+            j = np.int64(value)
+            perm[i], perm[j] = perm[j], perm[i]
+        out[row, :] = perm[: out.shape[1]]
+    return pos
+
+
+def choose_rows(rng: np.random.RandomState, n: int, k: int, times: int) -> np.ndarray:
+    """``np.stack([rng.choice(n, k, replace=False) for _ in range(times)])``: the same
+    (times, k) int64 rows and the same state of ``rng`` after, drawn without the GIL.
+
+    Generators other than MT19937, and arguments NumPy would refuse, go to NumPy's own calls.
+    """
+    state = rng.get_state(legacy=False)
+    if state.get("bit_generator") != "MT19937" or not 0 <= k <= n < _WORD_BOUND:
+        return np.stack([rng.choice(n, k, replace=False) for _ in range(times)])
+    key = np.array(state["state"]["key"], dtype=np.uint32)
+    out = np.empty((times, k), dtype=np.int64)
+    pos = _permutation_prefixes(key, int(state["state"]["pos"]), int(n), out)
+    state["state"] = {"key": key, "pos": pos}
+    rng.set_state(state)
+    return out

@@ -1,0 +1,45 @@
+"""The compiled center draws equal NumPy's ``RandomState.choice`` and leave the same state."""
+
+import numpy as np
+import pytest
+
+from mbn_core.mbn._draws import choose_rows
+
+
+def numpy_draws(rng: np.random.RandomState, n: int, k: int, times: int) -> np.ndarray:
+    return np.stack([rng.choice(n, k, replace=False) for _ in range(times)])
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "times"),
+    [(1, 1, 3), (2, 1, 5), (3, 3, 4), (100, 7, 20), (1000, 1000, 3), (70_000, 4000, 2),
+     (2**20 + 3, 5, 1), (0, 0, 2)],
+)  # fmt: skip
+@pytest.mark.parametrize("seed", [0, 1, 12345])
+def test_the_same_rows_and_state_as_numpy(n, k, times, seed):
+    ours, theirs = np.random.RandomState(seed), np.random.RandomState(seed)
+    ours.random_sample(seed % 700)  # start anywhere in the 624-word block
+    theirs.random_sample(seed % 700)
+    got = choose_rows(ours, n, k, times)
+    expected = numpy_draws(theirs, n, k, times)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+    # The generator goes on exactly where NumPy's calls leave it.
+    np.testing.assert_array_equal(ours.randint(0, 2**63, 50), theirs.randint(0, 2**63, 50))
+    assert ours.standard_normal() == theirs.standard_normal()
+
+
+def test_a_cached_gaussian_survives():
+    ours, theirs = np.random.RandomState(3), np.random.RandomState(3)
+    ours.standard_normal(), theirs.standard_normal()  # leaves a cached second normal
+    np.testing.assert_array_equal(choose_rows(ours, 50, 10, 2), numpy_draws(theirs, 50, 10, 2))
+    assert ours.standard_normal() == theirs.standard_normal()
+
+
+def test_other_generators_and_bad_arguments_go_to_numpy():
+    pcg = np.random.RandomState(np.random.PCG64(5))
+    np.testing.assert_array_equal(
+        choose_rows(pcg, 30, 4, 3), numpy_draws(np.random.RandomState(np.random.PCG64(5)), 30, 4, 3)
+    )
+    with pytest.raises(ValueError, match="larger sample than population"):
+        choose_rows(np.random.RandomState(0), 3, 4, 1)
