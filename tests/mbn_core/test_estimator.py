@@ -498,3 +498,23 @@ def test_distinct_center_rows_are_numpy_unique():
     expected_rows, expected_positions = np.unique(centers, return_inverse=True)
     np.testing.assert_array_equal(rows, expected_rows)
     np.testing.assert_array_equal(positions, expected_positions.reshape(centers.shape))
+
+
+def test_a_fit_stopped_in_the_upper_layers_draws_no_further():
+    """The upper layers' draws run ahead on a thread of their own: a fit stopped in an upper
+    layer leaves the estimator as it was and no drawing thread behind."""
+    X = load_digits().data[:300]
+
+    def stop_in_layer_two(layer, done, total):
+        return layer == 2
+
+    model = MBN(n_clusterings=8, k_max=100, random_state=0, n_jobs=1, callback=stop_in_layer_two)
+    with pytest.raises(TrainingStopped, match="layer 2"):
+        model.fit(X)
+    assert not hasattr(model, "ks_")
+    assert not [t for t in threading.enumerate() if t.name.startswith("mbn-draws")]
+    # Unstopped, the same seed gives the same model as before (the draws in the same order).
+    model.set_params(callback=None)
+    np.testing.assert_array_equal(
+        model.fit_transform(X), MBN(n_clusterings=8, k_max=100, random_state=0).fit_transform(X)
+    )

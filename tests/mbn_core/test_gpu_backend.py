@@ -210,3 +210,60 @@ def test_centred_scoring_leaves_the_callers_rows_alone():
     before = X.copy()
     _fit_on(cuda.numpy_backend, X)
     np.testing.assert_array_equal(X, before)
+
+
+def test_kernels_fall_back_to_their_array_code(monkeypatch):
+    """Where NVRTC cannot build the kernels, each step runs its array-code reference and
+    gives the same result (under numpy the kernels cannot build, as on a bad driver)."""
+
+    def no_nvrtc():
+        raise RuntimeError("NVRTC unavailable")
+
+    monkeypatch.setattr(cuda, "_kernel_module", no_nvrtc)
+    monkeypatch.setattr(cuda, "_failed_kernels", set())
+    rng = np.random.default_rng(4)
+    dots = rng.integers(-(2**20), 2**20, size=(50, 33)).astype(np.float32)
+    sq_norms = rng.integers(0, 2**20, size=33).astype(np.int32)
+    np.testing.assert_array_equal(
+        cuda._kernel_centred_pick()(np, dots, sq_norms), ga.first_best_centred(np, dots, sq_norms)
+    )
+    counts = rng.integers(0, 3, size=(40, 5 * 7)).astype(np.int32)
+    np.testing.assert_array_equal(
+        cuda._kernel_block_codes()(np, counts, 7), ga.upper_block_codes(np, counts, 7)
+    )
+    batch = rng.integers(0, 20, size=(300, 16)).astype(np.uint8)
+    centers = rng.integers(0, 300, size=(7, 10))
+    seeds = rng.integers(0, 2**63, size=7, dtype=np.uint64)
+    args = (np, batch, batch, centers, seeds, 20, 0.5, np.uint8)
+    np.testing.assert_array_equal(
+        cuda.upper_layer_codes(*args, counting=cuda.KernelCounting(np)),
+        cuda.upper_layer_codes(*args, counting=cuda.ArrayCounting(np)),
+    )
+    assert cuda.kernel_in_use() == (
+        "array code for count_kept_shared, centred_first_best, first_max_per_segment"
+    )
+
+
+def test_progress_reaches_the_end_only_after_the_codes_are_back():
+    """The device queues a layer's clusterings and copies the codes back once: progress is
+    reported as they are queued, and a layer's last report comes after the copy."""
+    X = _images()
+    model, _ = _fit_on(cuda.numpy_backend, X)
+    heard: list[tuple[int, int]] = []
+
+    def record(done: int, total: int) -> None:
+        heard.append((done, total))
+
+    codes = cuda.bottom_layer_codes(
+        np, model.bottom_layer_, X.astype(np.float32), np.uint16, record
+    )
+    np.testing.assert_array_equal(codes, model.encode(X, layer=0))
+    V = model.n_clusterings
+    assert heard[-1] == (V, V) and [done for done, _ in heard] == sorted(done for done, _ in heard)
+    heard.clear()
+    layer = model.upper_layers_[0]
+    cuda.upper_layer_codes(
+        np, codes, layer.center_codes, layer.centers.astype(np.int64), layer.seeds,
+        layer.n_values, layer.feature_fraction, np.uint16, record,
+    )  # fmt: skip
+    assert heard[-1] == (V, V)
