@@ -500,6 +500,7 @@ def test_distinct_center_rows_are_numpy_unique():
     np.testing.assert_array_equal(positions, expected_positions.reshape(centers.shape))
 
 
+@pytest.mark.slow  # over a second; the full suite runs it
 def test_a_fit_stopped_in_the_upper_layers_draws_no_further():
     """The upper layers' draws run ahead on a thread of their own: a fit stopped in an upper
     layer leaves the estimator as it was and no drawing thread behind."""

@@ -148,6 +148,7 @@ def test_bad_input_is_refused_on_the_device_runner():
         MBN(n_clusterings=4, k_max=20).fit(X)
 
 
+@pytest.mark.slow  # over a second; the full suite runs it
 def test_the_device_is_recorded_in_the_bundle(tmp_path):
     from mbn_core.bundle import load_bundle
     from mbn_core.cli import main
@@ -187,6 +188,7 @@ def test_centred_scores_pick_the_exact_nearest_center():
     assert got[42] == 0 and got[43 + 5] == 2 and got[41] == 4 and got[40] == 3
 
 
+@pytest.mark.slow  # over a second; the full suite runs it
 def test_small_integer_images_take_the_centred_scores(monkeypatch):
     # Euclidean images within 256 levels never reach the near-tie re-rank.
     def no_rerank(*args):
@@ -244,6 +246,7 @@ def test_kernels_fall_back_to_their_array_code(monkeypatch):
     )
 
 
+@pytest.mark.slow  # over a second; the full suite runs it
 def test_progress_reaches_the_end_only_after_the_codes_are_back():
     """The device queues a layer's clusterings and copies the codes back once: progress is
     reported as they are queued, and a layer's last report comes after the copy."""

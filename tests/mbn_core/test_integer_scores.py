@@ -190,6 +190,7 @@ def test_scaled_floats_take_the_float_path():
     assert not isinstance(bottom_input(X, _bottom(X)), IntegerRows)
 
 
+@pytest.mark.slow  # over a second; the full suite runs it
 def test_sparse_counts_match_the_dense_integer_path():
     X = load_digits().data[:500]
     params = {"n_clusterings": 12, "k_max": 150, "random_state": 0, "n_jobs": 2}

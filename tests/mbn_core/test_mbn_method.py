@@ -50,6 +50,7 @@ def test_the_share_moves_through_the_layers_then_the_search_then_every_epoch():
     assert reports[-1][1] == "umap-bottom output, layout: epoch 500/500"
 
 
+@pytest.mark.slow  # over a second; the full suite runs it
 def test_a_report_asking_to_stop_stops_the_layout():
     X, _ = make_circles(300, factor=0.5, noise=0.04, random_state=7)
     model = MBN(n_classes=2, output="umap-bottom", random_state=0)

@@ -57,6 +57,7 @@ def test_plan_of_a_thin_manifold_measures_the_output_as_fit_does():
     assert_plan_is_the_fit(plan, model, X)
 
 
+@pytest.mark.slow  # over a second; the full suite runs it
 def test_plan_leaves_the_estimator_as_it_was(digits):
     state = np.random.RandomState(5)
     model = MBN(n_clusterings=20, random_state=state)
