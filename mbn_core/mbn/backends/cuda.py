@@ -47,9 +47,9 @@ _LIST_BYTES_PER_KEY = 64
 # caches, since there a clustering's own overhead is small and memory traffic is not.
 _HOST_COUNT_BYTES = 8 << 20
 # Device bytes per row and clustering that the upper layers hold at their peak: the codes
-# (int32, as batch and as centers), their keys (int64), the sort's output and scratch, and
-# the posting lists.
-_UPPER_BYTES_PER_CODE = 48
+# (int32, as batch and as centers), their keys (int64), the sort's output and scratch, the
+# posting lists, and the layer's new codes (int32, copied back once).
+_UPPER_BYTES_PER_CODE = 52
 
 # The backend's own kernels; each has an array-code reference in ``gpu_arrays`` that the
 # tests run with numpy and that stands in when NVRTC cannot build them.
