@@ -73,12 +73,17 @@ def choose_rows(rng: np.random.RandomState, n: int, k: int, times: int) -> np.nd
 
     Generators other than MT19937, and arguments NumPy would refuse, go to NumPy's own calls.
     """
+    # The generator's own lock, as NumPy's draws take it: another thread drawing from the
+    # same generator (NumPy's global one, say) waits instead of being overwritten.
+    lock = getattr(getattr(rng, "_bit_generator", None), "lock", None)
     state = rng.get_state(legacy=False)
-    if state.get("bit_generator") != "MT19937" or not 0 <= k <= n < _WORD_BOUND:
+    if lock is None or state.get("bit_generator") != "MT19937" or not 0 <= k <= n < _WORD_BOUND:
         return np.stack([rng.choice(n, k, replace=False) for _ in range(times)])
-    key = np.array(state["state"]["key"], dtype=np.uint32)
-    out = np.empty((times, k), dtype=np.int64)
-    pos = _permutation_prefixes(key, int(state["state"]["pos"]), int(n), out)
-    state["state"] = {"key": key, "pos": pos}
-    rng.set_state(state)
+    with lock:
+        state = rng.get_state(legacy=False)
+        key = np.array(state["state"]["key"], dtype=np.uint32)
+        out = np.empty((times, k), dtype=np.int64)
+        pos = _permutation_prefixes(key, int(state["state"]["pos"]), int(n), out)
+        state["state"] = {"key": key, "pos": pos}
+        rng.set_state(state)
     return out

@@ -43,3 +43,35 @@ def test_other_generators_and_bad_arguments_go_to_numpy():
     )
     with pytest.raises(ValueError, match="larger sample than population"):
         choose_rows(np.random.RandomState(0), 3, 4, 1)
+
+
+def test_another_thread_drawing_meanwhile_is_not_overwritten():
+    """Draws from the same generator on another thread wait for the compiled ones (the
+    generator's lock), so every draw lands once: the outcome is some serial order."""
+    import threading
+
+    rng = np.random.RandomState(7)
+    got: list[float] = []
+    started = threading.Event()
+
+    def other():
+        started.set()
+        for _ in range(200):
+            got.append(rng.random_sample())
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    started.wait()
+    rows = choose_rows(rng, 200_000, 10, 20)
+    thread.join()
+    after = rng.random_sample()
+    # Replay: the other thread's draws split into those before and after the compiled ones.
+    for split in range(len(got) + 1):
+        replay = np.random.RandomState(7)
+        before = [replay.random_sample() for _ in range(split)]
+        replayed_rows = numpy_draws(replay, 200_000, 10, 20)
+        rest = [replay.random_sample() for _ in range(len(got) - split)]
+        if before + rest == got and np.array_equal(replayed_rows, rows):
+            assert replay.random_sample() == after
+            return
+    raise AssertionError("the draws are no serial order of the two threads' draws")

@@ -214,36 +214,87 @@ def test_centred_scoring_leaves_the_callers_rows_alone():
     np.testing.assert_array_equal(X, before)
 
 
-def test_kernels_fall_back_to_their_array_code(monkeypatch):
-    """Where NVRTC cannot build the kernels, each step runs its array-code reference and
-    gives the same result (under numpy the kernels cannot build, as on a bad driver)."""
+def _upper_case(seed: int = 4):
+    rng = np.random.default_rng(seed)
+    batch = rng.integers(0, 20, size=(300, 16)).astype(np.uint8)
+    centers = rng.integers(0, 300, size=(7, 10))
+    seeds = rng.integers(0, 2**63, size=7, dtype=np.uint64)
+    return (np, batch, batch, centers, seeds, 20, 0.5, np.uint8)
+
+
+def test_kernels_that_cannot_be_built_leave_their_array_code(monkeypatch):
+    """Where NVRTC cannot build the kernels, each step takes its array-code reference
+    (under numpy the kernels cannot build, as on a bad driver)."""
 
     def no_nvrtc():
         raise RuntimeError("NVRTC unavailable")
 
     monkeypatch.setattr(cuda, "_kernel_module", no_nvrtc)
     monkeypatch.setattr(cuda, "_failed_kernels", set())
+    assert cuda._kernel_centred_pick() is None
+    assert cuda._kernel_block_codes() is ga.upper_block_codes
+    assert isinstance(cuda.kernel_counting(np), cuda.ArrayCounting)
+    assert cuda.kernel_in_use() == (
+        "array code for count_kept_shared, centred_first_best, first_max_per_segment"
+    )
+
+
+class _KernelsByArrayCode:
+    """Stands in for the compiled module: each "kernel" takes the launch's arguments as
+    CUDA does and computes its outputs with the array-code references, so the launch
+    wrappers' arguments, shapes and outputs are checked on the CPU."""
+
+    def get_function(self, name):
+        return getattr(self, name)
+
+    @staticmethod
+    def centred_first_best(grid, block, args):
+        dots, sq_norms, n_rows, k, best = args
+        assert dots.shape == (n_rows, k) and best.shape == (n_rows,)
+        assert grid[0] * block[0] >= 32 * n_rows  # a warp per row
+        best[:] = ga.first_best_centred(np, dots, sq_norms)
+
+    @staticmethod
+    def first_max_per_segment(grid, block, args):
+        counts, n_segments, k, best = args
+        assert counts.size == n_segments * k and grid[0] * block[0] >= 32 * n_segments
+        best[:] = ga.upper_block_codes(np, counts, int(k))
+
+    @staticmethod
+    def count_kept_shared(grid, block, args):
+        (stored, centers, seeds, threshold, keep_all, indptr, rows, n_previous, n_values, k,
+         n_dimensions, row_start, row_stop, columns, counts) = args  # fmt: skip
+        assert stored.flags.c_contiguous and stored.shape[1] == n_previous and centers.shape[1] == k
+        assert n_dimensions == centers.size * n_previous and grid[0] * block[0] >= n_dimensions
+        fraction = 1.0 if keep_all else float(threshold) / 2.0**64
+        assert keep_all or cuda.keep_threshold(fraction) == threshold
+        postings = ga.DevicePostings(indptr, rows, 0, int(n_values))
+        lists = ga.center_lists(np, postings, stored[centers], seeds, fraction)
+        counts += ga.count_shared_codes(np, postings, lists, int(columns), row_start, row_stop)
+
+
+def test_the_kernels_launch_with_what_their_references_take(monkeypatch):
+    monkeypatch.setattr(cuda, "_kernel_module", _KernelsByArrayCode)
+    monkeypatch.setattr(cuda, "_failed_kernels", set())
     rng = np.random.default_rng(4)
     dots = rng.integers(-(2**20), 2**20, size=(50, 33)).astype(np.float32)
     sq_norms = rng.integers(0, 2**20, size=33).astype(np.int32)
+    pick = cuda._kernel_centred_pick()
+    assert pick is not None
     np.testing.assert_array_equal(
-        cuda._kernel_centred_pick()(np, dots, sq_norms), ga.first_best_centred(np, dots, sq_norms)
+        pick(np, dots, sq_norms), ga.first_best_centred(np, dots, sq_norms)
     )
     counts = rng.integers(0, 3, size=(40, 5 * 7)).astype(np.int32)
     np.testing.assert_array_equal(
         cuda._kernel_block_codes()(np, counts, 7), ga.upper_block_codes(np, counts, 7)
     )
-    batch = rng.integers(0, 20, size=(300, 16)).astype(np.uint8)
-    centers = rng.integers(0, 300, size=(7, 10))
-    seeds = rng.integers(0, 2**63, size=7, dtype=np.uint64)
-    args = (np, batch, batch, centers, seeds, 20, 0.5, np.uint8)
+    counting = cuda.kernel_counting(np)
+    assert isinstance(counting, cuda.KernelCounting)
     np.testing.assert_array_equal(
-        cuda.upper_layer_codes(*args, counting=cuda.KernelCounting(np)),
-        cuda.upper_layer_codes(*args, counting=cuda.ArrayCounting(np)),
+        cuda.upper_layer_codes(*_upper_case(), counting=counting),
+        cuda.upper_layer_codes(*_upper_case(), counting=cuda.ArrayCounting(np)),
     )
-    assert cuda.kernel_in_use() == (
-        "array code for count_kept_shared, centred_first_best, first_max_per_segment"
-    )
+    assert cuda.kernel_in_use() == "CUDA kernels"
 
 
 @pytest.mark.slow  # over a second; the full suite runs it

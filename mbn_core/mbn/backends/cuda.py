@@ -39,8 +39,10 @@ INSTALL_HINT = "pip install 'mbn[gpu]' (CuPy for your CUDA version, e.g. cupy-cu
 _SCORE_BYTES = 4 << 30
 # Bytes of input rows uploaded at once.
 _INPUT_BYTES = 8 << 30
-# Bytes of a group of upper clusterings' center keys and posting lists (``center_lists``),
-# at about this many bytes per key: the key, its hash, the mask, and the kept lists' indices.
+# Bytes of a group of upper clusterings' center keys and kept posting lists where the array
+# code builds them (``center_lists``, under numpy or without the kernel), at about this many
+# bytes per key: the key, its hash, the mask, and the kept lists' indices. It bounds the
+# groups on the kernel's path too, which writes no lists, so the two paths group alike.
 _LIST_BYTES = 2 << 30
 _LIST_BYTES_PER_KEY = 64
 # Bytes of counts per group when numpy runs this code on the CPU: groups that stay in the
@@ -48,7 +50,8 @@ _LIST_BYTES_PER_KEY = 64
 _HOST_COUNT_BYTES = 8 << 20
 # Device bytes per row and clustering that the upper layers hold at their peak: the codes
 # (int32, as batch and as centers), their keys (int64), the sort's output and scratch, the
-# posting lists, and the layer's new codes (int32, copied back once).
+# posting lists, and the layer's new codes (int32, copied back once). The new codes are
+# allocated after the sort's scratch is freed, so this errs on the safe side.
 _UPPER_BYTES_PER_CODE = 52
 
 # The backend's own kernels; each has an array-code reference in ``gpu_arrays`` that the
@@ -226,66 +229,67 @@ def _kernel_module() -> Any:
     return cupy.RawModule(code=_KERNEL_SOURCE)
 
 
-# Kernels that failed to build or launch: their array-code references run instead.
+# Kernels that NVRTC could not build: their array-code references run instead.
 _failed_kernels: set[str] = set()
 _WARP_THREADS = 32
 _BLOCK_THREADS = 256
 
 
-def _launch_per_warp(name: str, n_warps: int, args: tuple) -> None:
-    """Launch kernel ``name`` with one warp per item, ``n_warps`` items."""
+def _kernel(name: str) -> Any | None:
+    """The compiled kernel ``name``, or None where it cannot be built (NVRTC missing or too
+    old); its caller then runs the array-code reference, which gives the same result. Only
+    the build is guarded: a launch's own errors (out of device memory, say) are raised."""
+    if name in _failed_kernels:
+        return None
+    try:
+        return _kernel_module().get_function(name)
+    except Exception as exc:  # any build failure: the array code serves, and agrees
+        log.warning("CUDA kernel %s unavailable (%s); using array code", name, exc)
+        _failed_kernels.add(name)
+        return None
+
+
+def _launch_per_warp(kernel: Any, n_warps: int, args: tuple) -> None:
+    """Launch ``kernel`` with one warp per item, ``n_warps`` items."""
     if n_warps:
-        kernel = _kernel_module().get_function(name)
         blocks = (n_warps * _WARP_THREADS + _BLOCK_THREADS - 1) // _BLOCK_THREADS
         kernel((blocks,), (_BLOCK_THREADS,), args)
 
 
-def _with_reference(name: str, kernel: Callable, reference: Callable) -> Callable:
-    """``kernel``, or ``reference`` (the same result by array code) once it has failed."""
+def _kernel_centred_pick() -> ga.CentredPick | None:
+    """The fused kernel for ``gpu_arrays.first_best_centred`` (the scores read once, never
+    written out), or None where it cannot be built."""
+    kernel = _kernel("centred_first_best")
+    if kernel is None:
+        return None
 
-    def run(*args):
-        if name not in _failed_kernels:
-            try:
-                return kernel(*args)
-            except Exception as exc:  # NVRTC missing or too old: the array code agrees
-                log.warning("CUDA kernel %s unavailable (%s); using array code", name, exc)
-                _failed_kernels.add(name)
-        return reference(*args)
-
-    return run
-
-
-def _kernel_centred_pick() -> ga.CentredPick:
-    """The fused kernel for ``gpu_arrays.first_best_centred``: the scores read once, never
-    written out."""
-
-    def launch(xp, dots, sq_norms):
+    def pick(xp, dots, sq_norms):
         dots = xp.ascontiguousarray(dots, dtype=xp.float32)
         n_rows, k = dots.shape
         best = xp.empty(n_rows, dtype=xp.int32)
         sq_norms = xp.ascontiguousarray(sq_norms, dtype=xp.int32)
-        _launch_per_warp(
-            "centred_first_best", n_rows, (dots, sq_norms, np.int64(n_rows), np.int32(k), best)
-        )
+        _launch_per_warp(kernel, n_rows, (dots, sq_norms, np.int64(n_rows), np.int32(k), best))
         return best
 
-    return _with_reference("centred_first_best", launch, ga.first_best_centred)
+    return pick
 
 
 def _kernel_block_codes() -> ga.BlockCodes:
-    """The kernel for ``gpu_arrays.upper_block_codes``: one pass over the counts."""
+    """The kernel for ``gpu_arrays.upper_block_codes`` (one pass over the counts), or the
+    array code where it cannot be built."""
+    kernel = _kernel("first_max_per_segment")
+    if kernel is None:
+        return ga.upper_block_codes
 
-    def launch(xp, counts, k):
+    def block_codes(xp, counts, k):
         counts = xp.ascontiguousarray(counts, dtype=xp.int32)
         n_rows, columns = counts.shape
         best = xp.empty((n_rows, columns // k), dtype=xp.int32)
         n_segments = int(best.size)
-        _launch_per_warp(
-            "first_max_per_segment", n_segments, (counts, np.int64(n_segments), np.int32(k), best)
-        )
+        _launch_per_warp(kernel, n_segments, (counts, np.int64(n_segments), np.int32(k), best))
         return best
 
-    return _with_reference("first_max_per_segment", launch, ga.upper_block_codes)
+    return block_codes
 
 
 def kernel_in_use() -> str:
@@ -415,7 +419,7 @@ def bottom_layer_codes(
                 block_codes[:, v] = best
                 if report is not None and v < V - 1:  # queued; the last once copied back
                     report((b * V + v + 1) // n_blocks, V)
-            codes[start:stop] = ga.to_host(xp, block_codes)
+            codes[start:stop] = ga.to_host(xp, block_codes.astype(code_dtype))
             if report is not None:
                 report((b * V + V) // n_blocks, V)
     return codes
@@ -480,13 +484,14 @@ def upper_layer_codes(
     increments) is too small to hide a round of launches.
     """
     if counting is None:
-        counting = KernelCounting(xp) if xp is not np else ArrayCounting(xp)
+        counting = kernel_counting(xp) if xp is not np else ArrayCounting(xp)
     block_codes = _kernel_block_codes() if xp is not np else ga.upper_block_codes
     n_points = batch_codes.shape[0]
     V, k = centers.shape
     # Uploaded in their compact dtypes (half the bytes of int32 or less), widened there.
     postings = ga.build_postings(xp, xp.asarray(batch_codes).astype(xp.int32), n_values)
-    stored = xp.asarray(np.asarray(center_codes)).astype(xp.int32)
+    # Row-major: the counting kernel reads a center row's codes as one run.
+    stored = xp.ascontiguousarray(xp.asarray(np.asarray(center_codes)), dtype=xp.int32)
     all_centers = xp.asarray(centers.astype(np.int64))
     all_seeds = xp.asarray(np.asarray(seeds, dtype=np.uint64))
     block = max(1, min(n_points, _SCORE_BYTES // (4 * k)))
@@ -505,7 +510,7 @@ def upper_layer_codes(
             codes[start:stop, first:last] = block_codes(xp, counts, k)
         if report is not None and last < V:  # queued; the last once copied back
             report(last, V)
-    out = ga.to_host(xp, codes).astype(code_dtype)
+    out = ga.to_host(xp, codes.astype(code_dtype))
     if report is not None:
         report(V, V)
     return out
@@ -551,23 +556,17 @@ class _GroupCenters:
 
 
 class KernelCounting(SharedCodeCounting):
-    """One CUDA kernel per row block: each thread hashes one (center, previous clustering)
-    dimension of the group's centers, and the warp walks the kept ones' posting lists
-    together, so the kept lists are never written out. Falls back to ``ArrayCounting``
-    when the kernel cannot be built."""
+    """One CUDA kernel per row block (``count_kept_shared``): each thread hashes one
+    (center, previous clustering) dimension of the group's centers, and the warp walks the
+    kept ones' posting lists together, so the kept lists are never written out."""
 
-    def __init__(self, xp: Any) -> None:
-        self.xp = xp
-        self.reference = ArrayCounting(xp)
-        self._count = _with_reference("count_kept_shared", self._launch, self._by_array_code)
+    def __init__(self, xp: Any, kernel: Any) -> None:
+        self.xp, self.kernel = xp, kernel
 
     def kept_dimensions(self, postings, stored, centers, seeds, feature_fraction):
         return _GroupCenters(stored, centers, seeds, feature_fraction)
 
-    def count(self, postings, kept, columns, row_start, row_stop):
-        return self._count(postings, kept, columns, row_start, row_stop)
-
-    def _launch(self, postings, kept: _GroupCenters, columns, row_start, row_stop):
+    def count(self, postings, kept: _GroupCenters, columns, row_start, row_stop):
         xp = self.xp
         counts = xp.zeros((row_stop - row_start, columns), dtype=xp.int32)
         n_groups, k = kept.centers.shape
@@ -575,8 +574,7 @@ class KernelCounting(SharedCodeCounting):
         n_dimensions = n_groups * k * n_previous
         if n_dimensions:
             blocks = (n_dimensions + _BLOCK_THREADS - 1) // _BLOCK_THREADS
-            kernel = _kernel_module().get_function("count_kept_shared")
-            kernel(
+            self.kernel(
                 (blocks,),
                 (_BLOCK_THREADS,),
                 (
@@ -590,11 +588,12 @@ class KernelCounting(SharedCodeCounting):
             )  # fmt: skip
         return counts
 
-    def _by_array_code(self, postings, kept: _GroupCenters, columns, row_start, row_stop):
-        lists = self.reference.kept_dimensions(
-            postings, kept.stored, kept.centers, kept.seeds, kept.feature_fraction
-        )
-        return self.reference.count(postings, lists, columns, row_start, row_stop)
+
+def kernel_counting(xp: Any) -> SharedCodeCounting:
+    """``KernelCounting`` on the device, or ``ArrayCounting`` where its kernel cannot be
+    built."""
+    kernel = _kernel("count_kept_shared")
+    return ArrayCounting(xp) if kernel is None else KernelCounting(xp, kernel)
 
 
 def clusterings_per_group(
