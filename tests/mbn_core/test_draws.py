@@ -52,26 +52,28 @@ def test_another_thread_drawing_meanwhile_is_not_overwritten():
 
     rng = np.random.RandomState(7)
     got: list[float] = []
-    started = threading.Event()
+    started, done = threading.Event(), threading.Event()
 
-    def other():
+    def other():  # draws until the compiled draws are over, and a few more
         started.set()
-        for _ in range(200):
+        while not done.is_set() and len(got) < 1_000_000:
             got.append(rng.random_sample())
+        got.extend(rng.random_sample() for _ in range(10))
 
     thread = threading.Thread(target=other)
     thread.start()
     started.wait()
     rows = choose_rows(rng, 200_000, 10, 20)
+    done.set()
     thread.join()
     after = rng.random_sample()
-    # Replay: the other thread's draws split into those before and after the compiled ones.
-    for split in range(len(got) + 1):
-        replay = np.random.RandomState(7)
-        before = [replay.random_sample() for _ in range(split)]
-        replayed_rows = numpy_draws(replay, 200_000, 10, 20)
-        rest = [replay.random_sample() for _ in range(len(got) - split)]
-        if before + rest == got and np.array_equal(replayed_rows, rows):
-            assert replay.random_sample() == after
-            return
-    raise AssertionError("the draws are no serial order of the two threads' draws")
+    # Replay: the other thread's draws before the compiled ones are the stream's first
+    # values; the rest come after them.
+    fresh = np.random.RandomState(7).random_sample(len(got))
+    split = next((i for i, value in enumerate(got) if value != fresh[i]), len(got))
+    replay = np.random.RandomState(7)
+    before = [replay.random_sample() for _ in range(split)]
+    np.testing.assert_array_equal(numpy_draws(replay, 200_000, 10, 20), rows)
+    rest = [replay.random_sample() for _ in range(len(got) - split)]
+    assert before + rest == got
+    assert replay.random_sample() == after
