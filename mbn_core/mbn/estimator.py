@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import functools
 import numbers
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from numbers import Integral, Real
@@ -332,7 +333,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             # the cores, and the top's PCA sums in the same order wherever the layers ran.
             with one_blas_thread():
                 upper: list[UpperLayer] = []
-                draw = functools.partial(self._draw_upper, plan.n_samples, rng=rng)
+                draw = functools.partial(self._draw_upper, plan.n_samples, rng)
                 with _DrawsAhead(draw, ks[1:]) as draws:
                     for index, drawn in enumerate(draws, start=1):
                         layer, codes = self._fit_upper(codes, ks[index - 1], drawn, backend, index)
@@ -464,13 +465,21 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         )
         return layer, backend.bottom_codes(layer, X)
 
-    def _draw_upper(self, n_samples: int, k: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    def _draw_upper(
+        self, n_samples: int, rng, k: int, cancelled: threading.Event
+    ) -> tuple[np.ndarray, np.ndarray]:
         """An upper layer's random draws: each clustering's k center rows, then the seeds of
-        their dimension choices."""
+        their dimension choices. Drawn a few clusterings at a time, so that a stopped fit
+        (``cancelled``) waits for a few permutations of the rows, not a layer's."""
         V = self.n_clusterings
-        centers = choose_rows(rng, n_samples, k, V)  # rng.choice(n_samples, k, replace=False)
+        parts = []
+        for first in range(0, V, _DRAWN_TOGETHER):
+            if cancelled.is_set():
+                raise TrainingStopped("the fit stopped before this layer's draws")
+            # rng.choice(n_samples, k, replace=False), once per clustering
+            parts.append(choose_rows(rng, n_samples, k, min(_DRAWN_TOGETHER, V - first)))
         seeds = rng.randint(0, 2**63, size=V, dtype=np.int64).astype(np.uint64)
-        return centers, seeds
+        return np.concatenate(parts), seeds
 
     def _fit_upper(self, codes, n_values, drawn, backend: LayerBackend, index):
         n_samples = codes.shape[0]
@@ -610,16 +619,26 @@ def _output_progress(callback: ProgressCallback | None) -> OutputProgress | None
     return progress
 
 
-class _DrawsAhead:
-    """The upper layers' draws (``draw(k)`` for each layer's k), made in order on a thread of
-    their own while the layers compute: the same draws from the generator as drawing each
-    layer's in turn, since one thread makes them in the layers' order and nothing else draws
-    until the last is taken. They are a permutation of the rows per clustering, as long as
-    the layer's own work on a GPU, and ``choose_rows`` makes them without the GIL."""
+# Clusterings whose center draws are made in one compiled call (``_draw_upper``).
+_DRAWN_TOGETHER = 16
 
-    def __init__(self, draw: Callable[[int], tuple[np.ndarray, np.ndarray]], ks: list[int]):
+
+class _DrawsAhead:
+    """The upper layers' draws (``draw(k, cancelled)`` for each layer's k), made in order on a
+    thread of their own while the layers compute: the same draws from the generator as
+    drawing each layer's in turn, since one thread makes them in the layers' order and
+    nothing else draws until the last is taken. They are a permutation of the rows per
+    clustering, as long as the layer's own work on a GPU, and ``choose_rows`` makes them
+    without the GIL. Leaving early sets ``cancelled``, which the draws check between runs."""
+
+    def __init__(
+        self,
+        draw: Callable[[int, threading.Event], tuple[np.ndarray, np.ndarray]],
+        ks: list[int],
+    ):
+        self._cancelled = threading.Event()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="mbn-draws")
-        self._pending = [self._pool.submit(draw, k) for k in ks]
+        self._pending = [self._pool.submit(draw, k, self._cancelled) for k in ks]
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         return (pending.result() for pending in self._pending)
@@ -628,7 +647,8 @@ class _DrawsAhead:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        # A stopped or failed fit draws no further layers.
+        # A stopped or failed fit draws no further layers, and stops the one under way.
+        self._cancelled.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 

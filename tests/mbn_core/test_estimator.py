@@ -1,7 +1,9 @@
 """The MBN estimator: scikit-learn contract, determinism, exactness, bad input."""
 
+import functools
 import io
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -519,3 +521,25 @@ def test_a_fit_stopped_in_the_upper_layers_draws_no_further():
     np.testing.assert_array_equal(
         model.fit_transform(X), MBN(n_clusterings=8, k_max=100, random_state=0).fit_transform(X)
     )
+
+
+def test_a_stopped_fit_waits_for_a_few_draws_not_a_layers(monkeypatch):
+    """Leaving the draws early stops the layer under way between runs of clusterings."""
+    from mbn_core.mbn import estimator
+
+    calls: list[int] = []
+
+    def slow_rows(rng, n, k, times):
+        calls.append(times)
+        time.sleep(0.05)
+        return np.zeros((times, k), dtype=np.int64)
+
+    monkeypatch.setattr(estimator, "choose_rows", slow_rows)
+    model = MBN(n_clusterings=400)
+    draw = functools.partial(model._draw_upper, 1000, np.random.RandomState(0))
+    with estimator._DrawsAhead(draw, [10, 10]):
+        deadline = time.monotonic() + 30
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.001)
+    # One run of clusterings (perhaps two) of the first layer's 25, none of the second's.
+    assert 1 <= len(calls) <= 2 and all(times == estimator._DRAWN_TOGETHER for times in calls)
