@@ -111,16 +111,21 @@ def test_a_group_of_clusterings_counts_as_each_alone():
         )
 
 
-def test_upper_layers_in_groups_give_the_same_codes(monkeypatch):
-    """Clusterings one at a time, in groups of three and all together: the same codes."""
-    rng = np.random.default_rng(2)
+def _upper_case(seed: int = 4):
+    """Arguments of ``cuda.upper_layer_codes`` for a small random layer, under numpy."""
+    rng = np.random.default_rng(seed)
     batch = rng.integers(0, 20, size=(300, 16)).astype(np.uint8)
     centers = rng.integers(0, 300, size=(7, 10))
     seeds = rng.integers(0, 2**63, size=7, dtype=np.uint64)
+    return (np, batch, batch, centers, seeds, 20, 0.5, np.uint8)
+
+
+def test_upper_layers_in_groups_give_the_same_codes(monkeypatch):
+    """Clusterings one at a time, in groups of three and all together: the same codes."""
 
     def layer(group: int) -> np.ndarray:
         monkeypatch.setattr(cuda, "clusterings_per_group", lambda *_: group)
-        return cuda.upper_layer_codes(np, batch, batch, centers, seeds, 20, 0.5, np.uint8)
+        return cuda.upper_layer_codes(*_upper_case(2))
 
     # MNIST-70k's layers: the last in one group, the second (k = 4,000) three at a time.
     assert cuda.clusterings_per_group(400, 15, 70_000, 400) == 400
@@ -212,14 +217,6 @@ def test_centred_scoring_leaves_the_callers_rows_alone():
     before = X.copy()
     _fit_on(cuda.numpy_backend, X)
     np.testing.assert_array_equal(X, before)
-
-
-def _upper_case(seed: int = 4):
-    rng = np.random.default_rng(seed)
-    batch = rng.integers(0, 20, size=(300, 16)).astype(np.uint8)
-    centers = rng.integers(0, 300, size=(7, 10))
-    seeds = rng.integers(0, 2**63, size=7, dtype=np.uint64)
-    return (np, batch, batch, centers, seeds, 20, 0.5, np.uint8)
 
 
 def test_kernels_that_cannot_be_built_leave_their_array_code(monkeypatch):
