@@ -9,7 +9,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from service.alignment import aligned_params
-from service.arrays import rows_to_matrix
+from service.arrays import check_parsed_rows, rows_to_matrix
 from service.domain import InvalidInput
 from service.jobs import Job
 from service.registry import ModelRegistry
@@ -65,16 +65,19 @@ class TrainingHandler:
         name: str,
         method: str | None,
         params: dict[str, Any],
-        data: Sequence[Sequence[float]],
-        labels: Sequence[int] | None,
+        data: np.ndarray | Sequence[Sequence[float]],
+        labels: np.ndarray | Sequence[int] | None,
         promote: bool,
         align_to: str | None = None,
     ) -> Job:
-        """Queue a job whose rows (and optional labels) came inline."""
+        """Queue a job whose rows (a float32 matrix parsed from the body, or rows) and
+        optional labels came inline."""
         full_params = check_params(params, method, bound=self.submitter.settings.max_train_rows)
-        x = rows_to_matrix(
-            data, expected_dim=None, max_rows=self.submitter.settings.max_train_rows, what="data"
-        )
+        max_rows = self.submitter.settings.max_train_rows
+        if isinstance(data, np.ndarray):
+            x = check_parsed_rows(data, expected_dim=None, max_rows=max_rows, what="data")
+        else:
+            x = rows_to_matrix(data, expected_dim=None, max_rows=max_rows, what="data")
         y = None if labels is None else _labels(labels)
         job = self.submitter.submit_arrays(
             name, full_params, x, y, promote=promote, prepare=self._aligned(align_to)
@@ -107,7 +110,9 @@ class TrainingHandler:
         return job
 
 
-def _labels(labels: Sequence[int]) -> np.ndarray:
+def _labels(labels: np.ndarray | Sequence[int]) -> np.ndarray:
+    if isinstance(labels, np.ndarray):
+        return labels
     try:
         return np.asarray(labels, dtype=np.int64)
     except OverflowError:
