@@ -30,16 +30,25 @@ ALIGN_TO = "align_to"
 
 
 def aligned_params(
-    registry: ModelRegistry, ref: str, params: dict[str, Any], n_features: int
+    registry: ModelRegistry,
+    ref: str,
+    params: dict[str, Any],
+    n_features: int,
+    *,
+    sparse: bool = False,
 ) -> dict[str, Any]:
     """``params`` with the id of the model ``ref`` names, after checking that a model of
-    ``n_features`` inputs (and ``params``' n_components) can be aligned to it."""
+    ``n_features`` inputs (and ``params``' n_components), trained on ``sparse`` input or
+    not, can be aligned to it."""
     bundle = registry.get(ref)  # NotFound, or Conflict for a damaged model
     _reference(registry, bundle)  # a damaged reference file is found now, not in the job
     n_components = params.get("n_components")
     try:
         check_compatible(
-            bundle, n_features, n_components if isinstance(n_components, int) else None
+            bundle,
+            n_features,
+            n_components if isinstance(n_components, int) else None,
+            sparse=sparse,
         )
     except ValueError as error:
         raise InvalidInput(str(error)) from None

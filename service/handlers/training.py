@@ -8,12 +8,13 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from mbn_core.data.csv_scan import ColumnChoice
 from service.alignment import aligned_params
 from service.arrays import check_parsed_rows, rows_to_matrix
 from service.domain import InvalidInput
 from service.jobs import Job
 from service.registry import ModelRegistry
-from service.submission import Submitter, check_params
+from service.submission import Prepare, Submitter, check_params
 
 
 class TrainingHandler:
@@ -44,15 +45,17 @@ class TrainingHandler:
         self.wake = wake
         self.registry = registry
 
-    def _aligned(self, align_to: str | None) -> Callable[[dict[str, Any], int], dict[str, Any]]:
+    def _aligned(self, align_to: str | None) -> Prepare:
         """What makes a job's params once its data's width is known: with ``align_to``, the
         model's id after the checks (404, 409, 422)."""
         if align_to is None:
-            return lambda params, n_features: params
+            return lambda params, n_features, sparse: params
         registry = self.registry
         if registry is None:
             raise InvalidInput("align_to needs the model registry, which this server lacks")
-        return lambda params, n_features: aligned_params(registry, align_to, params, n_features)
+        return lambda params, n_features, sparse: aligned_params(
+            registry, align_to, params, n_features, sparse=sparse
+        )
 
     def admit(self) -> None:
         """``Overloaded`` when the queue is full: cheap, before a large body is read (the
@@ -94,13 +97,20 @@ class TrainingHandler:
         source: BinaryIO,
         promote: bool,
         align_to: str | None = None,
+        choice: ColumnChoice | None = None,
     ) -> Job:
         """Queue a job whose data is an uploaded file (its type by ``filename``'s suffix),
-        copying ``source`` to disk."""
+        copying ``source`` to disk; ``choice``: a CSV's columns to train on."""
         full_params = check_params(params, method, bound=self.submitter.settings.max_train_rows)
         suffix = PurePath(filename or "").suffix.lower()
         job = self.submitter.submit_file(
-            name, full_params, suffix, source, promote=promote, prepare=self._aligned(align_to)
+            name,
+            full_params,
+            suffix,
+            source,
+            promote=promote,
+            prepare=self._aligned(align_to),
+            choice=choice,
         )
         return self._queued(job)
 

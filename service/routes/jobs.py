@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
+from mbn_core.data.csv_scan import ColumnChoice
 from service.deps import JobsHandlerDep, SettingsDep, TrainingHandlerDep, require_api_key
 from service.errors import (
     InvalidInput,
@@ -25,7 +26,7 @@ from service.schemas import JobList, JobOut, JobStatus, TrainOptions, TrainReque
 
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require_api_key)])
 
-_FORM_FIELDS = ("file", "params", "name", "method", "promote", "align_to")
+_FORM_FIELDS = ("file", "params", "name", "method", "promote", "align_to", "columns", "drop")
 _MULTIPART_SCHEMA = {
     "type": "object",
     "required": ["file"],
@@ -48,6 +49,17 @@ _MULTIPART_SCHEMA = {
         "align_to": {
             "type": "string",
             "description": TrainOptions.model_fields["align_to"].description,
+        },
+        "columns": {
+            "type": "string",
+            "description": "A .csv file's columns to train on, comma-separated: header names, "
+            "or numbers counted from 1. Default: every column but a first one without a "
+            "header name (pandas' index).",
+        },
+        "drop": {
+            "type": "string",
+            "description": "A .csv file's columns to leave out (instead of columns), "
+            "comma-separated: header names, or numbers counted from 1.",
         },
     },
 }
@@ -127,7 +139,7 @@ async def _train_multipart(request: Request, handler: TrainingHandler, spool_dir
             # Starlette keeps every repeat of a field and .get() the last: refuse the guess.
             if len(form.getlist(key)) > 1:
                 raise InvalidInput(f"the form has the field {key!r} more than once")
-        for key in ("params", "name", "method", "promote", "align_to"):
+        for key in _FORM_FIELDS[1:]:
             value = form.get(key)
             if value is None:
                 continue
@@ -142,6 +154,10 @@ async def _train_multipart(request: Request, handler: TrainingHandler, spool_dir
                 raise InvalidInput("promote must be true or false")
             fields["promote"] = fields["promote"] == "true"
         try:
+            choice = ColumnChoice.parse(fields.pop("columns", None), fields.pop("drop", None))
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        try:
             options = TrainOptions.model_validate(fields)
         except ValidationError as exc:
             raise invalid_from_validation(exc) from None
@@ -154,6 +170,7 @@ async def _train_multipart(request: Request, handler: TrainingHandler, spool_dir
                 source=upload.file,
                 promote=options.promote,
                 align_to=options.align_to,
+                choice=choice,
             )
         )
     finally:

@@ -249,3 +249,15 @@ def test_both_paths_refuse_rows_scaled_out_of_range_alike(wine_bundle):
     np.testing.assert_array_equal(
         bundle.embed(rows[:2], mode="exact"), bundle.embed(X[:2], "exact")
     )
+
+
+def test_a_column_too_narrow_for_standard_scaling_is_named():
+    """Its factor overflowed float32: the job failed deep in the fit on infinity."""
+    rng = np.random.RandomState(0)
+    X = rng.rand(60, 4).astype(np.float32)
+    X[:, 2] = rng.rand(60).astype(np.float32) * np.float32(1e-41)
+    with pytest.raises(ValueError, match=r"column 3 varies by a standard deviation of .*too small"):
+        InputScaling.fit(X, "standard")
+    with pytest.raises(ValueError, match="too small"):
+        train_bundle(X, "unused", name="x", params={"input_scaling": "standard"})
+    assert InputScaling.fit(X, "none").is_identity  # 'none' takes it as it is
