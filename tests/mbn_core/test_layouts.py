@@ -4,6 +4,8 @@
 Fits run on a few hundred rows with few iterations: the libraries are real, the data small.
 """
 
+import itertools
+
 import numba
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ from sklearn.cluster import KMeans
 from sklearn.datasets import make_blobs
 from sklearn.metrics import normalized_mutual_info_score
 
-from mbn_core.exceptions import MethodFailed, MethodUnavailable, NoExactMap
+from mbn_core.exceptions import MethodFailed, MethodUnavailable, NoExactMap, TrainingStopped
 from mbn_core.layouts import TSNE, UMAP, DensMAP, PaCMAP, TriMap
 from mbn_core.layouts.base import INSTALL_LINE, describe_error
 
@@ -134,9 +136,7 @@ def test_tsne_callback_reports_and_stops(data):
     seen = []
     make(TSNE, callback=lambda done, total: seen.append((done, total))).fit(X[:100])
     assert seen and seen[-1] == (150, 150)
-    assert all(b[0] >= a[0] for a, b in zip(seen, seen[1:], strict=False))
-    from mbn_core.exceptions import TrainingStopped
-
+    assert all(b[0] >= a[0] for a, b in itertools.pairwise(seen))
     with pytest.raises(TrainingStopped):
         make(TSNE, callback=lambda done, total: done >= 20).fit(X[:100])
 
@@ -173,7 +173,7 @@ def test_bad_input_is_refused_before_the_library(cls):
         cls().fit(bad)
     with pytest.raises(ValueError, match="2D"):
         cls().fit(X[0])
-    with pytest.raises(TypeError, match="[Ss]parse"):
+    with pytest.raises(TypeError, match=r"[Ss]parse"):
         cls().fit(sp.csr_matrix(X))
 
 
