@@ -27,6 +27,7 @@ from service import json_rows, routes
 from service.auth import ApiKeys
 from service.config import Settings
 from service.errors import Unavailable, install_error_handlers
+from service.expectations import ExpectMiddleware
 from service.handlers import (
     EmbedHandler,
     JobsHandler,
@@ -332,6 +333,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_upload_bytes=settings.max_upload_bytes,
         pace=BodyPace(timeout=settings.body_timeout_seconds, min_rate=settings.min_body_rate),
     )
+    # Before anything reads a body: a wrong key answers an Expect: 100-continue at once.
+    app.add_middleware(ExpectMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: times everything
     for module in (
         routes.embed,

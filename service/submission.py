@@ -40,7 +40,10 @@ _CHECK_ROWS = 16_384
 
 # Resources are the server's to give: threads come from MBN_TRAIN_THREADS, the device from
 # MBN_TRAIN_DEVICE.
-SERVER_PARAMS = {"n_jobs": "MBN_TRAIN_THREADS", "device": "MBN_TRAIN_DEVICE"}
+SERVER_PARAMS = {
+    "n_jobs": "the server (MBN_TRAIN_THREADS)",
+    "device": "the server (MBN_TRAIN_DEVICE)",
+}
 
 DEMO_NAME = "demo-digits"
 # Small: about 18 s on one core of an AMD EPYC, half of it the cross-fitted report, which
@@ -67,14 +70,9 @@ def check_params(
         if params.get("method", method) != method:
             raise InvalidInput(f"method {method!r} disagrees with params.method")
         params = {**params, "method": method}
-    server = sorted(SERVER_PARAMS.keys() & params.keys())
-    if server:
-        raise InvalidInput(
-            f"training parameter {server[0]!r} is set by the server ({SERVER_PARAMS[server[0]]})"
-        )
     _check_counts(params, bound)
     try:
-        return TrainingParams.from_dict(params).to_dict()
+        return TrainingParams.from_dict(params, set_elsewhere=SERVER_PARAMS).to_dict()
     except ValueError as exc:
         raise InvalidInput(f"params: {exc}") from None
 
