@@ -27,6 +27,7 @@ import numpy as np
 
 from mbn_core.bundle import BundleError, bulk, check_target, load_bundle
 from mbn_core.data.readers import load_training_data
+from mbn_core.distribution import install_hint, version
 from mbn_core.exceptions import TrainingStopped
 from mbn_core.mbn.outputs.umap import UmapNotInstalled
 from mbn_core.methods import DEFAULT_METHOD, get_method, method_names
@@ -249,13 +250,14 @@ def load_command(entry: metadata.EntryPoint) -> Command:
 
 
 def _missing_command(name: str, extras: list[str], error: ImportError) -> Command:
-    requirement = f"mbn[{','.join(extras)}]" if extras else "mbn"
+    extra = f"the {', '.join(extras)} extra" if extras else "this project"
+    hint = install_hint(*extras)
     missing = getattr(error, "name", None) or str(error)
 
     def add(subparsers: Any) -> None:
         command = subparsers.add_parser(
             name,
-            help=f"(needs {requirement}: pip install '{requirement}')",
+            help=f"(needs {extra}: {hint})",
             add_help=False,
             prefix_chars="\0",  # take any arguments: the answer is the same
         )
@@ -263,8 +265,8 @@ def _missing_command(name: str, extras: list[str], error: ImportError) -> Comman
 
         def handler(args: argparse.Namespace) -> None:
             raise UserError(
-                f"this command needs the optional dependencies of {requirement} "
-                f"({missing} is not installed): pip install '{requirement}'"
+                f"this command needs the optional dependencies of {extra} "
+                f"({missing} is not installed): {hint}"
             )
 
         command.set_defaults(handler=handler)
@@ -380,12 +382,12 @@ def _embed(args: argparse.Namespace) -> None:
         if suffix == ".zarr" and importlib.util.find_spec("zarr") is None:
             raise UserError(
                 f"{output}: writing Zarr needs the 'distributed' extra: "
-                "pip install 'mbn[distributed]' (or write .npy or .csv)"
+                f"{install_hint('distributed')}; or write .npy or .csv"
             )
     if Path(args.data).suffix.lower() == ".zarr" and importlib.util.find_spec("zarr") is None:
         raise UserError(
             f"{args.data}: reading Zarr needs the 'distributed' extra: "
-            "pip install 'mbn[distributed]'"
+            f"{install_hint('distributed')}"
         )
     if _chunked(args):
         _embed_chunked(args)
@@ -589,12 +591,7 @@ def _save_rows(path: Path, array: np.ndarray) -> None:
 
 
 def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("mbn")
-    except metadata.PackageNotFoundError:  # pragma: no cover - not installed
-        return "(not installed)"
+    return version() or "(not installed)"
 
 
 def _os_message(error: OSError) -> str:

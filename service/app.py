@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import State
 
+from mbn_core.distribution import version
 from service import json_rows, routes
 from service.auth import ApiKeys
 from service.config import Settings
@@ -373,9 +374,4 @@ def _document_auth(app: FastAPI, settings: Settings) -> None:
 
 
 def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("mbn")
-    except metadata.PackageNotFoundError:  # pragma: no cover - not installed
-        return "0"
+    return version() or "0"

@@ -220,8 +220,9 @@ def test_a_command_whose_extra_is_missing_says_what_to_install(capsys):
     assert cli.main(["serve", "--port", "9000"], commands={"serve": command}) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
-        "mbn serve: error: this command needs the optional dependencies of mbn[service] "
-        "(mbn_no_such_module is not installed): pip install 'mbn[service]'"
+        "mbn serve: error: this command needs the optional dependencies of the service extra "
+        "(mbn_no_such_module is not installed): pip install 'mbn-embeddings[service]' "
+        "(from a checkout: pip install '.[service]')"
     )
 
 

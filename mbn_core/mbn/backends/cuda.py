@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from mbn_core.distribution import install_hint
 from mbn_core.mbn._integer_scores import integral_range
 from mbn_core.mbn.backends import gpu_arrays as ga
 from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback
@@ -33,7 +34,7 @@ from mbn_core.mbn.upper import UpperLayer, keep_threshold
 log = logging.getLogger(__name__)
 
 DEVICES = ("cpu", "cuda", "auto")
-INSTALL_HINT = "pip install 'mbn[gpu]' (CuPy for your CUDA version, e.g. cupy-cuda12x)"
+INSTALL_HINT = f"{install_hint('gpu')}: CuPy for CUDA 12; on CUDA 13: pip install cupy-cuda13x"
 # Bytes of scores (rows x centers) held on the device at once per block (at most a quarter
 # of the budget).
 _SCORE_BYTES = 4 << 30

@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import scipy.sparse as sp
 
+from mbn_core.distribution import install_hint
 from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback, use_backend
 from mbn_core.mbn.bottom import BottomLayer, input_row_norms
 from mbn_core.mbn.dtypes import compact_values, smallest_uint
@@ -71,7 +72,7 @@ from mbn_core.mbn.upper import UpperLayer
 if TYPE_CHECKING:
     from distributed import Client
 
-INSTALL_HINT = "pip install 'mbn[distributed]'"
+INSTALL_HINT = install_hint("distributed")
 # Seconds to wait for the scheduler before saying it cannot be reached.
 CONNECT_TIMEOUT = 10.0
 # Tasks per worker thread and layer: enough that a worker slower than the others (a busier
