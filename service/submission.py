@@ -1,12 +1,15 @@
 """Checking and queueing training jobs: what POST /train and the demo model do.
 
-Parameters and the data's shape are checked before a job is queued, so a request the
-training would refuse by its size is refused at once (``InvalidInput``, ``PayloadTooLarge``),
-not a failed job later. Uploaded files are streamed to disk and only their headers are read
-here (``mbn_core.data.files``): the API process never loads training data, the training process
-does (and a file whose numbers turn out unreadable, e.g. NaN, fails its job with the reason).
-Data is written under the job's id (never a client-chosen path) and flushed to disk before the
-job row exists: a queued job always has its data.
+Parameters, the data's shape and its values are checked before a job is queued, so a request
+the training would refuse is refused at once (``InvalidInput``, ``PayloadTooLarge``), not a
+failed job later: the parameters' ranges, list lengths and implied memory; the rows the method
+needs; every value (finite, within float32, rows that differ, columns the input scaling can
+take). Uploaded files are streamed to disk, their headers checked first
+(``mbn_core.data.files``: a file claiming more than the limits is refused unread), then their
+values read a block of rows at a time (``mbn_core.data.columns``): the API process never holds
+a file's data whole. A CSV is stored as the float32 ``.npy`` of its chosen columns. Data is
+written under the job's id (never a client-chosen path) and flushed to disk before the job row
+exists: a queued job always has its data.
 """
 
 from __future__ import annotations
