@@ -105,6 +105,10 @@ class PaCMAP(LayoutMethod):
             f"n_neighbors={self.n_neighbors}"
         )
 
+    def _check_features(self, n_features: int) -> None:
+        # PaCMAP fits a PCA of n_components on narrow input whatever the start.
+        self._check_pca_start(n_features, "PaCMAP")
+
     def _reducer(self, module: ModuleType) -> Any:
         seed = self.random_state
         if seed is not None and not isinstance(seed, Integral):

@@ -107,6 +107,10 @@ class TriMap(LayoutMethod):
             f"n_inliers={self.n_inliers} with n_outliers={self.n_outliers}"
         )
 
+    def _check_features(self, n_features: int) -> None:
+        # TriMap starts from the principal components of its input.
+        self._check_pca_start(n_features, "TriMap")
+
     def _fit_layout(self, module: ModuleType, X: np.ndarray) -> np.ndarray:
         reducer = module.TRIMAP(
             n_dims=self.n_components,
