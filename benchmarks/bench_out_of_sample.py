@@ -31,6 +31,11 @@ Columns:
 k-means has as many clusters as classes, the lowest inertia of 20 restarts; trustworthiness is
 scored on (a seeded sample of) 1,000 unseen rows. ``mbn`` may be listed among the methods for
 MBN's figures on the same rows.
+
+``--reference parametric_umap`` adds umap-learn's ParametricUMAP, the published network
+that learns a UMAP layout and its map together (a Keras encoder, here on TensorFlow's CPU
+build: ``pip install tensorflow-cpu``; without it the row says it was skipped and why). It is
+fitted outside the pipeline: its own layout and encoder, no report.
 """
 
 from __future__ import annotations
@@ -119,6 +124,37 @@ def measure(set_name: str, method: str, args: argparse.Namespace) -> dict:
     return row
 
 
+def parametric_umap(set_name: str, args: argparse.Namespace) -> dict:
+    """umap-learn's ParametricUMAP on the same rows: its layout, and its encoder on the
+    unseen rows (a row saying why, when TensorFlow is not installed)."""
+    row: dict = {"set": set_name, "method": "ParametricUMAP (reference)"}
+    try:
+        from umap.parametric_umap import ParametricUMAP
+    except ImportError as error:
+        return {**row, "skipped": f"needs TensorFlow ({error})"}
+    X_fit, y_fit, X_new, y_new = load(set_name, args.seed, args.data)
+    X_fit, X_new = X_fit.astype(np.float32), X_new.astype(np.float32)
+    row.update(n_fit=len(X_fit), n_new=len(X_new))
+    started = time.perf_counter()
+    model = ParametricUMAP(random_state=args.seed, verbose=False)
+    layout = model.fit_transform(X_fit)
+    row["train_seconds"] = time.perf_counter() - started
+    row["layout_nmi"] = kmeans_nmi(layout, y_fit, args.seed)
+    row["layout_trust"] = trust(X_fit, layout, args.seed)
+    model.transform(X_new[:10])  # the first call builds the encoder's graph
+    seconds, placed = _timed(lambda: model.transform(X_new))
+    row["fast_us_per_row"] = 1e6 * seconds / len(X_new)
+    singles = [_timed(lambda i=i: model.transform(X_new[i : i + 1]))[0] for i in range(20)]
+    row["fast_us_single_row"] = 1e6 * float(np.median(singles))
+    row["student_nmi"] = kmeans_nmi(placed, y_new, args.seed)
+    row["student_trust"] = trust(X_new, placed, args.seed)
+    row.update(
+        report_nmi=None, report_r2=None, report_knn=None, report_rows="-",
+        exact_ms_per_row=None, transform_nmi=None, transform_trust=None,
+    )  # fmt: skip
+    return row
+
+
 def _timed(function):
     started = time.perf_counter()
     result = function()
@@ -130,6 +166,8 @@ def _cell(value, spec: str = ".3f") -> str:
 
 
 def table_row(row: dict) -> str:
+    if "skipped" in row:
+        return f"| {row['set']} | {row['method']} | skipped: {row['skipped']} |||||||"
     speedup = None
     if row["exact_ms_per_row"] is not None:
         speedup = 1e3 * row["exact_ms_per_row"] / row["fast_us_per_row"]
@@ -154,6 +192,12 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=2, help="n_jobs of each training")
     parser.add_argument("--data", help="MNIST .npz (default: bench_data.load_mnist's search)")
     parser.add_argument("--json", help="also append each row as a JSON line to this file")
+    parser.add_argument(
+        "--reference",
+        choices=["parametric_umap", "none"],
+        default="parametric_umap",
+        help="a published network to compare with (default: ParametricUMAP, when installed)",
+    )
     add_training_option(parser, "hidden_layer_sizes=[512,512]")
     args = parser.parse_args(argv)
     print(f"New rows for the layout methods (`{command_line('bench_out_of_sample.py', argv)}`)\n")
@@ -171,6 +215,8 @@ def main(argv=None) -> None:
                 with open(args.json, "a") as handle:
                     handle.write(json.dumps(row) + "\n")
             print(table_row(row), flush=True)
+        if args.reference == "parametric_umap":
+            print(table_row(parametric_umap(set_name, args)), flush=True)
 
 
 if __name__ == "__main__":
