@@ -12,8 +12,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from service import protocol
-from service.app import create_app, open_store
+from service.app import create_app, open_store, runtime_settings
 from service.config import Settings
+from service.exact.supervisor import Supervisor
 from service.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,20 @@ def serve(
     settings.make_directories()
     configure_protocol(settings)
     configure_interpreter()
+    supervisor = None
+    if settings.exact_runtime_socket is None:
+        # One exact runtime for the replica, whatever its number of API processes, started
+        # now so that the first exact request finds it ready.
+        supervisor = Supervisor(runtime_settings(settings)).start()
+        settings = settings.model_copy(update={"exact_runtime_socket": supervisor.socket_path})
+    try:
+        _run_uvicorn(host, port, workers, settings)
+    finally:
+        if supervisor is not None:
+            supervisor.stop()
+
+
+def _run_uvicorn(host: str, port: int, workers: int, settings: Settings) -> None:
     options = {
         "host": host,
         "port": port,

@@ -257,6 +257,12 @@ class ModelList(BaseModel):
 class Health(BaseModel):
     status: Literal["ok", "ready", "not_ready"]
     checks: dict[str, bool] = Field(default_factory=dict)
+    exact_runtime: str | None = Field(
+        default=None,
+        description="The replica's exact runtime, in words: running (its process, restarts, "
+        "device), down and why, or not started yet. Readiness does not depend on it: while it "
+        "restarts, exact requests get 503 and fast ones are served.",
+    )
 
 
 class ErrorDetail(BaseModel):

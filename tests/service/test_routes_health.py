@@ -20,8 +20,13 @@ def test_live_and_ready(api: Callable[..., TestClient]) -> None:
         "disk": True,
         "models_scanned": True,
         "model_available": True,
+        "exact_runtime": True,
         "embed_capacity": True,
     }
+    # An app started without `mbn serve` starts its runtime when exact mode is first used.
+    assert ready.json()["exact_runtime"].startswith("not started")
+    assert client.post("/embed", json={"inputs": [[0.0] * 64], "mode": "exact"}).status_code == 200
+    assert client.get("/health/ready").json()["exact_runtime"].startswith("running (process")
 
 
 def test_not_ready_while_the_demo_model_trains(api: Callable[..., TestClient]) -> None:
@@ -87,5 +92,13 @@ def test_metrics(api: Callable[..., TestClient]) -> None:
     assert 'mbn_jobs{status="queued"} 1.0' in text
     assert 'mbn_jobs{status="running"} 0.0' in text
     assert "mbn_models_loaded 1.0" in text
-    assert "mbn_exact_models_loaded 1.0" in text
-    assert "mbn_exact_in_flight 0.0" in text
+    # The exact runtime's figures, as it last sent them (about once a second).
+    assert "mbn_exact_runtime_up 1.0" in text and 'mbn_exact_device{device="cpu"} 1.0' in text
+    text = wait_for(
+        lambda: "mbn_exact_requests_total 1.0" in (t := client.get("/metrics").text) and t,
+        30,
+        "the runtime's figures",
+    )
+    assert "mbn_exact_models_loaded 1.0" in text and "mbn_exact_queue_requests 0.0" in text
+    assert 'mbn_exact_batch_rows_bucket{le="1.0"} 1.0' in text
+    assert "mbn_exact_runtime_restarts_total 0.0" in text
