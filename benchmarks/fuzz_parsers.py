@@ -12,7 +12,7 @@ zip flag bits, compression methods, sizes, member names renamed, duplicated, sha
 dropped, and the deflate streams' bytes; CSV cells, quotes, line breaks and very long lines;
 multipart boundaries, part headers and repeated fields; JSON tokens and base64 characters).
 
-Files go through the code the API and the trainer run (``peek_data_file``, then
+Files go through the code the API and the trainer run (``peek_data_file`` and ``check_rows``, then
 ``load_training_data`` when the header check accepts them) in this process; a share of them
 (``--http-share``), and every body case, also through a real ``mbn serve`` (uvicorn) as
 ``POST /train`` uploads and ``POST /embed`` bodies. A case passes when it is accepted or
@@ -436,6 +436,7 @@ def cases(fmt: str, count: int, seed: int = 0) -> Iterator[Case]:
 def parse_file(case: Case, directory: Path) -> str:
     """The API's header check and (if it passes) the trainer's loader on the case's file:
     'accepted', 'refused' (ValueError), or a defect raised as is."""
+    from mbn_core.data.columns import check_rows
     from mbn_core.data.files import peek_data_file
     from mbn_core.data.readers import load_training_data
 
@@ -446,6 +447,7 @@ def parse_file(case: Case, directory: Path) -> str:
         # The trainer only ever loads what submission let through (service.submission).
         if shape.n_rows > LIMITS["rows"] or shape.loaded_bytes > LIMITS["bytes"]:
             return "refused"
+        check_rows(path)  # every value, as submission checks them
         load_training_data(path)
     except ValueError:
         return "refused"
@@ -462,7 +464,7 @@ def parse_body(case: Case) -> str:
     from service.routes.embed import _matrix, _parse
 
     try:
-        req, parsed = _parse(case.data)
+        req, parsed = _parse(case.data, 8192)
         _matrix(req, parsed, _Bundle(), 8192)  # type: ignore[arg-type]
     except ServiceError:
         return "refused"

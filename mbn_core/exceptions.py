@@ -4,3 +4,18 @@
 class TrainingStopped(RuntimeError):
     """Raised by a method's ``fit`` when its callback asked to stop; the estimator is left
     unfitted."""
+
+
+class NoExactMap(ValueError):
+    """Raised by ``transform`` of a method that has no map for new rows (its layout places
+    only the rows it was fitted on); the message says why and what to use instead."""
+
+
+class MethodUnavailable(ImportError):
+    """A registered method whose library is not installed; the message gives the install
+    line."""
+
+
+class MethodFailed(RuntimeError):
+    """A method's own library raised inside its fit or transform; the message names the
+    method and the problem (never a traceback or a path)."""

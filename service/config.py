@@ -125,6 +125,15 @@ class Settings(BaseSettings):
         "dense: its arrays and 1,024 bytes per feature): checked from the file's headers "
         "before anything is read, so a decompression bomb is refused at once (413).",
     )
+    max_train_memory_bytes: int | None = Field(
+        default=None,
+        ge=1 * MIB,
+        le=1 << 50,
+        description="Most memory a training job may need, as estimated from its parameters "
+        "and data shape at submission (an upper estimate: the rows, the method's fit, the "
+        "distilled MLP); 422 above it. Unset: the memory of the host or container the API "
+        "runs on.",
+    )
     min_free_bytes: int = Field(
         default=64 * MIB,
         ge=0,

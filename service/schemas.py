@@ -20,9 +20,12 @@ MODEL_REF_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # Names of bundles made elsewhere (the CLI) may be any printable text up to 200 characters;
 # lookups only compare them with the loaded models, never build a path from them.
 MODEL_LOOKUP_MAX = 200
-# Validation context key: the name of the input member ("inputs" or "inputs_b64") that the
-# caller parsed itself, validating the other members with the model.
-INPUTS_PARSED = "inputs_parsed"
+# Validation context key: the names of the large members (rows, base64) that the body gave
+# and the caller parses itself (service.json_object), validating the others with the model.
+LARGE_GIVEN = "large_given"
+# The longest row inputs_b64 may declare: far beyond any model's input, short enough that a
+# message quoting it stays short.
+MAX_DIM = 10_000_000
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 Mode = Literal["fast", "exact"]
@@ -57,7 +60,7 @@ class EmbedRequest(_Request):
         "little-endian float32, row-major; instead of inputs, for large batches.",
     )
     dim: int | None = Field(
-        default=None, ge=1, description="Row length of inputs_b64 (required with it)."
+        default=None, ge=1, le=MAX_DIM, description="Row length of inputs_b64 (required with it)."
     )
     mode: Mode = Field(
         default="fast",
@@ -81,9 +84,9 @@ class EmbedRequest(_Request):
 
     @model_validator(mode="after")
     def _one_input_form(self, info: ValidationInfo) -> EmbedRequest:
-        parsed = (info.context or {}).get(INPUTS_PARSED)
-        inputs_given = self.inputs is not None or parsed == "inputs"
-        b64_given = self.inputs_b64 is not None or parsed == "inputs_b64"
+        parsed = (info.context or {}).get(LARGE_GIVEN, frozenset())
+        inputs_given = self.inputs is not None or "inputs" in parsed
+        b64_given = self.inputs_b64 is not None or "inputs_b64" in parsed
         if inputs_given == b64_given:
             raise ValueError("give exactly one of inputs and inputs_b64")
         if b64_given and self.dim is None:

@@ -74,7 +74,9 @@ class ExactModel:
     alignment: tuple[np.ndarray, np.ndarray] | None = None
 
     def embed_with_clusters(self, X) -> tuple[np.ndarray, np.ndarray | None]:
-        """Embedding (float32) and cluster ids (int64; None without a head) of checked X."""
+        """Embedding (float32) and cluster ids (int64; None without a head) of checked X.
+
+        Raises ``OutOfRangeInput`` for rows the input scaling takes beyond float32."""
         return self.finish(self.embed_raw(X))
 
     def embed_raw(self, X) -> np.ndarray:
@@ -82,8 +84,12 @@ class ExactModel:
         input: the first half of ``embed_with_clusters``. For a method whose ``transform`` is
         batch independent, row i is the same whatever other rows share the call, so a server
         may compute the rows of several requests in one call and ``finish`` each request's
-        own rows."""
-        X = self.input_scaling.transform(X)
+        own rows. Raises ``OutOfRangeInput`` for rows the input scaling takes beyond
+        float32."""
+        with np.errstate(over="ignore", invalid="ignore"):  # refused just below
+            X = self.input_scaling.transform(X)
+        if not self.input_scaling.is_identity:
+            _check_finite(X, scaled=True)
         return np.asarray(self.estimator.transform(X), dtype=np.float32)
 
     def finish(self, embedding: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -287,19 +293,51 @@ class Bundle:
             )
         if not np.isfinite(values).all():
             raise ValueError("X contains NaN or infinity")
+        if not sp.issparse(X):
+            check_scaled_range(self.input_scaling, X)
         return X
 
 
-def _check_finite(embedding: np.ndarray, mode: str) -> None:
+def check_scaled_range(scaling: InputScaling, X: np.ndarray) -> None:
+    """``OutOfRangeInput`` for rows of the finite float32 matrix ``X`` that ``scaling`` takes
+    beyond float32: the rows both paths see first (the fast path's graph scales them as
+    ``scaling.transform`` does, bit for bit), checked before either runs, so that both refuse
+    them alike. Two reductions over ``X`` against per-feature bounds clear nearly every
+    batch; only one near the bounds is scaled to find its rows."""
+    if scaling.is_identity or X.shape[0] == 0:
+        return
+    low, high = _safe_bounds(scaling)
+    if (X.min(axis=0) >= low).all() and (X.max(axis=0) <= high).all():
+        return
+    with np.errstate(over="ignore", invalid="ignore"):
+        _check_finite(scaling.transform(X), scaled=True)
+
+
+def _safe_bounds(scaling: InputScaling) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature raw values within which the scaled value, ``(x - offset) * factor`` in
+    float32, is certainly finite: half float32's largest, divided by the factor when it
+    exceeds 1 (so the difference and the product both stay in range, rounding included)."""
+    assert scaling.offset is not None and scaling.factor is not None
+    offset = scaling.offset.astype(np.float64)
+    room = 0.5 * float(np.finfo(np.float32).max) / np.maximum(scaling.factor, 1.0)
+    return offset - room, offset + room
+
+
+def _check_finite(values: np.ndarray, mode: str = "", *, scaled: bool = False) -> None:
     # On every embed: the whole-array test first, an order of magnitude cheaper than the
     # per-row reduction, which only a failing batch needs.
-    if np.isfinite(embedding).all():
+    if np.isfinite(values).all():
         return
-    rows = np.flatnonzero(~np.isfinite(embedding).all(axis=1))
+    rows = np.flatnonzero(~np.isfinite(values).all(axis=1))
     shown = ", ".join(str(row) for row in rows[:5]) + (", ..." if rows.size > 5 else "")
+    what = (
+        "overflow float32 once scaled by the model's input scaling"
+        if scaled
+        else f"embed to NaN or infinity in {mode} mode"
+    )
     raise OutOfRangeInput(
-        f"{rows.size} row(s) ({shown}) embed to NaN or infinity in {mode} mode: their values "
-        "are too far outside the range the model was trained on",
+        f"{rows.size} row(s) ({shown}) {what}: their values are too far outside the range "
+        "the model was trained on",
         rows,
     )
 

@@ -39,6 +39,9 @@ from mbn_core.utils.blas import one_blas_thread
 
 METRICS = ("euclidean", "cosine")
 OUTPUTS = (AUTO, *output_names())
+# Most layers a network may have (explicit ks, or the layers delta gives): far more than a
+# million rows need at delta 0.9, and each upper layer costs a pass of every clustering.
+MAX_LAYERS = 256
 # Requests of up to this many dense rows are encoded row by row over the stored centers
 # (``BottomLayer.codes_few``, ``UpperLayer.codes_few``); larger batches share GEMMs and
 # posting lists between their rows.
@@ -410,6 +413,11 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         shrink = delta
         while (k := int(shrink * ks[-1])) >= 1.5 * self.n_classes:
             ks.append(k)
+            if len(ks) > MAX_LAYERS:
+                raise ValueError(
+                    f"delta={delta:g} shrinks k1={k1} centers so slowly that the network "
+                    f"would have more than {MAX_LAYERS} layers; use a smaller delta or k_max"
+                )
         return ks
 
     def _expected_bottom_features(self, n_features: int) -> int:
@@ -590,7 +598,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
 
     def _check_params(self) -> None:
         if self.ks is not None:
-            check_int_items(type(self).__name__, "ks", self.ks, 2)
+            check_int_items(type(self).__name__, "ks", self.ks, 2, MAX_LAYERS)
 
 
 def _backend_name(device: str) -> str:

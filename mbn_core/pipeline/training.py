@@ -9,6 +9,7 @@ method: the registry (``mbn_core.methods``) says what each one needs.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import time
@@ -51,6 +52,7 @@ from mbn_core.pipeline.exported import ExportedFastPath, detach_callback
 from mbn_core.pipeline.novelty import novelty_section
 from mbn_core.pipeline.run import run_pipeline
 from mbn_core.pipeline.split import fold_fit_rows, report_fold_count, teacher_fit_rows
+from mbn_core.utils.memory import memory_limit
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +228,13 @@ def check_feasible(params: TrainingParams, n_rows: int, *, sparse: bool = False)
             "input_scaling='standard' centres every feature, which would make sparse input "
             "dense; weight sparse features yourself (tf-idf, say) and use 'none' or 'auto'"
         )
+    if method.export is None:
+        folds = report_fold_count(n_rows, params["holdout_fraction"], params["report_folds"])
+        if folds is not None and folds > n_rows:
+            raise ValueError(
+                f"report_folds={folds} is more than the {n_rows} rows (a cross-fitted "
+                "report needs a row in every fold)"
+            )
     if method.check_rows is not None:
         method.check_rows(params.estimator(), fit_shape(params, (n_rows, 1))[0])
         if method.export is None:
@@ -242,6 +251,58 @@ def check_feasible(params: TrainingParams, n_rows: int, *, sparse: bool = False)
             f"n_clusters={n_clusters} is more than the {head_rows} rows the clustering head "
             f"is fitted on{of}"
         )
+
+
+def training_memory(params: TrainingParams, shape: tuple[int, int]) -> dict[str, float]:
+    """An upper estimate of the bytes a job of ``params`` on ``shape`` rows holds at its
+    peak, by part: the rows (as read and as scaled), the method's fit (``Method.memory``)
+    and a distilled method's MLP (float64 weights with their gradients, Adam's two moments
+    and the best epoch's copy, and the activations of a batch and of a prediction)."""
+    n, d = shape
+    method = params.spec
+    estimator = params.estimator()
+    parts = {"data": 2.0 * n * d * 4}
+    if method.memory is not None:
+        parts[method.name] = float(method.memory(estimator, fit_shape(params, shape)))
+    if method.export is None:
+        values = params.values
+        hidden = [int(h) for h in values["hidden_layer_sizes"]]
+        n_out: int = (
+            getattr(estimator, "n_components", None) or getattr(estimator, "n_classes", None) or 10
+        )
+        width = projected_width(d, values["input_components"])
+        first = d if width is None else width
+        sizes: tuple[int, ...] = (first, *hidden, n_out)
+        weights = (0 if width is None else d * width) + sum(
+            a * b for a, b in itertools.pairwise(sizes)
+        )
+        widest = max(sizes[1:])
+        batch = min(int(values["batch_size"]), n) * sum(sizes[1:])
+        parts["mlp"] = 5.0 * 8 * weights + 3.0 * 8 * batch + 2.0 * 8 * n * widest
+    return parts
+
+
+def check_memory(params: TrainingParams, shape: tuple[int, int], limit: int | None = None) -> None:
+    """ValueError when ``training_memory`` exceeds ``limit`` bytes (None: this host's or
+    container's memory, ``mbn_core.utils.memory``), naming the largest part."""
+    if limit is None:
+        limit = memory_limit()
+        if limit is None:
+            return
+    parts = training_memory(params, shape)
+    total = sum(parts.values())
+    if total <= limit:
+        return
+    largest = max(parts, key=parts.__getitem__)
+    raise ValueError(
+        f"these parameters would need about {_gib(total)} to train on {shape[0]} x {shape[1]} "
+        f"rows ({largest}: {_gib(parts[largest])}), more than the {_gib(limit)} this host "
+        "allows; use smaller layers, fewer clusterings or fewer rows"
+    )
+
+
+def _gib(size: float) -> str:
+    return f"{size / 2**30:,.1f} GiB"
 
 
 # ---------------------------------------------------------------------- training
@@ -308,11 +369,17 @@ def train_bundle(
     if align_to is not None:
         old = align_to if isinstance(align_to, Bundle) else load_bundle(align_to)
         n_components = params.values.get("n_components")
-        check_compatible(old, X.shape[1], n_components if isinstance(n_components, int) else None)
+        check_compatible(
+            old,
+            X.shape[1],
+            n_components if isinstance(n_components, int) else None,
+            sparse=sp.issparse(X),
+        )
     check_spread(X)
     labels = check_labels(y, X.shape[0], "y")
     method = params.spec
     check_feasible(params, X.shape[0], sparse=sp.issparse(X))
+    check_memory(params, X.shape)
     estimator = params.estimator()
     scaling = choose_scaling(X, params[INPUT_SCALING.name])
     if scaling.method != "none":

@@ -16,6 +16,7 @@ import anyio.to_thread
 import numpy as np
 
 from mbn_core.bundle import Bundle, BundleError, OutOfRangeInput
+from mbn_core.bundle.load import check_scaled_range
 from service.admission import RowBudget
 from service.domain import InvalidInput
 from service.exact.frontend import ExactFrontend
@@ -104,6 +105,10 @@ class EmbedHandler:
         want_clusters = clusters and bundle.n_clusters is not None
         started = time.perf_counter()
         if mode == "exact":
+            try:  # refused here alike on both paths, before anything is queued
+                check_scaled_range(bundle.input_scaling, x)
+            except OutOfRangeInput as exc:
+                raise InvalidInput(str(exc)) from None
             # Queued and computed in the exact runtime: this process's request slot is free
             # for others meanwhile (the runtime's queue bounds exact work).
             with self.budget.waiting_elsewhere():
