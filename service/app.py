@@ -36,6 +36,7 @@ from service.handlers import (
     JobsHandler,
     MapsHandler,
     ModelsHandler,
+    RuntimeHandler,
     TrainingHandler,
 )
 from service.jobs import JobFiles, JobStore
@@ -266,6 +267,7 @@ def _install_handlers(state: State, runtime: Runtime) -> None:
     )
     state.jobs_handler = JobsHandler(runtime.store, runtime.files)
     state.models_handler = ModelsHandler(registry)
+    state.runtime_handler = RuntimeHandler(runtime.exact)
     state.maps_handler = MapsHandler(registry, max_rows=settings.max_rows_per_request)
 
 
@@ -366,6 +368,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         routes.models,
         routes.maps,
         routes.monitor,
+        routes.runtime,
         routes.health,
     ):
         app.include_router(module.router)

@@ -210,6 +210,25 @@ def test_models_page_lists_the_model_with_its_reports(tab: Page, screenshots: Pa
     tab.assert_clean()
 
 
+def test_the_runtime_panel_shows_the_exact_runtime_live(tab: Page, screenshots: Path) -> None:
+    with api(tab.server) as client:
+        exact = {"model": "m-digits", "inputs": [[0.0] * 64, [1.0] * 64], "mode": "exact"}
+        assert client.post("/embed", json=exact).status_code == 200
+    page = tab.open("/ui/#/models")
+    page.locator("#runtime-panel summary").click()
+    # Refreshed while open: the figures arrive from the runtime about once a second.
+    page.wait_for_function(
+        "/requests \\/ rows answered\\s+[1-9]/.test("
+        "document.querySelector('#runtime-body').innerText)",
+        timeout=60_000,
+    )
+    text = page.locator("#runtime-body").inner_text()
+    assert "running (process" in text and "cpu" in text
+    assert page.locator("#runtime-panel").get_attribute("data-state") == "running"
+    page.screenshot(path=screenshots / "console-runtime.png", full_page=True)
+    tab.assert_clean()
+
+
 def test_map_draws_its_points(tab: Page, screenshots: Path) -> None:
     page = tab.open("/ui/#/map/m-digits")
     page.wait_for_selector("body[data-map-render-ms]")
