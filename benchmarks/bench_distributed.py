@@ -50,18 +50,25 @@ def layer_timer():
 
 
 def timed_fit(X, params, client=None):
-    from mbn_core.mbn.backends.dask import last_transfers, use_dask
+    from mbn_core.mbn.backends import use_backend
+    from mbn_core.mbn.backends.dask import DaskBackend
 
     marks, callback = layer_timer()
     model = MBN(**params, callback=callback)
+    built: list[DaskBackend] = []
+
+    def on_cluster(**options) -> DaskBackend:  # use_dask's backend, kept for its transfers
+        built.append(DaskBackend(client, **options))
+        return built[-1]
+
     started = time.perf_counter()
     if client is None:
         model.fit(X)
         transfers = []
     else:
-        with use_dask(client):
+        with use_backend(on_cluster, purposes=DaskBackend.purposes):
             model.fit(X)
-        transfers = last_transfers()
+        transfers = built[-1].transfers
     total = time.perf_counter() - started
     edges = [started] + [marks[i] for i in range(len(model.ks_))]
     layers = [b - a for a, b in itertools.pairwise(edges)]

@@ -39,6 +39,8 @@ from threadpoolctl import threadpool_limits
 from mbn_core import MBN
 from mbn_core.mbn import persistence
 from mbn_core.mbn.backends import cuda, use_backend
+from mbn_core.mbn.backends.cuda import bottom as cuda_bottom
+from mbn_core.mbn.backends.cuda import tf32
 from mbn_core.mbn.backends.local import LocalBackend
 from mbn_core.mbn.bottom import bottom_input, input_row_norms
 from mbn_core.mbn.dtypes import smallest_uint
@@ -125,6 +127,18 @@ def cpu_bottom_seconds(model: MBN, X, n_clusterings: int, threads: int) -> float
         return time.perf_counter() - start
 
 
+class TF32Record(tf32.TF32Gemms):
+    """The backend's TF32 switch, noting whether the last bottom layer's GEMMs ran in TF32
+    (installed by ``main`` in place of the backend's own)."""
+
+    last_used = False
+
+    def __enter__(self) -> tf32.TF32Gemms:
+        entered = super().__enter__()
+        TF32Record.last_used = self.used
+        return entered
+
+
 def kmeans_nmi(Z: np.ndarray, y: np.ndarray, n_init: int) -> float:
     labels = KMeans(len(np.unique(y)), n_init=n_init, random_state=0).fit_predict(Z)
     return float(normalized_mutual_info_score(y, labels))
@@ -144,6 +158,7 @@ def main() -> None:
     parser.add_argument("--n-init", type=int, default=20, help="k-means restarts for the NMI")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
+    cuda_bottom.TF32Gemms = TF32Record  # type: ignore[misc]
     threads = len(os.sched_getaffinity(0))
     figures: dict[str, object] = {"device": args.device, "cpu_threads": threads}
     if args.device == "cuda":
@@ -176,9 +191,9 @@ def main() -> None:
     if args.device == "cuda":
         budget = cuda.device_budget(cuda.require_cupy())
         figures.update(
-            tf32=cuda.tf32_used(),
-            kernels=cuda.kernel_in_use(),
-            max_rows_at_this_V=cuda.max_rows(args.clusterings, budget),
+            tf32=TF32Record.last_used,
+            kernels=cuda.kernels_in_use(),
+            max_rows_at_this_V=cuda.upper_rows_capacity(args.clusterings, budget),
         )
         print({key: figures[key] for key in ("tf32", "kernels", "max_rows_at_this_V")})
     figures["nmi"] = round(kmeans_nmi(embedding, y, args.n_init), 4)

@@ -223,7 +223,7 @@ def speed(args) -> None:
     X, _ = mnist_subset(0)
     model = MBN(random_state=0)
     ks = model.layer_sizes(len(X))
-    d_chosen = model._n_bottom_features(X, np.random.RandomState(0))
+    d_chosen = model.network().bottom_features(X, np.random.RandomState(0))
     rows = []
     for repeat in range(args.repeats):
         gemm = bare_bottom_gemms(len(X), d_chosen, ks[0], model.n_clusterings)

@@ -487,6 +487,8 @@ def _describe(manifest: dict[str, Any], *, brief: bool) -> list[str]:
         fit.append(f"layers {layers}")
     if "device" in training:  # where the layers ran ("auto" chose it)
         fit.append(f"on {training['device']}")
+    for fallback in training.get("fallbacks", []):  # what ran elsewhere, never quietly
+        fit.append(fallback)
     if "n_epochs" in training:
         fit.append(f"{training['n_epochs']} MLP epochs")
     if "input_noise" in training:

@@ -38,8 +38,8 @@ __all__ = [
 
 
 class CheckedParams:
-    """Mixin for estimators: ``_validate_params`` checks ``_parameter_constraints`` and what
-    they cannot say.
+    """Mixin for estimators: ``check_params`` checks ``_parameter_constraints`` and what
+    they cannot say (``fit`` calls it first, through scikit-learn's ``_validate_params``).
 
     scikit-learn's ``Interval(Integral, ...)`` accepts ``True`` (a bool is an integer to
     Python); here a bool is only accepted where the constraints list ``"boolean"``.
@@ -49,7 +49,9 @@ class CheckedParams:
 
     _parameter_constraints: dict[str, list[Any]]
 
-    def _validate_params(self) -> None:
+    def check_params(self) -> None:
+        """Validate the parameters as ``fit`` does; ``InvalidParameterError`` (a
+        ``ValueError``) naming the first bad one."""
         params = self.get_params(deep=False)  # type: ignore[attr-defined]
         caller = type(self).__name__
         validate_parameter_constraints(self._parameter_constraints, params, caller_name=caller)
@@ -62,8 +64,24 @@ class CheckedParams:
                 )
         self._check_params()
 
+    def _validate_params(self) -> None:
+        self.check_params()
+
     def _check_params(self) -> None:
         """Checks the constraints cannot express; raise ``InvalidParameterError``."""
+
+
+def check_estimator_params(estimator: Any) -> None:
+    """Validate any estimator's parameters as its ``fit`` would: ``check_params`` for ours,
+    its ``_parameter_constraints`` (scikit-learn's rules) for another's."""
+    if isinstance(estimator, CheckedParams):
+        estimator.check_params()
+        return
+    validate_parameter_constraints(
+        estimator._parameter_constraints,
+        estimator.get_params(deep=False),
+        caller_name=type(estimator).__name__,
+    )
 
 
 def check_int_items(owner: str, name: str, values: Any, minimum: int, max_length: int) -> None:

@@ -36,3 +36,35 @@ def dask_client():
         distributed.Client(cluster) as client,
     ):
         yield client
+
+
+@pytest.fixture
+def dask_layer_builds(dask_client):
+    """How often each Dask worker built a layer's shared arrays while the test ran:
+    ``dask_layer_builds()`` gives {worker: {layer key: builds}}. The count wraps the
+    workers' builder for the test's duration (functions defined here travel by value)."""
+
+    def start(dask_worker) -> None:
+        from mbn_core.mbn.backends import dask as module
+
+        original = module._build_encoder
+        counts: dict[str, int] = {}
+
+        def counting(shipped):
+            counts[shipped.key] = counts.get(shipped.key, 0) + 1
+            return original(shipped)
+
+        dask_worker.mbn_layer_builds = (counts, original)
+        module._build_encoder = counting
+
+    def read(dask_worker) -> dict[str, int]:
+        return dict(dask_worker.mbn_layer_builds[0])
+
+    def stop(dask_worker) -> None:
+        from mbn_core.mbn.backends import dask as module
+
+        module._build_encoder = dask_worker.mbn_layer_builds[1]
+
+    dask_client.run(start)
+    yield lambda: dask_client.run(read)
+    dask_client.run(stop)

@@ -115,6 +115,13 @@ def test_base_install(base_env, subtests):
         assert described.returncode == 0, described.stderr
         assert "method:      mbn (fast path: distilled)" in described.stdout
 
+    with subtests.test("it ships the CUDA kernels' source as package data"):
+        shipped = "from mbn_core.mbn.backends.cuda import kernels; print(kernels.kernel_source())"
+        result = run([python, "-c", shipped], cwd=base_env["work"])
+        assert result.returncode == 0, result.stderr
+        for name in ("count_kept_shared", "centred_first_best", "first_max_per_segment"):
+            assert f'extern "C" __global__ void {name}(' in result.stdout, name
+
     with subtests.test("it brings umap-learn, which MBN's UMAP output trains with"):
         trained = mbn(base_env, "train", "digits.npz", "--out", "umap-model", "--quiet",
                       "--n-clusterings", "20", "--k1", "0.1", "--output", "umap",

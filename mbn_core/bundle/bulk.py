@@ -62,11 +62,6 @@ class BulkResult:
         return self.n_rows / self.seconds if self.seconds > 0 else float("inf")
 
 
-def is_bulk_path(path: str | os.PathLike[str]) -> bool:
-    """Whether ``embed_file`` reads (or writes) this path: ``.npy`` or a Zarr directory."""
-    return Path(path).suffix.lower() in INPUT_SUFFIXES
-
-
 def embed_file(
     bundle: str | os.PathLike[str],
     source: str | os.PathLike[str],

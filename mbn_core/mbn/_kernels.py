@@ -13,18 +13,21 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-# splitmix64 constants (Steele, Lea & Flood 2014): a stateless, well-mixed 64-bit hash.
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
+from mbn_core.mbn import keep_hash
+
+# splitmix64's constants (``keep_hash``), as the uint64 scalars numba compiles in.
+_GOLDEN = np.uint64(keep_hash.GOLDEN)
+_MIX1 = np.uint64(keep_hash.MIX1)
+_MIX2 = np.uint64(keep_hash.MIX2)
+_SHIFT1, _SHIFT2, _SHIFT3 = (np.uint64(shift) for shift in keep_hash.SHIFTS)
 
 
 @njit(inline="always")
 def _splitmix64(seed, key):
     z = seed + np.uint64(key) * _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    return z ^ (z >> np.uint64(31))
+    z = (z ^ (z >> _SHIFT1)) * _MIX1
+    z = (z ^ (z >> _SHIFT2)) * _MIX2
+    return z ^ (z >> _SHIFT3)
 
 
 @njit(nogil=True, cache=True)

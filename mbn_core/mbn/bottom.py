@@ -35,7 +35,7 @@ _FLOAT32_EPS = float(np.finfo(np.float32).eps) / 2  # unit roundoff u
 _FLOAT64_EPS = float(np.finfo(np.float64).eps) / 2
 # Re-rank rows whose runner-up is within this multiple of the worst-case GEMM error.
 # 2 is the bound for two scores; the margin covers float64 re-ranking of candidates.
-_TIE_MARGIN = 4.0
+TIE_MARGIN = 4.0
 # Rows per GEMM block: large enough that BLAS packs the centers rarely, small enough to
 # bound memory (rows x k float32 scores per thread).
 _BLOCK_BYTES = 16 << 20
@@ -157,7 +157,7 @@ def _error_terms(
 
 
 def _tolerance(x_norms: np.ndarray, error_per_norm: float, error_const: float) -> np.ndarray:
-    return (_TIE_MARGIN * (error_per_norm * x_norms + error_const)).astype(np.float32)
+    return (TIE_MARGIN * (error_per_norm * x_norms + error_const)).astype(np.float32)
 
 
 def _pick_centers(scores, tolerance, chosen_row, candidate_values, metric, best) -> None:
@@ -173,7 +173,7 @@ def _pick_centers(scores, tolerance, chosen_row, candidate_values, metric, best)
         row = scores[i]
         candidates = np.flatnonzero(row >= row.max() - tolerance[i])
         values = candidate_values(candidates)
-        best[i] = candidates[_exact_best(chosen_row(i), values, metric)]
+        best[i] = candidates[exact_best(chosen_row(i), values, metric)]
 
 
 def bottom_codes_direct(
@@ -302,7 +302,7 @@ def _chosen_dense(matrix: sp.csr_matrix, rows, position: np.ndarray, n_chosen: i
     return out
 
 
-def _exact_best(x: np.ndarray, W: np.ndarray, metric: str) -> int:
+def exact_best(x: np.ndarray, W: np.ndarray, metric: str) -> int:
     """Index of the best of a few candidate centers, ranked in float64 in a fixed order.
 
     Computed from the candidates' rows alone (norms included), so every scoring path that
@@ -494,7 +494,7 @@ class BottomLayer:
             self._masks,
             self._center_sq_norms,
             self.metric == "cosine",
-            _TIE_MARGIN,
+            TIE_MARGIN,
             np.asarray(row_norms, dtype=np.float64),
             codes,
             near_tie,

@@ -5,9 +5,8 @@ from __future__ import annotations
 import copy
 import functools
 import numbers
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
+from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
@@ -19,19 +18,12 @@ from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from mbn_core.data.checks import check_magnitude
 from mbn_core.exceptions import TrainingStopped
-from mbn_core.mbn._draws import choose_rows
-from mbn_core.mbn.auto import bottom_feature_count, least_bottom_features
-from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback, get_backend
+from mbn_core.mbn.backends import FIT, TRANSFORM, ProgressCallback, choose_backend
+from mbn_core.mbn.backends.base import DEVICE_CHOICES
 from mbn_core.mbn.bottom import BottomLayer, canonical_sparse, input_row_norms
-from mbn_core.mbn.dtypes import compact_values, smallest_uint
-from mbn_core.mbn.encoders import UpperClusterings
-from mbn_core.mbn.outputs import (
-    AUTO,
-    Output,
-    OutputProgress,
-    get_output,
-    output_names,
-)
+from mbn_core.mbn.layer_draws import DrawsAhead, draw_upper, fit_upper_layer
+from mbn_core.mbn.network import MAX_LAYERS, Network
+from mbn_core.mbn.outputs import AUTO, FittedOutput, OutputProgress, get_output, output_names
 from mbn_core.mbn.plan import Plan, settle
 from mbn_core.mbn.upper import UpperLayer
 from mbn_core.params import CheckedParams, check_int_items
@@ -39,9 +31,6 @@ from mbn_core.utils.blas import one_blas_thread
 
 METRICS = ("euclidean", "cosine")
 OUTPUTS = (AUTO, *output_names())
-# Most layers a network may have (explicit ks, or the layers delta gives): far more than a
-# million rows need at delta 0.9, and each upper layer costs a pass of every clustering.
-MAX_LAYERS = 256
 # Requests of up to this many dense rows are encoded row by row over the stored centers
 # (``BottomLayer.codes_few``, ``UpperLayer.codes_few``); larger batches share GEMMs and
 # posting lists between their rows.
@@ -166,6 +155,9 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         Number of input features.
     device_ : {"cpu", "cuda"}
         The device the fit ran on.
+    fallbacks_ : list of str
+        What the fit computed elsewhere than ``device_``, a sentence each (on a GPU, sparse
+        input's bottom layer runs on the CPU); empty when nothing was.
 
     Examples
     --------
@@ -199,7 +191,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             Interval(Integral, None, -1, closed="right"),
             None,
         ],
-        "device": [StrOptions({"cpu", "cuda", "auto"})],
+        "device": [StrOptions(set(DEVICE_CHOICES))],
         "callback": [callable, None],
     }
 
@@ -280,7 +272,8 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             ``str(plan)`` reads as a short report.
         """
         self._validate_params()
-        self._check_output_layers()
+        network = self.network()
+        network.check_output_layers()
         X = check_array(
             X, accept_sparse="csr", dtype=[np.float64, np.float32], ensure_min_samples=2
         )
@@ -290,8 +283,26 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         rng = check_random_state(
             copy.deepcopy(seed) if isinstance(seed, np.random.RandomState) else seed
         )
-        with get_backend(_backend_name(self.device), n_jobs=self.n_jobs) as backend:
-            return settle(self, X, rng, backend, keep_bottom=False).plan
+        backend = choose_backend(FIT, self.device).factory(n_jobs=self.n_jobs)
+        with backend:
+            return settle(network, X, rng, backend, keep_bottom=False).plan
+
+    def network(self) -> Network:
+        """The network these parameters describe, before any data: its layer sizes, the
+        features each clustering chooses, the embedding's dimension (see ``Network``)."""
+        return Network(
+            n_clusterings=self.n_clusterings,
+            feature_fraction=self.feature_fraction,
+            k1=self.k1,
+            delta=self.delta,
+            n_classes=self.n_classes,
+            ks=self.ks,
+            k_max=self.k_max,
+            output=self.output,
+            n_components=self.n_components,
+            metric=self.metric,
+            shift_fraction=self.shift_fraction,
+        )
 
     def fit_transform(self, X, y=None):
         """Fit the network and return the embedding of X (equal to ``fit(X).transform(X)``)."""
@@ -309,7 +320,8 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
 
     def _fit_network(self, X) -> np.ndarray:
         self._validate_params()
-        self._check_output_layers()
+        network = self.network()
+        network.check_output_layers()
         X = validate_data(
             self,
             X,
@@ -321,11 +333,11 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         X = canonical_sparse(X)
         check_magnitude(X)  # beyond it, float32 center scores overflow
         rng = check_random_state(self.random_state)
-        backend = get_backend(
-            _backend_name(self.device), n_jobs=self.n_jobs, callback=self.callback
+        backend = choose_backend(FIT, self.device).factory(
+            n_jobs=self.n_jobs, callback=self.callback
         )
         with backend:
-            settled = settle(self, X, rng, backend, keep_bottom=True)
+            settled = settle(network, X, rng, backend, keep_bottom=True)
             plan, bottom, codes = settled.plan, settled.bottom, settled.bottom_codes
             assert bottom is not None and codes is not None
             bottom_codes, ks, output = codes, list(plan.ks), plan.output
@@ -336,43 +348,33 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             # the cores, and the top's PCA sums in the same order wherever the layers ran.
             with one_blas_thread():
                 upper: list[UpperLayer] = []
-                draw = functools.partial(self._draw_upper, plan.n_samples, rng)
-                with _DrawsAhead(draw, ks[1:]) as draws:
+                fraction = network.upper_feature_fraction
+                draw = functools.partial(draw_upper, self.n_clusterings, plan.n_samples, rng)
+                with DrawsAhead(draw, ks[1:]) as draws:
                     for index, drawn in enumerate(draws, start=1):
-                        layer, codes = self._fit_upper(codes, ks[index - 1], drawn, backend, index)
+                        layer, codes = fit_upper_layer(
+                            codes, ks[index - 1], drawn, fraction, backend, index
+                        )
                         upper.append(layer)
                 top, embedding = get_output(output).fit(
                     bottom_codes, codes, ks, plan.n_components, rng,
                     _output_progress(self.callback),
                 )  # fmt: skip
-
-        self.ks_ = ks
-        self.device_ = "cuda" if backend.name == "cuda" else "cpu"
-        self.delta_ = plan.delta
-        self.output_ = output
-        self.n_components_ = plan.n_components
-        self.bottom_layer_ = bottom
-        self.upper_layers_ = upper
-        self.top_ = top
-        self._set_output_attributes()
+        set_fitted_state(
+            self,
+            FittedState(
+                ks=ks,
+                n_features_in=X.shape[1],
+                delta=plan.delta,
+                output=output,
+                device=backend.device,
+                fallbacks=tuple(backend.fallbacks),
+                bottom_layer=bottom,
+                upper_layers=upper,
+                top=top,
+            ),
+        )
         return embedding
-
-    def _set_output_attributes(self) -> None:
-        self.explained_variance_ratio_ = self.top_.explained_variance_ratio
-
-    def _check_output_layers(self) -> None:
-        """ValueError when the output cannot have the layers asked for."""
-        requested = self._requested_output()
-        if requested is not None:
-            requested.check_layers(self._upper_layers_are_given())
-
-    def _requested_output(self) -> Output | None:
-        """The output asked for, None for "auto" (which the data decides during ``fit``)."""
-        return None if self.output == AUTO else get_output(self.output)
-
-    def _upper_layers_are_given(self) -> bool:
-        """Whether the caller fixed the upper layers (several ``ks``, or a number for delta)."""
-        return self.delta != "auto" or (self.ks is not None and len(self.ks) > 1)
 
     def layer_sizes(self, n_samples: int, delta: float | None = None) -> list[int]:
         """Centers per layer that ``fit`` uses for ``n_samples`` training points.
@@ -382,128 +384,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         the choice of high-dimensional data. ``output="auto"`` may choose "umap-bottom",
         whose network is the first of these layers alone (``ks_``).
         """
-        ks = self._network_sizes(n_samples, delta)
-        requested = self._requested_output()
-        return ks if requested is None else requested.network_sizes(ks)
-
-    def _network_sizes(self, n_samples: int, delta: float | None) -> list[int]:
-        if self.ks is not None:
-            ks = [int(k) for k in self.ks]
-            too_many = [k for k in ks if k > n_samples]
-            if too_many:
-                raise ValueError(
-                    f"ks={list(self.ks)} asks for {too_many[0]} centers but there are only "
-                    f"{n_samples} samples"
-                )
-            return ks
-        if self.k1 == "auto":
-            k1 = round(0.5 * n_samples)
-        elif isinstance(self.k1, numbers.Integral):
-            k1 = int(self.k1)
-            if k1 > n_samples:
-                raise ValueError(f"k1={k1} centers is more than the {n_samples} samples")
-        else:
-            k1 = round(float(self.k1) * n_samples)
-        if self.k_max is not None:
-            k1 = min(k1, int(self.k_max))
-        k1 = max(2, min(k1, n_samples))
-        ks = [k1]
-        if delta is None:
-            delta = 0.5 if self.delta == "auto" else float(self.delta)
-        shrink = delta
-        while (k := int(shrink * ks[-1])) >= 1.5 * self.n_classes:
-            ks.append(k)
-            if len(ks) > MAX_LAYERS:
-                raise ValueError(
-                    f"delta={delta:g} shrinks k1={k1} centers so slowly that the network "
-                    f"would have more than {MAX_LAYERS} layers; use a smaller delta or k_max"
-                )
-        return ks
-
-    def _expected_bottom_features(self, n_features: int) -> int:
-        """Bottom-layer dimensions per clustering before seeing the data ("auto": at least
-        half, the most common choice, and at least min(2, d)), for cost estimates."""
-        if self.feature_fraction == "auto":
-            return least_bottom_features(n_features)
-        return max(1, round(float(self.feature_fraction) * n_features))
-
-    def _n_bottom_features(self, X, rng) -> int:
-        if self.feature_fraction == "auto":
-            return bottom_feature_count(X, rng)
-        return max(1, round(float(self.feature_fraction) * X.shape[1]))
-
-    def _upper_fraction(self) -> float:
-        return 0.5 if self.feature_fraction == "auto" else float(self.feature_fraction)
-
-    def _fit_bottom(self, X, k, n_chosen, rng, backend: LayerBackend):
-        n_samples, n_features = X.shape
-        V = self.n_clusterings
-        # Packed row by row: a (V, d) boolean matrix is V bytes per input feature, 40 GB for
-        # a sparse vocabulary of 10^8 words at V = 400.
-        packed_width = (n_features + 7) // 8
-        feature_masks = np.zeros((V, packed_width), dtype=np.uint8)
-        shift_masks = (
-            np.zeros((V, packed_width), dtype=np.uint8) if self.shift_fraction > 0 else None
-        )
-        centers = np.empty((V, k), dtype=np.int64)
-        row = np.zeros(n_features, dtype=bool)
-        for v in range(V):
-            chosen = rng.choice(n_features, n_chosen, replace=False)
-            row[:] = False
-            row[chosen] = True
-            feature_masks[v] = np.packbits(row)
-            centers[v] = rng.choice(n_samples, k, replace=False)
-            if shift_masks is not None:
-                n_shift = round(self.shift_fraction * n_chosen)
-                row[:] = False
-                row[rng.choice(chosen, n_shift, replace=False)] = True
-                shift_masks[v] = np.packbits(row)
-        rows, local = _distinct_rows(centers, n_samples)
-        if sp.issparse(X):
-            center_data = sp.csr_matrix(X[rows], dtype=np.float32)
-            center_data.sort_indices()
-        else:
-            center_data = compact_values(X[rows])
-        layer = BottomLayer(
-            feature_masks=feature_masks,
-            shift_masks=shift_masks,
-            centers=local.astype(smallest_uint(len(rows) - 1)),
-            center_data=center_data,
-            metric=self.metric,
-        )
-        return layer, backend.bottom_codes(layer, X)
-
-    def _draw_upper(
-        self, n_samples: int, rng, k: int, cancelled: threading.Event
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """An upper layer's random draws: each clustering's k center rows, then the seeds of
-        their dimension choices. Drawn a few clusterings at a time, so that a stopped fit
-        (``cancelled``) waits for a few permutations of the rows, not a layer's."""
-        V = self.n_clusterings
-        parts = []
-        for first in range(0, V, _DRAWN_TOGETHER):
-            if cancelled.is_set():
-                raise TrainingStopped("the fit stopped before this layer's draws")
-            # rng.choice(n_samples, k, replace=False), once per clustering
-            parts.append(choose_rows(rng, n_samples, k, min(_DRAWN_TOGETHER, V - first)))
-        seeds = rng.randint(0, 2**63, size=V, dtype=np.int64).astype(np.uint64)
-        return np.concatenate(parts), seeds
-
-    def _fit_upper(self, codes, n_values, drawn, backend: LayerBackend, index):
-        n_samples = codes.shape[0]
-        fraction = self._upper_fraction()
-        centers, seeds = drawn
-        clusterings = UpperClusterings(centers.astype(np.int32), seeds, n_values, fraction)
-        new_codes = backend.fit_upper_codes(index, codes, clusterings)
-        rows, local = _distinct_rows(centers, n_samples)
-        layer = UpperLayer.create(
-            centers=local.astype(smallest_uint(len(rows) - 1)),
-            center_codes=codes[rows].astype(smallest_uint(n_values - 1)),
-            seeds=seeds,
-            n_values=n_values,
-            feature_fraction=fraction,
-        )
-        return layer, new_codes
+        return self.network().layer_sizes(n_samples, delta)
 
     # ------------------------------------------------------------------ inference
 
@@ -544,9 +425,6 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
         if not isinstance(layer, numbers.Integral) or not -n_layers <= layer < n_layers:
             raise ValueError(f"layer={layer!r} must be an integer in [{-n_layers}, {n_layers})")
         depth = layer % n_layers + 1
-        return self._encode(X, depth)
-
-    def _encode(self, X, depth: int) -> np.ndarray:
         return self._encode_layers(X, depth)[1]
 
     def _encode_layers(self, X, depth: int) -> tuple[np.ndarray, np.ndarray]:
@@ -563,10 +441,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             for layer in self.upper_layers_[: depth - 1]:
                 codes = layer.codes_few(codes)
             return bottom_codes, codes
-        backend = get_backend(_backend_name(self.device), n_jobs=self.n_jobs)
-        if not backend.embeds_new_rows:  # a backend for fitting only (see LayerBackend)
-            backend.close()
-            backend = get_backend("local", n_jobs=self.n_jobs)
+        backend = choose_backend(TRANSFORM, self.device).factory(n_jobs=self.n_jobs)
         with one_blas_thread(), backend:
             codes = backend.bottom_codes(self.bottom_layer_, X)
             bottom_codes = codes
@@ -601,14 +476,36 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
             check_int_items(type(self).__name__, "ks", self.ks, 2, MAX_LAYERS)
 
 
-def _backend_name(device: str) -> str:
-    """The backend for the ``device`` parameter: "cuda" (ValueError when it cannot run here,
-    naming what is missing), or "auto" (this context's backend, else the local threads)."""
-    if device == "cpu":
-        return AUTO
-    from mbn_core.mbn.backends.cuda import resolve_device
+@dataclass(frozen=True)
+class FittedState:
+    """Everything a fitted ``MBN`` holds besides its parameters: what ``fit`` computed, or
+    what a saved model gives back (``mbn_core.mbn.persistence``)."""
 
-    return "cuda" if resolve_device(device) == "cuda" else AUTO
+    ks: list[int]
+    n_features_in: int
+    delta: float | None
+    output: str
+    device: str
+    fallbacks: tuple[str, ...]
+    bottom_layer: BottomLayer
+    upper_layers: list[UpperLayer]
+    top: FittedOutput
+
+
+def set_fitted_state(model: MBN, state: FittedState) -> None:
+    """Give ``model`` every fitted attribute its docstring lists, from ``state``: the one
+    place they are set, by ``fit`` and by loading alike."""
+    model.ks_ = list(state.ks)
+    model.n_features_in_ = int(state.n_features_in)
+    model.n_components_ = state.top.n_components
+    model.delta_ = state.delta
+    model.output_ = state.output
+    model.device_ = state.device
+    model.fallbacks_ = list(state.fallbacks)
+    model.bottom_layer_ = state.bottom_layer
+    model.upper_layers_ = list(state.upper_layers)
+    model.top_ = state.top
+    model.explained_variance_ratio_ = state.top.explained_variance_ratio
 
 
 def _output_progress(callback: ProgressCallback | None) -> OutputProgress | None:
@@ -625,48 +522,3 @@ def _output_progress(callback: ProgressCallback | None) -> OutputProgress | None
             )
 
     return progress
-
-
-# Clusterings whose center draws are made in one compiled call (``_draw_upper``).
-_DRAWN_TOGETHER = 16
-
-
-class _DrawsAhead:
-    """The upper layers' draws (``draw(k, cancelled)`` for each layer's k), made in order on a
-    thread of their own while the layers compute: the same draws from the generator as
-    drawing each layer's in turn, since one thread makes them in the layers' order and
-    nothing else draws until the last is taken. They are a permutation of the rows per
-    clustering, as long as the layer's own work on a GPU, and ``choose_rows`` makes them
-    without the GIL. Leaving early sets ``cancelled``, which the draws check between runs."""
-
-    def __init__(
-        self,
-        draw: Callable[[int, threading.Event], tuple[np.ndarray, np.ndarray]],
-        ks: list[int],
-    ):
-        self._cancelled = threading.Event()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="mbn-draws")
-        self._pending = [self._pool.submit(draw, k, self._cancelled) for k in ks]
-
-    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        return (pending.result() for pending in self._pending)
-
-    def __enter__(self) -> _DrawsAhead:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        # A stopped or failed fit draws no further layers, and stops the one under way.
-        self._cancelled.set()
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _distinct_rows(centers: np.ndarray, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct rows among ``centers`` (values in [0, n_rows)), in increasing order, and
-    each entry's position among them: ``np.unique(centers, return_inverse=True)`` without
-    sorting the V * k entries."""
-    present = np.zeros(n_rows, dtype=bool)
-    present[centers] = True
-    rows = np.flatnonzero(present)
-    position = np.empty(n_rows, dtype=np.intp)
-    position[rows] = np.arange(len(rows))
-    return rows, position[centers]

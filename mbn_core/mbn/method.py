@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mbn_core.mbn.backends.cuda import device_name
 from mbn_core.mbn.estimator import MBN
 from mbn_core.mbn.outputs import get_output
 from mbn_core.mbn.outputs.umap import STAGES, layout_epochs
@@ -34,7 +35,8 @@ def layer_costs(mbn: MBN, shape: tuple[int, int], ks: list[int] | None = None) -
     n, d = shape
     ks = mbn.layer_sizes(n) if ks is None else ks
     V = mbn.n_clusterings
-    bottom = float(n) * max(_PAIR_FLOOR, float(mbn._expected_bottom_features(d))) * ks[0]
+    features = mbn.network().expected_bottom_features(d)
+    bottom = float(n) * max(_PAIR_FLOOR, float(features)) * ks[0]
     return [V * bottom] + [V * _UPPER_COST * n * (V + k) for k in ks[1:]]
 
 
@@ -117,15 +119,9 @@ def _track(mbn: MBN, shape: tuple[int, int], report: Reporter) -> None:
 
 
 def _check_rows(mbn: MBN, n_samples: int) -> None:
-    mbn._check_output_layers()
-    ks = mbn.layer_sizes(n_samples)
-    n_components = mbn.n_classes if mbn.n_components is None else mbn.n_components
-    top = min(n_samples, mbn.n_clusterings * ks[-1])
-    if n_components > top:
-        raise ValueError(
-            f"n_components={n_components} (n_classes when unset) must be <= "
-            f"min(rows, n_clusterings * ks[-1]) = {top}"
-        )
+    network = mbn.network()
+    network.check_output_layers()
+    network.check_n_components(n_samples, network.layer_sizes(n_samples))
 
 
 def _memory(mbn: MBN, shape: tuple[int, int]) -> float:
@@ -138,14 +134,16 @@ def _memory(mbn: MBN, shape: tuple[int, int]) -> float:
 
 def _facts(mbn: MBN) -> dict[str, Any]:
     # The output too: with output="auto" the data chose it, and a user reads here which.
-    facts = {"ks": [int(k) for k in mbn.ks_], "metric": mbn.metric, "output": mbn.output_}
-    # Where the layers were computed ("auto" chose it): a GPU gives the CPU's codes.
-    device = getattr(mbn, "device_", "cpu")
-    if device == "cuda":
-        from mbn_core.mbn.backends.cuda import device_name
-
-        return {**facts, "device": f"cuda ({device_name()})"}
-    return {**facts, "device": device}
+    facts: dict[str, Any] = {
+        "ks": [int(k) for k in mbn.ks_],
+        "metric": mbn.metric,
+        "output": mbn.output_,
+        # Where the layers were computed ("auto" chose it): a GPU gives the CPU's codes.
+        "device": f"cuda ({device_name()})" if mbn.device_ == "cuda" else mbn.device_,
+    }
+    if mbn.fallbacks_:  # what ran elsewhere than that device: never quietly
+        facts["fallbacks"] = list(mbn.fallbacks_)
+    return facts
 
 
 METHOD = register(

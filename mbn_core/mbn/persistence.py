@@ -10,8 +10,9 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.utils.validation import check_is_fitted
 
+from mbn_core.mbn.backends.base import DEVICES
 from mbn_core.mbn.bottom import BottomLayer
-from mbn_core.mbn.estimator import MBN
+from mbn_core.mbn.estimator import MBN, FittedState, set_fitted_state
 from mbn_core.mbn.outputs import AUTO, StoredArrays, get_output, output_of_arrays
 from mbn_core.mbn.outputs.base import expect_index, expect_shape
 from mbn_core.mbn.upper import UpperLayer
@@ -27,6 +28,10 @@ def model_to_arrays(model: MBN) -> dict[str, np.ndarray]:
     arrays: dict[str, np.ndarray] = {
         "ks": np.asarray(model.ks_, dtype=np.int64),
         "n_features_in": np.asarray(model.n_features_in_, dtype=np.int64),
+        # Where the fit ran: not needed to embed (every device gives the same codes), kept so
+        # that the loaded model says what the fitted one did.
+        "fit.device": np.asarray(model.device_),
+        "fit.fallbacks": np.asarray(model.fallbacks_, dtype=str),
     }
     bottom = model.bottom_layer_
     arrays["layer0.feature_masks"] = bottom.feature_masks
@@ -64,7 +69,8 @@ def model_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MBN:
             '"pca" or "umap"'
         )
     model = MBN(**{key: value for key, value in params.items() if key != "callback"})
-    model._validate_params()
+    model.check_params()
+    network = model.network()
     ks = [int(k) for k in get("ks")]
     n_features = int(get("n_features_in"))
     if not ks or min(ks) < 2:
@@ -118,12 +124,31 @@ def model_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MBN:
     # An "auto" fit's choice is told by the arrays it left.
     output = output_of_arrays(stored, ks) if model.output == AUTO else get_output(model.output)
     top = output.from_arrays(stored, ks, V)
-    model.output_ = output.name
-    model.ks_ = ks
-    model.n_features_in_ = n_features
-    model.n_components_ = top.n_components
-    model.bottom_layer_ = bottom
-    model.upper_layers_ = upper
-    model.top_ = top
-    model._set_output_attributes()
+    device, fallbacks = _fit_record(stored)
+    state = FittedState(
+        ks=ks,
+        n_features_in=n_features,
+        delta=network.fitted_delta(ks, output.name),
+        output=output.name,
+        device=device,
+        fallbacks=fallbacks,
+        bottom_layer=bottom,
+        upper_layers=upper,
+        top=top,
+    )
+    set_fitted_state(model, state)
     return model
+
+
+def _fit_record(stored: StoredArrays) -> tuple[str, tuple[str, ...]]:
+    """Where the saved fit ran and what it computed elsewhere (models saved before the
+    record was kept ran on the CPU: the GPU backend came later)."""
+    device = str(stored.get("fit.device")) if "fit.device" in stored else "cpu"
+    if device not in DEVICES:
+        raise ValueError(f"model array 'fit.device' holds {device!r}, not one of {DEVICES}")
+    if "fit.fallbacks" not in stored:
+        return device, ()
+    fallbacks = stored.get("fit.fallbacks")
+    if fallbacks.dtype.kind != "U" or fallbacks.ndim != 1:
+        raise ValueError("model array 'fit.fallbacks' is not a list of sentences")
+    return device, tuple(str(line) for line in fallbacks)

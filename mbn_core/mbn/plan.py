@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mbn_core.mbn.auto import choose_delta, choose_output, thin_manifold_is_measurable
+from mbn_core.mbn.layer_draws import fit_bottom_layer
+from mbn_core.mbn.network import PAPER_DELTA, Network
 from mbn_core.mbn.outputs import AUTO, get_output
 from mbn_core.utils.blas import one_blas_thread
 
 if TYPE_CHECKING:
     from mbn_core.mbn.backends.base import LayerBackend
     from mbn_core.mbn.bottom import BottomLayer
-    from mbn_core.mbn.estimator import MBN
 
 
 @dataclass(frozen=True)
@@ -93,9 +94,9 @@ class Settled:
 
 
 def settle(
-    mbn: MBN, X, rng: np.random.RandomState, backend: LayerBackend, *, keep_bottom: bool
+    network: Network, X, rng: np.random.RandomState, backend: LayerBackend, *, keep_bottom: bool
 ) -> Settled:
-    """Settle ``mbn``'s choices for the validated training data X.
+    """Settle ``network``'s choices for the validated training data X.
 
     Draws from ``rng`` in the order ``fit`` does: the feature sample (at the caller's BLAS
     threads), then the bottom layer's choices, then the delta measurement (at one). Fits the
@@ -103,59 +104,54 @@ def settle(
     ``keep_bottom`` (``fit`` needs it anyway).
     """
     n_samples, n_features = X.shape
-    ks = mbn.layer_sizes(n_samples)
-    n_components = mbn.n_classes if mbn.n_components is None else mbn.n_components
-    n_top = mbn.n_clusterings * ks[-1]
-    if n_components > min(n_samples, n_top):
-        raise ValueError(
-            f"n_components={n_components} must be <= min(n_samples, n_clusterings * "
-            f"ks[-1]) = {min(n_samples, n_top)}"
-        )
-    requested = None if mbn.output == AUTO else get_output(mbn.output)
+    ks = network.layer_sizes(n_samples)
+    n_components = network.check_n_components(n_samples, ks)
+    requested = network.requested_output()
     if requested is not None:
         requested.check_available()
-    n_chosen = mbn._n_bottom_features(X, rng)
+    n_chosen = network.bottom_features(X, rng)
     delta_is_measured = (
-        mbn.delta == "auto"
-        and mbn.ks is None
+        network.delta == "auto"
+        and network.ks is None
         and not (requested is not None and requested.bottom_only)
     )
-    output_is_measured = mbn.output == AUTO and thin_manifold_is_measurable(
-        n_samples, mbn.n_clusterings, ks[0]
+    output_is_measured = network.output == AUTO and thin_manifold_is_measurable(
+        n_samples, network.n_clusterings, ks[0]
     )
     bottom = codes = None
     delta = measured_delta = None
     # One BLAS thread for the layers (``fit`` keeps it for the rest of the network).
     with one_blas_thread():
         if keep_bottom or delta_is_measured or output_is_measured:
-            bottom, codes = mbn._fit_bottom(X, ks[0], n_chosen, rng, backend)
+            bottom, codes = fit_bottom_layer(network, X, ks[0], n_chosen, rng, backend)
         if delta_is_measured or output_is_measured:
             assert codes is not None
-            min_k = 1.5 * mbn.n_classes
-            measured_delta = choose_delta(codes, ks[0], mbn._upper_fraction(), min_k, rng)
-    output = mbn.output
+            measured_delta = choose_delta(
+                codes, ks[0], network.upper_feature_fraction, network.min_centers, rng
+            )
+    output = network.output
     if output == AUTO:
         output = "pca"
         if output_is_measured and measured_delta is not None:
-            output = choose_output(measured_delta, mbn._upper_layers_are_given())
+            output = choose_output(measured_delta, network.upper_layers_given)
     chosen = get_output(output)
     if chosen.bottom_only:
         ks, delta_is_measured = chosen.network_sizes(ks), False
     if delta_is_measured:
         delta = measured_delta
-        measured_ks = mbn.layer_sizes(n_samples, delta)
+        measured_ks = network.layer_sizes(n_samples, delta)
         # A larger delta may end on a smaller top layer: keep the one that was checked
         # against n_components when it no longer fits.
-        if n_components <= min(n_samples, mbn.n_clusterings * measured_ks[-1]):
+        if n_components <= min(n_samples, network.n_clusterings * measured_ks[-1]):
             ks = measured_ks
         else:
-            delta = 0.5
-    if delta is None and mbn.ks is None and not chosen.bottom_only:
-        delta = 0.5 if mbn.delta == "auto" else float(mbn.delta)
+            delta = PAPER_DELTA
+    if delta is None and network.ks is None and not chosen.bottom_only:
+        delta = PAPER_DELTA if network.delta == "auto" else float(network.delta)
     measured = tuple(
         name
         for name, was_measured in (
-            ("feature_fraction", mbn.feature_fraction == "auto"),
+            ("feature_fraction", network.feature_fraction == "auto"),
             ("delta", delta_is_measured),
             ("output", output_is_measured),
         )
@@ -169,7 +165,7 @@ def settle(
         output=output,
         n_components=n_components,
         bottom_features=n_chosen,
-        upper_feature_fraction=mbn._upper_fraction(),
+        upper_feature_fraction=network.upper_feature_fraction,
         measured=measured,
     )
     return Settled(plan=plan, bottom=bottom, bottom_codes=codes)

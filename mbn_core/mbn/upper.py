@@ -16,15 +16,11 @@ import numpy as np
 
 from mbn_core.mbn import _kernels
 from mbn_core.mbn.dtypes import smallest_uint
+from mbn_core.mbn.keep_hash import keep_threshold
 
 # Batches of up to this many rows are encoded row by row over a layer's ``CodeIndex``
 # (``UpperLayer.encodes_by_row``) rather than through the rebuilt code matrix.
 INDEXED_ROWS = 256
-
-
-def keep_threshold(fraction: float) -> np.uint64:
-    """Hash threshold that keeps a one-hot dimension with probability ``fraction``."""
-    return np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))
 
 
 @dataclass(frozen=True)

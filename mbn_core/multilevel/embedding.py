@@ -84,8 +84,10 @@ class MultilevelEmbedding(TransformerMixin, BaseEstimator):
         Embedding of the training rows.
     level_sizes_ : list of int
         Points per level, finest first.
-    level_vertices_ : list of ndarray
-        Training-row indices of each level, finest first.
+    level_vertices_ : list of ndarray or None
+        Training-row indices of each level, finest first. A model saved by a version that
+        did not keep them gets them redrawn on loading; None where that cannot give the
+        fitted levels (``random_state=None``).
     n_components_ : int
         Dimension of the embedding.
     sigma_ : float
@@ -198,7 +200,7 @@ class MultilevelEmbedding(TransformerMixin, BaseEstimator):
         _, sigma = _multilevel.edge_weights(graph, self.weights)
         self.embedding_ = embedding
         self.level_sizes_ = [len(level.vertices) for level in levels]
-        self.level_vertices_ = [level.vertices for level in levels]
+        self.level_vertices_: list[np.ndarray] | None = [level.vertices for level in levels]
         self.sigma_ = sigma
         self.X_fit_ = X
         self.n_components_ = self.n_components
@@ -406,25 +408,36 @@ class _Reporter:
 
 
 def embedding_to_arrays(model: MultilevelEmbedding) -> dict[str, np.ndarray]:
-    """Every array ``transform`` needs, keyed by name (for ``np.savez``, no pickle).
+    """Every array ``transform`` needs, keyed by name (for ``np.savez``, no pickle), and the
+    levels' training rows.
 
     The hyperparameters are not included: store ``model.get_params()`` (minus ``callback``)
     beside the arrays and pass them back to ``embedding_from_arrays``.
     """
     check_is_fitted(model)
-    return {
+    arrays = {
         "X_fit": model.X_fit_,
         "embedding": model.embedding_,
         "sigma": np.asarray(model.sigma_, dtype=np.float64),
         "level_sizes": np.asarray(model.level_sizes_, dtype=np.int64),
     }
+    if model.level_vertices_ is not None:
+        arrays["level_vertices"] = np.concatenate(model.level_vertices_).astype(np.int64)
+    return arrays
 
 
-def embedding_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> MultilevelEmbedding:
-    """Rebuild a fitted ``MultilevelEmbedding`` (for ``transform``) from its arrays.
+def embedding_from_arrays(
+    arrays: dict[str, np.ndarray],
+    params: dict,
+    *,
+    estimator: MultilevelEmbedding | None = None,
+) -> MultilevelEmbedding:
+    """Rebuild a fitted ``MultilevelEmbedding`` (for ``transform``) from its arrays: every
+    fitted attribute the class documents.
 
-    Raises ``ValueError`` naming the array when one is missing or inconsistent. Only the
-    finest level's training rows are kept, so ``level_vertices_`` is not restored.
+    ``estimator``, when given, is the unfitted estimator to fill (a subclass, made with its
+    own parameters); otherwise one is made from ``params``. Raises ``ValueError`` naming
+    the array when one is missing or inconsistent.
     """
 
     def get(name: str) -> np.ndarray:
@@ -432,9 +445,11 @@ def embedding_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> Multil
             raise ValueError(f"model array {name!r} is missing")
         return np.asarray(arrays[name])
 
-    model = MultilevelEmbedding(
-        **{key: value for key, value in params.items() if key != "callback"}
-    )
+    model = estimator
+    if model is None:
+        model = MultilevelEmbedding(
+            **{key: value for key, value in params.items() if key != "callback"}
+        )
     model._validate_params()
     X_fit = get("X_fit").astype(np.float64, copy=False)
     embedding = get("embedding").astype(np.float64, copy=False)
@@ -446,14 +461,54 @@ def embedding_from_arrays(arrays: dict[str, np.ndarray], params: dict) -> Multil
         raise ValueError(f"model array 'embedding' has shape {embedding.shape}")
     if not (sigma > 0):
         raise ValueError(f"model array 'sigma' must be positive, got {sigma}")
-    if not level_sizes or level_sizes[0] != X_fit.shape[0]:
+    if not level_sizes or level_sizes[0] != X_fit.shape[0] or min(level_sizes) < 1:
         raise ValueError(f"model array 'level_sizes' holds {level_sizes}")
     if not (np.all(np.isfinite(X_fit)) and np.all(np.isfinite(embedding))):
         raise ValueError("model arrays 'X_fit' and 'embedding' must be finite")
+    level_vertices: list[np.ndarray] | None
+    if "level_vertices" in arrays:
+        level_vertices = _split_levels(get("level_vertices"), level_sizes, X_fit.shape[0])
+    else:
+        level_vertices = _redrawn_levels(model, X_fit, level_sizes)
     model.X_fit_ = X_fit
     model.embedding_ = embedding
     model.sigma_ = sigma
     model.level_sizes_ = level_sizes
+    model.level_vertices_ = level_vertices
     model.n_features_in_ = X_fit.shape[1]
     model.n_components_ = model.n_components
     return model
+
+
+def _split_levels(flat: np.ndarray, level_sizes: list[int], n_rows: int) -> list[np.ndarray]:
+    """The saved levels' training rows (concatenated, finest first), checked."""
+    if flat.dtype.kind not in "ui" or flat.shape != (sum(level_sizes),):
+        raise ValueError(f"model array 'level_vertices' has shape {flat.shape} ({flat.dtype})")
+    if flat.size and (flat.min() < 0 or flat.max() >= n_rows):
+        raise ValueError(f"model array 'level_vertices' holds rows outside [0, {n_rows})")
+    bounds = np.cumsum(level_sizes)[:-1]
+    return [level.astype(np.intp) for level in np.split(flat, bounds)]
+
+
+def _redrawn_levels(
+    model: MultilevelEmbedding, X_fit: np.ndarray, level_sizes: list[int]
+) -> list[np.ndarray] | None:
+    """The levels of a model saved without them: the coarsening drawn again from the
+    training rows, as the fit drew it (the same seed gives the same levels). None when the
+    drawn levels are not the saved sizes (a fit of ``random_state=None``)."""
+    if not isinstance(model.random_state, Integral):
+        return None
+    rng = check_random_state(model.random_state)
+    floor = max(model.n_components + 2, model.n_neighbors + 1)
+    levels = _multilevel.build_levels(
+        knn_graph(X_fit, model.n_neighbors),
+        max_levels=model.n_levels,
+        max_coarse_size=model.max_coarse_size,
+        min_size=floor,
+        order=model.order,
+        rng=rng,
+        progress=lambda done: None,
+    )
+    if [len(level.vertices) for level in levels] != level_sizes:
+        return None
+    return [level.vertices for level in levels]

@@ -104,14 +104,8 @@ def _save(model: MultilevelMethod) -> dict[str, np.ndarray]:
 
 
 def _load(arrays: dict[str, np.ndarray], params: dict[str, Any]) -> MultilevelMethod:
-    kept = {key: value for key, value in params.items() if key != "callback"}
-    model = MultilevelMethod(**kept)
-    model._validate_params()
-    library_params = {key: value for key, value in kept.items() if key != "coarse_method"}
-    library = embedding_from_arrays(arrays, {**library_params, "method": model.coarse_method})
-    for name in ("X_fit_", "embedding_", "sigma_", "level_sizes_", "n_features_in_"):
-        setattr(model, name, getattr(library, name))
-    model.n_components_ = library.n_components_
+    model = MultilevelMethod(**{key: value for key, value in params.items() if key != "callback"})
+    embedding_from_arrays(arrays, params, estimator=model)
     return model
 
 

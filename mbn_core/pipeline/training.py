@@ -46,7 +46,7 @@ from mbn_core.methods import (
     Method,
     get_method,
 )
-from mbn_core.params import InvalidParameterError, Param
+from mbn_core.params import InvalidParameterError, check_estimator_params
 from mbn_core.pipeline.alignment import check_compatible, reference_files
 from mbn_core.pipeline.exported import ExportedFastPath, detach_callback
 from mbn_core.pipeline.novelty import novelty_section
@@ -129,11 +129,11 @@ class TrainingParams:
             # The pipeline's first: for options both check (n_jobs), its rule is the one
             # that holds (the estimator's can allow more, e.g. MBN's negative n_jobs).
             try:
-                CompressiveMBN(**self.compressor_kwargs())._validate_params()
+                CompressiveMBN(**self.compressor_kwargs()).check_params()
             except InvalidParameterError as error:
                 # Every method has these options (the pipeline's), so they are the training's.
                 raise ValueError(str(error).replace("of CompressiveMBN", "of training")) from None
-            self.estimator()._validate_params()
+            check_estimator_params(self.estimator())
             own = (MAP_POINTS, INPUT_SCALING)  # the training's own options, no estimator's
             validate_parameter_constraints(
                 {param.name: param.constraints for param in own},
@@ -184,11 +184,6 @@ class TrainingParams:
     def pipeline(self) -> dict[str, Any]:
         """The pipeline's options (``PIPELINE_PARAMS``)."""
         return {name: self.values[name] for name in PIPELINE_PARAMS}
-
-
-def option_params(method: str = DEFAULT_METHOD) -> dict[str, list[Param]]:
-    """The training options of ``method`` by group (for the CLI and the documentation)."""
-    return get_method(method).option_groups()
 
 
 @dataclass(frozen=True)

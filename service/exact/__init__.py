@@ -6,7 +6,7 @@ bundles (``models``), queues the requests of every API process and merges concur
 batches (``batching``), and computes them (``process``). API processes talk to it over a Unix
 socket (``wire``; large rows through shared memory, ``segments``) with ``client``, behind
 ``frontend``, which speaks the service's domain errors. The decision and its figures:
-docs/decisions/0027-exact-runtime.md.
+docs/decisions/0028-exact-runtime.md.
 
 Nothing here imports a web framework: the runtime process starts without one.
 """

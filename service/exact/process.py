@@ -76,20 +76,21 @@ class RuntimeConfig:
 
 
 def resolve_device(asked: str) -> tuple[str, str]:
-    """Where the runtime computes, and a note when it is not what was asked: "cpu" or
-    "cuda"; "none" when "cuda" was asked and cannot run here (exact requests are then
-    refused, saying why)."""
+    """Where the runtime computes, chosen as a fit's device is (the backends' own choice for
+    transforms), and a note when it is not what was asked: "cpu" or "cuda"; "none" when
+    "cuda" was asked and no backend can compute there (exact requests are then refused,
+    saying why)."""
     if asked == "cpu":
         return "cpu", ""
-    from mbn_core.mbn.backends.cuda import resolve_device as resolve
+    from mbn_core.mbn.backends import TRANSFORM, choose_backend
 
     try:
-        device = resolve(asked)
-    except ValueError as error:  # "cuda" without CuPy or without a GPU
+        entry = choose_backend(TRANSFORM, asked)
+    except ValueError as error:  # "cuda" without CuPy, or without a GPU
         return "none", f"MBN_EXACT_DEVICE=cuda but {error}"
-    if asked == "auto" and device == "cpu":
+    if asked == "auto" and entry.device == "cpu":
         return "cpu", "MBN_EXACT_DEVICE=auto found no usable GPU; computing on the CPU"
-    return device, ""
+    return entry.device, ""
 
 
 class Connection:

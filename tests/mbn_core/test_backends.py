@@ -6,9 +6,13 @@ from sklearn.datasets import load_digits
 
 from mbn_core import MBN, TrainingStopped, model_to_arrays
 from mbn_core.mbn.backends import (
+    FIT,
+    TRANSFORM,
     LayerBackend,
+    backend_entries,
     backend_names,
     base,
+    choose_backend,
     get_backend,
     register_backend,
     use_backend,
@@ -64,7 +68,7 @@ def test_builtin_backends_are_registered_by_name():
 
 
 def test_unknown_backend_lists_the_valid_names():
-    with pytest.raises(ValueError, match=r"unknown backend 'gpu'.*'auto', 'local', 'dask'"):
+    with pytest.raises(ValueError, match=r"unknown backend 'gpu'.*'auto', 'cuda', 'dask', 'local'"):
         get_backend("gpu")
 
 
@@ -171,7 +175,7 @@ def test_an_incomplete_backend_cannot_be_built():
 
 def test_a_backend_for_fitting_only_leaves_transform_to_the_local_backend(digits, fitted):
     class FitOnly(RecordingBackend):
-        embeds_new_rows = False
+        purposes = frozenset({FIT})
 
     backends: list[RecordingBackend] = []
 
@@ -179,8 +183,79 @@ def test_a_backend_for_fitting_only_leaves_transform_to_the_local_backend(digits
         backends.append(FitOnly(**options))
         return backends[-1]
 
-    with use_backend(factory):
+    with use_backend(factory, purposes=FitOnly.purposes):
+        assert choose_backend(TRANSFORM).name == "local"
+        assert choose_backend(FIT).factory is factory
         embedding = fitted.transform(digits[:40])
-    [unused] = backends
-    assert unused.calls == [] and unused.closed
+        assert backends == []  # never built for new rows
+        MBN(**PARAMS, n_jobs=2).fit(digits)
+    [fit_backend] = backends
+    assert fit_backend.calls[0] == ("bottom_codes", 0) and fit_backend.closed
     np.testing.assert_array_equal(embedding, fitted.transform(digits[:40]))
+    with use_backend(FitOnly):  # a backend class says its own purposes
+        assert choose_backend(TRANSFORM).name == "local"
+
+
+def test_every_backend_says_what_it_is():
+    entries = {entry.name: entry for entry in backend_entries()}
+    assert {"local", "dask", "cuda"} <= set(entries)
+    assert entries["local"].device == "cpu" and entries["cuda"].device == "cuda"
+    assert entries["dask"].purposes == frozenset({FIT})
+    for entry in entries.values():
+        assert entry.description and "\n" not in entry.description, entry.name
+
+
+def test_the_device_chooses_among_the_registered_backends(monkeypatch):
+    monkeypatch.setattr(base, "_registry", dict(base._registry))
+    assert choose_backend(FIT, "cpu").name == "local"
+    # No GPU here (as on CI): "auto" stays on the CPU, "cuda" says what is missing.
+    register_backend("gpu-absent", RecordingBackend, device="cuda", available=lambda: False)
+    monkeypatch.delitem(base._registry, "cuda")
+    assert choose_backend(FIT, "auto").name == "local"
+    with pytest.raises(ValueError, match="'gpu-absent' cannot run here"):
+        choose_backend(FIT, "cuda")
+    # A GPU backend that can run is what "cuda" and "auto" get, for what it serves.
+    register_backend(
+        "gpu-here", RecordingBackend, device="cuda", description="test", purposes={FIT}
+    )
+    assert choose_backend(FIT, "cuda").name == "gpu-here"
+    assert choose_backend(FIT, "auto").name == "gpu-here"
+    monkeypatch.delitem(base._registry, "gpu-absent")
+    assert choose_backend(TRANSFORM, "auto").name == "local"
+    with pytest.raises(ValueError, match="no backend computes on a GPU for transform"):
+        choose_backend(TRANSFORM, "cuda")
+    with pytest.raises(ValueError, match="purpose 'predict'"):
+        choose_backend("predict")
+    with pytest.raises(ValueError, match="device='tpu'"):
+        choose_backend(FIT, "tpu")
+    with pytest.raises(ValueError, match="device 'tpu'"):
+        register_backend("tpu", RecordingBackend, device="tpu")
+
+
+def test_backends_of_installed_packages_register_through_entry_points(monkeypatch):
+    loaded: list[str] = []
+
+    class EntryPoint:
+        value = "plugin_backends:register"
+
+        def load(self):
+            loaded.append(self.value)
+            register_backend("plugged", RecordingBackend, description="a plug-in's")
+
+    class Broken(EntryPoint):
+        value = "broken_backends:register"
+
+        def load(self):
+            raise ImportError("no such module")
+
+    def entry_points(group):
+        assert group == "mbn.backends"
+        return [Broken(), EntryPoint()]
+
+    monkeypatch.setattr(base, "_registry", dict(base._registry))
+    monkeypatch.setattr(base, "_discovered", False)
+    monkeypatch.setattr(base.metadata, "entry_points", entry_points)
+    assert "plugged" in backend_names()  # the broken plug-in is logged and passed over
+    assert loaded == ["plugin_backends:register"]
+    with get_backend("plugged", n_jobs=1) as backend:
+        assert isinstance(backend, RecordingBackend)

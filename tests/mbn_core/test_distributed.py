@@ -1,5 +1,6 @@
 """MBN fitted on a real Dask LocalCluster of worker processes (mbn_core/mbn/backends/dask.py)."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -16,8 +17,8 @@ distributed = pytest.importorskip("distributed")
 from mbn_core import MBN, TrainingStopped, cli, model_to_arrays  # noqa: E402
 from mbn_core.bundle import EXACT_FILE  # noqa: E402
 from mbn_core.mbn.backends import dask as mbn_distributed  # noqa: E402
-from mbn_core.mbn.backends import get_backend  # noqa: E402
-from mbn_core.mbn.backends.dask import SchedulerUnreachable, last_transfers, use_dask  # noqa: E402
+from mbn_core.mbn.backends import get_backend, use_backend  # noqa: E402
+from mbn_core.mbn.backends.dask import DaskBackend, SchedulerUnreachable, use_dask  # noqa: E402
 
 # Slow: MBN fitted on a Dask cluster of worker processes.
 pytestmark = pytest.mark.slow
@@ -34,6 +35,20 @@ def digits():
 @pytest.fixture
 def client(dask_client):
     return dask_client
+
+
+@contextlib.contextmanager
+def recorded_dask(client, **options):
+    """``use_dask(client, **options)`` that hands over the backends it builds (their
+    ``transfers``)."""
+    built: list[DaskBackend] = []
+
+    def factory(**kwargs):
+        built.append(DaskBackend(client, **options, **kwargs))
+        return built[-1]
+
+    with use_backend(factory, purposes=DaskBackend.purposes):
+        yield built
 
 
 def assert_same_model(a: MBN, b: MBN) -> None:
@@ -61,11 +76,14 @@ def test_fit_on_cluster_is_bit_identical_to_local_fit(client, digits, kind):
     np.testing.assert_array_equal(remote.transform(X[:50]), expected[:50])
 
 
-def test_each_worker_gets_a_layer_once_and_codes_come_back_compact(client, digits):
+def test_each_worker_gets_a_layer_once_and_codes_come_back_compact(
+    client, digits, dask_layer_builds
+):
     model = MBN(**PARAMS)
-    with use_dask(client, clusterings_per_task=3):
+    with recorded_dask(client, clusterings_per_task=3) as built:
         model.fit(digits)
-    transfers = last_transfers()
+    [backend] = built
+    transfers = backend.transfers
     assert [t.layer for t in transfers] == list(range(len(model.ks_)))
     for transfer, k in zip(transfers, model.ks_, strict=True):
         assert transfer.n_tasks == 8  # 24 clusterings, 3 per task, on 2 workers
@@ -76,11 +94,12 @@ def test_each_worker_gets_a_layer_once_and_codes_come_back_compact(client, digit
     # (in float32 alone they would be digits.nbytes / 2; the centers and norms ride along)
     assert transfers[0].scattered_bytes < digits.nbytes / 2
     # Every worker built each layer's shared arrays once, though it ran several tasks.
-    builds = client.run(lambda: dict(mbn_distributed.builds))
+    builds = dask_layer_builds()
     for counts in builds.values():
         assert set(counts.values()) <= {1}
-    layers_built = sum(len(counts) for counts in builds.values())
-    assert layers_built >= len(model.ks_)
+    # Each layer was built on at least one worker (8 tasks on 2 workers: usually both).
+    layers_built = {key for counts in builds.values() for key in counts}
+    assert len(layers_built) == len(model.ks_)
 
 
 def test_callback_stops_a_distributed_fit_and_its_tasks(client, digits):
@@ -213,11 +232,13 @@ def test_the_dask_backend_encodes_new_rows_as_the_local_one(client, digits):
 def test_transform_inside_use_dask_stays_on_local_threads(client, digits):
     model = MBN(**PARAMS, n_jobs=2).fit(digits)
     expected = model.transform(digits[::7])
-    with use_dask(client):
+    with recorded_dask(client) as built:
         model.fit(digits)  # the fit runs on the cluster ...
-        fit_transfers = last_transfers()
+        [backend] = built
+        fit_transfers = list(backend.transfers)
         embedding = model.transform(digits[::7])  # ... its embedding of new rows does not
-    assert last_transfers() == fit_transfers
+    assert len(built) == 1 and backend.transfers == fit_transfers
+    assert [t.layer for t in fit_transfers] == list(range(len(model.ks_)))
     np.testing.assert_array_equal(embedding, expected)
 
 

@@ -25,7 +25,8 @@ from tqdm import tqdm
 
 from mbn_core import MBN, TrainingStopped, model_from_arrays, model_to_arrays
 from mbn_core.mbn.coassociation import cell_index, coassociation
-from mbn_core.mbn.estimator import FEW_ROWS, MAX_LAYERS, _distinct_rows
+from mbn_core.mbn.estimator import FEW_ROWS, MAX_LAYERS
+from mbn_core.mbn.layer_draws import distinct_rows
 from mbn_core.mbn.outputs import umap as umap_output
 from mbn_core.mbn.upper import INDEXED_ROWS
 
@@ -171,6 +172,26 @@ def test_arrays_round_trip(digits, fitted):
     np.testing.assert_array_equal(restored.transform(X), embedding)
 
 
+@pytest.mark.parametrize(
+    ("params", "delta"),
+    [
+        ({"delta": "auto", "k1": 0.3}, 0.9),  # measured on these digits
+        ({"delta": 0.6, "k1": 0.3}, 0.6),  # given
+        ({"ks": [40, 20]}, None),  # no delta with explicit layers
+        ({"k1": 12}, 0.5),  # one layer: no second layer was measured
+        ({"output": "umap-bottom", "k1": 0.3}, None),  # the bottom layer alone
+    ],
+)
+def test_a_loaded_model_is_the_fitted_one_whole(digits, params, delta):
+    X, _ = digits
+    model = MBN(n_clusterings=10, random_state=1, **params).fit(X[:300])
+    assert model.delta_ == delta
+    restored = model_from_arrays(model_to_arrays(model), model.get_params())
+    assert vars(restored).keys() == vars(model).keys()
+    for name in ("ks_", "delta_", "output_", "device_", "fallbacks_", "n_components_"):
+        assert getattr(restored, name) == getattr(model, name), name
+
+
 def test_corrupted_arrays_are_named(fitted):
     model, _ = fitted
     params = {k: v for k, v in model.get_params().items() if k != "callback"}
@@ -183,6 +204,10 @@ def test_corrupted_arrays_are_named(fitted):
         model_from_arrays(bad, params)
     with pytest.raises(ValueError, match=r"top.table"):
         model_from_arrays(dict(arrays, **{"top.table": arrays["top.table"][:, :3]}), params)
+    with pytest.raises(ValueError, match=r"fit.device"):
+        model_from_arrays(dict(arrays, **{"fit.device": np.asarray("tpu")}), params)
+    with pytest.raises(ValueError, match=r"fit.fallbacks"):
+        model_from_arrays(dict(arrays, **{"fit.fallbacks": np.zeros(2)}), params)
 
 
 def test_sparse_input_gives_the_dense_embedding(digits):
@@ -216,7 +241,7 @@ def _nmi_of_embedding(X, y, **params):
 
 
 def _auto_features(X, seed=0):
-    return MBN(feature_fraction="auto")._n_bottom_features(X, np.random.RandomState(seed))
+    return MBN(feature_fraction="auto").network().bottom_features(X, np.random.RandomState(seed))
 
 
 def test_auto_feature_fraction_measures_whether_half_the_inputs_suffice(digits):
@@ -506,7 +531,7 @@ def test_distinct_center_rows_are_numpy_unique():
     # A layer stores its center rows once each; the positions must be np.unique's.
     rng = np.random.default_rng(0)
     centers = np.stack([rng.choice(300, 40, replace=False) for _ in range(25)])
-    rows, positions = _distinct_rows(centers, 300)
+    rows, positions = distinct_rows(centers, 300)
     expected_rows, expected_positions = np.unique(centers, return_inverse=True)
     np.testing.assert_array_equal(rows, expected_rows)
     np.testing.assert_array_equal(positions, expected_positions.reshape(centers.shape))
@@ -535,7 +560,7 @@ def test_a_fit_stopped_in_the_upper_layers_draws_no_further():
 
 def test_a_stopped_fit_waits_for_a_few_draws_not_a_layers(monkeypatch):
     """Leaving the draws early stops the layer under way between runs of clusterings."""
-    from mbn_core.mbn import estimator
+    from mbn_core.mbn import layer_draws
 
     calls: list[int] = []
 
@@ -544,12 +569,11 @@ def test_a_stopped_fit_waits_for_a_few_draws_not_a_layers(monkeypatch):
         time.sleep(0.05)
         return np.zeros((times, k), dtype=np.int64)
 
-    monkeypatch.setattr(estimator, "choose_rows", slow_rows)
-    model = MBN(n_clusterings=400)
-    draw = functools.partial(model._draw_upper, 1000, np.random.RandomState(0))
-    with estimator._DrawsAhead(draw, [10, 10]):
+    monkeypatch.setattr(layer_draws, "choose_rows", slow_rows)
+    draw = functools.partial(layer_draws.draw_upper, 400, 1000, np.random.RandomState(0))
+    with layer_draws.DrawsAhead(draw, [10, 10]):
         deadline = time.monotonic() + 30
         while not calls and time.monotonic() < deadline:
             time.sleep(0.001)
     # One run of clusterings (perhaps two) of the first layer's 25, none of the second's.
-    assert 1 <= len(calls) <= 2 and all(times == estimator._DRAWN_TOGETHER for times in calls)
+    assert 1 <= len(calls) <= 2 and all(times == layer_draws.DRAWN_TOGETHER for times in calls)

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from sklearn.datasets import load_digits
 
 from mbn_core import MBN
-from mbn_core.mbn import _kernels
 from mbn_core.mbn.backends import cuda, use_backend
-from mbn_core.mbn.backends import gpu_arrays as ga
+from mbn_core.mbn.backends.cuda import arrays as ga
+from mbn_core.mbn.backends.cuda import bottom as cuda_bottom
+from mbn_core.mbn.backends.cuda import device as cuda_device
+from mbn_core.mbn.backends.cuda import kernels
+from mbn_core.mbn.backends.cuda import upper as cuda_upper
+from mbn_core.mbn.keep_hash import keep_threshold
 
 
 def _fit_on(backend, X, **params):
@@ -66,15 +71,6 @@ def test_device_code_gives_the_cpu_model(data, params):
         np.testing.assert_array_equal(cpu.transform(X), cpu_embedding)
 
 
-def test_splitmix_matches_the_kernels():
-    keys = np.arange(0, 10_000, 7, dtype=np.uint64)
-    seed = np.uint64(0xDEADBEEF12345)
-    threshold = np.uint64(2**63)
-    np.testing.assert_array_equal(
-        ga.splitmix64(np, seed, keys) < threshold, _kernels.dimension_kept(seed, keys, threshold)
-    )
-
-
 def test_counts_are_the_shared_kept_codes():
     rng = np.random.default_rng(0)
     codes = rng.integers(0, 5, size=(50, 6))
@@ -124,7 +120,7 @@ def test_upper_layers_in_groups_give_the_same_codes(monkeypatch):
     """Clusterings one at a time, in groups of three and all together: the same codes."""
 
     def layer(group: int) -> np.ndarray:
-        monkeypatch.setattr(cuda, "clusterings_per_group", lambda *_: group)
+        monkeypatch.setattr(cuda_upper, "clusterings_per_group", lambda *_: group)
         return cuda.upper_layer_codes(*_upper_case(2))
 
     # MNIST-70k's layers: the last in one group, the second (k = 4,000) three at a time.
@@ -136,7 +132,7 @@ def test_upper_layers_in_groups_give_the_same_codes(monkeypatch):
 
 
 def test_cuda_without_a_gpu_is_refused(monkeypatch):
-    monkeypatch.setattr(cuda, "gpu_count", lambda: 0)
+    monkeypatch.setattr(cuda_device, "gpu_count", lambda: 0)
     X = load_digits().data[:100]
     with pytest.raises(ValueError, match="device"):
         MBN(n_clusterings=4, k_max=20, device="cuda").fit(X)
@@ -144,6 +140,22 @@ def test_cuda_without_a_gpu_is_refused(monkeypatch):
     assert model.device_ == "cpu"
     with pytest.raises(ValueError, match="device"):
         MBN(device="tpu").fit(X)
+
+
+def test_sparse_input_on_the_device_backend_falls_back_on_the_record():
+    from mbn_core.mbn.method import METHOD
+    from mbn_core.mbn.persistence import model_from_arrays, model_to_arrays
+
+    X = sp.csr_matrix(load_digits().data[:200])
+    model, embedding = _fit_on(cuda.numpy_backend, X, metric="cosine")
+    cpu, cpu_embedding = _fit_on("local", X, metric="cosine")
+    np.testing.assert_array_equal(embedding, cpu_embedding)
+    assert model.fallbacks_ == [cuda.CudaBackend.SPARSE_FALLBACK] and cpu.fallbacks_ == []
+    assert model.device_ == "cpu"  # numpy ran the device code on the CPU
+    assert METHOD.facts(model)["fallbacks"] == model.fallbacks_
+    assert "fallbacks" not in METHOD.facts(cpu)
+    loaded = model_from_arrays(model_to_arrays(model), model.get_params())
+    assert loaded.fallbacks_ == model.fallbacks_ and loaded.device_ == model.device_
 
 
 def test_bad_input_is_refused_on_the_device_runner():
@@ -162,7 +174,8 @@ def test_the_device_is_recorded_in_the_bundle(tmp_path):
     X = load_digits().data[:200]
     params = {"n_clusterings": 4, "k_max": 20, "max_epochs": 2, "device": "auto"}
     path = train_bundle(X, tmp_path / "m", name="m", params=params)
-    assert load_bundle(path).manifest["training"]["device"] in ("cpu", "cuda")
+    expected = f"cuda ({cuda.device_name()})" if cuda.gpu_present() else "cpu"
+    assert load_bundle(path).manifest["training"]["device"] == expected
     assert "device" not in load_bundle(path).manifest["hyperparameters"]["mbn"]
     main(["info", str(path)])
 
@@ -199,7 +212,7 @@ def test_small_integer_images_take_the_centred_scores(monkeypatch):
     def no_rerank(*args):
         raise AssertionError("the re-rank path ran")
 
-    monkeypatch.setattr(cuda, "_pick", no_rerank)
+    monkeypatch.setattr(cuda_bottom, "_pick", no_rerank)
     X = _images()
     _, embedding = _fit_on(cuda.numpy_backend, X)
     _, cpu_embedding = _fit_on("local", X)
@@ -226,12 +239,12 @@ def test_kernels_that_cannot_be_built_leave_their_array_code(monkeypatch):
     def no_nvrtc():
         raise RuntimeError("NVRTC unavailable")
 
-    monkeypatch.setattr(cuda, "_kernel_module", no_nvrtc)
-    monkeypatch.setattr(cuda, "_failed_kernels", set())
-    assert cuda._kernel_centred_pick() is None
-    assert cuda._kernel_block_codes() is ga.upper_block_codes
+    monkeypatch.setattr(kernels, "compiled_module", no_nvrtc)
+    monkeypatch.setattr(kernels, "_failed", set())
+    assert kernels.centred_pick() is None
+    assert kernels.block_codes() is ga.upper_block_codes
     assert isinstance(cuda.kernel_counting(np), cuda.ArrayCounting)
-    assert cuda.kernel_in_use() == (
+    assert cuda.kernels_in_use() == (
         "array code for count_kept_shared, centred_first_best, first_max_per_segment"
     )
 
@@ -264,26 +277,26 @@ class _KernelsByArrayCode:
         assert stored.flags.c_contiguous and stored.shape[1] == n_previous and centers.shape[1] == k
         assert n_dimensions == centers.size * n_previous and grid[0] * block[0] >= n_dimensions
         fraction = 1.0 if keep_all else float(threshold) / 2.0**64
-        assert keep_all or cuda.keep_threshold(fraction) == threshold
+        assert keep_all or keep_threshold(fraction) == threshold
         postings = ga.DevicePostings(indptr, rows, 0, int(n_values))
         lists = ga.center_lists(np, postings, stored[centers], seeds, fraction)
         counts += ga.count_shared_codes(np, postings, lists, int(columns), row_start, row_stop)
 
 
 def test_the_kernels_launch_with_what_their_references_take(monkeypatch):
-    monkeypatch.setattr(cuda, "_kernel_module", _KernelsByArrayCode)
-    monkeypatch.setattr(cuda, "_failed_kernels", set())
+    monkeypatch.setattr(kernels, "compiled_module", _KernelsByArrayCode)
+    monkeypatch.setattr(kernels, "_failed", set())
     rng = np.random.default_rng(4)
     dots = rng.integers(-(2**20), 2**20, size=(50, 33)).astype(np.float32)
     sq_norms = rng.integers(0, 2**20, size=33).astype(np.int32)
-    pick = cuda._kernel_centred_pick()
+    pick = kernels.centred_pick()
     assert pick is not None
     np.testing.assert_array_equal(
         pick(np, dots, sq_norms), ga.first_best_centred(np, dots, sq_norms)
     )
     counts = rng.integers(0, 3, size=(40, 5 * 7)).astype(np.int32)
     np.testing.assert_array_equal(
-        cuda._kernel_block_codes()(np, counts, 7), ga.upper_block_codes(np, counts, 7)
+        kernels.block_codes()(np, counts, 7), ga.upper_block_codes(np, counts, 7)
     )
     counting = cuda.kernel_counting(np)
     assert isinstance(counting, cuda.KernelCounting)
@@ -291,7 +304,7 @@ def test_the_kernels_launch_with_what_their_references_take(monkeypatch):
         cuda.upper_layer_codes(*_upper_case(), counting=counting),
         cuda.upper_layer_codes(*_upper_case(), counting=cuda.ArrayCounting(np)),
     )
-    assert cuda.kernel_in_use() == "CUDA kernels"
+    assert cuda.kernels_in_use() == "CUDA kernels"
 
 
 @pytest.mark.slow  # over a second; the full suite runs it

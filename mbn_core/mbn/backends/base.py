@@ -12,19 +12,29 @@ A backend is a context manager: ``fit`` and ``transform`` open one for their dur
 (``get_backend(...)`` then ``with backend:``), so a backend may hold a thread pool, a
 cluster connection or device memory between layers, and must release them in ``close``.
 
-Backends are chosen by name (``get_backend("local")``), through the registry that
-``register_backend`` fills; ``"auto"`` is the backend that ``use_backend`` set for the current
-context (``mbn_core.mbn.backends.dask.use_dask`` sets Dask's), else the first registered
-``preferred`` backend whose ``available()`` says it can run here, else ``"local"``.
+Backends choose themselves. Each registers where it is defined (``register_backend``: the
+built-in ``local``, ``dask`` and ``cuda`` modules, which the package imports; an installed
+package adds its own through the ``mbn.backends`` entry-point group), saying which device it
+computes on, what it is in one line, what it serves (``FIT``, ``TRANSFORM`` or both) and
+whether it can run here. ``choose_backend(purpose, device)`` then picks one for an estimator:
+for "cuda" the first available backend on that device (ValueError naming what is missing
+when there is none), for "cpu" the backend that ``use_backend`` set for the current context
+when it serves the purpose, else the first available ``preferred`` one, else ``"local"``;
+"auto" is "cuda" where a GPU backend can run, else "cpu". A backend that computes part of
+its work elsewhere records it (``LayerBackend.fallbacks``), and the fitted model keeps the
+record (``MBN.fallbacks_``, shown by ``mbn info``): nothing falls back quietly.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
+from importlib import metadata
 from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -39,9 +49,19 @@ if TYPE_CHECKING:
     from mbn_core.mbn.encoders import UpperClusterings
     from mbn_core.mbn.upper import UpperLayer
 
+log = logging.getLogger(__name__)
+
 ProgressCallback = Callable[[int, int, int], object]
 
 AUTO = "auto"
+# What a backend is chosen for: fitting a network, or encoding new rows with a fitted one.
+FIT = "fit"
+TRANSFORM = "transform"
+PURPOSES = frozenset({FIT, TRANSFORM})
+# The devices a backend computes on, and the ``device`` parameter's values.
+DEVICES = ("cpu", "cuda")
+DEVICE_CHOICES = (*DEVICES, AUTO)
+ENTRY_POINT_GROUP = "mbn.backends"
 
 
 class LayerBackend(ABC):
@@ -68,14 +88,17 @@ class LayerBackend(ABC):
     """
 
     name: ClassVar[str]
-    # Whether ``MBN.transform`` runs here too. A backend whose fixed cost per layer pays off
-    # only over a whole fit (Dask scatters each layer's input to every worker) says False,
-    # and ``transform`` then runs on the local backend; its layer methods still work.
-    embeds_new_rows: ClassVar[bool] = True
+    # What the backend is chosen for. A backend whose fixed cost per layer pays off only over
+    # a whole fit (Dask scatters each layer's input to every worker) serves ``FIT`` alone,
+    # and ``transform`` then runs on another; its layer methods still work.
+    purposes: ClassVar[frozenset[str]] = PURPOSES
+    # Where the layers are computed ("cpu" or "cuda").
+    device: str = "cpu"
 
     def __init__(self, *, n_jobs: int | None = None, callback: ProgressCallback | None = None):
         self.n_jobs = n_jobs
         self.callback = callback
+        self.fallbacks: list[str] = []
 
     @abstractmethod
     def bottom_codes(self, layer: BottomLayer, X) -> np.ndarray:
@@ -113,6 +136,13 @@ class LayerBackend(ABC):
     ) -> None:
         self.close()
 
+    def fall_back(self, what: str) -> None:
+        """Record (and log) that ``what`` was computed elsewhere than ``device``: one
+        sentence, kept once however often it happens."""
+        if what not in self.fallbacks:
+            log.warning("%s backend: %s", self.name, what)
+            self.fallbacks.append(what)
+
     def report(self, layer: int, done: int, total: int) -> None:
         """Tell the callback that ``done`` of ``total`` clusterings of ``layer`` are finished;
         raise ``TrainingStopped`` when it asks to stop."""
@@ -131,69 +161,171 @@ class BackendFactory(Protocol):
     ) -> LayerBackend: ...
 
 
+def _always() -> None:
+    """Runs anywhere: nothing to require."""
+
+
 @dataclass(frozen=True)
 class BackendEntry:
-    """A registered backend: its factory, whether it can run here, whether "auto" prefers
-    it to the local backend."""
+    """A registered backend.
+
+    Attributes
+    ----------
+    name : str
+        Its name (``get_backend(name)``, ``use_backend(name)``).
+    factory : BackendFactory
+        Builds it for one fit or transform.
+    device : {"cpu", "cuda"}
+        Where it computes the layers.
+    description : str
+        What it is, in one line (``mbn info``, the documentation).
+    require : callable
+        ``require()`` returns when the backend can run here, and raises ValueError naming
+        what is missing (a package, a device, a connection) when it cannot.
+    purposes : frozenset of {"fit", "transform"}
+        What it may be chosen for.
+    preferred : bool
+        Whether ``choose_backend`` prefers it, where it can run, to ``"local"`` on the CPU.
+    """
 
     name: str
     factory: BackendFactory
-    available: Callable[[], bool]
-    preferred: bool
+    device: str
+    description: str
+    require: Callable[[], None] = _always
+    purposes: frozenset[str] = PURPOSES
+    preferred: bool = False
 
+    def available(self) -> bool:
+        """Whether it can run here (``require`` passes)."""
+        try:
+            self.require()
+        except Exception:  # any reason not to run is "not here"
+            return False
+        return True
 
-def _always() -> bool:
-    return True
+    def serves(self, purpose: str) -> bool:
+        """Whether it may be chosen for ``purpose``."""
+        return purpose in self.purposes
 
 
 _registry: dict[str, BackendEntry] = {}
-# The backend "auto" means in this context (``use_backend``), as a factory.
-_context_backend: ContextVar[BackendFactory | None] = ContextVar(
-    "mbn_context_backend", default=None
-)
+_discovered = False
+# The backend the current context chose (``use_backend``), for the CPU.
+_context_backend: ContextVar[BackendEntry | None] = ContextVar("mbn_context_backend", default=None)
 
 
 def register_backend(
     name: str,
     factory: BackendFactory,
     *,
-    available: Callable[[], bool] = _always,
+    device: str = "cpu",
+    description: str = "",
+    require: Callable[[], None] = _always,
+    available: Callable[[], bool] | None = None,
+    purposes: frozenset[str] | set[str] = PURPOSES,
     preferred: bool = False,
-) -> None:
-    """Make ``factory`` the backend called ``name``.
+) -> BackendEntry:
+    """Make ``factory`` the backend called ``name`` (see ``BackendEntry`` for the rest).
 
-    ``available()`` says whether it can run on this machine (a GPU backend: whether a device
-    is present); ``preferred`` backends that are available are what ``"auto"`` picks before
-    ``"local"``, in the order they were registered. Registering a name again replaces it.
+    ``available()``, as an alternative to ``require``, says whether it can run here without
+    saying why. Registering a name again replaces it. Returns the entry.
     """
     if not name or name == AUTO:
         raise ValueError(f"a backend cannot be called {name!r}")
-    _registry[name] = BackendEntry(name, factory, available, preferred)
+    if device not in DEVICES:
+        raise ValueError(f"backend {name!r}: device {device!r} must be one of {DEVICES}")
+    purposes = frozenset(purposes)
+    if not purposes or not purposes <= PURPOSES:
+        raise ValueError(f"backend {name!r}: purposes must be among {sorted(PURPOSES)}")
+    if available is not None:
+        require = _requirement(name, available)
+    entry = BackendEntry(name, factory, device, description, require, purposes, preferred)
+    _registry[name] = entry
+    return entry
+
+
+def _requirement(name: str, available: Callable[[], bool]) -> Callable[[], None]:
+    def require() -> None:
+        if not available():
+            raise ValueError(f"backend {name!r} cannot run here")
+
+    return require
+
+
+def _discover() -> None:
+    """Register the installed packages' backends (``mbn.backends`` entry points) once."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            entry.load()  # the module registers its backend on import
+        except Exception:  # a broken plug-in must not take the built-in backends down
+            log.exception("backend plug-in %s could not be loaded", entry.value)
+
+
+def backend_entries() -> tuple[BackendEntry, ...]:
+    """Every registered backend, in the order they were registered."""
+    _discover()
+    return tuple(_registry.values())
 
 
 def backend_names() -> tuple[str, ...]:
     """The registered backends' names (``"auto"`` besides them chooses one)."""
-    return tuple(_registry)
+    return tuple(entry.name for entry in backend_entries())
+
+
+def backend_entry(name: str) -> BackendEntry:
+    """The backend registered as ``name``; ValueError listing the valid names otherwise."""
+    _discover()
+    entry = _registry.get(name)
+    if entry is None:
+        valid = ", ".join(repr(n) for n in (AUTO, *sorted(_registry)))
+        raise ValueError(f"unknown backend {name!r}; valid backends are {valid}")
+    return entry
+
+
+def choose_backend(purpose: str, device: str = "cpu") -> BackendEntry:
+    """The backend for ``purpose`` (``FIT`` or ``TRANSFORM``) on ``device`` ("cpu", "cuda"
+    or "auto"), as the module docstring says.
+
+    Raises ValueError for an unknown purpose or device, and for "cuda" when no backend can
+    run there (naming what is missing).
+    """
+    if purpose not in PURPOSES:
+        raise ValueError(f"purpose {purpose!r} must be one of {sorted(PURPOSES)}")
+    if device not in DEVICE_CHOICES:
+        raise ValueError(f"device={device!r} must be one of {', '.join(DEVICE_CHOICES)}")
+    if device != "cpu":
+        on_gpu = [e for e in backend_entries() if e.device == "cuda" and e.serves(purpose)]
+        for entry in on_gpu:
+            if entry.available():
+                return entry
+        if device == "cuda":
+            if on_gpu:
+                on_gpu[0].require()  # raises, saying what is missing
+            raise ValueError(f'device="cuda" but no backend computes on a GPU for {purpose}')
+    chosen = _context_backend.get()
+    if chosen is not None and chosen.serves(purpose):
+        return chosen
+    for entry in backend_entries():
+        wanted = entry.preferred and entry.device == "cpu" and entry.serves(purpose)
+        if wanted and entry.available():
+            return entry
+    return backend_entry("local")
 
 
 def resolve_backend(name: str = AUTO) -> BackendFactory:
-    """The factory behind ``name`` (see the module docstring for ``"auto"``).
+    """The factory behind ``name``: a registered backend, or ``"auto"`` (the backend
+    ``choose_backend`` picks for a fit on the CPU).
 
     Raises ``ValueError`` listing the valid names when ``name`` is not one.
     """
     if name == AUTO:
-        chosen = _context_backend.get()
-        if chosen is not None:
-            return chosen
-        for preferred in _registry.values():
-            if preferred.preferred and preferred.available():
-                return preferred.factory
-        return _registry["local"].factory
-    entry = _registry.get(name)
-    if entry is None:
-        valid = ", ".join(repr(n) for n in (AUTO, *_registry))
-        raise ValueError(f"unknown backend {name!r}; valid backends are {valid}")
-    return entry.factory
+        return choose_backend(FIT).factory
+    return backend_entry(name).factory
 
 
 def get_backend(
@@ -204,42 +336,29 @@ def get_backend(
 
 
 @contextlib.contextmanager
-def use_backend(backend: str | BackendFactory) -> Iterator[None]:
-    """Make ``backend`` (a registered name or a factory) what ``"auto"`` means in this
-    context: every ``MBN.fit`` and ``transform`` inside runs its layers there."""
-    factory = resolve_backend(backend) if isinstance(backend, str) else backend
-    token = _context_backend.set(factory)
+def use_backend(
+    backend: str | BackendEntry | BackendFactory, *, purposes: frozenset[str] | None = None
+) -> Iterator[None]:
+    """Make ``backend`` what the CPU's fits and transforms use in this context: a
+    registered name, an entry, or a factory (a ``LayerBackend`` class says its own purposes;
+    another factory serves both unless ``purposes`` says otherwise)."""
+    if isinstance(backend, str):
+        entry = backend_entry(backend)
+    elif isinstance(backend, BackendEntry):
+        entry = backend
+    else:
+        own = getattr(backend, "purposes", PURPOSES)
+        entry = BackendEntry(
+            name=getattr(backend, "name", getattr(backend, "__name__", "custom")),
+            factory=backend,
+            device="cpu",
+            description="the backend this context set",
+            purposes=frozenset(own if purposes is None else purposes),
+        )
+    if purposes is not None and isinstance(backend, str | BackendEntry):
+        entry = dataclasses.replace(entry, purposes=frozenset(purposes))
+    token = _context_backend.set(entry)
     try:
         yield
     finally:
         _context_backend.reset(token)
-
-
-def _local(*, n_jobs: int | None = None, callback: ProgressCallback | None = None) -> LayerBackend:
-    from mbn_core.mbn.backends.local import LocalBackend
-
-    return LocalBackend(n_jobs=n_jobs, callback=callback)
-
-
-def _dask(*, n_jobs: int | None = None, callback: ProgressCallback | None = None) -> LayerBackend:
-    from mbn_core.mbn.backends.dask import DaskBackend
-
-    return DaskBackend.on_default_client(n_jobs=n_jobs, callback=callback)
-
-
-def _cuda(*, n_jobs: int | None = None, callback: ProgressCallback | None = None) -> LayerBackend:
-    from mbn_core.mbn.backends.cuda import CudaBackend
-
-    return CudaBackend(n_jobs=n_jobs, callback=callback)
-
-
-def _gpu_present() -> bool:
-    from mbn_core.mbn.backends.cuda import gpu_count
-
-    return gpu_count() > 0
-
-
-register_backend("local", _local)
-register_backend("dask", _dask)
-# Not preferred: "auto" stays on the CPU unless asked (MBN's device="cuda" or "auto").
-register_backend("cuda", _cuda, available=_gpu_present)

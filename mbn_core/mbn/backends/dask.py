@@ -3,7 +3,7 @@
 ``use_dask`` is a context manager: every ``MBN.fit`` inside it (also the one inside
 ``CompressiveMBN.fit`` and ``mbn_core.pipeline.training.train_bundle``) maps its layers'
 clusterings onto a ``dask.distributed`` cluster instead of local threads. ``transform`` stays
-on local threads (``DaskBackend.embeds_new_rows`` is False): scattering each layer's input to
+on local threads (``DaskBackend.purposes`` is fitting alone): scattering each layer's input to
 every worker pays off over a fit, not for the batches a fit's reports embed; files larger
 than memory are embedded chunk by chunk with ``dask.array`` (``mbn_core.bundle.bulk``)::
 
@@ -56,7 +56,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import scipy.sparse as sp
 
-from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback, use_backend
+from mbn_core.mbn.backends.base import (
+    FIT,
+    LayerBackend,
+    ProgressCallback,
+    register_backend,
+    use_backend,
+)
 from mbn_core.mbn.bottom import BottomLayer, input_row_norms
 from mbn_core.mbn.dtypes import compact_values, smallest_uint
 from mbn_core.mbn.encoders import (
@@ -179,7 +185,7 @@ def use_dask(
         )
 
     try:
-        with use_backend(factory):
+        with use_backend(factory, purposes=DaskBackend.purposes):
             yield client
     finally:
         if owned:
@@ -207,11 +213,13 @@ class LayerTransfer:
 class DaskBackend(LayerBackend):
     """Maps each layer's clusterings onto a Dask cluster (see the module docstring).
 
-    ``transfers`` records the bytes each layer moved (for benchmarks).
+    ``transfers`` records the bytes each layer moved (a benchmark reads it on the backend
+    its own factory built, through ``use_backend``).
     """
 
     name = "dask"
-    embeds_new_rows = False
+    device = "cpu"
+    purposes = frozenset({FIT})
 
     def __init__(
         self,
@@ -313,7 +321,6 @@ class DaskBackend(LayerBackend):
             client.cancel([*futures, data])
             # Workers drop the layer's shared arrays; a worker that died has none to drop.
             client.run(_forget, shipped.key, on_error="ignore")
-        _last_backend.backend = self
         self.transfers.append(
             LayerTransfer(layer, _shipped_bytes(shipped), n_workers, gathered, len(ranges))
         )
@@ -329,19 +336,6 @@ class DaskBackend(LayerBackend):
             (start, min(start + per_task, n_clusterings))
             for start in range(0, n_clusterings, per_task)
         ]
-
-
-class _LastBackend(threading.local):
-    backend: DaskBackend | None = None
-
-
-_last_backend = _LastBackend()
-
-
-def last_transfers() -> list[LayerTransfer]:
-    """Bytes moved per layer by the last distributed fit in this thread (for benchmarks)."""
-    backend = _last_backend.backend
-    return [] if backend is None else list(backend.transfers)
 
 
 def _cache_key() -> str:
@@ -407,26 +401,25 @@ _Shipped = _BottomInput | _UpperInput | _FittedUpperInput
 _CACHE_SIZE = 2
 _cache: OrderedDict[str, Encoder] = OrderedDict()
 _cache_lock = threading.Lock()
-# How many times this process built a layer's shared arrays, by layer key (read by the tests:
-# once per worker and layer, however many tasks the worker ran).
-builds: dict[str, int] = {}
 
 
 def _encoder(shipped: _Shipped) -> Encoder:
     with _cache_lock:
         encode = _cache.get(shipped.key)
         if encode is None:
-            if isinstance(shipped, _BottomInput):
-                encode = bottom_encoder(shipped.layer, shipped.X, shipped.norms)
-            elif isinstance(shipped, _UpperInput):
-                encode = shipped.clusterings.encoder(shipped.codes)
-            else:
-                encode = upper_encoder(shipped.layer, shipped.codes)
-            _cache[shipped.key] = encode
-            builds[shipped.key] = builds.get(shipped.key, 0) + 1
+            encode = _cache[shipped.key] = _build_encoder(shipped)
             while len(_cache) > _CACHE_SIZE:
                 _cache.popitem(last=False)
         return encode
+
+
+def _build_encoder(shipped: _Shipped) -> Encoder:
+    """What a layer's tasks on this worker share: built by the first, once per layer."""
+    if isinstance(shipped, _BottomInput):
+        return bottom_encoder(shipped.layer, shipped.X, shipped.norms)
+    if isinstance(shipped, _UpperInput):
+        return shipped.clusterings.encoder(shipped.codes)
+    return upper_encoder(shipped.layer, shipped.codes)
 
 
 def _encode_clusterings(shipped: _Shipped, start: int, stop: int, code_dtype: type) -> np.ndarray:
@@ -442,3 +435,12 @@ def _encode_clusterings(shipped: _Shipped, start: int, stop: int, code_dtype: ty
 def _forget(key: str) -> None:
     with _cache_lock:
         _cache.pop(key, None)
+
+
+register_backend(
+    DaskBackend.name,
+    DaskBackend.on_default_client,
+    device="cpu",
+    description="the workers of a Dask cluster (this process's client), for fits",
+    purposes=DaskBackend.purposes,
+)

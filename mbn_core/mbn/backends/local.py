@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback
+from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback, register_backend
 from mbn_core.mbn.bottom import BottomLayer
 from mbn_core.mbn.dtypes import smallest_uint
 from mbn_core.mbn.encoders import Encoder, UpperClusterings, bottom_encoder, upper_encoder
@@ -23,6 +23,7 @@ class LocalBackend(LayerBackend):
     batches) a run of them."""
 
     name = "local"
+    device = "cpu"
 
     def __init__(self, *, n_jobs: int | None = None, callback: ProgressCallback | None = None):
         super().__init__(n_jobs=n_jobs, callback=callback)
@@ -120,3 +121,11 @@ def effective_threads(n_jobs: int | None) -> int:
     if n_jobs < 0:
         return max(1, available + 1 + n_jobs)
     return int(n_jobs)
+
+
+register_backend(
+    LocalBackend.name,
+    LocalBackend,
+    device="cpu",
+    description="this machine's threads, a clustering (or a run of them) per task",
+)

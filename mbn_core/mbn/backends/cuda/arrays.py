@@ -2,7 +2,7 @@
 
 Everything the CUDA backend (``backends.cuda``) computes goes through these functions, so
 their logic runs in CI with ``xp = numpy`` and on a GPU with ``xp = cupy``. Three steps have
-fused kernels of their own on the GPU (``backends.cuda``), each with its reference here: the
+fused kernels of their own on the GPU (``kernels.cu``), each with its reference here: the
 centred scores' arg-max (``first_best_centred``), the kept posting lists and their count
 (``center_lists`` and ``count_shared_codes``, which counts the same pairs with ``bincount``),
 and the upper counts' arg-max (``upper_block_codes``).
@@ -15,7 +15,7 @@ The codes are the CPU's, bit for bit:
   are exact in it), the first arg-max, and every row whose runner-up lies within the scores'
   rounding-error bound re-ranked exactly: small-integer data on the device in float64, which
   is exact for them (every sum is a whole number below 2**53), the rest on the host by the
-  CPU's own ``_exact_best``. Either way the result is the float64 nearest center, lowest
+  CPU's own ``exact_best``. Either way the result is the float64 nearest center, lowest
   index on exact ties, as in ``bottom._pick_centers``.
 - upper layers: the number of kept one-hot dimensions each point shares with each center,
   counted through the points' posting lists (never a dense one-hot product), then the first
@@ -31,14 +31,16 @@ from typing import Any
 
 import numpy as np
 
+from mbn_core.mbn import keep_hash
 from mbn_core.mbn._integer_scores import LEVELS
-from mbn_core.mbn.bottom import _TIE_MARGIN, _exact_best
-from mbn_core.mbn.upper import keep_threshold
+from mbn_core.mbn.bottom import TIE_MARGIN, exact_best
+from mbn_core.mbn.keep_hash import keep_threshold
 
-# splitmix64, as ``_kernels._splitmix64``.
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
+# splitmix64's constants (``keep_hash``).
+_GOLDEN = np.uint64(keep_hash.GOLDEN)
+_MIX1 = np.uint64(keep_hash.MIX1)
+_MIX2 = np.uint64(keep_hash.MIX2)
+_SHIFT1, _SHIFT2, _SHIFT3 = (np.uint64(shift) for shift in keep_hash.SHIFTS)
 # Unit roundoff of the GPU's float32 scores, taken as a whole float32 epsilon: TF32 tensor
 # cores may truncate rather than round their float32 sums, which doubles the per-step error.
 _GPU_UNIT = float(np.finfo(np.float32).eps)
@@ -52,12 +54,12 @@ REFERENCE_ENTRIES = 1 << 24
 
 
 def splitmix64(xp: Any, seed: Any, keys: Any) -> Any:
-    """``_kernels._splitmix64(seed, key)`` for an array of uint64 ``keys`` and a seed, or an
-    array of seeds broadcast against them."""
+    """``keep_hash``'s splitmix64 for an array of uint64 ``keys`` and a seed, or an array of
+    seeds broadcast against them."""
     z = xp.asarray(seed, dtype=xp.uint64) + keys.astype(xp.uint64) * _GOLDEN
-    z = (z ^ (z >> xp.uint64(30))) * _MIX1
-    z = (z ^ (z >> xp.uint64(27))) * _MIX2
-    return z ^ (z >> xp.uint64(31))
+    z = (z ^ (z >> xp.uint64(_SHIFT1))) * _MIX1
+    z = (z ^ (z >> xp.uint64(_SHIFT2))) * _MIX2
+    return z ^ (z >> xp.uint64(_SHIFT3))
 
 
 # ---------------------------------------------------------------------- bottom layer
@@ -113,7 +115,7 @@ def score_block(xp: Any, rows: Any, centers: BottomCenters, metric: str) -> Any:
 def row_tolerance(xp: Any, row_norms: Any, centers: BottomCenters) -> Any:
     """Per-row score differences that rounding could have reversed (times the margin)."""
     bound = centers.error_per_norm * row_norms + centers.error_const
-    return (_TIE_MARGIN * bound).astype(xp.float32)
+    return (TIE_MARGIN * bound).astype(xp.float32)
 
 
 def best_and_near_ties(xp: Any, scores: Any, tolerance: Any) -> tuple[Any, Any]:
@@ -128,7 +130,7 @@ def exact_best_on_device(xp: Any, rows64: Any, centers: BottomCenters, metric: s
     """The exact nearest center of integer ``rows64`` (f, d_chosen) float64, computed in
     float64 (exact: every sum is a whole number below 2**53), lowest index on ties.
 
-    Cosine: ``x.w / sqrt(|w|^2)`` as ``bottom._exact_best`` computes it (0 for a zero center).
+    Cosine: ``x.w / sqrt(|w|^2)`` as ``bottom.exact_best`` computes it (0 for a zero center).
     """
     assert centers.values64 is not None and centers.sq_norms64 is not None
     dots = rows64 @ centers.values64.T
@@ -151,14 +153,14 @@ def exact_best_on_host(
 
     ``scores`` (f, k) and ``tolerance`` (f,) are the rows' float32 scores, ``rows``
     (f, d_chosen) their float32 inputs, ``values`` (k, d_chosen) the float32 centers.
-    Candidates within tolerance of the best are ranked by ``_exact_best``, as on the CPU.
+    Candidates within tolerance of the best are ranked by ``exact_best``, as on the CPU.
     """
     out = np.empty(len(rows), dtype=np.int32)
     for i in range(len(rows)):
         row = scores[i]
         candidates = np.flatnonzero(row >= row.max() - tolerance[i])
         chosen = values[candidates].astype(np.float64)
-        out[i] = candidates[_exact_best(rows[i].astype(np.float64), chosen, metric)]
+        out[i] = candidates[exact_best(rows[i].astype(np.float64), chosen, metric)]
     return out
 
 
