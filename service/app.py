@@ -247,6 +247,7 @@ def runtime_settings(settings: Settings) -> RuntimeConfig:
         # what a body can carry (a JSON number takes at least two bytes, a float32 four).
         max_payload=max(256 << 20, 4 * settings.max_body_bytes),
         log_level=settings.log_level,
+        niceness=settings.exact_niceness,
     )
 
 

@@ -286,6 +286,14 @@ class Settings(BaseSettings):
         description="Threads of the exact runtime's computation; 0: the cores this process "
         "may run on.",
     )
+    exact_niceness: int = Field(
+        default=10,
+        ge=0,
+        le=19,
+        description="How much lower the exact runtime's CPU priority is than the API "
+        "processes' (a nice increment): on a replica whose cores are busy, fast requests get "
+        "the CPU first and exact steps what is left. 0: the same priority.",
+    )
     exact_device: Literal["cpu", "cuda", "auto"] = Field(
         default="cpu",
         description="Where the exact runtime computes MBN models: cpu, cuda (one NVIDIA GPU; "

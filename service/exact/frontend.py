@@ -62,6 +62,7 @@ def runtime_config(
     max_wait: float,
     max_payload: int,
     log_level: str,
+    niceness: int = 0,
 ) -> RuntimeConfig:
     """The runtime's configuration (the supervisor fills in the process's own fields)."""
     where = segments.directory()
@@ -80,6 +81,7 @@ def runtime_config(
         max_payload=max_payload,
         segment_dir=None if where is None else str(where),
         log_level=log_level,
+        niceness=niceness,
     )
 
 

@@ -66,6 +66,7 @@ class RuntimeConfig:
     max_payload: int  # bytes of one frame's payload
     segment_dir: str | None
     log_level: str = "info"
+    niceness: int = 0  # added to the process's nice value before any thread starts
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -500,6 +501,9 @@ def _die_with_parent(parent: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     config = RuntimeConfig.from_json((argv or sys.argv[1:])[0])
     _die_with_parent(config.parent_pid)
+    if config.niceness:
+        # Before any thread starts: the compute threads and the libraries' own inherit it.
+        os.nice(config.niceness)
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
         level=config.log_level.upper(),

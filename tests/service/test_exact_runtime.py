@@ -104,9 +104,13 @@ def test_concurrent_requests_of_every_size_get_what_transform_alone_gives(
         await exact.embed(bundle, x[:1])  # starts the runtime and reads the model
         answers = await asyncio.gather(*(exact.embed(bundle, rows) for rows in requests))
         stats = await stats_after(exact, lambda s: s.requests == len(sizes) + 1)
+        # Exact work yields the CPU to the API processes: the runtime's own lower priority.
+        assert exact.supervisor is not None and exact.supervisor.pid is not None
+        nice = os.getpriority(os.PRIO_PROCESS, exact.supervisor.pid)
+        assert nice == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)
         return answers, stats
 
-    answers, stats = run(model_dir, scenario)
+    answers, stats = run(model_dir, scenario, niceness=5)
     for rows, answer in zip(requests, answers, strict=True):
         embedding, clusters = alone(bundle, rows)
         np.testing.assert_array_equal(answer.embedding, embedding)
