@@ -236,7 +236,7 @@ def runtime_settings(settings: Settings) -> RuntimeConfig:
     """The exact runtime's configuration from the service's settings."""
     return runtime_config(
         model_dir=settings.models_path,
-        threads=settings.exact_thread_count,
+        lanes=settings.exact_thread_count,
         device=settings.exact_device,
         cache_size=settings.exact_cache_size,
         max_requests=settings.exact_queue_requests,

@@ -283,8 +283,9 @@ class Settings(BaseSettings):
         default=0,
         ge=0,
         le=256,
-        description="Threads of the exact runtime's computation; 0: the cores this process "
-        "may run on.",
+        description="Steps the exact runtime computes side by side, one thread each (the "
+        "rows of one large request are spread over them too); 0: the cores this process may "
+        "run on. One on a GPU.",
     )
     exact_niceness: int = Field(
         default=10,

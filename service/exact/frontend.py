@@ -53,7 +53,7 @@ BACKGROUND_TIMEOUT_SECONDS = 120.0
 def runtime_config(
     *,
     model_dir: Path,
-    threads: int,
+    lanes: int,
     device: str,
     cache_size: int,
     max_requests: int,
@@ -71,7 +71,7 @@ def runtime_config(
         model_dir=str(model_dir),
         generation=0,
         parent_pid=os.getpid(),
-        threads=threads,
+        lanes=lanes,
         device=device,
         cache_size=cache_size,
         max_requests=max_requests,

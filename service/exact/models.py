@@ -85,21 +85,38 @@ class ModelCache:
         self.device = device
         self._lock = threading.Lock()
         self._models: LRUCache[ModelKey, HeldModel] = LRUCache(maxsize=max(1, capacity))
+        # One lock per model being read, so that lanes asking for it at once read it once.
+        self._loading: dict[ModelKey, threading.Lock] = {}
 
     def get(self, key: ModelKey) -> HeldModel:
-        """The model, read now if it is not held (blocking: the compute thread's job);
+        """The model, read now if it is not held (blocking: a compute thread's job);
         ``ModelFailure`` when it cannot be."""
+        held = self._current(key)
+        if held is not None:
+            return held
+        with self._lock:
+            loading = self._loading.setdefault(key, threading.Lock())
+        try:
+            with loading:
+                held = self._current(key)  # read by the lane we waited for
+                if held is None:
+                    held = self._load(key)
+                    with self._lock:
+                        self._models[key] = held
+                return held
+        finally:
+            with self._lock:
+                self._loading.pop(key, None)
+
+    def _current(self, key: ModelKey) -> HeldModel | None:
+        """The held model, unless its file changed on disk since it was read (then dropped)."""
         with self._lock:
             held = self._models.get(key)
-        if held is not None and _facts(held.path) == held.file_facts:
+        if held is None or _facts(held.path) == held.file_facts:
             return held
-        if held is not None:
-            log.warning("model %s: its exact file changed on disk; reading it again", key.id)
-            self.drop(key)
-        held = self._load(key)
-        with self._lock:
-            self._models[key] = held
-        return held
+        log.warning("model %s: its exact file changed on disk; reading it again", key.id)
+        self.drop(key)
+        return None
 
     def drop(self, key: ModelKey) -> None:
         with self._lock:

@@ -7,8 +7,11 @@ wait in the socket's backlog. It imports no web framework and no job store. Thre
 - the main thread accepts connections (one per API process) and sends each a ``Hello``;
 - one reader and one writer thread per connection: the reader decodes ``Submit`` and
   ``Cancel`` and puts jobs in the queue, the writer sends answers in order;
-- the compute thread takes steps from the queue (``service.exact.batching``), computes them
-  with the model (``service.exact.models``) and answers each request once all its rows are in;
+- ``lanes`` compute threads each take steps from the queue (``service.exact.batching``), so
+  that as many steps run side by side (the rows of one large request too), compute them with
+  the model (``service.exact.models``) on their own thread and answer each request once all its
+  rows are in. BLAS is held at one thread for the whole process: the lanes are the
+  parallelism;
 - a stats thread sends the runtime's figures to every connection once a second and exits the
   process when its parent is gone.
 
@@ -56,7 +59,7 @@ class RuntimeConfig:
     model_dir: str
     generation: int
     parent_pid: int
-    threads: int
+    lanes: int  # steps computed at once, each on one thread
     device: str  # as asked: "cpu", "cuda" or "auto"
     cache_size: int
     max_requests: int
@@ -268,7 +271,7 @@ class Runtime:
         self.models = ModelCache(
             Path(config.model_dir),
             capacity=config.cache_size,
-            threads=config.threads,
+            threads=1,  # a step runs on its lane's thread; lanes run side by side
             device=device if device != "none" else "cpu",
         )
         self.stats = Counters()
@@ -278,7 +281,12 @@ class Runtime:
 
     # --- connections ----------------------------------------------------------------------
     def serve(self, listener: socket.socket) -> None:
-        threading.Thread(target=self._compute_loop, name="exact-compute", daemon=True).start()
+        # One lane on a GPU: a step there takes the card's memory as its budget.
+        lanes = 1 if self.device == "cuda" else self.config.lanes
+        for lane in range(lanes):
+            threading.Thread(
+                target=self._compute_loop, name=f"exact-compute-{lane}", daemon=True
+            ).start()
         threading.Thread(target=self._stats_loop, name="exact-stats", daemon=True).start()
         listener.settimeout(0.5)  # so that a stop is noticed
         log.info(
@@ -377,11 +385,12 @@ class Runtime:
             self._fail_step(step, "invalid", str(error)[:300])
             return
         seconds = time.perf_counter() - started
-        self.stats.batches += 1
-        self.stats.batch_rows_sum += len(step.rows)
-        self.stats.compute_sum += seconds
-        _observe(self.stats.batch_rows, wire.BATCH_ROWS_BOUNDS, len(step.rows))
-        _observe(self.stats.computes, wire.SECONDS_BOUNDS, seconds)
+        with self._lock:
+            self.stats.batches += 1
+            self.stats.batch_rows_sum += len(step.rows)
+            self.stats.compute_sum += seconds
+            _observe(self.stats.batch_rows, wire.BATCH_ROWS_BOUNDS, len(step.rows))
+            _observe(self.stats.computes, wire.SECONDS_BOUNDS, seconds)
         offset = 0
         for job, start, stop in step.parts:
             if job.out is None:
@@ -395,10 +404,11 @@ class Runtime:
         connection = self._owner(job)
         assert job.out is not None and job.first_step is not None
         wait = job.first_step - job.arrived
-        self.stats.requests += 1
-        self.stats.rows += job.n
-        self.stats.wait_sum += wait
-        _observe(self.stats.waits, wire.SECONDS_BOUNDS, wait)
+        with self._lock:
+            self.stats.requests += 1
+            self.stats.rows += job.n
+            self.stats.wait_sum += wait
+            _observe(self.stats.waits, wire.SECONDS_BOUNDS, wait)
         try:
             embedding, clusters = held.exact.finish(job.out)
         except MemoryError:
@@ -461,6 +471,10 @@ class Runtime:
 
     def figures(self) -> wire.Stats:
         requests, waiting, running = self.queue.depth()
+        with self._lock:
+            return self._figures(requests, waiting, running)
+
+    def _figures(self, requests: int, waiting: int, running: int) -> wire.Stats:
         s = self.stats
         return wire.Stats(
             generation=self.config.generation,

@@ -42,6 +42,7 @@ LONGEST_PAUSE = 10.0
 YOUNG_SECONDS = 10.0
 # How long a stopping runtime gets before it is killed.
 STOP_SECONDS = 5.0
+_BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
 
 
 class Supervisor:
@@ -131,7 +132,12 @@ class Supervisor:
             parent_pid=os.getpid(),
         )
         command = [sys.executable, "-m", "service.exact.process", config.to_json()]
-        process = subprocess.Popen(command, pass_fds=[self._listener.fileno()], close_fds=True)
+        # BLAS at one thread from the start: the runtime's lanes are its parallelism, and a
+        # process-wide setting cannot be raced by lanes entering and leaving a limit.
+        env = {**os.environ, **dict.fromkeys(_BLAS_THREADS, "1")}
+        process = subprocess.Popen(
+            command, pass_fds=[self._listener.fileno()], close_fds=True, env=env
+        )
         with self._lock:
             self._process = process
         log.info("exact runtime started (process %d, generation %d)", process.pid, self.generation)

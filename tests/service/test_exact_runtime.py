@@ -32,7 +32,7 @@ def frontend(model_dir: Path, **overrides: Any) -> tuple[ExactFrontend, ModelReg
     registry.rescan()
     values: dict[str, Any] = {
         "model_dir": model_dir,
-        "threads": 1,
+        "lanes": 2,
         "device": "cpu",
         "cache_size": 2,
         "max_requests": 64,
