@@ -72,8 +72,16 @@ def _run_uvicorn(host: str, port: int, workers: int, settings: Settings) -> None
         "service.main:app_from_env",
         factory=True,
         workers=workers,
+        # uvicorn kills a process that has not answered its health ping within this time as
+        # hung, and a new one starts: a process still importing the numerical libraries on a
+        # loaded host (beside the exact runtime starting) was killed over and over at 5 s.
+        timeout_worker_healthcheck=WORKER_HEALTHCHECK_SECONDS,
         **options,  # type: ignore[arg-type]
     )
+
+
+# How long uvicorn waits for an API process's answer to its health ping (see above).
+WORKER_HEALTHCHECK_SECONDS = 60
 
 
 def app_from_env() -> FastAPI:

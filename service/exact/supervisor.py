@@ -5,12 +5,12 @@ hands it to each process it starts: API processes connect to one path for the re
 life, and a connection made during a restart waits in the socket's backlog for the new
 process. A process that dies (``kill -9``, the kernel's OOM killer, a crash) is started again
 at once, then after longer pauses while it keeps dying young (0.5 s doubling to 10 s), so a
-runtime that cannot start does not spin. Each start sweeps the shared memory segments that
-processes which are gone left behind.
+runtime that cannot start does not spin. The supervisor removes the shared memory segments
+that processes which are gone left behind, at each start and every minute.
 
 ``mbn serve`` starts one supervisor per replica, in its main process, before the API
 processes (they learn the socket's path from ``MBN_EXACT_RUNTIME_SOCKET``). An app built
-without that setting (one process, tests) starts its own in its lifespan. The supervisor is a
+without that setting (one process, tests) starts its own on first use. The supervisor is a
 thread of the process that starts it: the runtime is killed by the kernel when it goes.
 """
 
@@ -42,6 +42,8 @@ LONGEST_PAUSE = 10.0
 YOUNG_SECONDS = 10.0
 # How long a stopping runtime gets before it is killed.
 STOP_SECONDS = 5.0
+# How often segments left by API processes that are gone are removed.
+SWEEP_SECONDS = 60.0
 _BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
 
 
@@ -109,7 +111,7 @@ class Supervisor:
                 log.error("could not start the exact runtime: %s", error)
                 process = None
             if process is not None:
-                code = process.wait()
+                code = self._wait(process)
                 if self._stopping.is_set():
                     return
                 self.last_exit = _describe_exit(code)
@@ -122,6 +124,15 @@ class Supervisor:
             pause = min(LONGEST_PAUSE, pause * 2) if young else FIRST_PAUSE
             if self._stopping.wait(delay):
                 return
+
+    def _wait(self, process: subprocess.Popen[bytes]) -> int:
+        """Wait for ``process`` to end, sweeping the segments of API processes that are gone
+        (killed with their requests in flight) every ``SWEEP_SECONDS`` meanwhile."""
+        while True:
+            try:
+                return process.wait(SWEEP_SECONDS)
+            except subprocess.TimeoutExpired:
+                segments.sweep(segments.directory())
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         self.generation += 1

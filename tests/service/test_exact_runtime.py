@@ -168,7 +168,8 @@ def test_a_full_queue_refuses_at_once_and_a_client_that_leaves_frees_its_place(
     its client leaves, its rows are dropped and the next request is taken."""
     model_dir = tmp_path / "models"
     slow_bundle(model_dir)
-    big = np.resize(digits[0], (8192, 64)).astype(np.float32)
+    # Seconds of work on any machine: it is still computing when the figures say so.
+    big = np.resize(digits[0], (40_000, 64)).astype(np.float32)
 
     async def scenario(exact: ExactFrontend, registry: ModelRegistry) -> Any:
         bundle = registry.get("m-slow")

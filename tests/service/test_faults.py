@@ -331,10 +331,9 @@ def test_sigterm_with_an_exact_request_running(
             "the exact request to be computing",
             interval=0.05,
         )
-        # The in-flight budget is full: refused at once, while health still answers.
-        busy = client.post("/embed", json={"inputs": [[0.0] * 64]})
-        assert_error(busy, 429, "overloaded")
-        assert int(busy.headers["retry-after"]) >= 1
+        # The exact request waits on the runtime, not on this process: its one in-flight
+        # slot serves a fast request meanwhile, and health answers.
+        assert client.post("/embed", json={"inputs": [[0.0] * 64]}).status_code == 200
         assert client.get("/health/ready").status_code == 200
     assert server.proc is not None
     server.proc.send_signal(signal.SIGTERM)
