@@ -1,5 +1,7 @@
 """Mutation fuzzing of every parser a client's bytes reach: data files (``.npy``, ``.npz``,
-scipy sparse ``.npz``, ``.csv``) and request bodies (multipart, JSON rows, base64 rows).
+scipy sparse ``.npz``, ``.csv``) and request bodies (multipart, JSON rows, base64 rows; the
+``/embed`` bodies also in exact mode, answered by the exact runtime: ``json-exact``,
+``base64-exact``).
 
     python benchmarks/fuzz_parsers.py --cases 10000            # every format
     python benchmarks/fuzz_parsers.py --cases 2000 --formats npz csv --http-share 0.05
@@ -47,7 +49,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 FILE_FORMATS = ("npy", "npz", "sparse", "csv")
-BODY_FORMATS = ("multipart", "json", "base64", "train-json", "routes")
+# The /embed bodies also in exact mode: the same rows sent to the exact runtime.
+EXACT_FORMATS = ("json-exact", "base64-exact")
+BODY_FORMATS = ("multipart", "json", "base64", "train-json", "routes", *EXACT_FORMATS)
 FORMATS = FILE_FORMATS + BODY_FORMATS
 DIM = 64  # the fuzz server's model takes 64 features
 # The job limits of the fuzz server (MBN_MAX_TRAIN_ROWS, MBN_MAX_TRAIN_BYTES), which the direct
@@ -373,7 +377,7 @@ _JSON_EDITS = [b"[", b"]", b"{", b"}", b",", b":", b'"', b"\\", b"-", b"1e999", 
                b'"dim":', b"[[", b"]]", b"[" * 2000, b"0.5" * 40, b'"\\ud800"']  # fmt: skip
 
 
-def json_seed(rng: np.random.Generator) -> bytes:
+def json_seed(rng: np.random.Generator, mode: str | None = None) -> bytes:
     body: dict = {"inputs": embed_rows(rng)}
     optional = {
         "mode": ["fast", "exact"],
@@ -387,6 +391,8 @@ def json_seed(rng: np.random.Generator) -> bytes:
         body[str(key)] = options[int(rng.integers(len(options)))]
     if rng.random() < 0.3:  # values far outside the training range
         body["inputs"][0] = [float(rng.choice([1e30, -3e38, 3.4e38, 1e-45]))] * DIM
+    if mode is not None:
+        body["mode"] = mode
     return json.dumps(body).encode()
 
 
@@ -421,11 +427,12 @@ def route_case(rng: random.Random) -> bytes:
     return f"{method} {template.format(a=refs[0], b=refs[1])}".encode("utf-8", "replace")
 
 
-def base64_seed(rng: np.random.Generator) -> bytes:
+def base64_seed(rng: np.random.Generator, mode: str = "fast") -> bytes:
     rows = np.asarray(embed_rows(rng), dtype="<f4")
-    return json.dumps(
-        {"inputs_b64": base64.b64encode(rows.tobytes()).decode(), "dim": DIM}
-    ).encode()
+    body: dict[str, object] = {"inputs_b64": base64.b64encode(rows.tobytes()).decode(), "dim": DIM}
+    if mode == "exact":
+        body["mode"] = "exact"
+    return json.dumps(body).encode()
 
 
 def mutate_json(data: bytes, rng: random.Random) -> bytes:
@@ -493,6 +500,10 @@ def cases(fmt: str, count: int, seed: int = 0) -> Iterator[Case]:
             yield Case(fmt, mutate_json(train_json_seed(nprng), rng))
         elif fmt == "routes":
             yield Case(fmt, route_case(rng))
+        elif fmt == "json-exact":
+            yield Case(fmt, mutate_json(json_seed(nprng, "exact"), rng))
+        elif fmt == "base64-exact":
+            yield Case(fmt, mutate_base64(base64_seed(nprng, "exact"), rng))
         else:
             raise ValueError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
 
@@ -702,7 +713,8 @@ def main(argv: list[str] | None = None) -> int:
             for fmt in args.formats:
                 tally, began = Tally(), time.perf_counter()
                 for case in cases(fmt, args.cases, args.seed):
-                    if fmt in FILE_FORMATS or fmt in ("json", "base64", "train-json"):
+                    direct = ("json", "base64", "train-json", *EXACT_FORMATS)
+                    if fmt in FILE_FORMATS or fmt in direct:
                         run_direct(case, root, tally)
                     if fmt not in FILE_FORMATS or pick.random() < args.http_share:
                         run_http(case, client, tally)

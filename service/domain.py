@@ -87,6 +87,10 @@ class Overloaded(ServiceError):
         super().__init__(message, retry_after=retry_after)
 
 
+class ClientGone(ServiceError):
+    """The client closed the connection before its answer was ready: nobody reads one."""
+
+
 class InsufficientStorage(ServiceError):
     """The disk is full: what was sent cannot be stored."""
 

@@ -22,6 +22,7 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 from service.domain import (
+    ClientGone,
     Conflict,
     ExpectationFailed,
     InsufficientStorage,
@@ -39,6 +40,7 @@ from service.domain import (
 from service.metrics import CLIENT_CLOSED_REQUEST
 
 __all__ = [
+    "ClientGone",
     "Conflict",
     "ExpectationFailed",
     "InsufficientStorage",
@@ -72,6 +74,8 @@ STATUS: dict[type[ServiceError], tuple[int, str]] = {
     Overloaded: (429, "overloaded"),
     InsufficientStorage: (507, "insufficient_storage"),
     Unavailable: (503, "unavailable"),
+    # Nginx's "client closed request": nobody reads it, the metrics tell it from failures.
+    ClientGone: (CLIENT_CLOSED_REQUEST, "client_closed_request"),
 }
 
 
