@@ -116,6 +116,7 @@ class Runtime:
             max_delay=settings.shadow_max_delay,
         )
         metrics.watch_monitor(monitor.gauges, monitor.replica)
+        registry.on_removed(monitor.forget)
         log.info(
             "started: models in %s, job store %s, %s",
             settings.models_path,

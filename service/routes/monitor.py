@@ -24,8 +24,10 @@ router = APIRouter(tags=["models"], dependencies=[Depends(require_api_key)])
         "out_of_range_share are over the last MBN_MONITOR_WINDOW sampled rows; live is the "
         "fast path's fidelity against the exact model on the last shadow rows (sampled rows "
         "also embedded by the exact runtime, behind clients' exact requests), beside "
-        "training, the report measured when the model was trained. A model without traffic "
-        "answers zeros and a note saying so. Each replica reports its own window (replica)."
+        "training, the report measured when the model was trained. Rows outside the "
+        "training range are counted (out_of_range_share, skipped_out_of_range) and not "
+        "shadowed. A figure with no rows behind it is null (state and note say why). Each "
+        "replica reports its own window (replica)."
     ),
     responses=error_responses(401, 404, 409, 503),
 )

@@ -257,6 +257,7 @@
         const live = monitor.live || {};
         const rows = [
           ["replica", monitor.replica],
+          ["state", monitor.state],
           ["rows seen", monitor.rows_seen],
           ["shadow rows (window)", `${monitor.shadow_rows} (${monitor.window_shadow_rows})`],
           ["waiting for a batch", monitor.pending_rows],
@@ -269,9 +270,10 @@
             "cluster agreement live / training",
             `${num(live.cluster_agreement)} / ${num((monitor.training || {}).cluster_agreement)}`,
           ],
-          ["novel share", num(monitor.novelty_share)],
+          ["novel share", monitor.novelty_available ? num(monitor.novelty_share) : `— (${monitor.novelty_unavailable})`],
           ["out of range share", num(monitor.out_of_range_share)],
-          ["last update", monitor.last_update ? new Date(monitor.last_update * 1000).toISOString() : "—"],
+          ["out of range, not shadowed", monitor.skipped_out_of_range],
+          ["last update", monitor.last_update || "—"],
           ["note", monitor.note],
         ];
         body.replaceChildren(
