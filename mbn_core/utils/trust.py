@@ -15,6 +15,8 @@ import numpy as np
 from sklearn.metrics import pairwise_distances
 from sklearn.neighbors import NearestNeighbors
 
+from mbn_core.utils.blas import one_openmp_thread
+
 
 class Trustworthiness:
     """Trustworthiness (Venna and Kaski) of embeddings of the rows of ``X``, k = ``n_neighbors``.
@@ -31,8 +33,7 @@ class Trustworthiness:
         n_samples = X.shape[0]
         if n_neighbors >= n_samples / 2:
             raise ValueError(
-                f"n_neighbors ({n_neighbors}) should be less than n_samples / 2 "
-                f"({n_samples / 2})"
+                f"n_neighbors ({n_neighbors}) should be less than n_samples / 2 ({n_samples / 2})"
             )
         distances = pairwise_distances(X)
         np.fill_diagonal(distances, np.inf)  # a row is not its own neighbour
@@ -47,7 +48,8 @@ class Trustworthiness:
         """Trustworthiness of ``Z`` (the same rows, embedded): 1 when each row's k nearest
         neighbours in Z are among its k nearest in X, lower as Z brings in others."""
         n, k = self.n_samples, self.n_neighbors
-        neighbours = NearestNeighbors(n_neighbors=k).fit(Z).kneighbors(return_distance=False)
+        with one_openmp_thread():  # a few hundred rows: threads would only wait for cores
+            neighbours = NearestNeighbors(n_neighbors=k).fit(Z).kneighbors(return_distance=False)
         excess = np.take_along_axis(self._rank, neighbours, axis=1) - k
         total = np.sum(excess[excess > 0])
         return float(1.0 - total * (2.0 / (n * k * (2.0 * n - 3.0 * k - 1.0))))
