@@ -10,6 +10,9 @@ target without such an instruction.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, cast
+
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
@@ -20,7 +23,7 @@ _DATA = 1
 
 
 @intrinsic
-def prefetch(typingctx, array, index):
+def _prefetch(typingctx, array, index):
     """Prefetch ``array[index]`` (a C-contiguous 1-D array; the index is not checked: a hint
     past the end reads nothing)."""
     signature = types.void(array, index)
@@ -37,3 +40,7 @@ def prefetch(typingctx, array, index):
         return context.get_dummy_value()
 
     return signature, codegen
+
+
+# Called from numba code as ``prefetch(array, index)`` (numba supplies the typing context).
+prefetch = cast(Callable[[Any, Any], None], _prefetch)
