@@ -115,6 +115,10 @@ class Method:
         section (e.g. layer sizes).
     sparse : bool
         Whether the estimator accepts scipy CSR input.
+    batch_independent_exact : bool
+        Whether the fitted estimator's ``transform`` gives each row the same bits whatever
+        other rows share the call (MBN's does). Only then may a server compute several
+        requests' rows in one call; otherwise each request is computed alone.
     module : str
         The module that registered the method (training processes import it); set by
         ``register``.
@@ -133,6 +137,7 @@ class Method:
     memory: Callable[[Any, tuple[int, int]], float] | None = None
     facts: Callable[[Any], dict[str, Any]] | None = None
     sparse: bool = False
+    batch_independent_exact: bool = True
     module: str = ""
 
     @property

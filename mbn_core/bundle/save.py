@@ -6,7 +6,6 @@ Nothing is pickled, and readers (and a Ctrl-C) never see half a bundle.
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import os
 import shutil
@@ -16,7 +15,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
 from mbn_core.bundle.manifest import (
@@ -38,6 +36,7 @@ from mbn_core.bundle.manifest import (
     validate_model_id,
     validate_name,
 )
+from mbn_core.bundle.mapped_npz import aligned_npz_bytes
 from mbn_core.bundle.trained import TrainedModel
 from mbn_core.data.scaling import SCALING_FILE
 from mbn_core.distill.compressor import CompressiveMBN
@@ -191,9 +190,8 @@ def _npz_bytes(model: TrainedModel) -> bytes:
         raise ValueError(f"method {model.method.name!r} saved arrays named {HEAD_PREFIX}*")
     if model.cluster_centers is not None:
         arrays[HEAD_CENTERS] = model.cluster_centers
-    buffer = io.BytesIO()
-    np.savez(buffer, allow_pickle=False, **arrays)
-    return buffer.getvalue()
+    # Each array aligned in the file, so that a server maps it rather than reads it.
+    return aligned_npz_bytes(arrays)
 
 
 def _manifest(

@@ -15,7 +15,10 @@ ROOT = Path(service.__file__).parent
 BENEATH_HANDLERS = ("service.jobs", "service.registry", "service.submission", "service.aliases")
 # What a route or the error mapping knows: the domain never imports these.
 HTTP = ("fastapi", "starlette", "service.errors", "service.schemas", "service.deps")
-DOMAIN = ("domain", "jobs", "registry", "submission", "aliases", "worker", "handlers")
+DOMAIN = (
+    "domain", "jobs", "registry", "submission", "aliases", "worker", "handlers", "admission",
+    "monitor", "exact",
+)  # fmt: skip
 
 
 def python_files(*names: str) -> list[Path]:
