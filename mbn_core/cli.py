@@ -17,6 +17,7 @@ import importlib.util
 import logging
 import os
 import sys
+import textwrap
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib import metadata
@@ -34,7 +35,12 @@ from mbn_core.mbn.outputs.umap import UmapNotInstalled
 from mbn_core.methods import DEFAULT_METHOD, get_method, method_names
 from mbn_core.params import metavar, parse_flag
 from mbn_core.pipeline.fidelity import fidelity_report
-from mbn_core.pipeline.quality import quality_summary
+from mbn_core.pipeline.quality import (
+    MEASURES,
+    clusters_summary,
+    fast_path_summary,
+    quality_summary,
+)
 from mbn_core.pipeline.training import TrainingEvent, TrainingParams, fit_shape, train_bundle
 
 log = logging.getLogger(__name__)
@@ -530,12 +536,20 @@ def _describe(manifest: dict[str, Any], *, brief: bool) -> list[str]:
         f"training:    {', '.join(fit)}",
         f"time:        {', '.join(times)}",
     ]
+    # The measures a user acts on first (clusters, then the fast path), each with what it
+    # says; then the full reports.
     fidelity = manifest.get("fidelity")
+    quality = manifest.get("quality")
+    clusters = clusters_summary(fidelity) if fidelity else None
+    if clusters:
+        lines += [f"clusters:    {clusters}", _reads(MEASURES["clusters"])]
+    fast_path = fast_path_summary(fidelity) if fidelity else None
+    if fast_path:
+        lines += [f"fast path:   {fast_path}", _reads(MEASURES["fast path"])]
     if fidelity:
         lines.append(f"fidelity:    {fidelity_report(_nan_for_none(fidelity))}")
-    quality = manifest.get("quality")
     if quality:
-        lines.append(f"quality:     {quality_summary(quality)}")
+        lines += [f"quality:     {quality_summary(quality)}", _reads(MEASURES["neighbourhoods"])]
     alignment = manifest.get("alignment")
     if alignment:
         lines.append(
@@ -579,6 +593,13 @@ def _scaling_summary(section: dict) -> str:
     elif requested != method:
         text += f" (requested {requested})"
     return text
+
+
+def _reads(text: str) -> str:
+    """What a measure says, wrapped under its line of ``mbn info``."""
+    return textwrap.fill(
+        f"(reads: {text})", width=100, initial_indent=" " * 13, subsequent_indent=" " * 13
+    )
 
 
 def _nan_for_none(fidelity: dict[str, Any]) -> dict[str, Any]:
