@@ -26,7 +26,9 @@ from typing import Any
 import numpy as np
 
 from mbn_core.bundle import BundleError, bulk, check_target, load_bundle
+from mbn_core.data.csv_scan import ColumnChoice
 from mbn_core.data.readers import load_training_data
+from mbn_core.distribution import install_hint, version
 from mbn_core.exceptions import TrainingStopped
 from mbn_core.mbn.outputs.umap import UmapNotInstalled
 from mbn_core.methods import DEFAULT_METHOD, get_method, method_names
@@ -171,6 +173,16 @@ def build_parser(
     train.add_argument("--model-id", help="model id (default: DIR's name)")
     train.add_argument("--force", action="store_true", help="replace an existing bundle at DIR")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
+    columns = train.add_mutually_exclusive_group()
+    columns.add_argument(
+        "--columns",
+        metavar="COLS",
+        help="a .csv file's columns to train on, comma-separated: header names, or numbers "
+        "counted from 1 (default: all but a first column without a header name, pandas' index)",
+    )
+    columns.add_argument(
+        "--drop", metavar="COLS", help="a .csv file's columns to leave out (as --columns)"
+    )
     train.add_argument(
         "--align-to",
         metavar="BUNDLE",
@@ -249,13 +261,14 @@ def load_command(entry: metadata.EntryPoint) -> Command:
 
 
 def _missing_command(name: str, extras: list[str], error: ImportError) -> Command:
-    requirement = f"mbn[{','.join(extras)}]" if extras else "mbn"
+    extra = f"the {', '.join(extras)} extra" if extras else "this project"
+    hint = install_hint(*extras)
     missing = getattr(error, "name", None) or str(error)
 
     def add(subparsers: Any) -> None:
         command = subparsers.add_parser(
             name,
-            help=f"(needs {requirement}: pip install '{requirement}')",
+            help=f"(needs {extra}: {hint})",
             add_help=False,
             prefix_chars="\0",  # take any arguments: the answer is the same
         )
@@ -263,8 +276,8 @@ def _missing_command(name: str, extras: list[str], error: ImportError) -> Comman
 
         def handler(args: argparse.Namespace) -> None:
             raise UserError(
-                f"this command needs the optional dependencies of {requirement} "
-                f"({missing} is not installed): pip install '{requirement}'"
+                f"this command needs the optional dependencies of {extra} "
+                f"({missing} is not installed): {hint}"
             )
 
         command.set_defaults(handler=handler)
@@ -330,11 +343,22 @@ def _train(args: argparse.Namespace) -> None:
     check_target(out, overwrite=args.force)
     # Connects first: an unreachable scheduler is reported before the data is even read.
     with _dask_client(args, for_fit=True) as client:
-        X, y = load_training_data(args.data)
+        X, y = _training_data(args)
         name = args.name or Path(args.data).stem
         where = f" on the Dask cluster at {args.scheduler}" if client is not None else ""
         _say(f"Training on {X.shape[0]} x {X.shape[1]} points from {args.data}{where}")
         _train_with_progress(args, X, y, out, params, name)
+
+
+def _training_data(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``mbn train``'s data, of the columns ``--columns`` or ``--drop`` choose; what was left
+    out unasked (a pandas index column) is said."""
+    notes: list[str] = []
+    choice = ColumnChoice.parse(args.columns, args.drop)
+    data = load_training_data(args.data, choice, notes)
+    for note in notes:
+        _say(f"Note: {note}")
+    return data
 
 
 def _print_plan(args: argparse.Namespace, params: TrainingParams) -> None:
@@ -342,7 +366,7 @@ def _print_plan(args: argparse.Namespace, params: TrainingParams) -> None:
     if not hasattr(estimator, "plan"):
         raise UserError(f"train --plan: method {args.method!r} has no plan to show")
     with _dask_client(args, for_fit=True):
-        X, _ = load_training_data(args.data)
+        X, _ = _training_data(args)
         n_fit = fit_shape(params, X.shape)[0]
         if n_fit < X.shape[0]:
             # The fit sees the rows the held-out split leaves: plan on as many, the first.
@@ -380,12 +404,12 @@ def _embed(args: argparse.Namespace) -> None:
         if suffix == ".zarr" and importlib.util.find_spec("zarr") is None:
             raise UserError(
                 f"{output}: writing Zarr needs the 'distributed' extra: "
-                "pip install 'mbn[distributed]' (or write .npy or .csv)"
+                f"{install_hint('distributed')}; or write .npy or .csv"
             )
     if Path(args.data).suffix.lower() == ".zarr" and importlib.util.find_spec("zarr") is None:
         raise UserError(
             f"{args.data}: reading Zarr needs the 'distributed' extra: "
-            "pip install 'mbn[distributed]'"
+            f"{install_hint('distributed')}"
         )
     if _chunked(args):
         _embed_chunked(args)
@@ -591,12 +615,7 @@ def _save_rows(path: Path, array: np.ndarray) -> None:
 
 
 def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("mbn")
-    except metadata.PackageNotFoundError:  # pragma: no cover - not installed
-        return "(not installed)"
+    return version() or "(not installed)"
 
 
 def _os_message(error: OSError) -> str:

@@ -24,6 +24,7 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import State
 
+from mbn_core.distribution import version
 from service import json_rows, routes
 from service.admission import RowBudget
 from service.auth import ApiKeys
@@ -31,6 +32,7 @@ from service.config import Settings
 from service.errors import Unavailable, install_error_handlers
 from service.exact.frontend import ExactFrontend, runtime_config
 from service.exact.process import RuntimeConfig
+from service.expectations import ExpectMiddleware
 from service.handlers import (
     EmbedHandler,
     JobsHandler,
@@ -362,6 +364,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_upload_bytes=settings.max_upload_bytes,
         pace=BodyPace(timeout=settings.body_timeout_seconds, min_rate=settings.min_body_rate),
     )
+    # Before anything reads a body: a wrong key answers an Expect: 100-continue at once.
+    app.add_middleware(ExpectMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: times everything
     for module in (
         routes.embed,
@@ -401,9 +405,4 @@ def _document_auth(app: FastAPI, settings: Settings) -> None:
 
 
 def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("mbn")
-    except metadata.PackageNotFoundError:  # pragma: no cover - not installed
-        return "0"
+    return version() or "0"

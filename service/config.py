@@ -15,6 +15,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from mbn_core.distribution import install_hint
+
 KIB = 1024
 MIB = 1024 * KIB
 GIB = 1024 * MIB
@@ -478,7 +480,7 @@ class Settings(BaseSettings):
             raise ValueError(f"{address!r} is not a Dask scheduler address like tcp://host:8786")
         if importlib.util.find_spec("distributed") is None:
             raise ValueError(
-                "training on a Dask cluster needs Dask: pip install 'mbn[distributed]'"
+                f"training on a Dask cluster needs Dask: {install_hint('distributed')}"
             )
         return address
 

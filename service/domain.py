@@ -76,6 +76,10 @@ class UnsupportedMediaType(ServiceError):
     """A content type the endpoint does not read."""
 
 
+class ExpectationFailed(ServiceError):
+    """A request expectation (HTTP's ``Expect``) the service does not meet."""
+
+
 class Overloaded(ServiceError):
     """Too much work in flight; retry later."""
 

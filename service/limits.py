@@ -68,6 +68,8 @@ class BodyLimitMiddleware:
         timed_out = False
         loop = asyncio.get_running_loop()
         started = loop.time()
+        # Expect: 100-continue: the body comes only once asked for (uvicorn says 100 then).
+        uninvited = _has_header(scope, b"expect")
 
         async def limited_receive() -> Message:
             nonlocal received, body_done, timed_out
@@ -89,9 +91,15 @@ class BodyLimitMiddleware:
                 body_done = True
             return message
 
+        async def app_receive() -> Message:
+            nonlocal uninvited
+            uninvited = False
+            return await limited_receive()
+
         async def lingering_send(message: Message) -> None:
-            if message["type"] == "http.response.start" and timed_out:
-                # The client is slow or gone: nothing of its body is waited for.
+            if message["type"] == "http.response.start" and (timed_out or uninvited):
+                # The client is slow or gone, or was never asked for its body (it expected a
+                # 100 Continue): nothing of its body is waited for.
                 headers = list(message.get("headers", ()))
                 if _CLOSE not in headers:
                     message = {**message, "headers": [*headers, _CLOSE]}
@@ -120,7 +128,7 @@ class BodyLimitMiddleware:
             )
             await error_response(refusal)(scope, limited_receive, lingering_send)
             return
-        await self.app(scope, limited_receive, lingering_send)
+        await self.app(scope, app_receive, lingering_send)
 
 
 _CLOSE = (b"connection", b"close")

@@ -252,6 +252,20 @@ class Metrics:
 CLIENT_CLOSED_REQUEST = 499
 
 
+def route_template(scope: Scope) -> str:
+    """The route a request went to, as its path template: a route's own, a mounted app's
+    prefix with ``{path}`` (the console's static assets), or "unmatched"."""
+    route = scope.get("route")
+    template = getattr(route, "path", None)
+    if template:
+        return template
+    if "app_root_path" in scope and scope.get("endpoint") is not None:  # set by a Mount
+        prefix = scope.get("root_path", "")[len(scope["app_root_path"]) :]
+        if prefix:
+            return f"{prefix}/{{path}}"
+    return "unmatched"
+
+
 class MetricsMiddleware:
     """Pure ASGI middleware (no body buffering) timing every HTTP request."""
 
@@ -283,8 +297,7 @@ class MetricsMiddleware:
                 # No answer: a failure, or a client that left before there was one to give
                 # (499, nginx's "client closed request"), which is no server error.
                 status = 500 if failed else CLIENT_CLOSED_REQUEST
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
+            template = route_template(scope)
             mode = scope.get(MODE_SCOPE_KEY, "")
             method = scope["method"]
             self.metrics.requests.labels(template, method, str(status), mode).inc()

@@ -402,6 +402,17 @@ class ModelRegistry:
                 f"model {model_id!r} is the default model; promote another one first "
                 "(POST /models/{id}/promote) or delete it with ?force=true"
             )
+        # Models aligned to it compare with it on its reference rows (GET .../compare).
+        aligned = sorted(
+            b.id
+            for b in snapshot.by_id.values()
+            if (b.manifest.get("alignment") or {}).get("reference_model") == model_id
+        )
+        if aligned:
+            raise Conflict(
+                f"models {', '.join(repr(i) for i in aligned[:5])} are aligned to model "
+                f"{model_id!r} (compared with it); delete them first or delete it with ?force=true"
+            )
         if bundle is None or snapshot.by_name.get(bundle.name) is not bundle:
             return
         if any(b.name == bundle.name and b is not bundle for b in snapshot.by_id.values()):

@@ -43,6 +43,19 @@ async def ready(request: Request) -> Health:
     )
 
 
+# HEAD too, for load balancers and uptime checkers that probe with it: the same status, no
+# body (kept out of the schema, where it would repeat the GET operations).
+@router.head("/health/live", include_in_schema=False)
+async def live_head() -> Response:
+    return Response(status_code=200)
+
+
+@router.head("/health/ready", include_in_schema=False)
+async def ready_head(request: Request) -> Response:
+    await ready(request)  # Unavailable (503) when not ready
+    return Response(status_code=200)
+
+
 @router.get(
     "/metrics",
     summary="Prometheus metrics",

@@ -29,6 +29,14 @@ def test_live_and_ready(api: Callable[..., TestClient]) -> None:
     assert client.get("/health/ready").json()["exact_runtime"].startswith("running (process")
 
 
+def test_head_probes_get_the_status_without_a_body(api: Callable[..., TestClient]) -> None:
+    """HEAD /health/live answered 405: load balancers and uptime checkers probe with it."""
+    for client, ready in ((api(), 200), (api(models=False, demo_model=True), 503)):
+        live = client.head("/health/live")
+        assert (live.status_code, live.content) == (200, b"")
+        assert client.head("/health/ready").status_code == ready
+
+
 def test_not_ready_while_the_demo_model_trains(api: Callable[..., TestClient]) -> None:
     # No worker: the demo job stays queued, so the service must stay out of rotation.
     client = api(models=False, demo_model=True)
