@@ -89,11 +89,13 @@ def start(parser: str, model_dir: Path, work: Path) -> tuple[subprocess.Popen[by
 
 def in_process(bodies: list[bytes]) -> dict[str, float]:
     """Median ms to turn one body's ``inputs`` into a matrix, each parser alone."""
+    from service.json_object import split_object
     from service.json_rows import parse_number_rows
-    from service.routes._body import split_member
 
-    raws = [split_member(body, ("inputs",)) for body in bodies]
-    members = [bytes(split[2]) for split in raws if split is not None]
+    members = [
+        bytes(split_object(body, known=("inputs",), large=("inputs",)).large["inputs"])
+        for body in bodies
+    ]
     out = {}
     for name, parse in (("numba", parse_number_rows), ("msgspec", msgspec_rows)):
         parse(members[0])  # compile / warm up

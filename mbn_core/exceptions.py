@@ -21,6 +21,7 @@ class MethodUnavailable(MissingDependency):
     line."""
 
 
-class MethodFailed(RuntimeError):
-    """A method's own library raised inside its fit or transform; the message names the
-    method and the problem (never a traceback or a path)."""
+class MethodFailed(ValueError):
+    """A method's own library raised inside its fit or transform: it could not lay out these
+    rows with these parameters. The message names the method and the problem (never a
+    traceback or a path)."""

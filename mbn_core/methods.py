@@ -118,6 +118,10 @@ class Method:
     check_rows : callable or None
         ``check_rows(estimator, n_samples)``: ValueError at once when the parameters cannot
         work for that many rows (before a job is queued).
+    memory : callable or None
+        ``memory(estimator, shape) -> float``: the bytes the fit holds at its peak beyond
+        its input rows, an upper estimate, checked against the host's memory before a job
+        is queued. None: only the pipeline's own (the distilled MLP) is counted.
     facts : callable or None
         ``facts(fitted_estimator) -> dict``: JSON-able facts for the manifest's ``training``
         section (e.g. layer sizes).
@@ -128,6 +132,10 @@ class Method:
         describes the fit (its layers, its device). None: the pipeline's facts alone.
     sparse : bool
         Whether the estimator accepts scipy CSR input.
+    batch_independent_exact : bool
+        Whether the fitted estimator's ``transform`` gives each row the same bits whatever
+        other rows share the call (MBN's does). Only then may a server compute several
+        requests' rows in one call; otherwise each request is computed alone.
     module : str
         The module that registered the method (training processes import it); set by
         ``register``.
@@ -143,9 +151,11 @@ class Method:
     track: Callable[[Any, tuple[int, int], Reporter], None] | None = None
     cost: Callable[[Any, tuple[int, int]], float] | None = None
     check_rows: Callable[[Any, int], None] | None = None
+    memory: Callable[[Any, tuple[int, int]], float] | None = None
     facts: Callable[[Any], dict[str, Any]] | None = None
     describe: Callable[[Mapping[str, Any]], dict[str, list[str]]] | None = None
     sparse: bool = False
+    batch_independent_exact: bool = True
     module: str = ""
 
     @property

@@ -99,17 +99,19 @@ def check_estimator_params(estimator: Any) -> None:
     )
 
 
-def check_int_items(owner: str, name: str, values: Any, minimum: int) -> None:
-    """``InvalidParameterError`` unless ``values`` is a non-empty sequence of integers >=
-    ``minimum`` (for list parameters such as layer sizes)."""
+def check_int_items(owner: str, name: str, values: Any, minimum: int, max_length: int) -> None:
+    """``InvalidParameterError`` unless ``values`` is a sequence of 1 to ``max_length``
+    integers >= ``minimum`` (for list parameters such as layer sizes). The message quotes a
+    long sequence by its length, not in full."""
     items = list(values)
-    if not items or any(
+    if not 0 < len(items) <= max_length or any(
         not isinstance(item, numbers.Integral) or isinstance(item, bool) or item < minimum
         for item in items
     ):
+        shown = repr(values) if len(items) <= 20 else f"a sequence of {len(items)} items"
         raise InvalidParameterError(
-            f"The {name!r} parameter of {owner} must be a non-empty sequence of integers "
-            f">= {minimum}. Got {values!r} instead."
+            f"The {name!r} parameter of {owner} must be a sequence of 1 to {max_length} "
+            f"integers >= {minimum}. Got {shown[:200]} instead."
         )
 
 

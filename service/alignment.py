@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mbn_core.bundle import Bundle, BundleError
+from mbn_core.bundle import Bundle, BundleError, OutOfRangeInput
 from mbn_core.pipeline.alignment import (
     ReferenceRows,
     check_compatible,
@@ -30,16 +30,25 @@ ALIGN_TO = "align_to"
 
 
 def aligned_params(
-    registry: ModelRegistry, ref: str, params: dict[str, Any], n_features: int
+    registry: ModelRegistry,
+    ref: str,
+    params: dict[str, Any],
+    n_features: int,
+    *,
+    sparse: bool = False,
 ) -> dict[str, Any]:
     """``params`` with the id of the model ``ref`` names, after checking that a model of
-    ``n_features`` inputs (and ``params``' n_components) can be aligned to it."""
+    ``n_features`` inputs (and ``params``' n_components), trained on ``sparse`` input or
+    not, can be aligned to it."""
     bundle = registry.get(ref)  # NotFound, or Conflict for a damaged model
     _reference(registry, bundle)  # a damaged reference file is found now, not in the job
     n_components = params.get("n_components")
     try:
         check_compatible(
-            bundle, n_features, n_components if isinstance(n_components, int) else None
+            bundle,
+            n_features,
+            n_components if isinstance(n_components, int) else None,
+            sparse=sparse,
         )
     except ValueError as error:
         raise InvalidInput(str(error)) from None
@@ -63,19 +72,52 @@ def compare(registry: ModelRegistry, ref_a: str, ref_b: str) -> dict[str, Any]:
             f"neither {a.id!r} nor {b.id!r} has reference rows (trained before them, or on "
             "sparse input); retrain one to compare them"
         )
-    fast_a, clusters_a = a.embed_with_clusters(reference.rows, "fast")
-    fast_b, clusters_b = b.embed_with_clusters(reference.rows, "fast")
+    kept, (fast_a, clusters_a), (fast_b, clusters_b) = _embed_both(a, b, reference.rows)
     report: dict[str, Any] = {
         "a": _describe(a),
         "b": _describe(b),
         "reference_rows_of": source.id,
         "fast": compare_embeddings(fast_a, fast_b, clusters_a, clusters_b),
         "exact": None,
+        "rows_not_compared": _left_out(kept),
     }
     if _same_rows(reference_a, reference_b):
         assert reference_a is not None and reference_b is not None
         report["exact"] = compare_embeddings(reference_a.embedding, reference_b.embedding)
     return report
+
+
+def _embed_both(
+    a: Bundle, b: Bundle, rows: np.ndarray
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray | None], tuple[np.ndarray, np.ndarray | None]]:
+    """Both fast paths' embeddings (and clusters) of the reference rows each model can
+    embed: rows one of them refuses (``OutOfRangeInput``: beyond its input scaling's range,
+    or embedded to NaN) are left out, and the mask of those kept comes first. InvalidInput
+    when fewer than two rows are left to compare."""
+    kept = np.ones(len(rows), dtype=bool)
+    while kept.sum() >= 2:
+        index = np.flatnonzero(kept)
+        try:
+            return kept, a.embed_with_clusters(rows[index]), b.embed_with_clusters(rows[index])
+        except OutOfRangeInput as refusal:
+            kept[index[refusal.rows]] = False
+    raise InvalidInput(
+        f"models {a.id!r} and {b.id!r} cannot both embed the reference rows: one of them "
+        "takes them beyond its range (its input scaling), so there is nothing to compare"
+    )
+
+
+def _left_out(kept: np.ndarray) -> dict[str, Any] | None:
+    """The report's account of reference rows left out of the fast comparison, or None."""
+    if kept.all():
+        return None
+    rows = np.flatnonzero(~kept)
+    return {
+        "count": int(rows.size),
+        "rows": rows[:20].tolist(),
+        "reason": "out of range for one of the models (beyond its input scaling, or "
+        "embedded to NaN): the fast comparison uses the other rows",
+    }
 
 
 def _describe(bundle: Bundle) -> dict[str, Any]:

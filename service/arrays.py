@@ -70,19 +70,6 @@ def matrix_to_b64(matrix: np.ndarray) -> str:
     return pybase64.b64encode(np.ascontiguousarray(matrix, dtype="<f4").tobytes()).decode("ascii")
 
 
-def b64_string_to_bytes(raw: bytes | memoryview) -> bytes | None:
-    """The bytes of a JSON string of padded standard base64 (SIMD decoder, faster than pydantic's);
-    None for anything else (escapes, URL-safe alphabet, bad padding): the general path
-    decides those and words the error."""
-    text = bytes(raw)
-    if len(text) < 2 or text[0] != 34 or text[-1] != 34 or b"\\" in text:  # '"'
-        return None
-    try:
-        return pybase64.b64decode(memoryview(text)[1:-1], validate=True)
-    except ValueError:  # binascii.Error
-        return None
-
-
 def _check_row_count(n: int, max_rows: int, what: str) -> None:
     if n > max_rows:
         raise PayloadTooLarge(f"{what} has {n} rows; at most {max_rows} per request")

@@ -771,6 +771,11 @@ class JobFiles:
 
         return self._write(job_id, f"data{suffix}", write)
 
+    def write_with(self, job_id: str, name: str, write: Callable[[BinaryIO], None]) -> str:
+        """Write ``name`` (one of the allowed data files) with ``write(handle)``, atomically
+        and flushed to disk; returns the name. ``write`` may use the job's directory."""
+        return self._write(job_id, name, write)
+
     def remove(self, job_id: str) -> None:
         if is_job_id(job_id):
             shutil.rmtree(self.root / job_id, ignore_errors=True)

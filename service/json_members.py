@@ -12,7 +12,11 @@ scalars by the next delimiter. It does not check what is inside a value; the par
 goes to does (pydantic for most members, the rows kernel or the base64 decoder for the rows),
 and each of those refuses what is not valid JSON. A body it cannot place (not an object, a
 bracket that does not match, more than ``MAX_MEMBERS`` members, nesting beyond
-``MAX_DEPTH``) gives None, and the caller parses the body whole, which words any error.
+``MAX_DEPTH``) gives None; ``scan_members`` also says which of those it was.
+
+``array_chunks`` cuts a JSON array (a member's value) into runs of whole elements of about a
+given size, so that a parser that builds Python objects can take a large array a run at a
+time, in bounded memory.
 """
 
 from __future__ import annotations
@@ -23,20 +27,48 @@ from numba import njit
 MAX_MEMBERS = 64
 MAX_DEPTH = 512
 
-_NOT_PLACED = -1
+# Why a body could not be placed (what ``scan_members`` returns instead of the spans).
+MALFORMED = -1  # not JSON where the scan looked (a bracket, a key, a separator)
+TOO_DEEP = -2  # nesting beyond MAX_DEPTH
+TOO_MANY = -3  # more than MAX_MEMBERS members
+NOT_OBJECT = -4  # a JSON value that is not an object
+_NOT_PLACED = MALFORMED
 
 
-def member_spans(body: bytes) -> np.ndarray | None:
+def member_spans(body: bytes | bytearray | memoryview) -> np.ndarray | None:
     """(n_members, 4) int64 rows of (key start, key end, value start, value end), byte
     offsets with the ends exclusive and the key's quotes included, in body order; None when
     the body is not a JSON object this scan can place."""
+    spans, _ = scan_members(body)
+    return spans
+
+
+def scan_members(body: bytes | bytearray | memoryview) -> tuple[np.ndarray | None, int]:
+    """``member_spans`` and, when it is None, why: ``MALFORMED``, ``TOO_DEEP``,
+    ``TOO_MANY`` or ``NOT_OBJECT`` (0 when placed)."""
     buf = np.frombuffer(body, dtype=np.uint8)
     spans = np.empty((MAX_MEMBERS, 4), dtype=np.int64)
     stack = np.empty(MAX_DEPTH, dtype=np.uint8)
     count = _scan_members(buf, spans, stack)
-    if count == _NOT_PLACED:
+    if count < 0:
+        return None, int(count)
+    return spans[:count], 0
+
+
+def array_chunks(
+    body: bytes | bytearray | memoryview, start: int, end: int, target: int
+) -> tuple[int, np.ndarray] | None:
+    """The JSON array ``body[start:end]`` as runs of whole elements of about ``target``
+    bytes each: (number of elements, offsets) where run ``i`` is
+    ``body[offsets[i]:offsets[i + 1]]`` with the separating commas and spaces included at
+    its ends. None when the text is not an array whose elements this scan can place."""
+    buf = np.frombuffer(body, dtype=np.uint8)
+    stack = np.empty(MAX_DEPTH, dtype=np.uint8)
+    offsets = np.empty((end - start) // max(1, target) + 3, dtype=np.int64)
+    count, n_offsets = _array_chunks(buf, start, end, target, stack, offsets)
+    if count < 0:
         return None
-    return spans[:count]
+    return int(count), offsets[:n_offsets]
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -95,7 +127,7 @@ def _value_end(buf, i, stack):
             continue
         if c == 91 or c == 123:  # '[' '{'
             if depth == stack.shape[0]:
-                return -1
+                return TOO_DEEP
             stack[depth] = c
             depth += 1
         elif c == 93 or c == 125:  # ']' '}': must close the innermost bracket
@@ -112,7 +144,10 @@ def _value_end(buf, i, stack):
 def _scan_members(buf, spans, stack):
     n = buf.shape[0]
     i = _skip_space(buf, 0)
-    if i >= n or buf[i] != 123:  # '{'
+    if i < n and buf[i] != 123:  # '{'
+        end = _value_end(buf, i, stack)
+        return NOT_OBJECT if end >= 0 and _skip_space(buf, end) == n else end
+    if i >= n:
         return _NOT_PLACED
     i = _skip_space(buf, i + 1)
     count = 0
@@ -120,7 +155,9 @@ def _scan_members(buf, spans, stack):
         i = _skip_space(buf, i + 1)
         return count if i == n else _NOT_PLACED
     while True:
-        if count == spans.shape[0] or i >= n or buf[i] != 34:
+        if count == spans.shape[0]:
+            return TOO_MANY
+        if i >= n or buf[i] != 34:
             return _NOT_PLACED
         key_end = _string_end(buf, i)
         if key_end < 0:
@@ -133,7 +170,7 @@ def _scan_members(buf, spans, stack):
         i = _skip_space(buf, i + 1)
         value_end = _value_end(buf, i, stack)
         if value_end < 0:
-            return _NOT_PLACED
+            return value_end
         spans[count, 2] = i
         spans[count, 3] = value_end
         count += 1
@@ -145,3 +182,41 @@ def _scan_members(buf, spans, stack):
             i = _skip_space(buf, i + 1)
             return count if i == n else _NOT_PLACED
         return _NOT_PLACED
+
+
+@njit(nogil=True, cache=True)
+def _array_chunks(buf, start, end, target, stack, offsets):
+    """(elements, offsets written) for the array ``buf[start:end]``; (-1, 0) when it is not
+    one (see ``array_chunks``)."""
+    view = buf[:end]
+    i = _skip_space(view, start)
+    if i >= end or view[i] != 91:  # '['
+        return -1, 0
+    i = _skip_space(view, i + 1)
+    offsets[0] = i
+    written = 1
+    if i < end and view[i] == 93:  # '[]'
+        return (0, 1) if _skip_space(view, i + 1) == end else (-1, 0)
+    count = 0
+    run_start = i
+    while True:
+        value_end = _value_end(view, i, stack)
+        if value_end < 0:
+            return -1, 0
+        count += 1
+        i = _skip_space(view, value_end)
+        if i < end and view[i] == 44:  # ','
+            i = _skip_space(view, i + 1)
+            if i - run_start >= target:
+                if written == offsets.shape[0]:
+                    return -1, 0  # cannot happen: a run is at least ``target`` bytes
+                offsets[written] = i
+                written += 1
+                run_start = i
+            continue
+        if i < end and view[i] == 93:  # ']'
+            if _skip_space(view, i + 1) != end:
+                return -1, 0
+            offsets[written] = i
+            return count, written + 1
+        return -1, 0

@@ -20,9 +20,12 @@ MODEL_REF_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # Names of bundles made elsewhere (the CLI) may be any printable text up to 200 characters;
 # lookups only compare them with the loaded models, never build a path from them.
 MODEL_LOOKUP_MAX = 200
-# Validation context key: the name of the input member ("inputs" or "inputs_b64") that the
-# caller parsed itself, validating the other members with the model.
-INPUTS_PARSED = "inputs_parsed"
+# Validation context key: the names of the large members (rows, base64) that the body gave
+# and the caller parses itself (service.json_object), validating the others with the model.
+LARGE_GIVEN = "large_given"
+# The longest row inputs_b64 may declare: far beyond any model's input, short enough that a
+# message quoting it stays short.
+MAX_DIM = 10_000_000
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 Mode = Literal["fast", "exact"]
@@ -57,7 +60,7 @@ class EmbedRequest(_Request):
         "little-endian float32, row-major; instead of inputs, for large batches.",
     )
     dim: int | None = Field(
-        default=None, ge=1, description="Row length of inputs_b64 (required with it)."
+        default=None, ge=1, le=MAX_DIM, description="Row length of inputs_b64 (required with it)."
     )
     mode: Mode = Field(
         default="fast",
@@ -81,9 +84,9 @@ class EmbedRequest(_Request):
 
     @model_validator(mode="after")
     def _one_input_form(self, info: ValidationInfo) -> EmbedRequest:
-        parsed = (info.context or {}).get(INPUTS_PARSED)
-        inputs_given = self.inputs is not None or parsed == "inputs"
-        b64_given = self.inputs_b64 is not None or parsed == "inputs_b64"
+        parsed = (info.context or {}).get(LARGE_GIVEN, frozenset())
+        inputs_given = self.inputs is not None or "inputs" in parsed
+        b64_given = self.inputs_b64 is not None or "inputs_b64" in parsed
         if inputs_given == b64_given:
             raise ValueError("give exactly one of inputs and inputs_b64")
         if b64_given and self.dim is None:
@@ -257,6 +260,46 @@ class ModelList(BaseModel):
 class Health(BaseModel):
     status: Literal["ok", "ready", "not_ready"]
     checks: dict[str, bool] = Field(default_factory=dict)
+    exact_runtime: str | None = Field(
+        default=None,
+        description="The replica's exact runtime, in words: running (its process, restarts, "
+        "device), down and why, or not started yet. Readiness does not depend on it: while it "
+        "restarts, exact requests get 503 and fast ones are served.",
+    )
+
+
+class HistogramOut(BaseModel):
+    bounds: list[float] = Field(description="Upper bound of each bucket (the last is +Inf).")
+    counts: list[int] = Field(description="Values in each bucket (not cumulative).")
+
+
+class RuntimeOut(BaseModel):
+    """The replica's exact runtime, as this API process last heard from it."""
+
+    state: Literal["running", "down", "starting", "not started"]
+    description: str = Field(description="The state in words, as readiness reports it.")
+    pid: int | None = Field(description="The runtime's process while it runs.")
+    generation: int = Field(description="Its start number: 1 for the first, then one per restart.")
+    restarts: int
+    device: str = Field(description="Where it computes: cpu, cuda, or none (cuda asked, absent).")
+    device_note: str = Field(description="Why, when that is not what MBN_EXACT_DEVICE asked.")
+    queued_requests: int = Field(description="Exact requests held: waiting or computing.")
+    queued_rows: int = Field(description="Rows waiting for a step.")
+    running_rows: int = Field(description="Rows of the step computing now.")
+    models_loaded: int
+    model_bytes: int = Field(description="Bytes of the held models' arrays (mapped pages too).")
+    requests: int = Field(description="Exact requests answered since the replica started.")
+    rows: int
+    batches: int = Field(description="Steps computed (each one transform call).")
+    cancelled: int = Field(description="Requests dropped because their client left.")
+    timed_out: int = Field(description="Requests dropped past MBN_EXACT_TIMEOUT_SECONDS.")
+    rejected: int = Field(description="Requests refused because the queue was full (429).")
+    mean_batch_rows: float | None
+    mean_wait_ms: float | None = Field(description="Mean wait of a request for its first step.")
+    mean_compute_ms: float | None = Field(description="Mean time of a step.")
+    batch_rows: HistogramOut | None
+    wait_seconds: HistogramOut | None
+    compute_seconds: HistogramOut | None
 
 
 class ErrorDetail(BaseModel):

@@ -1,12 +1,15 @@
 """Checking and queueing training jobs: what POST /train and the demo model do.
 
-Parameters and the data's shape are checked before a job is queued, so a request the
-training would refuse by its size is refused at once (``InvalidInput``, ``PayloadTooLarge``),
-not a failed job later. Uploaded files are streamed to disk and only their headers are read
-here (``mbn_core.data.files``): the API process never loads training data, the training process
-does (and a file whose numbers turn out unreadable, e.g. NaN, fails its job with the reason).
-Data is written under the job's id (never a client-chosen path) and flushed to disk before the
-job row exists: a queued job always has its data.
+Parameters, the data's shape and its values are checked before a job is queued, so a request
+the training would refuse is refused at once (``InvalidInput``, ``PayloadTooLarge``), not a
+failed job later: the parameters' ranges, list lengths and implied memory; the rows the method
+needs; every value (finite, within float32, rows that differ, columns the input scaling can
+take). Uploaded files are streamed to disk, their headers checked first
+(``mbn_core.data.files``: a file claiming more than the limits is refused unread), then their
+values read a block of rows at a time (``mbn_core.data.columns``): the API process never holds
+a file's data whole. A CSV is stored as the float32 ``.npy`` of its chosen columns. Data is
+written under the job's id (never a client-chosen path) and flushed to disk before the job row
+exists: a queued job always has its data.
 """
 
 from __future__ import annotations
@@ -15,23 +18,35 @@ import logging
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 import scipy.sparse as sp
 
 from mbn_core.data.checks import check_spread
+from mbn_core.data.columns import DataCheck, check_rows, write_csv_as_npy
+from mbn_core.data.csv_scan import ColumnChoice
 from mbn_core.data.files import DataShape, peek_data_file
-from mbn_core.pipeline.training import TrainingParams, check_feasible
+from mbn_core.data.scaling import INPUT_SCALING
+from mbn_core.pipeline.training import TrainingParams, check_feasible, check_memory
 from service.config import Settings
 from service.domain import Conflict, InvalidInput, Overloaded, PayloadTooLarge, shortened
 from service.jobs import Job, JobFiles, JobStore, new_job_id
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+# (params, n_features, sparse) -> the job's params, once the data's shape is known.
+Prepare = Callable[[dict[str, Any], int, bool], dict[str, Any]]
+# Rows of an in-memory matrix checked at a time (float64 statistics of a block).
+_CHECK_ROWS = 16_384
+
 # Resources are the server's to give: threads come from MBN_TRAIN_THREADS, the device from
 # MBN_TRAIN_DEVICE.
-SERVER_PARAMS = {"n_jobs": "MBN_TRAIN_THREADS", "device": "MBN_TRAIN_DEVICE"}
+SERVER_PARAMS = {
+    "n_jobs": "the server (MBN_TRAIN_THREADS)",
+    "device": "the server (MBN_TRAIN_DEVICE)",
+}
 
 DEMO_NAME = "demo-digits"
 # Small: about 18 s on one core of an AMD EPYC, half of it the cross-fitted report, which
@@ -58,14 +73,9 @@ def check_params(
         if params.get("method", method) != method:
             raise InvalidInput(f"method {method!r} disagrees with params.method")
         params = {**params, "method": method}
-    server = sorted(SERVER_PARAMS.keys() & params.keys())
-    if server:
-        raise InvalidInput(
-            f"training parameter {server[0]!r} is set by the server ({SERVER_PARAMS[server[0]]})"
-        )
     _check_counts(params, bound)
     try:
-        return TrainingParams.from_dict(params).to_dict()
+        return TrainingParams.from_dict(params, set_elsewhere=SERVER_PARAMS).to_dict()
     except ValueError as exc:
         raise InvalidInput(f"params: {exc}") from None
 
@@ -91,15 +101,32 @@ def _check_counts(params: dict[str, Any], bound: int) -> None:
                 )
 
 
-def check_data(n_rows: int, params: dict[str, Any], *, sparse: bool = False) -> None:
+def check_data(
+    shape: tuple[int, int],
+    params: dict[str, Any],
+    *,
+    sparse: bool = False,
+    memory_limit: int | None = None,
+) -> None:
     """Refuse data the training would fail on by its size (too few rows for the layers,
-    the compressor, the embedding or the clustering head) or kind (sparse input for a method
-    or a scaling that cannot take it)."""
+    the compressor, the embedding or the clustering head; more memory than ``memory_limit``
+    bytes, None: this host's) or kind (sparse input for a method or a scaling that cannot
+    take it)."""
     kind = "sparse " if sparse else ""
+    n_rows = shape[0]
     try:
-        check_feasible(TrainingParams.from_dict(params), n_rows, sparse=sparse)
+        training = TrainingParams.from_dict(params)
+        check_feasible(training, n_rows, sparse=sparse)
+        check_memory(training, shape, memory_limit)
     except ValueError as exc:
         raise InvalidInput(f"params do not fit {n_rows} {kind}rows: {exc}") from None
+
+
+def _check_values(check: DataCheck, params: dict[str, Any], source: str) -> None:
+    """What training would refuse in the rows' values (ValueError naming ``source``): out
+    of range, rows all alike, a column the input scaling cannot take."""
+    check.check_spread(source)
+    check.check_scaling(params[INPUT_SCALING.name])
 
 
 class Submitter:
@@ -129,23 +156,30 @@ class Submitter:
         *,
         job_id: str | None = None,
         promote: bool = False,
-        prepare: Callable[[dict[str, Any], int], dict[str, Any]] | None = None,
+        prepare: Prepare | None = None,
     ) -> Job:
-        """Store the rows and queue their job; ``prepare(params, n_features)`` gives the
-        job's params after the data's checks (it may refuse the job)."""
+        """Store the rows and queue their job; ``prepare(params, n_features, sparse)``
+        gives the job's params after the data's checks (it may refuse the job)."""
         if x.shape[0] > self.settings.max_train_rows:
             raise PayloadTooLarge(
                 f"data has {x.shape[0]} rows; at most {self.settings.max_train_rows} per job"
             )
         if y is not None and y.shape != (x.shape[0],):
             raise InvalidInput(f"labels has {y.shape[0]} entries for {x.shape[0]} rows of data")
-        check_data(x.shape[0], params, sparse=sp.issparse(x))
+        sparse = sp.issparse(x)
+        self._check_data(x.shape, params, sparse=sparse)
         try:
-            check_spread(x, "data")  # constant rows, or values float32 cannot train on
+            if sparse:
+                check_spread(x, "data")  # constant rows, or values float32 cannot train on
+            else:
+                check = DataCheck()
+                for start in range(0, x.shape[0], _CHECK_ROWS):
+                    check.add(x[start : start + _CHECK_ROWS], "data")
+                _check_values(check, params, "data")
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
         if prepare is not None:
-            params = prepare(params, x.shape[1])
+            params = prepare(params, x.shape[1], sparse)
         job_id = job_id or new_job_id()
         data_file = self.files.write_arrays(job_id, x, y)
         return self._queue(job_id, name, params, data_file, x.shape, promote)
@@ -158,14 +192,20 @@ class Submitter:
         source: BinaryIO,
         *,
         promote: bool = False,
-        prepare: Callable[[dict[str, Any], int], dict[str, Any]] | None = None,
+        prepare: Prepare | None = None,
+        choice: ColumnChoice | None = None,
     ) -> Job:
-        """Store an uploaded data file and queue its job; ``prepare(params, n_features)``
-        gives the job's params once the file's width is known (it may refuse the job)."""
+        """Store an uploaded data file and queue its job; ``prepare(params, n_features,
+        sparse)`` gives the job's params once the file's width is known (it may refuse the
+        job). Every value is checked here (finite, and columns the input scaling can take),
+        so that the job cannot fail on them later; a CSV is stored as the float32 ``.npy``
+        of the columns ``choice`` keeps (a pandas index column left out)."""
         if suffix not in JobFiles.ALLOWED_SUFFIXES:
             raise InvalidInput(
                 f"the file name must end in one of {', '.join(JobFiles.ALLOWED_SUFFIXES)}"
             )
+        if suffix != ".csv" and choice is not None and not choice.is_default:
+            raise InvalidInput("columns and drop choose the columns of a .csv file only")
         job_id = new_job_id()
         try:
             data_file = self.files.write_stream(
@@ -177,24 +217,65 @@ class Submitter:
                 f"upload over the limit of {self.settings.max_upload_bytes} bytes"
             ) from None
         path = self.files.path(job_id, data_file)
+        check: DataCheck | None
         try:
-            shape = self._check_file(path)
-            check_data(shape.n_rows, params, sparse=shape.sparse)
+            if suffix == ".csv":
+                data_file, shape, check = self._csv_as_npy(job_id, path, choice)
+            else:
+                shape = self._check_file(path)
+                check = self._checked(path, lambda: check_rows(path))
+            if check is not None:
+                self._checked(path, lambda: _check_values(check, params, "file"))
+            self._check_data((shape.n_rows, shape.n_features), params, sparse=shape.sparse)
             if prepare is not None:
-                params = prepare(params, shape.n_features)
+                params = prepare(params, shape.n_features, shape.sparse)
         except BaseException:
             self.files.remove(job_id)
             raise
         shape_2d = (shape.n_rows, shape.n_features)
         return self._queue(job_id, name, params, data_file, shape_2d, promote)
 
-    def _check_file(self, path: Path) -> DataShape:
-        """The shape of an uploaded file from its headers, within the limits."""
+    def _check_data(self, shape: tuple[int, int], params: dict[str, Any], *, sparse: bool) -> None:
+        check_data(shape, params, sparse=sparse, memory_limit=self.settings.max_train_memory_bytes)
+
+    def _csv_as_npy(
+        self, job_id: str, path: Path, choice: ColumnChoice | None
+    ) -> tuple[str, DataShape, DataCheck]:
+        """The uploaded CSV checked and stored as ``data.npy`` (``write_csv_as_npy``), the
+        CSV removed; its shape within the job's limits."""
+        notes: list[str] = []
+        result: list[DataCheck] = []
+        scratch = path.with_name(".rows")
+
+        def write(handle: BinaryIO) -> None:
+            result.append(
+                self._checked(path, lambda: write_csv_as_npy(path, handle, scratch, choice, notes))
+            )
+
+        data_file = self.files.write_with(job_id, "data.npy", write)
+        path.unlink()
+        for note in notes:
+            log.info("job %s: %s", job_id, note.replace(path.name, "the upload"))
+        (check,) = result
+        shape = DataShape(check.n_rows, check.n_columns, check.n_rows * check.n_columns * 4)
+        self._check_limits(shape)
+        return data_file, shape, check
+
+    def _checked(self, path: Path, step: Callable[[], T]) -> T:
+        """``step()``, its ValueError an InvalidInput that calls the file "file"."""
         try:
-            shape = peek_data_file(path)
+            return step()
         except ValueError as exc:
             # The message names our storage path; to the client it is "file".
             raise InvalidInput(str(exc).replace(str(path), "file")) from None
+
+    def _check_file(self, path: Path) -> DataShape:
+        """The shape of an uploaded file from its headers, within the limits."""
+        shape = self._checked(path, lambda: peek_data_file(path))
+        self._check_limits(shape)
+        return shape
+
+    def _check_limits(self, shape: DataShape) -> None:
         limit = self.settings.max_train_rows
         if shape.n_rows > limit:
             raise PayloadTooLarge(f"file has {shape.n_rows} rows; at most {limit} per job")
@@ -208,7 +289,6 @@ class Submitter:
             )
         if shape.n_features < 1:
             raise InvalidInput("file has no columns")
-        return shape
 
     def submit_demo(self) -> Job | None:
         """Queue the demo model's job unless it was queued before (by any replica)."""

@@ -6,13 +6,16 @@ opens the fast path; the exact model is read, and verified again, when it is ask
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
-from collections.abc import Callable
+import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -27,6 +30,7 @@ from mbn_core.bundle.manifest import (
     exact_file,
     read_manifest,
 )
+from mbn_core.bundle.mapped_npz import map_npz
 from mbn_core.data.scaling import SCALING_FILE, InputScaling
 from mbn_core.distill.onnx import OnnxEmbedder
 from mbn_core.methods import MODES, Method, get_method
@@ -69,9 +73,27 @@ class ExactModel:
     alignment: tuple[np.ndarray, np.ndarray] | None = None
 
     def embed_with_clusters(self, X) -> tuple[np.ndarray, np.ndarray | None]:
-        """Embedding (float32) and cluster ids (int64; None without a head) of checked X."""
-        X = self.input_scaling.transform(X)
-        embedding = np.asarray(self.estimator.transform(X), dtype=np.float32)
+        """Embedding (float32) and cluster ids (int64; None without a head) of checked X.
+
+        Raises ``OutOfRangeInput`` for rows the input scaling takes beyond float32."""
+        return self.finish(self.embed_raw(X))
+
+    def embed_raw(self, X) -> np.ndarray:
+        """The estimator's float32 embedding of checked X, scaled as the model scales its
+        input: the first half of ``embed_with_clusters``. For a method whose ``transform`` is
+        batch independent, row i is the same whatever other rows share the call, so a server
+        may compute the rows of several requests in one call and ``finish`` each request's
+        own rows. Raises ``OutOfRangeInput`` for rows the input scaling takes beyond
+        float32."""
+        with np.errstate(over="ignore", invalid="ignore"):  # refused just below
+            X = self.input_scaling.transform(X)
+        if not self.input_scaling.is_identity:
+            _check_finite(X, scaled=True)
+        return np.asarray(self.estimator.transform(X), dtype=np.float32)
+
+    def finish(self, embedding: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The second half of ``embed_with_clusters``: ``embed_raw``'s rows in the space of
+        the version they are aligned to, and their cluster ids."""
         if self.alignment is not None:
             matrix, shift = self.alignment
             embedding = (embedding.astype(np.float64) @ matrix + shift).astype(np.float32)
@@ -192,20 +214,15 @@ class Bundle:
         with self._exact_lock:
             self._exact = None
 
-    def load_exact(self) -> ExactModel:
+    def load_exact(self, *, mapped: bool = False) -> ExactModel:
         """Read the exact model from the bundle's arrays, verifying their SHA-256 again.
 
-        Every call reads the file: keep the result to reuse it. Raises ``BundleError`` when
-        the file changed since the bundle was loaded.
+        Every call reads the file: keep the result to reuse it. With ``mapped``, the arrays
+        stored uncompressed are mapped from the file instead of read (``mapped_npz``): every
+        process mapping the same bundle shares their pages. Raises ``BundleError`` when the
+        file changed since the bundle was loaded.
         """
-        estimator, centers = _load_exact(self.path, self.manifest, self.threads)
-        return ExactModel(
-            bundle_id=self.id,
-            estimator=estimator,
-            centers=centers,
-            input_scaling=self.input_scaling,
-            alignment=_alignment(self.path, self.manifest),
-        )
+        return _exact_model(self.path, self.manifest, self.threads, self.input_scaling, mapped)
 
     @property
     def has_map(self) -> bool:
@@ -275,19 +292,51 @@ class Bundle:
             )
         if not np.isfinite(values).all():
             raise ValueError("X contains NaN or infinity")
+        if not sp.issparse(X):
+            check_scaled_range(self.input_scaling, X)
         return X
 
 
-def _check_finite(embedding: np.ndarray, mode: str) -> None:
+def check_scaled_range(scaling: InputScaling, X: np.ndarray) -> None:
+    """``OutOfRangeInput`` for rows of the finite float32 matrix ``X`` that ``scaling`` takes
+    beyond float32: the rows both paths see first (the fast path's graph scales them as
+    ``scaling.transform`` does, bit for bit), checked before either runs, so that both refuse
+    them alike. Two reductions over ``X`` against per-feature bounds clear nearly every
+    batch; only one near the bounds is scaled to find its rows."""
+    if scaling.is_identity or X.shape[0] == 0:
+        return
+    low, high = _safe_bounds(scaling)
+    if (X.min(axis=0) >= low).all() and (X.max(axis=0) <= high).all():
+        return
+    with np.errstate(over="ignore", invalid="ignore"):
+        _check_finite(scaling.transform(X), scaled=True)
+
+
+def _safe_bounds(scaling: InputScaling) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature raw values within which the scaled value, ``(x - offset) * factor`` in
+    float32, is certainly finite: half float32's largest, divided by the factor when it
+    exceeds 1 (so the difference and the product both stay in range, rounding included)."""
+    assert scaling.offset is not None and scaling.factor is not None
+    offset = scaling.offset.astype(np.float64)
+    room = 0.5 * float(np.finfo(np.float32).max) / np.maximum(scaling.factor, 1.0)
+    return offset - room, offset + room
+
+
+def _check_finite(values: np.ndarray, mode: str = "", *, scaled: bool = False) -> None:
     # On every embed: the whole-array test first, an order of magnitude cheaper than the
     # per-row reduction, which only a failing batch needs.
-    if np.isfinite(embedding).all():
+    if np.isfinite(values).all():
         return
-    rows = np.flatnonzero(~np.isfinite(embedding).all(axis=1))
+    rows = np.flatnonzero(~np.isfinite(values).all(axis=1))
     shown = ", ".join(str(row) for row in rows[:5]) + (", ..." if rows.size > 5 else "")
+    what = (
+        "overflow float32 once scaled by the model's input scaling"
+        if scaled
+        else f"embed to NaN or infinity in {mode} mode"
+    )
     raise OutOfRangeInput(
-        f"{rows.size} row(s) ({shown}) embed to NaN or infinity in {mode} mode: their values "
-        "are too far outside the range the model was trained on",
+        f"{rows.size} row(s) ({shown}) {what}: their values are too far outside the range "
+        "the model was trained on",
         rows,
     )
 
@@ -348,35 +397,87 @@ def load_bundle(directory: str | os.PathLike[str], *, threads: int = 1) -> Bundl
 
 def _verified_bytes(path: Path, manifest: dict[str, Any], file_name: str, keep: bool = True):
     """Read a bundle file and check its size and SHA-256 against the manifest."""
+    chunks: list[bytes] | None = [] if keep else None
+    with _verified_file(path, manifest, file_name, chunks):
+        pass
+    return None if chunks is None else b"".join(chunks)
+
+
+@contextmanager
+def _verified_file(
+    path: Path, manifest: dict[str, Any], file_name: str, chunks: list[bytes] | None = None
+) -> Iterator[BinaryIO]:
+    """A bundle file, open, once its size and SHA-256 were checked against the manifest
+    through that very handle (its bytes appended to ``chunks`` when given)."""
     file = path / file_name
     entry = manifest["files"][file_name]
     if file.is_symlink():
         raise BundleError(f"{file}: a symbolic link; bundle files must be regular files")
     try:
-        size = file.stat().st_size
-        if size != entry["bytes"]:
-            raise BundleError(
-                f"{file}: {size} bytes, the manifest says {entry['bytes']} "
-                f"({'truncated' if size < entry['bytes'] else 'changed'})"
-            )
-        digest = hashlib.sha256()
-        chunks = []
-        with file.open("rb") as handle:
-            while chunk := handle.read(1 << 20):
-                digest.update(chunk)
-                if keep:
-                    chunks.append(chunk)
+        handle = file.open("rb")
     except FileNotFoundError:
         raise BundleError(f"{file}: missing") from None
     except OSError as error:
         raise BundleError(f"{file}: cannot be read: {error.strerror}") from None
-    if digest.hexdigest() != entry["sha256"]:
-        raise BundleError(f"{file}: SHA-256 does not match the manifest (file was modified)")
-    return b"".join(chunks) if keep else None
+    with handle:
+        try:
+            size = os.fstat(handle.fileno()).st_size
+            if size != entry["bytes"]:
+                raise BundleError(
+                    f"{file}: {size} bytes, the manifest says {entry['bytes']} "
+                    f"({'truncated' if size < entry['bytes'] else 'changed'})"
+                )
+            digest = hashlib.sha256()
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+                if chunks is not None:
+                    chunks.append(chunk)
+        except OSError as error:
+            raise BundleError(f"{file}: cannot be read: {error.strerror}") from None
+        if digest.hexdigest() != entry["sha256"]:
+            raise BundleError(f"{file}: SHA-256 does not match the manifest (file was modified)")
+        handle.seek(0)
+        yield handle
+
+
+def load_exact(
+    directory: str | os.PathLike[str], *, threads: int = 1, mapped: bool = True
+) -> ExactModel:
+    """The exact model of the bundle at ``directory`` without its fast path: the manifest,
+    the input scaling and the exact arrays, each verified (size and SHA-256), the arrays
+    mapped from the file with ``mapped`` (see ``Bundle.load_exact``).
+
+    For a process that serves exact mode only. Raises ``BundleError`` naming the file.
+    """
+    path = Path(directory)
+    manifest = read_manifest(path)
+    scaling_bytes = None
+    if SCALING_FILE in manifest["files"]:
+        scaling_bytes = _verified_bytes(path, manifest, SCALING_FILE)
+    try:
+        scaling = InputScaling.from_manifest(
+            manifest["input_scaling"], scaling_bytes, manifest["input_dim"]
+        )
+    except ValueError as error:
+        raise BundleError(f"{path / SCALING_FILE}: {error}") from None
+    return _exact_model(path, manifest, threads, scaling, mapped)
+
+
+def _exact_model(
+    path: Path, manifest: dict[str, Any], threads: int, scaling: InputScaling, mapped: bool
+) -> ExactModel:
+    estimator, centers = _load_exact(path, manifest, threads, mapped)
+    return ExactModel(
+        bundle_id=manifest["id"],
+        estimator=estimator,
+        centers=centers,
+        input_scaling=scaling,
+        alignment=_alignment(path, manifest),
+    )
 
 
 def _load_exact(
-    path: Path, manifest: dict[str, Any], threads: int
+    path: Path, manifest: dict[str, Any], threads: int, mapped: bool = False
 ) -> tuple[Any, np.ndarray | None]:
     name = exact_file(manifest)
     file = path / name
@@ -384,11 +485,26 @@ def _load_exact(
         method = get_method(manifest["method"])
     except ValueError as error:
         raise BundleError(f"{path / MANIFEST}: {error} (is the plug-in installed?)") from None
-    data = _verified_bytes(path, manifest, name)
     try:
-        arrays = arrays_from_npz(data, str(file), "array archive")
-    except ValueError as error:
-        raise BundleError(str(error)) from None
+        if mapped:
+            # Mapped from the very file that was verified (a bundle replaced meanwhile is
+            # a new file at the same path).
+            with _verified_file(path, manifest, name) as handle:
+                arrays = map_npz(handle, str(file))
+        else:
+            data = _verified_bytes(path, manifest, name)
+            try:
+                arrays = arrays_from_npz(data, str(file), "array archive")
+            except ValueError as error:
+                raise BundleError(str(error)) from None
+    except BundleError:
+        raise
+    except OSError as error:
+        if error.errno == errno.ENOMEM:  # short of memory to map it: not the file's fault
+            raise MemoryError(f"{file}: cannot be mapped: {error.strerror}") from None
+        raise BundleError(f"{file}: not a readable array archive: {error}") from None
+    except (ValueError, zipfile.BadZipFile, EOFError) as error:
+        raise BundleError(f"{file}: not a readable array archive: {error}") from None
     centers = arrays.pop(HEAD_CENTERS, None)
     try:
         model = method.load(arrays, _load_params(method, manifest, threads))

@@ -28,7 +28,12 @@ def check_magnitude(X, source: str = "X") -> None:
     values = X.data if sp.issparse(X) else np.asarray(X)
     if values.size == 0:
         return
-    largest = max(float(values.max()), -float(values.min()))  # no |X| copy of the data
+    check_largest(max(float(values.max()), -float(values.min())), source)  # no |X| copy
+
+
+def check_largest(largest: float, source: str = "X") -> None:
+    """ValueError if ``largest``, the largest absolute value, is beyond
+    +-``MAX_TRAINING_MAGNITUDE``."""
     if largest > MAX_TRAINING_MAGNITUDE:
         raise ValueError(
             f"{source}: has values as large as {largest:.3g}; training needs them within "
@@ -42,6 +47,12 @@ def check_spread(X, source: str = "X") -> None:
     from the mean row of at least ``MIN_TRAINING_SPREAD``."""
     check_magnitude(X, source)
     variances = _sparse_variances(sp.csr_matrix(X)) if sp.issparse(X) else _dense_variances(X)
+    check_variances(variances, source)
+
+
+def check_variances(variances: np.ndarray, source: str = "X") -> None:
+    """ValueError unless the columns' ``variances`` make rows that differ, spread at least
+    ``MIN_TRAINING_SPREAD`` around their mean."""
     if not variances.max() > 0:  # exactly 0 for identical rows, in any dtype
         raise ValueError(f"{source}: every row is the same; an embedding needs rows that differ")
     spread = float(np.sqrt(variances.sum()))

@@ -20,7 +20,7 @@ from typing import IO
 
 import numpy as np
 
-from mbn_core.data.csv_scan import is_header_row, scan_csv
+from mbn_core.data.csv_scan import ColumnChoice, is_header_row, scan_csv
 from mbn_core.data.npz_members import (
     HEADER_ERRORS,
     MEMBER_ERRORS,
@@ -100,8 +100,9 @@ class _Header:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def peek_data_file(path: str | os.PathLike[str]) -> DataShape:
-    """The shape of the data in ``path`` (``.npy``, ``.npz`` or ``.csv``) from its headers.
+def peek_data_file(path: str | os.PathLike[str], choice: ColumnChoice | None = None) -> DataShape:
+    """The shape of the data in ``path`` (``.npy``, ``.npz`` or ``.csv``, of the columns
+    ``choice`` keeps) from its headers.
 
     Raises
     ------
@@ -120,7 +121,7 @@ def peek_data_file(path: str | os.PathLike[str]) -> DataShape:
         if suffix == ".npz":
             return _peek_npz(path)
         if suffix == ".csv":
-            return _peek_csv(path)
+            return _peek_csv(path, choice)
     except (OSError, *MEMBER_ERRORS) as error:
         raise ValueError(f"{path}: unreadable {suffix} file: {error}") from None
     raise ValueError(
@@ -222,9 +223,9 @@ def _sparse_shape(
     return DataShape(rows, features, data_bytes, sparse=True)
 
 
-def _peek_csv(path: Path) -> DataShape:
+def _peek_csv(path: Path, choice: ColumnChoice | None = None) -> DataShape:
     """Rows and columns of a CSV, every cell checked to be a number, in bounded memory
     (blocks of lines, ``mbn_core.data.csv_scan``): a file training would refuse for a text cell
     is refused here, with its row."""
-    rows, features = scan_csv(path)
+    rows, features = scan_csv(path, choice)
     return DataShape(rows, features, rows * features * 8)

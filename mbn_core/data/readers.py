@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from mbn_core.data.csv_scan import read_csv
+from mbn_core.data.csv_scan import ColumnChoice, read_csv
 from mbn_core.data.files import LABEL_KINDS, SPARSE_ARRAYS, peek_data_file
 from mbn_core.data.npz_members import (
     HEADER_ERRORS,
@@ -26,9 +26,17 @@ from mbn_core.data.npz_members import (
 )
 
 
-def load_training_data(path: str | os.PathLike[str]) -> tuple[Any, np.ndarray | None]:
+def load_training_data(
+    path: str | os.PathLike[str],
+    choice: ColumnChoice | None = None,
+    notes: list[str] | None = None,
+) -> tuple[Any, np.ndarray | None]:
     """Read a data file: ``.npy``, ``.npz`` (``x`` and optional ``y``), scipy sparse ``.npz``
     or ``.csv`` (numbers only, and a header row when no cell of the first row is a number).
+
+    A CSV's columns are those ``choice`` keeps (by default all but a first column without a
+    header name: the index pandas writes); what was left out unasked is appended to
+    ``notes``.
 
     Returns
     -------
@@ -48,6 +56,8 @@ def load_training_data(path: str | os.PathLike[str]) -> tuple[Any, np.ndarray | 
     if not path.is_file():
         raise ValueError(f"{path}: not a file")
     suffix = path.suffix.lower()
+    if suffix != ".csv" and choice is not None and not choice.is_default:
+        raise ValueError(f"{path}: columns and drop choose the columns of a .csv file only")
     y = None
     try:
         _check_magic(path, suffix)
@@ -60,7 +70,8 @@ def load_training_data(path: str | os.PathLike[str]) -> tuple[Any, np.ndarray | 
         elif suffix == ".npz":
             X, y = _read_npz(path)
         elif suffix == ".csv":
-            X = _read_csv(path)
+            # Blocks of lines in bounded memory; a bad cell is named with its row and column.
+            X = read_csv(path, choice, notes)
         else:
             raise ValueError(
                 f"{path}: unsupported format {suffix or '(no suffix)'!r}; use .npy, .npz or .csv"
@@ -133,11 +144,6 @@ def _checked_sparse(X) -> sp.csr_matrix:
     X = X.tocsr()
     X.check_format(full_check=True)
     return X
-
-
-def _read_csv(path: Path) -> np.ndarray:
-    # Blocks of lines in bounded memory; a bad cell is named with its data row.
-    return read_csv(path)
 
 
 def check_labels(y, n_samples: int, source: str) -> np.ndarray | None:

@@ -94,6 +94,7 @@ class InputScaling:
         # float64 sums: a float32 mean of 60,000 rows loses digits the codes would notice.
         mean = X.mean(axis=0, dtype=np.float64)
         std = X.std(axis=0, dtype=np.float64)
+        check_deviations(std)
         factor = np.ones_like(std)
         np.divide(1.0, std, out=factor, where=std > 0)
         return cls("standard", mean.astype(np.float32), factor.astype(np.float32), "standard")
@@ -158,6 +159,27 @@ class InputScaling:
         return cls("standard", offset, factor, "standard")
 
 
+# The smallest standard deviation "standard" can divide by: below it the factor overflows
+# float32 (and the column's values differ only in their last digits anyway).
+MIN_SCALED_DEVIATION = 1.0 / float(np.finfo(np.float32).max)
+
+
+def check_deviations(std: np.ndarray, names: list[str] | None = None) -> None:
+    """ValueError naming the first column whose standard deviation is positive but too
+    small for "standard" scaling (its factor would overflow float32). ``names``: the
+    columns' names, when they have any."""
+    tiny = np.flatnonzero((std > 0) & (std < MIN_SCALED_DEVIATION))
+    if tiny.size == 0:
+        return
+    column = int(tiny[0])
+    name = f"{names[column]!r} ({column + 1})" if names and column < len(names) else column + 1
+    raise ValueError(
+        f"column {name} varies by a standard deviation of {float(std[column]):.3g}, too "
+        "small to scale to unit variance in float32 (input_scaling 'standard'); rescale or "
+        "drop the column, or train with input_scaling 'none'"
+    )
+
+
 def feature_range_ratio(X) -> float | None:
     """The 90th over the 10th percentile of the non-constant features' value ranges (None
     when fewer than two features vary; with ten or fewer, the widest over the narrowest)."""
@@ -168,6 +190,11 @@ def feature_range_ratio(X) -> float | None:
     else:
         X = np.asarray(X)
         high, low = X.max(axis=0), X.min(axis=0)
+    return range_ratio(low, high)
+
+
+def range_ratio(low: np.ndarray, high: np.ndarray) -> float | None:
+    """``feature_range_ratio`` from the features' smallest and largest values."""
     spans = (high.astype(np.float64) - low)[high > low]
     if spans.size < 2:
         return None
@@ -183,11 +210,17 @@ def choose_scaling(X, requested: str = "auto") -> InputScaling:
     if requested not in ("auto", *SCALINGS):
         raise ValueError(f"input_scaling must be 'auto', 'none' or 'standard', got {requested!r}")
     ratio = feature_range_ratio(X)
-    method = requested
-    if requested == "auto":
-        mixed_units = ratio is not None and ratio > RANGE_RATIO_LIMIT
-        method = "standard" if mixed_units and not sp.issparse(X) else "none"
+    method = chosen_scaling(requested, ratio, sparse=sp.issparse(X))
     return replace(InputScaling.fit(X, method), requested=requested, range_ratio=ratio)
+
+
+def chosen_scaling(requested: str, ratio: float | None, *, sparse: bool = False) -> str:
+    """The scaling ("none" or "standard") that ``requested`` gives for data whose
+    ``feature_range_ratio`` is ``ratio``."""
+    if requested != "auto":
+        return requested
+    mixed_units = ratio is not None and ratio > RANGE_RATIO_LIMIT
+    return "standard" if mixed_units and not sparse else "none"
 
 
 def scale_graph_input(proto, scaling: InputScaling):

@@ -32,12 +32,14 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 from threadpoolctl import threadpool_limits
 
+from mbn_core.data.checks import check_spread
+from mbn_core.distribution import install_hint
 from mbn_core.exceptions import MethodFailed, MethodUnavailable, NoExactMap, TrainingStopped
 from mbn_core.params import CheckedParams
 
 # The optional extra that installs every layout library.
 EXTRA = "methods"
-INSTALL_LINE = f"pip install 'mbn[{EXTRA}]'"
+INSTALL_LINE = install_hint(EXTRA)
 # A library's message names a file now and then: never shown to a client.
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:/[\w.+-]+){2,}/?")
 _MAX_MESSAGE = 300
@@ -84,7 +86,11 @@ class LayoutMethod(CheckedParams, TransformerMixin, BaseEstimator):
         """
         self._validate_params()
         X = self._check_input(X, reset=True)
+        # The range every method trains on (values that fit float32's squares, rows that
+        # differ): the same refusals and messages as the pipeline's.
+        check_spread(X)
         self.check_rows(X.shape[0])
+        self._check_features(X.shape[1])
         module = self.load_library()
         with self._threads():
             try:
@@ -119,6 +125,18 @@ class LayoutMethod(CheckedParams, TransformerMixin, BaseEstimator):
     def _rows_needed(self) -> tuple[int, str]:
         """(fewest rows, which parameter asks for them)."""
         return 2, "a layout"
+
+    def _check_features(self, n_features: int) -> None:
+        """ValueError when the parameters cannot work on ``n_features`` columns."""
+
+    def _check_pca_start(self, n_features: int, parameter: str) -> None:
+        """A start from principal components needs as many features as components."""
+        if n_features < self.n_components:
+            raise ValueError(
+                f"{self.title}: {parameter} starts the layout from {self.n_components} "
+                f"principal components, which needs at least {self.n_components} features, "
+                f"got {n_features}"
+            )
 
     def _fit_layout(self, module: ModuleType, X: np.ndarray) -> np.ndarray:
         """The library's layout of checked float32 rows X."""

@@ -33,7 +33,7 @@ class PaCMAP(LayoutMethod):
     n_components : int, default=2
         Dimension of the layout.
     n_neighbors : int, default=10
-        Near pairs per row (needs n_neighbors + 1 rows).
+        Near pairs per row (needs n_neighbors + 2 rows).
     MN_ratio : float, default=0.5
         Mid-near pairs per row, as a share of ``n_neighbors``.
     FP_ratio : float, default=2.0
@@ -104,6 +104,10 @@ class PaCMAP(LayoutMethod):
         return max(self.n_neighbors + 2, self.n_components + 2, 4), (
             f"n_neighbors={self.n_neighbors}"
         )
+
+    def _check_features(self, n_features: int) -> None:
+        # PaCMAP fits a PCA of n_components on narrow input whatever the start.
+        self._check_pca_start(n_features, "PaCMAP")
 
     def _reducer(self, module: ModuleType) -> Any:
         seed = self.random_state

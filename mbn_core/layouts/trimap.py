@@ -30,7 +30,7 @@ class TriMap(LayoutMethod):
     n_components : int, default=2
         Dimension of the layout (at least 2).
     n_inliers : int, default=12
-        Near rows per row in the triplets (needs n_inliers + n_outliers + 1 rows).
+        Near rows per row in the triplets (needs n_inliers + n_outliers + 2 rows).
     n_outliers : int, default=4
         Far rows sampled per near row.
     n_random : int, default=3
@@ -106,6 +106,10 @@ class TriMap(LayoutMethod):
         return self.n_inliers + self.n_outliers + 2, (
             f"n_inliers={self.n_inliers} with n_outliers={self.n_outliers}"
         )
+
+    def _check_features(self, n_features: int) -> None:
+        # TriMap starts from the principal components of its input.
+        self._check_pca_start(n_features, "TriMap")
 
     def _fit_layout(self, module: ModuleType, X: np.ndarray) -> np.ndarray:
         reducer = module.TRIMAP(

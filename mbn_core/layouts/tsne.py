@@ -138,6 +138,10 @@ class TSNE(LayoutMethod):
     def _rows_needed(self) -> tuple[int, str]:
         return int(3 * self.perplexity) + 1, f"perplexity={self.perplexity:g}"
 
+    def _check_features(self, n_features: int) -> None:
+        if self.initialization == "pca":
+            self._check_pca_start(n_features, 'initialization="pca"')
+
     def _fit_layout(self, module: ModuleType, X: np.ndarray) -> np.ndarray:
         progress = _Progress(self.callback, self.early_exaggeration_iter + self.n_iter)
         seed = self.random_state

@@ -76,6 +76,10 @@ class UMAPLayout(LayoutMethod):
             f"n_neighbors={self.n_neighbors} (and n_components={self.n_components})"
         )
 
+    def _check_features(self, n_features: int) -> None:
+        if self.init == "pca":
+            self._check_pca_start(n_features, 'init="pca"')
+
     def _library_params(self) -> dict[str, Any]:
         return {
             "n_neighbors": self.n_neighbors,

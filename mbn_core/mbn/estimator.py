@@ -21,7 +21,7 @@ from mbn_core.mbn.backends import FIT, TRANSFORM, ProgressCallback, choose_backe
 from mbn_core.mbn.backends.base import DEVICE_CHOICES
 from mbn_core.mbn.bottom import BottomLayer, canonical_sparse, input_row_norms
 from mbn_core.mbn.layer_draws import DrawsAhead, draw_upper, fit_upper_layer
-from mbn_core.mbn.network import Network
+from mbn_core.mbn.network import MAX_LAYERS, Network
 from mbn_core.mbn.outputs import AUTO, FittedOutput, OutputProgress, get_output, output_names
 from mbn_core.mbn.plan import Plan, settle
 from mbn_core.mbn.upper import UpperLayer
@@ -472,7 +472,7 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
 
     def _check_params(self) -> None:
         if self.ks is not None:
-            check_int_items(type(self).__name__, "ks", self.ks, 2)
+            check_int_items(type(self).__name__, "ks", self.ks, 2, MAX_LAYERS)
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,14 @@ def _check_rows(mbn: MBN, n_samples: int) -> None:
     network.check_n_components(n_samples, network.layer_sizes(n_samples))
 
 
+def _memory(mbn: MBN, shape: tuple[int, int]) -> float:
+    """The fit's peak beyond its input rows, from above: two layers' codes of every row
+    (int32 at most), and every layer's centers (int64 row numbers at most)."""
+    n = shape[0]
+    V = mbn.n_clusterings
+    return 2.0 * n * V * 4 + V * float(sum(mbn.layer_sizes(n))) * 8
+
+
 def _facts(mbn: MBN) -> dict[str, Any]:
     # The output too: with output="auto" the data chose it, and a user reads here which.
     facts: dict[str, Any] = {
@@ -167,6 +175,7 @@ METHOD = register(
         track=_track,
         cost=_cost,
         check_rows=_check_rows,
+        memory=_memory,
         facts=_facts,
         describe=_describe,
         sparse=True,

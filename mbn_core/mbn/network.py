@@ -17,6 +17,9 @@ from mbn_core.mbn.outputs import AUTO, Output, get_output
 
 # The shrink factor of ``delta="auto"`` where no second layer is measured.
 PAPER_DELTA = 0.5
+# Most layers a network may have (explicit ks, or the layers delta gives): far more than a
+# million rows need at delta 0.9, and each upper layer costs a pass of every clustering.
+MAX_LAYERS = 256
 # The upper layers' feature fraction under ``feature_fraction="auto"`` (the paper's).
 PAPER_FRACTION = 0.5
 
@@ -165,4 +168,9 @@ def _shrunk(k1: int, delta: float, min_centers: float) -> list[int]:
     ks = [k1]
     while (k := int(delta * ks[-1])) >= min_centers:
         ks.append(k)
+        if len(ks) > MAX_LAYERS:
+            raise ValueError(
+                f"delta={delta:g} shrinks k1={k1} centers so slowly that the network "
+                f"would have more than {MAX_LAYERS} layers; use a smaller delta or k_max"
+            )
     return ks

@@ -43,6 +43,11 @@ from mbn_core.utils.npz import arrays_from_npz, npz_bytes
 # 10-NN overlap, small beside the exact model.
 REFERENCE_ROWS = 500
 _KNN = 10
+# Reference rows are kept dense: a sparse model keeps none, and has none to align on.
+SPARSE_ALIGNMENT = (
+    "aligning a model trained on sparse input is not supported (no reference rows are kept "
+    "of sparse input)"
+)
 # Node names of the distilled graph's output layer (mbn_core.distill.onnx.to_onnx).
 _TARGET_SCALE, _TARGET_MEAN = "mbn_target_scale", "mbn_target_mean"
 _CENTERS_T, _CENTER_NORMS = "mbn_centers_t", "mbn_center_norms"
@@ -146,9 +151,13 @@ def load_reference(bundle: Bundle) -> ReferenceRows | None:
     return reference
 
 
-def check_compatible(old: Bundle, n_features: int, n_components: int | None) -> None:
+def check_compatible(
+    old: Bundle, n_features: int, n_components: int | None, *, sparse: bool = False
+) -> None:
     """ValueError unless a model of ``n_features`` inputs (and ``n_components`` outputs,
-    when known) can be aligned to ``old``."""
+    when known), trained on ``sparse`` input or not, can be aligned to ``old``."""
+    if sparse:
+        raise ValueError(SPARSE_ALIGNMENT)
     if n_features != old.input_dim:
         raise ValueError(
             f"cannot align to model {old.id!r}: it takes {old.input_dim} features, the new "
@@ -175,7 +184,7 @@ def reference_files(
     sections: dict[str, Any] = {}
     if sp.issparse(X):
         if old is not None:
-            raise ValueError("aligning a model trained on sparse input is not supported")
+            raise ValueError(SPARSE_ALIGNMENT)
         return {}, sections  # dense reference rows of a wide vocabulary would be large
     reference = None if old is None else load_reference(old)
     if old is not None:

@@ -47,6 +47,9 @@ from mbn_core.utils.seeds import draw_seed
 
 log = logging.getLogger(__name__)
 
+# Most hidden layers of the student MLP: the paper's has two, and depth beyond a few only
+# adds training time.
+MAX_HIDDEN_LAYERS = 16
 # What the MLP learns for a training row: the teacher's in-sample embedding. (Leave-self-out
 # targets were measured and removed: bundles trained with them are refused on load.)
 TARGETS = ("in-sample",)
@@ -487,7 +490,13 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         return 1 if self.n_jobs is None else int(self.n_jobs)
 
     def _check_params(self) -> None:
-        check_int_items(type(self).__name__, "hidden_layer_sizes", self.hidden_layer_sizes, 1)
+        check_int_items(
+            type(self).__name__,
+            "hidden_layer_sizes",
+            self.hidden_layer_sizes,
+            1,
+            MAX_HIDDEN_LAYERS,
+        )
         if self.prefit and self.teacher is None:
             raise ValueError("prefit=True needs a fitted teacher")
 

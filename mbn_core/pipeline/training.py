@@ -9,6 +9,8 @@ method: the registry (``mbn_core.methods``) says what each one needs.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import itertools
 import logging
 import os
 import time
@@ -56,6 +58,7 @@ from mbn_core.pipeline.options import fast_path_params
 from mbn_core.pipeline.options import options as training_options
 from mbn_core.pipeline.run import run_pipeline
 from mbn_core.pipeline.split import fold_fit_rows, report_fold_count, teacher_fit_rows
+from mbn_core.utils.memory import memory_limit
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +96,18 @@ class TrainingParams:
     values: Mapping[str, Any]
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any] | None = None) -> TrainingParams:
-        """Parameters from a JSON object (``method`` optional, ``"mbn"`` by default)."""
+    def from_dict(
+        cls,
+        values: Mapping[str, Any] | None = None,
+        *,
+        set_elsewhere: Mapping[str, str] | None = None,
+    ) -> TrainingParams:
+        """Parameters from a JSON object (``method`` optional, ``"mbn"`` by default).
+
+        ``set_elsewhere`` maps options the caller sets itself (a server's threads and
+        device) to where they are set: they are refused by name, and left out of the known
+        options an unknown one is told about."""
+        elsewhere = dict(set_elsewhere or {})
         if values is None:
             values = {}
         if not isinstance(values, Mapping):
@@ -106,11 +119,10 @@ class TrainingParams:
         method = get_method(name)
         options = {param.name: param for param in training_options(method)}
         for key in values:
+            if key in elsewhere:
+                raise ValueError(f"training parameter {key!r} is set by {elsewhere[key]}")
             if key not in options:
-                raise ValueError(
-                    f"unknown training parameter {key!r} for method {name!r}; known: "
-                    f"{', '.join(sorted(options))}"
-                )
+                raise ValueError(unknown_parameter(key, name, sorted(options), elsewhere))
         full = {}
         for key, param in options.items():
             value = values.get(key, param.default)
@@ -190,6 +202,25 @@ class TrainingParams:
         return {name: self.values[name] for name in PIPELINE_PARAMS}
 
 
+def unknown_parameter(
+    key: str, method: str, known: list[str], elsewhere: Mapping[str, str] | None = None
+) -> str:
+    """Words for an unknown training option: the nearest known one, and the known ones
+    (without those set elsewhere, which are said apart)."""
+    elsewhere = elsewhere or {}
+    offered = [name for name in known if name not in elsewhere]
+    shown = key if len(key) <= 80 else f"{key[:80]}..."
+    message = f"unknown training parameter {shown!r} for method {method!r}"
+    close = difflib.get_close_matches(key, offered, n=1)
+    if close:
+        message += f" (did you mean {close[0]!r}?)"
+    message += f"; known: {', '.join(offered)}"
+    if elsewhere:
+        said = ", ".join(f"{name} by {where}" for name, where in sorted(elsewhere.items()))
+        message += f" (set elsewhere: {said})"
+    return message
+
+
 @dataclass(frozen=True)
 class TrainingEvent:
     """A detailed progress report (for progress bars).
@@ -227,6 +258,13 @@ def check_feasible(params: TrainingParams, n_rows: int, *, sparse: bool = False)
             "input_scaling='standard' centres every feature, which would make sparse input "
             "dense; weight sparse features yourself (tf-idf, say) and use 'none' or 'auto'"
         )
+    if method.export is None:
+        folds = report_fold_count(n_rows, params["holdout_fraction"], params["report_folds"])
+        if folds is not None and folds > n_rows:
+            raise ValueError(
+                f"report_folds={folds} is more than the {n_rows} rows (a cross-fitted "
+                "report needs a row in every fold)"
+            )
     if method.check_rows is not None:
         method.check_rows(params.estimator(), fit_shape(params, (n_rows, 1))[0])
         if method.export is None:
@@ -243,6 +281,58 @@ def check_feasible(params: TrainingParams, n_rows: int, *, sparse: bool = False)
             f"n_clusters={n_clusters} is more than the {head_rows} rows the clustering head "
             f"is fitted on{of}"
         )
+
+
+def training_memory(params: TrainingParams, shape: tuple[int, int]) -> dict[str, float]:
+    """An upper estimate of the bytes a job of ``params`` on ``shape`` rows holds at its
+    peak, by part: the rows (as read and as scaled), the method's fit (``Method.memory``)
+    and a distilled method's MLP (float64 weights with their gradients, Adam's two moments
+    and the best epoch's copy, and the activations of a batch and of a prediction)."""
+    n, d = shape
+    method = params.spec
+    estimator = params.estimator()
+    parts = {"data": 2.0 * n * d * 4}
+    if method.memory is not None:
+        parts[method.name] = float(method.memory(estimator, fit_shape(params, shape)))
+    if method.export is None:
+        values = params.values
+        hidden = [int(h) for h in values["hidden_layer_sizes"]]
+        n_out: int = (
+            getattr(estimator, "n_components", None) or getattr(estimator, "n_classes", None) or 10
+        )
+        width = projected_width(d, values["input_components"])
+        first = d if width is None else width
+        sizes: tuple[int, ...] = (first, *hidden, n_out)
+        weights = (0 if width is None else d * width) + sum(
+            a * b for a, b in itertools.pairwise(sizes)
+        )
+        widest = max(sizes[1:])
+        batch = min(int(values["batch_size"]), n) * sum(sizes[1:])
+        parts["mlp"] = 5.0 * 8 * weights + 3.0 * 8 * batch + 2.0 * 8 * n * widest
+    return parts
+
+
+def check_memory(params: TrainingParams, shape: tuple[int, int], limit: int | None = None) -> None:
+    """ValueError when ``training_memory`` exceeds ``limit`` bytes (None: this host's or
+    container's memory, ``mbn_core.utils.memory``), naming the largest part."""
+    if limit is None:
+        limit = memory_limit()
+        if limit is None:
+            return
+    parts = training_memory(params, shape)
+    total = sum(parts.values())
+    if total <= limit:
+        return
+    largest = max(parts, key=parts.__getitem__)
+    raise ValueError(
+        f"these parameters would need about {_gib(total)} to train on {shape[0]} x {shape[1]} "
+        f"rows ({largest}: {_gib(parts[largest])}), more than the {_gib(limit)} this host "
+        "allows; use smaller layers, fewer clusterings or fewer rows"
+    )
+
+
+def _gib(size: float) -> str:
+    return f"{size / 2**30:,.1f} GiB"
 
 
 # ---------------------------------------------------------------------- training
@@ -309,11 +399,17 @@ def train_bundle(
     if align_to is not None:
         old = align_to if isinstance(align_to, Bundle) else load_bundle(align_to)
         n_components = params.values.get("n_components")
-        check_compatible(old, X.shape[1], n_components if isinstance(n_components, int) else None)
+        check_compatible(
+            old,
+            X.shape[1],
+            n_components if isinstance(n_components, int) else None,
+            sparse=sp.issparse(X),
+        )
     check_spread(X)
     labels = check_labels(y, X.shape[0], "y")
     method = params.spec
     check_feasible(params, X.shape[0], sparse=sp.issparse(X))
+    check_memory(params, X.shape)
     estimator = params.estimator()
     scaling = choose_scaling(X, params[INPUT_SCALING.name])
     if scaling.method != "none":

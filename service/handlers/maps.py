@@ -77,7 +77,7 @@ class MapsHandler:
             map=stored,
         )
 
-    def locate(self, ref: str, embeddings: Sequence[Sequence[float]]) -> Located:
+    def locate(self, ref: str, embeddings: np.ndarray | Sequence[Sequence[float]]) -> Located:
         """Place ``embeddings`` (from ``POST /embed`` with the model ``ref``) on its map:
         ``PayloadTooLarge`` beyond ``max_rows``, ``InvalidInput`` for embeddings of another
         dimension or with NaN or infinity."""

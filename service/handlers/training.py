@@ -8,12 +8,13 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from mbn_core.data.csv_scan import ColumnChoice
 from service.alignment import aligned_params
-from service.arrays import rows_to_matrix
+from service.arrays import check_parsed_rows, rows_to_matrix
 from service.domain import InvalidInput
 from service.jobs import Job
 from service.registry import ModelRegistry
-from service.submission import Submitter, check_params
+from service.submission import Prepare, Submitter, check_params
 
 
 class TrainingHandler:
@@ -44,15 +45,17 @@ class TrainingHandler:
         self.wake = wake
         self.registry = registry
 
-    def _aligned(self, align_to: str | None) -> Callable[[dict[str, Any], int], dict[str, Any]]:
+    def _aligned(self, align_to: str | None) -> Prepare:
         """What makes a job's params once its data's width is known: with ``align_to``, the
         model's id after the checks (404, 409, 422)."""
         if align_to is None:
-            return lambda params, n_features: params
+            return lambda params, n_features, sparse: params
         registry = self.registry
         if registry is None:
             raise InvalidInput("align_to needs the model registry, which this server lacks")
-        return lambda params, n_features: aligned_params(registry, align_to, params, n_features)
+        return lambda params, n_features, sparse: aligned_params(
+            registry, align_to, params, n_features, sparse=sparse
+        )
 
     def admit(self) -> None:
         """``Overloaded`` when the queue is full: cheap, before a large body is read (the
@@ -65,16 +68,19 @@ class TrainingHandler:
         name: str,
         method: str | None,
         params: dict[str, Any],
-        data: Sequence[Sequence[float]],
-        labels: Sequence[int] | None,
+        data: np.ndarray | Sequence[Sequence[float]],
+        labels: np.ndarray | Sequence[int] | None,
         promote: bool,
         align_to: str | None = None,
     ) -> Job:
-        """Queue a job whose rows (and optional labels) came inline."""
+        """Queue a job whose rows (a float32 matrix parsed from the body, or rows) and
+        optional labels came inline."""
         full_params = check_params(params, method, bound=self.submitter.settings.max_train_rows)
-        x = rows_to_matrix(
-            data, expected_dim=None, max_rows=self.submitter.settings.max_train_rows, what="data"
-        )
+        max_rows = self.submitter.settings.max_train_rows
+        if isinstance(data, np.ndarray):
+            x = check_parsed_rows(data, expected_dim=None, max_rows=max_rows, what="data")
+        else:
+            x = rows_to_matrix(data, expected_dim=None, max_rows=max_rows, what="data")
         y = None if labels is None else _labels(labels)
         job = self.submitter.submit_arrays(
             name, full_params, x, y, promote=promote, prepare=self._aligned(align_to)
@@ -91,13 +97,20 @@ class TrainingHandler:
         source: BinaryIO,
         promote: bool,
         align_to: str | None = None,
+        choice: ColumnChoice | None = None,
     ) -> Job:
         """Queue a job whose data is an uploaded file (its type by ``filename``'s suffix),
-        copying ``source`` to disk."""
+        copying ``source`` to disk; ``choice``: a CSV's columns to train on."""
         full_params = check_params(params, method, bound=self.submitter.settings.max_train_rows)
         suffix = PurePath(filename or "").suffix.lower()
         job = self.submitter.submit_file(
-            name, full_params, suffix, source, promote=promote, prepare=self._aligned(align_to)
+            name,
+            full_params,
+            suffix,
+            source,
+            promote=promote,
+            prepare=self._aligned(align_to),
+            choice=choice,
         )
         return self._queued(job)
 
@@ -107,7 +120,9 @@ class TrainingHandler:
         return job
 
 
-def _labels(labels: Sequence[int]) -> np.ndarray:
+def _labels(labels: np.ndarray | Sequence[int]) -> np.ndarray:
+    if isinstance(labels, np.ndarray):
+        return labels
     try:
         return np.asarray(labels, dtype=np.int64)
     except OverflowError:

@@ -1,17 +1,18 @@
-"""Reading JSON bodies with pydantic in one pass (Rust parser straight to the model).
+"""Reading JSON bodies: placed and checked by ``service.json_object``, small members validated
+by pydantic (its Rust parser straight to the model), large ones by their own parsers.
 
-FastAPI's own body handling runs ``json.loads`` and then validates the Python objects, about
-five times slower for a batch of 256 MNIST rows; the schema is published in OpenAPI by hand
+FastAPI's own body handling runs ``json.loads`` over the whole body and then validates the
+Python objects: several times slower, and a body of small arrays grows to many times its size
+before an unknown member is refused. The schema is published in OpenAPI by hand
 (``json_body``).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Sequence
 from typing import Any, TypeVar
 
-import msgspec
-import numpy as np
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
@@ -20,14 +21,11 @@ from service.errors import (
     PayloadTooLarge,
     UnsupportedMediaType,
     invalid_from_validation,
-    shortened,
 )
-from service.json_members import member_spans
+from service.json_object import SMALL_MEMBER_BYTES, check_small, split_object
+from service.schemas import LARGE_GIVEN
 
 M = TypeVar("M", bound=BaseModel)
-
-_KEY = msgspec.json.Decoder(str)
-_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
 def is_json(content_type: str | None) -> bool:
@@ -70,115 +68,40 @@ async def read_json_body(request: Request, *, limit: int | None = None) -> bytes
     return body
 
 
-def parse_body(
+def parse_object(
     model: type[M],
-    body: bytes,
+    body: bytes | bytearray | memoryview,
     *,
+    large: Collection[str] = (),
+    known: Sequence[str] | None = None,
     context: dict[str, Any] | None = None,
-    checked: bool = False,
-) -> M:
-    """``body`` validated as ``model``, after ``check_structure`` unless already ``checked``."""
-    if not checked:
-        check_structure(body)
+    what: str = "the JSON body",
+) -> tuple[M, dict[str, memoryview]]:
+    """``body`` as ``model``: its small members validated by pydantic, and the raw JSON of
+    its ``large`` members (those given) for their own parsers. Keys outside ``known`` (the
+    model's fields by default) and repeated keys and oversized small members are refused
+    before anything is parsed (``service.json_object``)."""
+    known = tuple(model.model_fields) if known is None else tuple(known)
+    split = split_object(body, known=known, large=large, what=what)
+    check_small(split.small, what)
+    context = {**(context or {}), LARGE_GIVEN: frozenset(split.large)}
     try:
-        return model.model_validate_json(body, context=context)
+        return model.model_validate_json(split.small, context=context), split.large
     except ValidationError as exc:
         raise invalid_from_validation(exc) from None
 
 
-class _DuplicateKey(Exception):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> None:
-    seen = set()
-    for key, _ in pairs:
-        if key in seen:
-            raise _DuplicateKey(key)
-        seen.add(key)
-    # None: the values are not needed, only the check (keeps the parse small).
-
-
-def check_structure(
-    body: bytes, skip: memoryview | None = None, what: str = "the JSON body"
-) -> None:
-    """Refuse what the fast parsers would silently accept: duplicate keys (where pydantic
-    and msgspec keep the last one) and nesting too deep to parse (``RecursionError``).
-
-    ``skip`` is a member of ``body`` (a view into it, as ``split_member`` returns) that a
-    fast path already parsed as plain number rows or a base64 string, so it holds no
-    objects; it is replaced by ``0`` before the check, which keeps the check small for
-    large batches. Syntax errors are left to pydantic, which words them. ``what`` names the
-    text in the messages (a form field's JSON, for one).
-    """
-    skeleton: bytes | str = body
-    if skip is not None:
-        start = _offset_in(body, skip)
-        if start is not None:
-            skeleton = b"".join((body[:start], b"0", body[start + len(skip) :]))
+def parse_json_text(text: str, what: str) -> Any:
+    """A small JSON text of a form field (``params``), refused over ``SMALL_MEMBER_BYTES``
+    and with the checks of a body's small members."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) > SMALL_MEMBER_BYTES:
+        raise InvalidInput(f"{what} is {len(data)} bytes of JSON; at most {SMALL_MEMBER_BYTES}")
+    check_small(data, what)
     try:
-        json.loads(skeleton, object_pairs_hook=_no_duplicates)
-    except _DuplicateKey as exc:
-        raise InvalidInput(
-            f"{what} has the key {shortened(exc.args[0])!r} twice in one object; keys must be "
-            "unique"
-        ) from None
-    except RecursionError:
-        raise InvalidInput(f"{what} is nested too deeply") from None
-    except ValueError:  # not JSON, or not UTF-8: pydantic's message names the place
-        return
-
-
-def _offset_in(body: bytes, member: memoryview) -> int | None:
-    """Where ``member`` starts inside ``body``, when it is a view into it."""
-    view = memoryview(member)
-    if len(view) == 0 or len(body) == 0:
-        return None
-    start = int(
-        np.frombuffer(view, np.uint8).ctypes.data - np.frombuffer(body, np.uint8).ctypes.data
-    )
-    if 0 <= start <= len(body) - len(view):
-        return start
-    return None
-
-
-async def parse_json(request: Request, model: type[M], *, limit: int | None = None) -> M:
-    return parse_body(model, await read_json_body(request, limit=limit))
-
-
-def split_member(body: bytes, names: tuple[str, ...]) -> tuple[bytes, str, memoryview] | None:
-    """A JSON object body without the first of its top-level members named in ``names``, that
-    name and the member's raw JSON (a view into ``body``); None when the body is not a JSON
-    object holding one of them (the caller parses it whole).
-
-    The members are placed by ``service.json_members`` with the interpreter lock released;
-    the keys are decoded here (a later duplicate wins, as in a dict) and ``rest``, a few
-    small members, is checked to be JSON. The member returned is checked by its own parser.
-    """
-    spans = member_spans(body)
-    if spans is None:
-        return None
-    members: dict[str, tuple[int, int]] = {}
-    for key_start, key_end, value_start, value_end in spans.tolist():
-        try:
-            key = _KEY.decode(body[key_start:key_end])
-        except (msgspec.DecodeError, UnicodeDecodeError):
-            return None
-        members[key] = (value_start, value_end)
-    name = next((name for name in names if name in members), None)
-    if name is None:
-        return None
-    start, end = members.pop(name)
-    rest = (
-        b"{"
-        + b",".join(msgspec.json.encode(k) + b":" + body[a:b] for k, (a, b) in members.items())
-        + b"}"
-    )
-    try:
-        _OBJECT.decode(rest)  # small: the values the scan did not check, checked here
-    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
-        return None  # not JSON: parsed whole, so the message points into the body sent
-    return rest, name, memoryview(body)[start:end]
+        return json.loads(data)
+    except ValueError as exc:  # JSONDecodeError, or an integer of > 4,300 digits
+        raise InvalidInput(f"{what} is not valid JSON: {str(exc)[:200]}") from None
 
 
 def json_body(model: type[BaseModel], *, extra_content: dict[str, Any] | None = None) -> dict:

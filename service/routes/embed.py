@@ -7,24 +7,12 @@ import numpy as np
 from fastapi import APIRouter, Depends, Request, Response
 
 from mbn_core.bundle import Bundle
-from service.arrays import (
-    b64_string_to_bytes,
-    bytes_to_matrix,
-    check_parsed_rows,
-    matrix_to_b64,
-    rows_to_matrix,
-)
+from service.arrays import bytes_to_matrix, check_parsed_rows, matrix_to_b64
 from service.deps import EmbedHandlerDep, require_api_key
-from service.json_rows import parse_number_rows
+from service.json_object import parse_base64, parse_rows
 from service.metrics import MODE_SCOPE_KEY
-from service.routes._body import (
-    check_structure,
-    json_body,
-    parse_body,
-    read_json_body,
-    split_member,
-)
-from service.schemas import INPUTS_PARSED, EmbedRequest, EmbedResponse, error_responses
+from service.routes._body import json_body, parse_object, read_json_body
+from service.schemas import EmbedRequest, EmbedResponse, error_responses
 
 router = APIRouter(tags=["embed"], dependencies=[Depends(require_api_key)])
 
@@ -39,12 +27,14 @@ OFF_LOOP_PARSE_BYTES = 64 << 10
     summary="Embed rows with a model",
     description=(
         "Fast mode answers from the model's ONNX fast path; exact mode runs the method's own "
-        "exact model in a bounded pool (429 with Retry-After when it is busy); past the in-flight "
-        "budget (MBN_MAX_INFLIGHT_REQUESTS, MBN_MAX_INFLIGHT_ROWS) every request gets 429 "
-        "with Retry-After at once. Headers: X-Model-Id, "
-        "X-Compute-Time-Ms (model time only) and Server-Timing."
+        "exact model in the replica's exact runtime, whose queue merges concurrent requests "
+        "(429 with Retry-After when it is full, 503 with Retry-After while it restarts or "
+        "when a request outlives MBN_EXACT_TIMEOUT_SECONDS); past the in-flight budget "
+        "(MBN_MAX_INFLIGHT_REQUESTS, MBN_MAX_INFLIGHT_ROWS) every request gets 429 with "
+        "Retry-After at once. Headers: X-Model-Id, X-Compute-Time-Ms (model time only) and "
+        "Server-Timing."
     ),
-    responses=error_responses(401, 404, 413, 415, 422, 429, 503),
+    responses=error_responses(401, 404, 409, 413, 415, 422, 429, 503),
     openapi_extra=json_body(EmbedRequest),
 )
 async def embed(request: Request, handler: EmbedHandlerDep) -> Response:
@@ -52,17 +42,22 @@ async def embed(request: Request, handler: EmbedHandlerDep) -> Response:
     # One dependency besides the key: FastAPI resolves each for every request (~40 us).
     budget = handler.budget
     body = await read_json_body(request)
+    max_rows = handler.max_rows_per_request
     if len(body) > OFF_LOOP_PARSE_BYTES:
-        # Large bodies are parsed beside the event loop (the number parser releases the
-        # GIL), so health probes and small requests are not held up behind them.
-        req, parsed = await budget.run(_parse, body)
+        # Large bodies are parsed beside the event loop (the scans and the number parser
+        # release the GIL), so health probes and small requests are not held up behind them.
+        req, parsed = await budget.run(_parse, body, max_rows)
     else:
         # Small ones on the loop: the thread hop would cost more than the parse.
-        req, parsed = _parse(body)
+        req, parsed = _parse(body, max_rows)
+    del body  # the rows are parsed: only they are held while the model runs
     request.scope[MODE_SCOPE_KEY] = req.mode
     bundle = await handler.resolve(req.model)
     x = _matrix(req, parsed, bundle, handler.max_rows_per_request)
-    result = await handler.embed(bundle, x, req.mode, req.return_clusters)
+    # An exact request may wait in the runtime's queue: if the client leaves meanwhile, its
+    # rows are dropped there rather than computed for nobody.
+    gone = _disconnected(request) if req.mode == "exact" else None
+    result = await handler.embed(bundle, x, req.mode, req.return_clusters, gone)
     embeddings, clusters, compute_ms = result.embeddings, result.clusters, result.compute_ms
     novelty = await handler.novelty(bundle, x) if req.return_novelty else None
 
@@ -79,6 +74,13 @@ async def embed(request: Request, handler: EmbedHandlerDep) -> Response:
             "Server-Timing": f"compute;dur={compute_ms:.3f}",
         },
     )
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has closed the connection (the body is read already, so
+    the next event the server can give is the disconnection)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _encode(
@@ -131,38 +133,26 @@ def _json_matrix(matrix: np.ndarray) -> list | msgspec.Raw:
     return msgspec.Raw(b"[" + b",".join(parts) + b"]")
 
 
-def _parse(body: bytes) -> tuple[EmbedRequest, np.ndarray | bytes | None]:
-    """The request, and its input member already decoded when it takes a fast path: plain
-    number rows as a float32 matrix (``service.json_rows``), base64 as bytes (SIMD decoder),
-    both several times faster than pydantic for large batches. Anything else is parsed whole
-    by pydantic, which also words the errors."""
-    split = split_member(body, ("inputs", "inputs_b64"))
-    if split is not None:
-        rest, name, raw = split
-        parsed = parse_number_rows(raw) if name == "inputs" else b64_string_to_bytes(raw)
-        if parsed is not None:
-            # On the whole body: ``rest`` was rebuilt from a dict, without duplicates.
-            check_structure(body, raw)
-            req = parse_body(EmbedRequest, rest, context={INPUTS_PARSED: name}, checked=True)
-            return req, parsed
-    return parse_body(EmbedRequest, body), None
+def _parse(body: bytes, max_rows: int) -> tuple[EmbedRequest, np.ndarray | bytes]:
+    """The request, and its rows: ``inputs`` as a float32 matrix, ``inputs_b64`` as bytes.
+    Unknown members are refused before anything is parsed, and the rows never become Python
+    objects as a whole (``service.json_object``)."""
+    req, large = parse_object(EmbedRequest, body, large=("inputs", "inputs_b64"))
+    if "inputs" in large:
+        return req, parse_rows(large["inputs"], what="inputs", max_rows=max_rows)
+    return req, parse_base64(large["inputs_b64"], what="inputs_b64")
 
 
 def _matrix(
-    req: EmbedRequest, parsed: np.ndarray | bytes | None, bundle: Bundle, max_rows: int
+    req: EmbedRequest, parsed: np.ndarray | bytes, bundle: Bundle, max_rows: int
 ) -> np.ndarray:
     if isinstance(parsed, np.ndarray):
         return check_parsed_rows(
             parsed, expected_dim=bundle.input_dim, max_rows=max_rows, what="inputs"
         )
-    if req.inputs is not None:
-        return rows_to_matrix(
-            req.inputs, expected_dim=bundle.input_dim, max_rows=max_rows, what="inputs"
-        )
-    raw = parsed if parsed is not None else req.inputs_b64
-    assert raw is not None and req.dim is not None
+    assert req.dim is not None
     return bytes_to_matrix(
-        raw,
+        parsed,
         dim=req.dim,
         expected_dim=bundle.input_dim,
         max_rows=max_rows,

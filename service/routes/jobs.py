@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
+from mbn_core.data.csv_scan import ColumnChoice
 from service.deps import JobsHandlerDep, SettingsDep, TrainingHandlerDep, require_api_key
 from service.errors import (
     InvalidInput,
@@ -18,13 +19,14 @@ from service.errors import (
     invalid_from_validation,
 )
 from service.handlers import Job, TrainingHandler
-from service.routes._body import check_structure, is_json, json_body, parse_json
+from service.json_object import parse_integers, parse_rows
+from service.routes._body import is_json, json_body, parse_json_text, parse_object, read_json_body
 from service.routes._multipart import read_form
 from service.schemas import JobList, JobOut, JobStatus, TrainOptions, TrainRequest, error_responses
 
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require_api_key)])
 
-_FORM_FIELDS = ("file", "params", "name", "method", "promote", "align_to")
+_FORM_FIELDS = ("file", "params", "name", "method", "promote", "align_to", "columns", "drop")
 _MULTIPART_SCHEMA = {
     "type": "object",
     "required": ["file"],
@@ -47,6 +49,17 @@ _MULTIPART_SCHEMA = {
         "align_to": {
             "type": "string",
             "description": TrainOptions.model_fields["align_to"].description,
+        },
+        "columns": {
+            "type": "string",
+            "description": "A .csv file's columns to train on, comma-separated: header names, "
+            "or numbers counted from 1. Default: every column but a first one without a "
+            "header name (pandas' index).",
+        },
+        "drop": {
+            "type": "string",
+            "description": "A .csv file's columns to leave out (instead of columns), "
+            "comma-separated: header names, or numbers counted from 1.",
         },
     },
 }
@@ -76,23 +89,40 @@ async def train(
     if content_type.lower().startswith("multipart/form-data"):
         job = await _train_multipart(request, handler, settings.spool_path)
     elif is_json(content_type):
-        # JSON rows become Python objects first: bounded by the (smaller) body limit.
-        req = await parse_json(request, TrainRequest, limit=settings.max_body_bytes)
+        # Held to the (smaller) body limit; parsed beside the event loop, into arrays.
+        body = await read_json_body(request, limit=settings.max_body_bytes)
+        options, data, labels = await run_in_threadpool(_parse_train, body, settings.max_train_rows)
+        del body
         job = await run_in_threadpool(
             lambda: handler.submit_rows(
-                name=req.name,
-                method=req.method,
-                params=req.params,
-                data=req.data,
-                labels=req.labels,
-                promote=req.promote,
-                align_to=req.align_to,
+                name=options.name,
+                method=options.method,
+                params=options.params,
+                data=data,
+                labels=labels,
+                promote=options.promote,
+                align_to=options.align_to,
             )
         )
     else:
         raise UnsupportedMediaType("send application/json (in UTF-8) or multipart/form-data")
     response.headers["Location"] = f"/jobs/{job.id}"
     return JobOut.from_job(job)
+
+
+def _parse_train(body: bytes, max_rows: int) -> tuple[TrainOptions, np.ndarray, np.ndarray | None]:
+    """A JSON training body: its options, its rows as a float32 matrix and its labels, each
+    member refused or parsed before the next (``service.json_object``)."""
+    options, large = parse_object(
+        TrainOptions, body, large=("data", "labels"), known=tuple(TrainRequest.model_fields)
+    )
+    if "data" not in large:
+        raise InvalidInput("the JSON body needs 'data': the training rows, at least 2")
+    data = parse_rows(large["data"], what="data", max_rows=max_rows, min_rows=2, per="job")
+    labels = None
+    if "labels" in large:
+        labels = parse_integers(large["labels"], what="labels", count=data.shape[0])
+    return options, data, labels
 
 
 async def _train_multipart(request: Request, handler: TrainingHandler, spool_dir: Path) -> Job:
@@ -109,7 +139,7 @@ async def _train_multipart(request: Request, handler: TrainingHandler, spool_dir
             # Starlette keeps every repeat of a field and .get() the last: refuse the guess.
             if len(form.getlist(key)) > 1:
                 raise InvalidInput(f"the form has the field {key!r} more than once")
-        for key in ("params", "name", "method", "promote", "align_to"):
+        for key in _FORM_FIELDS[1:]:
             value = form.get(key)
             if value is None:
                 continue
@@ -117,16 +147,16 @@ async def _train_multipart(request: Request, handler: TrainingHandler, spool_dir
                 raise InvalidInput(f"{key!r} must be a text field, not a file")
             fields[key] = value
         if "params" in fields:
-            check_structure(fields["params"].encode("utf-8", "surrogatepass"), what="params")
-            try:
-                fields["params"] = json.loads(fields["params"])
-            except ValueError as exc:  # JSONDecodeError, or an integer of > 4,300 digits
-                raise InvalidInput(f"params is not valid JSON: {str(exc)[:200]}") from None
+            fields["params"] = parse_json_text(fields["params"], "params")
         if "promote" in fields:
             # A form field is text: only the JSON words, so a typo is never read as "no".
             if fields["promote"] not in ("true", "false"):
                 raise InvalidInput("promote must be true or false")
             fields["promote"] = fields["promote"] == "true"
+        try:
+            choice = ColumnChoice.parse(fields.pop("columns", None), fields.pop("drop", None))
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
         try:
             options = TrainOptions.model_validate(fields)
         except ValidationError as exc:
@@ -140,6 +170,7 @@ async def _train_multipart(request: Request, handler: TrainingHandler, spool_dir
                 source=upload.file,
                 promote=options.promote,
                 align_to=options.align_to,
+                choice=choice,
             )
         )
     finally:

@@ -16,8 +16,10 @@ from starlette.concurrency import run_in_threadpool
 
 from mbn_core.bundle.embedding_map import LOCATE_NEIGHBOURS, METHOD
 from service.deps import MapsHandlerDep, require_api_key
+from service.domain import InvalidInput
 from service.handlers import Located
-from service.routes._body import json_body, parse_json
+from service.json_object import parse_rows
+from service.routes._body import json_body, parse_object, read_json_body
 from service.schemas import error_responses
 
 router = APIRouter(tags=["models"], dependencies=[Depends(require_api_key)])
@@ -105,9 +107,27 @@ def get_map(model_id: str, handler: MapsHandlerDep) -> ModelMap:
     openapi_extra=json_body(LocateRequest),
 )
 async def locate(model_id: str, request: Request, handler: MapsHandlerDep) -> LocateResponse:
-    # The service's own JSON reading: duplicate keys, deep nesting and bad UTF-8 are a 422.
-    body = await parse_json(request, LocateRequest)
-    return await run_in_threadpool(lambda: _located(handler.locate(model_id, body.embeddings)))
+    # The service's own JSON reading (service.json_object), beside the event loop.
+    body = await read_json_body(request)
+    embeddings = await run_in_threadpool(_parse_locate, body, handler.max_rows)
+    del body
+    return await run_in_threadpool(lambda: _located(handler.locate(model_id, embeddings)))
+
+
+class _NoOtherMembers(BaseModel):
+    """What a locate body holds besides its embeddings: nothing (they are parsed apart)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def _parse_locate(body: bytes, max_rows: int) -> np.ndarray:
+    # LocateRequest documents the body; its one member is large and parsed on its own, so
+    # the rest is validated against a model that requires nothing.
+    known = tuple(LocateRequest.model_fields)
+    large = parse_object(_NoOtherMembers, body, large=("embeddings",), known=known)[1]
+    if "embeddings" not in large:
+        raise InvalidInput("the JSON body needs 'embeddings': rows from POST /embed")
+    return parse_rows(large["embeddings"], what="embeddings", max_rows=max_rows)
 
 
 def _located(located: Located) -> LocateResponse:

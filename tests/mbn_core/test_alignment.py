@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from sklearn.datasets import load_digits
 from sklearn.metrics import r2_score
 
@@ -112,7 +113,12 @@ def test_incompatible_models_are_refused_before_training(versions, tmp_path) -> 
     with pytest.raises(ValueError, match="dimensions"):
         train_bundle(versions[3], tmp_path / "y", name="y",
                      params={**SMALL, "n_components": 3}, align_to=old)  # fmt: skip
-    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+    # Sparse input keeps no reference rows: refused before the fit, not after it.
+    sparse = sp.random(300, 64, density=0.2, random_state=0, format="csr", dtype=np.float32)
+    with pytest.raises(ValueError, match="sparse input is not supported"):
+        train_bundle(sparse, tmp_path / "z", name="z", params=SMALL, align_to=old,
+                     progress=lambda phase, fraction: pytest.fail("the fit started"))  # fmt: skip
+    assert not any((tmp_path / name).exists() for name in ("x", "y", "z"))
 
 
 @pytest.mark.slow

@@ -61,7 +61,9 @@ def test_a_text_cell_anywhere_is_refused_with_its_row(tmp_path: Path) -> None:
     path = tmp_path / "d.csv"
     rows = [b"1,2"] * 700_000 + [b"3,setosa"]  # past the first block of lines
     path.write_bytes(b"a,b\n" + b"\n".join(rows) + b"\n")
-    with pytest.raises(ValueError, match="'setosa' is not a number: data row 700001, column 2"):
+    with pytest.raises(
+        ValueError, match="'setosa' is not a number: data row 700001, column 'b' \\(2\\)"
+    ):
         peek_data_file(path)
 
 
@@ -80,3 +82,89 @@ def test_blocks_give_what_one_read_gives(tmp_path: Path) -> None:
     path.write_text(text + "\r\n", encoding="utf-8")
     assert csv_scan.scan_csv(path) == (60_000, 7)
     assert np.array_equal(csv_scan.read_csv(path), x)
+
+
+# ---------------------------------------------------------------------- a new user's CSVs
+
+
+def write(tmp_path: Path, text: str, name: str = "d.csv") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_pandas_index_column_is_left_out_and_said(tmp_path: Path) -> None:
+    """pandas' to_csv writes the row number first, under an empty header cell: it was read
+    as a feature, and the embedding's first dimension followed the row number."""
+    path = write(tmp_path, ",a,b\n0,1.5,2\n1,3,4\n2,5,6\n")
+    notes: list[str] = []
+    x, _ = load_training_data(path, notes=notes)
+    np.testing.assert_array_equal(x, [[1.5, 2], [3, 4], [5, 6]])
+    assert notes and "pandas" in notes[0] and "left out" in notes[0]
+    assert peek_data_file(path).n_features == 2
+    kept, _ = load_training_data(path, csv_scan.ColumnChoice(columns=(1, "a", "b")))
+    np.testing.assert_array_equal(kept[:, 0], [0, 1, 2])
+
+
+def test_a_text_cell_is_named_by_its_column_header(tmp_path: Path) -> None:
+    path = write(tmp_path, "age,height,species\n3,1.2,7\n4,1.5,setosa\n")
+    with pytest.raises(
+        ValueError, match=r"'setosa' is not a number: data row 2, column 'species' \(3\)"
+    ):
+        load_training_data(path)
+
+
+def test_another_delimiter_is_named(tmp_path: Path) -> None:
+    for text, name in (("a;b;c\n1;2;3\n4;5;6\n", "semicolons"), ("1\t2\n3\t4\n", "tabs")):
+        with pytest.raises(ValueError, match=f"seems to be separated by {name}.*with commas"):
+            load_training_data(write(tmp_path, text))
+
+
+def test_missing_values_are_named_by_row_and_column(tmp_path: Path) -> None:
+    path = write(tmp_path, "a,b\n1,2\n3,\n")
+    with pytest.raises(ValueError, match=r"data row 2, column 'b' \(2\)"):
+        load_training_data(path)
+    path = write(tmp_path, "a,b\n1,2\n3,NaN\n5,6\n")
+    with pytest.raises(ValueError, match=r"nan is not a finite number: data row 2, column 'b'"):
+        load_training_data(path)
+
+
+def test_columns_are_chosen_by_name_or_number(tmp_path: Path) -> None:
+    path = write(tmp_path, "id,name,x,y\n7,ann,1,2\n8,bob,3,4\n9,cy,5,6\n")
+    for choice in (
+        csv_scan.ColumnChoice(columns=("x", "y")),
+        csv_scan.ColumnChoice(columns=(3, 4)),
+        csv_scan.ColumnChoice(drop=("id", "name")),
+        csv_scan.ColumnChoice.parse(drop="1, name"),
+    ):
+        x, _ = load_training_data(path, choice)
+        np.testing.assert_array_equal(x, [[1, 2], [3, 4], [5, 6]])
+        assert peek_data_file(path, choice).n_features == 2
+    for choice, message in (
+        (csv_scan.ColumnChoice(columns=("X",)), r"no column named 'X' .*did you mean 'x'"),
+        (csv_scan.ColumnChoice(columns=(5,)), "no column 5; the file has 4"),
+        (csv_scan.ColumnChoice(drop=(1, 2, 3, 4)), "no column is left"),
+        (csv_scan.ColumnChoice(columns=("x", 3)), "chosen twice"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            load_training_data(path, choice)
+    with pytest.raises(ValueError, match="columns or drop, not both"):
+        csv_scan.ColumnChoice.parse(columns="x", drop="y")
+    with pytest.raises(ValueError, match="count from 1"):
+        csv_scan.ColumnChoice(columns=(0,))
+    headless = write(tmp_path, "1,2\n3,4\n", "h.csv")
+    with pytest.raises(ValueError, match="no header row"):
+        load_training_data(headless, csv_scan.ColumnChoice(columns=("x",)))
+    npy = tmp_path / "d.npy"
+    np.save(npy, np.eye(3))
+    with pytest.raises(ValueError, match=r"of a \.csv file only"):
+        load_training_data(npy, csv_scan.ColumnChoice(columns=(1,)))
+
+
+def test_rows_of_another_width_are_refused_when_columns_are_chosen(tmp_path: Path) -> None:
+    # numpy checks only the columns it reads: a short row passed unseen.
+    path = write(tmp_path, "a,b,c\n1,2,3\n4,5\n")
+    with pytest.raises(ValueError, match="data row 2 has 2 columns where the rows before have 3"):
+        load_training_data(path, csv_scan.ColumnChoice(columns=("a", "b")))
+    with pytest.raises(ValueError, match="data row 1 has 2 columns where the header has 3"):
+        load_training_data(write(tmp_path, "a,b,c\n1,2\n"))

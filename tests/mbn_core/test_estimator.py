@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from mbn_core import MBN, TrainingStopped, model_from_arrays, model_to_arrays
 from mbn_core.mbn.coassociation import cell_index, coassociation
-from mbn_core.mbn.estimator import FEW_ROWS
+from mbn_core.mbn.estimator import FEW_ROWS, MAX_LAYERS
 from mbn_core.mbn.layer_draws import distinct_rows
 from mbn_core.mbn.outputs import umap as umap_output
 from mbn_core.mbn.upper import INDEXED_ROWS
@@ -59,6 +59,16 @@ def test_layer_sizes_follow_the_paper():
     assert MBN(ks=[50, 20]).layer_sizes(100) == [50, 20]
     # Tiny data keeps one layer even below the 1.5 c stop.
     assert MBN().layer_sizes(20) == [10]
+
+
+def test_layers_are_bounded_in_number():
+    # A delta near 1 took k1 down one center per layer: thousands of layers, run until
+    # cancelled; an explicit ks of 100,000 entries too.
+    assert len(MBN(delta=0.99, n_classes=2, k_max=None).layer_sizes(200)) < MAX_LAYERS
+    with pytest.raises(ValueError, match="more than 256 layers; use a smaller delta"):
+        MBN(delta=0.999, k_max=None).layer_sizes(20_000)
+    with pytest.raises(ValueError, match=r"'ks' .* sequence of 1 to 256 integers >= 2\. Got a "):
+        MBN(ks=[2] * 100_000)._validate_params()
 
 
 def test_fit_transform_equals_transform_bit_for_bit(digits, fitted):

@@ -12,7 +12,8 @@ import scipy.sparse as sp
 from onnx import TensorProto, helper
 from sklearn.datasets import load_breast_cancer, load_digits, load_iris, load_wine
 
-from mbn_core.bundle import BundleError, load_bundle
+from mbn_core.bundle import BundleError, OutOfRangeInput, load_bundle
+from mbn_core.bundle.load import check_scaled_range
 from mbn_core.bundle.manifest import MANIFEST, write_manifest
 from mbn_core.data.scaling import (
     SCALING_FILE,
@@ -204,3 +205,59 @@ def test_a_bundle_whose_scaling_disagrees_with_its_files_is_refused(wine_bundle,
     (damaged / SCALING_FILE).write_bytes(b"PK\x03\x04 not an archive")
     with pytest.raises(BundleError, match=SCALING_FILE):
         load_bundle(damaged)
+
+
+# ---------------------------------------------------------------------- the range check
+
+
+def test_rows_the_scaling_takes_beyond_float32_are_named():
+    rng = np.random.RandomState(0)
+    X = (rng.rand(50, 4) * [1, 10, 1e3, 1e-3]).astype(np.float32)
+    scaling = InputScaling.fit(X, "standard")
+    check_scaled_range(scaling, X)  # the training rows are in range
+    check_scaled_range(InputScaling("none"), np.full((2, 4), 3e38, np.float32))
+    hostile = X[:6].copy()
+    hostile[2, 3] = 3e38  # the narrowest feature: its factor is in the thousands
+    hostile[4, 0] = -3e38
+    hostile[5, 1] = 1e37  # large, yet in range once scaled
+    with pytest.raises(OutOfRangeInput, match=r"^2 row\(s\) \(2, 4\) overflow float32") as caught:
+        check_scaled_range(scaling, hostile)
+    assert caught.value.rows.tolist() == [2, 4]
+    assert np.isfinite(scaling.transform(hostile[[0, 1, 3, 5]])).all()
+    # Exactly what the scaling computes decides, not the bounds that clear most batches.
+    edge = np.array([[0, 0, 0, 0]], np.float32)
+    edge[0, 3] = np.float32(np.finfo(np.float32).max / scaling.factor[3] * 0.99)
+    assert np.isfinite(scaling.transform(edge)).all()
+    check_scaled_range(scaling, edge)
+
+
+@pytest.mark.slow
+def test_both_paths_refuse_rows_scaled_out_of_range_alike(wine_bundle):
+    path, X = wine_bundle
+    bundle = load_bundle(path)
+    rows = np.vstack([X[:2], np.full((1, X.shape[1]), 3e38)]).astype(np.float32)
+    messages = []
+    for mode in ("fast", "exact"):
+        with pytest.raises(OutOfRangeInput) as caught:
+            bundle.embed(rows, mode=mode)
+        assert caught.value.rows.tolist() == [2]
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1] and "once scaled" in messages[0]
+    exact = bundle.load_exact()  # the exact model alone (a runtime of its own) refuses too
+    with pytest.raises(OutOfRangeInput, match="once scaled"):
+        exact.embed_with_clusters(rows)
+    np.testing.assert_array_equal(
+        bundle.embed(rows[:2], mode="exact"), bundle.embed(X[:2], "exact")
+    )
+
+
+def test_a_column_too_narrow_for_standard_scaling_is_named():
+    """Its factor overflowed float32: the job failed deep in the fit on infinity."""
+    rng = np.random.RandomState(0)
+    X = rng.rand(60, 4).astype(np.float32)
+    X[:, 2] = rng.rand(60).astype(np.float32) * np.float32(1e-41)
+    with pytest.raises(ValueError, match=r"column 3 varies by a standard deviation of .*too small"):
+        InputScaling.fit(X, "standard")
+    with pytest.raises(ValueError, match="too small"):
+        train_bundle(X, "unused", name="x", params={"input_scaling": "standard"})
+    assert InputScaling.fit(X, "none").is_identity  # 'none' takes it as it is

@@ -161,6 +161,26 @@ def test_too_few_rows_for_the_neighbourhood(cls, params, rows, named):
     cls(**params).check_rows(rows + 1)
 
 
+@pytest.mark.parametrize(
+    ("cls", "params"),
+    [(TSNE, {}), (UMAP, {"init": "pca"}), (PaCMAP, {"init": "random"}), (TriMap, {})],
+    ids=lambda value: getattr(value, "__name__", ""),
+)
+def test_a_pca_start_needs_as_many_features_as_components(cls, params):
+    X, _ = blobs(120)
+    with pytest.raises(ValueError, match="needs at least 2 features, got 1"):
+        cls(**params).fit(X[:, :1])
+
+
+@pytest.mark.parametrize("cls", list(FAST), ids=lambda cls: cls.__name__)
+def test_rows_that_do_not_differ_are_refused_as_for_every_method(cls):
+    X, _ = blobs(120)
+    with pytest.raises(ValueError, match="every row is the same"):
+        cls().fit(np.ones_like(X))
+    with pytest.raises(ValueError, match="values as large as"):
+        cls().fit(X * 1e20)
+
+
 @pytest.mark.parametrize("cls", list(FAST), ids=lambda cls: cls.__name__)
 def test_bad_input_is_refused_before_the_library(cls):
     X, _ = blobs(120)
@@ -203,7 +223,7 @@ def test_a_missing_library_gives_the_install_line():
         library = "mbn_no_such_library"
 
     X, _ = blobs(120)
-    with pytest.raises(MethodUnavailable, match=r"pip install 'mbn\[methods\]'"):
+    with pytest.raises(MethodUnavailable, match=r"pip install 'mbn-embeddings\[methods\]'"):
         Missing().fit(X)
     assert not Missing.available() and PaCMAP.available()
     assert "methods" in INSTALL_LINE

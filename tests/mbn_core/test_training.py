@@ -12,7 +12,13 @@ from mbn_core import MBN, TrainingStopped
 from mbn_core.bundle import load_bundle
 from mbn_core.data.files import peek_data_file
 from mbn_core.data.readers import check_matrix, load_training_data
-from mbn_core.pipeline.training import PHASES, TrainingEvent, TrainingParams, train_bundle
+from mbn_core.pipeline.training import (
+    PHASES,
+    TrainingEvent,
+    TrainingParams,
+    check_feasible,
+    train_bundle,
+)
 
 SMALL = {
     "n_clusterings": 20,
@@ -424,3 +430,11 @@ def test_an_output_that_keeps_codes_trains_a_bundle(digits, tmp_path, output):
     np.testing.assert_array_equal(bundle.embed(X[405:406], mode="exact"), exact[5:6])
     fast = bundle.embed(X[400:420])
     assert fast.shape == exact.shape and np.isfinite(fast).all()
+
+
+def test_more_report_folds_than_rows_are_refused_before_the_fit():
+    """Checked only inside the fit: 4 rows and 5 folds failed after the network."""
+    params = TrainingParams.from_dict({"report_folds": 5, "n_components": 2})
+    with pytest.raises(ValueError, match="report_folds=5 is more than the 4 rows"):
+        check_feasible(params, 4)
+    check_feasible(params, 5)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 
@@ -12,9 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.arrays import b64_string_to_bytes
 from service.json_rows import parse_number_rows
-from service.routes._body import split_member
 
 
 def general_path(text: str) -> np.ndarray:
@@ -135,34 +132,3 @@ def test_typical_batches_are_never_refused() -> None:
     ):
         assert_same_bits(json.dumps(x.tolist()))
     assert_same_bits(json.dumps(rng.integers(0, 256, (64, 784)).tolist()))
-
-
-def test_split_member() -> None:
-    names = ("inputs", "inputs_b64")
-    split = split_member(b'{"mode": "exact", "inputs": [[1, 2]], "model": "m"}', names)
-    assert split is not None
-    rest, name, raw = split
-    assert (json.loads(rest), name) == ({"mode": "exact", "model": "m"}, "inputs")
-    assert bytes(raw) == b"[[1, 2]]"
-    split = split_member(b'{"inputs_b64": "AAAA", "dim": 1}', names)
-    assert split is not None and (split[1], bytes(split[2])) == ("inputs_b64", b'"AAAA"')
-    assert split_member(b'{"dim": 1}', names) is None
-    assert split_member(b"[1]", names) is None
-    assert split_member(b'{"inputs": [[1]]', names) is None  # not JSON: parsed whole
-
-
-def test_b64_string_to_bytes() -> None:
-    data = np.arange(6, dtype="<f4").tobytes()
-    encoded = base64.b64encode(data)
-    assert b64_string_to_bytes(b'"' + encoded + b'"') == data
-    assert b64_string_to_bytes(b'""') == b""
-    # Left to the general path: escapes, the URL-safe alphabet, bad padding, not a string.
-    for raw in (
-        b'"' + encoded.replace(b"A", b"\\u0041") + b'"',
-        b'"' + base64.urlsafe_b64encode(b"\xfb\xff") + b'"',
-        b'"AAA"',
-        b'"AA AA"',
-        encoded,
-        b"12",
-    ):
-        assert b64_string_to_bytes(raw) is None, raw

@@ -95,10 +95,15 @@ def test_train_multipart_upload(client: TestClient, digits: Digits, suffix: str)
     assert response.status_code == 202, response.text
     job = response.json()
     assert (job["name"], job["n_rows"], job["n_features"]) == ("uploaded", 200, 64)
-    # Stored under the job's id whatever the client called it.
+    # Stored under the job's id whatever the client called it (a CSV as the float32 .npy
+    # of its numbers, checked and parsed once, at submission).
     files = JobFiles(client.app.state.settings.jobs_path)  # type: ignore[attr-defined]
-    stored, _ = load_training_data(files.path(job["id"], f"data{suffix}"))
+    stored_suffix = ".npy" if suffix == ".csv" else suffix
+    stored, _ = load_training_data(files.path(job["id"], f"data{stored_suffix}"))
     np.testing.assert_allclose(stored, x)
+    assert sorted(p.name for p in files.path(job["id"], "data.npy").parent.iterdir()) == [
+        f"data{stored_suffix}"
+    ]
 
 
 ROWS = [[float(i), float(i % 7), 1.0] for i in range(40)]
@@ -108,7 +113,8 @@ BAD_TRAIN_JSON: list[tuple[str, object, int, str]] = [
     ("bad param type", {"data": ROWS, "params": {"delta": "half"}}, 422, "delta"),
     ("server param", {"data": ROWS, "params": {"n_jobs": 64}}, 422, "n_jobs"),
     ("params not object", {"data": ROWS, "params": [1]}, 422, "params"),
-    ("unknown field", {"data": ROWS, "epochs": 3}, 422, "Extra inputs"),
+    ("unknown field", {"data": ROWS, "epochs": 3}, 422, "unknown member 'epochs'"),
+    ("misspelt field", {"data": ROWS, "labes": [0] * 40}, 422, "did you mean 'labels'"),
     ("bad name", {"data": ROWS, "name": "../etc"}, 422, "name"),
     ("no data", {"name": "x"}, 422, "data"),
     ("empty data", {"data": []}, 422, "at least 2 items"),
@@ -179,7 +185,9 @@ BAD_UPLOADS: list[tuple[str, dict, dict, int, str]] = [
     ("duplicate key in params", {"file": ("x.csv", b"1,2\n3,4\n")},
      {"params": '{"n_clusterings": 5, "n_clusterings": 6}'}, 422, "'n_clusterings' twice"),
     ("params nested too deeply", {"file": ("x.csv", b"1,2\n3,4\n")},
-     {"params": "[" * 100_000 + "]" * 100_000}, 422, "nested too deeply"),
+     {"params": "[" * 10_000 + "]" * 10_000}, 422, "nested too deeply"),
+    ("params too large", {"file": ("x.csv", b"1,2\n3,4\n")},
+     {"params": json.dumps({"hidden_layer_sizes": [1] * 100_000})}, 422, "at most 65536"),
     ("a field twice", {"file": ("x.csv", b"1,2\n3,4\n")}, {"name": ["a", "b"]}, 422,
      "'name' more than once"),
     ("bad name", {"file": ("x.csv", b"1,2\n3,4\n")}, {"name": "a b/c"}, 422, "name"),
@@ -292,27 +300,41 @@ def test_json_training_data_is_bounded_by_the_body_limit(client: TestClient) -> 
 @pytest.mark.parametrize(
     ("content", "reason"),
     [
-        (b"1,nan\n3,4\n5,6\n7,8\n9,10\n", "NaN"),
+        (b"a,b\n1,nan\n3,4\n5,6\n7,8\n9,10\n",
+         "nan is not a finite number: data row 1, column 'b' (2)"),
+        (b"1,2\n3,4\n5,inf\n7,8\n9,10\n", "inf is not a finite number: data row 3, column 2"),
+        (b"1,2\n3,4\n5,6\n7,8\n9,1e39\n", "1e+39 at row 5, column 2 is beyond float32's range"),
         (b"1,2\n1,2\n1,2\n1,2\n1,2\n", "every row is the same"),
         (b"1e30,2\n3,4\n5,6\n7,8\n9,10\n", "as large as 1e+30"),
+        (b"1,1e-41\n3,2e-41\n5,0\n7,1e-41\n9,0\n",
+         "column 2 varies by a standard deviation of 7.48e-42, too small"),
     ],
-)
-def test_bad_numbers_in_a_file_fail_the_job_with_the_reason(
+)  # fmt: skip
+def test_bad_numbers_in_a_file_are_refused_at_submission(
     api: Callable[..., TestClient], content: bytes, reason: str
 ) -> None:
-    # The API process reads only the file's shape; the training process reads the numbers.
-    client = api(embedded_worker=True)
-    params = json.dumps({"n_clusterings": 5, "n_components": 2, "hidden_layer_sizes": [4]})
-    response = client.post("/train", files={"file": ("x.csv", content)}, data={"params": params})
-    assert response.status_code == 202, response.text
-    job = wait_for(
-        lambda: (
-            (j := client.get(f"/jobs/{response.json()['id']}").json())["status"] == "failed" and j
-        ),
-        60,
-        "the job to fail",
+    # Were queued (202), and the job failed minutes later with a message naming no row or
+    # column. Every value of an upload is checked at submission now, in bounded memory.
+    client = api()
+    params = {"n_clusterings": 5, "n_components": 2, "hidden_layer_sizes": [4]}
+    if b"e-41" in content:
+        params["input_scaling"] = "standard"
+    response = client.post(
+        "/train", files={"file": ("x.csv", content)}, data={"params": json.dumps(params)}
     )
-    assert reason in job["error"] and "/" not in job["error"], job
+    error = assert_error(response, 422, "invalid_input")["message"]
+    assert reason in error and "/" not in error, error
+    x = np.loadtxt(io.BytesIO(content), delimiter=",", skiprows=1 if b"a,b" in content else 0)
+    for suffix in (".npy", ".npz"):
+        buffer = io.BytesIO()
+        np.save(buffer, x) if suffix == ".npy" else np.savez(buffer, x=np.asfortranarray(x))
+        response = client.post(
+            "/train",
+            files={"file": (f"x{suffix}", buffer.getvalue())},
+            data={"params": json.dumps(params)},
+        )
+        assert_error(response, 422, "invalid_input")
+    assert client.get("/jobs").json()["jobs"] == []
 
 
 def test_other_content_types_are_415(client: TestClient) -> None:
@@ -411,3 +433,42 @@ def test_only_a_job_that_asks_promotes_its_model(
     models_path = client.app.state.settings.models_path  # type: ignore[attr-defined]
     recorded = AliasFile(models_path).read()
     assert recorded.default == loud["model_id"] and recorded.names["digits"] == loud["model_id"]
+
+
+def test_a_csv_upload_chooses_its_columns(api: Callable[..., TestClient]) -> None:
+    client = api(max_queued_jobs=20)
+    lines = ["id,name,a,b"] + [f"{i},n{i},{i % 7},{(i * i) % 11}" for i in range(40)]
+    csv = ("\n".join(lines) + "\n").encode()
+    params = json.dumps(TINY_PARAMS)
+    files = JobFiles(client.app.state.settings.jobs_path)  # type: ignore[attr-defined]
+    for fields in ({"columns": "a, b"}, {"drop": "id,name"}, {"columns": "3,4"}):
+        response = client.post(
+            "/train", files={"file": ("d.csv", csv)}, data={"params": params, **fields}
+        )
+        assert response.status_code == 202, response.text
+        job = response.json()
+        assert (job["n_rows"], job["n_features"]) == (40, 2)
+        stored, _ = load_training_data(files.path(job["id"], "data.npy"))
+        np.testing.assert_array_equal(stored[:3], [[0, 0], [1, 1], [2, 4]])
+    # A pandas index column (no header name) is left out unasked.
+    indexed = ("," + "\n".join(lines[0:1] + lines[1:]).split("\n", 1)[0] + "\n").encode()
+    indexed += b"".join(b"%d,%s\n" % (i, line.encode()) for i, line in enumerate(lines[1:]))
+    response = client.post(
+        "/train", files={"file": ("d.csv", indexed)}, data={"params": params, "drop": "id,name"}
+    )
+    assert response.status_code == 202 and response.json()["n_features"] == 2, response.text
+    for fields, message in (
+        ({"columns": "a", "drop": "b"}, "columns or drop, not both"),
+        ({"columns": "A"}, "did you mean 'a'"),
+        ({}, "'n0' is not a number: data row 1, column 'name' (2)"),
+    ):
+        response = client.post(
+            "/train", files={"file": ("d.csv", csv)}, data={"params": params, **fields}
+        )
+        assert message in assert_error(response, 422)["message"]
+    npy = io.BytesIO()
+    np.save(npy, np.eye(5))
+    response = client.post(
+        "/train", files={"file": ("d.npy", npy.getvalue())}, data={"columns": "1"}
+    )
+    assert "of a .csv file only" in assert_error(response, 422)["message"]

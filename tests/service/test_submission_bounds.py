@@ -47,3 +47,53 @@ def test_an_integer_of_thousands_of_digits_in_params_is_a_422(
     body = b'{"data": [[0.5, 1.0], [1, 2], [3, 4], [5, 6]], "params": ' + huge.encode() + b"}"
     answer = client.post("/train", content=body, headers={"content-type": "application/json"})
     assert_error(answer, 422, "invalid_input")
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        # Were queued (202): 3 million layers made every GET /jobs 6.5 MB, and 100,000 ran
+        # until cancelled.
+        ({"hidden_layer_sizes": [1] * 10_000}, "sequence of 1 to 16 integers"),
+        ({"hidden_layer_sizes": [1] * 100_000}, "bytes of JSON; at most 65536"),
+        ({"ks": [2] * 10_000}, "sequence of 1 to 256 integers"),
+        # Queued, then failed on a 298 GiB allocation.
+        ({"hidden_layer_sizes": [200_000, 200_000]}, "GiB"),
+        ({"hidden_layer_sizes": [8_000, 8_000]}, "more than the 1.0 GiB"),
+        # Queued, then failed in the job: a cross-fitted report needs a row per fold.
+        ({"report_folds": 5, "n_components": 2}, "report_folds=5 is more than the 4 rows"),
+    ],
+    ids=["mlp-layers", "params-bytes", "mbn-layers", "mlp-memory", "memory-limit", "folds"],
+)
+def test_lists_memory_and_folds_are_checked_at_submission(
+    api: Callable[..., TestClient], params: dict, message: str
+) -> None:
+    client = api(max_train_memory_bytes=1 << 30)
+    rows = [[0.5, 1.0], [1, 2], [3, 4], [5, 7]] if "report_folds" in params else None
+    csv = b"".join(b"%d,%d\n" % tuple(row) for row in rows) if rows else CSV
+    data = rows or [[float(i), float(i * i % 7)] for i in range(40)]
+    for answer in (
+        client.post("/train", files={"file": ("d.csv", csv)}, data={"params": json.dumps(params)}),
+        client.post("/train", json={"data": data, "params": params}),
+    ):
+        error = assert_error(answer, 422, "invalid_input")["message"]
+        assert message in error and len(error) < 500, error
+    assert client.get("/jobs").json()["jobs"] == []
+
+
+def test_an_unknown_parameter_gets_the_nearest_and_the_list_without_the_servers(
+    api: Callable[..., TestClient],
+) -> None:
+    """The list named device and n_jobs, which HTTP then refused as set by the server."""
+    client = api()
+    answer = client.post("/train", json={"data": [[0.5, 1.0], [1, 2]] * 5,
+                                         "params": {"n_clustering": 5}})  # fmt: skip
+    message = assert_error(answer, 422, "invalid_input")["message"]
+    assert "unknown training parameter 'n_clustering'" in message
+    assert "(did you mean 'n_clusterings'?)" in message
+    known, _, elsewhere = message.partition("(set elsewhere:")
+    assert "device" not in known and "n_jobs" not in known, message
+    assert "device by the server (MBN_TRAIN_DEVICE)" in elsewhere
+    answer = client.post("/train", json={"data": [[0.5, 1.0], [1, 2]] * 5,
+                                         "params": {"device": "cuda"}})  # fmt: skip
+    assert "'device' is set by the server" in assert_error(answer, 422)["message"]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
+import json
 from collections.abc import Callable
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from fastapi.testclient import TestClient
 from servicetest import assert_error, wait_for_job
 
@@ -43,6 +46,15 @@ def test_align_to_is_checked_at_submission(api: Callable[..., TestClient], digit
               "params": {**PARAMS, "n_components": 3}},
     )  # fmt: skip
     assert "10 dimensions" in assert_error(wide, 422)["message"]
+    # Sparse input keeps no reference rows: refused at submission, not by the job.
+    buffer = io.BytesIO()
+    sp.save_npz(buffer, sp.random(50, 64, density=0.3, random_state=0, format="csr"))
+    sparse = client.post(
+        "/train",
+        files={"file": ("s.npz", buffer.getvalue())},
+        data={"align_to": "m-digits", "params": json.dumps({"input_scaling": "none"})},
+    )
+    assert "sparse input is not supported" in assert_error(sparse, 422)["message"]
     # A damaged model: its files changed on disk (the scan verifies them again).
     registry = client.app.state.registry
     path = registry.get("m-digits").path
