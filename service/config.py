@@ -301,9 +301,11 @@ class Settings(BaseSettings):
         default=10,
         ge=0,
         le=19,
-        description="How much lower the exact runtime's CPU priority is than the API "
-        "processes' (a nice increment): on a replica whose cores are busy, fast requests get "
-        "the CPU first and exact steps what is left. 0: the same priority.",
+        description="How much lower the CPU priority of the exact runtime's compute "
+        "threads is than the API processes' (a nice increment): on a replica whose cores are "
+        "busy, fast requests get the CPU first and exact steps what is left (the threads "
+        "that take exact requests in and answer them keep the API's priority). 0: the same "
+        "priority.",
     )
     exact_device: Literal["cpu", "cuda", "auto"] = Field(
         default="cpu",
