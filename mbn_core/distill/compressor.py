@@ -34,7 +34,7 @@ from mbn_core.pipeline.fidelity import fidelity_report
 from mbn_core.pipeline.head import nearest
 from mbn_core.pipeline.report import FittedPath, as_embedding
 from mbn_core.pipeline.run import run_pipeline
-from mbn_core.pipeline.split import Split, draw_seed, report_fold_count
+from mbn_core.pipeline.split import Split, draw_seed, measured_fold_count, report_fold_count
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +127,10 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         fold, so every row is new to the fit that measures it; the model itself is fitted
         on every row. The fold fits report no progress and cost about K * ((K - 1) / K)^2
         times the teacher's fit for an MBN (k1 grows with the rows). "auto": K = 5 when the
-        held-out set would have fewer than 500 rows (``CROSS_FIT_BELOW``), else None. A
-        prefit teacher always uses the held-out set.
+        held-out set would have fewer than 500 rows (``CROSS_FIT_BELOW``), else None; of
+        those 5 folds only as many are fitted and measured as make 500 rows (at least 2,
+        whose spread gives the figures' standard errors): 2 folds for 1,250 to 2,499 rows.
+        A prefit teacher always uses the held-out set.
     targets : {"in-sample"}, default="in-sample"
         What the MLP learns for a training row: the teacher's in-sample embedding
         (``fit_transform``; ``transform`` for a prefit teacher). The only choice left.
@@ -168,8 +170,9 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         Agreement between fast and exact embeddings on the held-out rows (new to the teacher
         and the MLP): see ``mbn_core.pipeline.fidelity.measure_fidelity``; plus ``holdout``,
         "outside the teacher's fit" (or "prefit teacher": new to the MLP only, or
-        "cross-fitted": every row, each embedded by the fit that left its fold out, then
-        ``folds`` is K).
+        "cross-fitted": the rows of the measured folds, each embedded by the fit that left
+        its fold out; then ``folds`` is K, ``folds_measured`` how many were measured and
+        ``standard_error`` each figure's standard error over those folds).
     holdout_ : ndarray of int
         Rows of X kept out of the model (empty when the report is cross-fitted).
     quality_ : dict
@@ -304,15 +307,19 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         labels = None if y is None else column_or_1d(y, warn=True)
         if labels is not None and len(labels) != n_samples:
             raise ValueError(f"y has {len(labels)} labels but X has {n_samples} rows")
+        n_folds = self._n_folds(n_samples)
         result = run_pipeline(
             X,
             labels,
             _Distillation(self),
             holdout_fraction=self.holdout_fraction,
-            n_folds=self._n_folds(n_samples),
+            n_folds=n_folds,
             n_clusters=self.n_clusters,
             rng=check_random_state(self.random_state),
             fold_done=getattr(self.callback, "fold_done", None),
+            n_measured=None
+            if n_folds is None
+            else measured_fold_count(n_samples, n_folds, self.report_folds),
         )
         fitted = result.fitted
         student: Student = fitted.parts

@@ -52,7 +52,12 @@ from mbn_core.pipeline.alignment import check_compatible, reference_files
 from mbn_core.pipeline.exported import ExportedFastPath, detach_callback
 from mbn_core.pipeline.novelty import novelty_section
 from mbn_core.pipeline.run import run_pipeline
-from mbn_core.pipeline.split import fold_fit_rows, report_fold_count, teacher_fit_rows
+from mbn_core.pipeline.split import (
+    fold_fit_rows,
+    measured_fold_count,
+    report_fold_count,
+    teacher_fit_rows,
+)
 from mbn_core.utils.memory import memory_limit
 
 log = logging.getLogger(__name__)
@@ -572,7 +577,7 @@ class _Tracker:
         fit_cost = None
         if method.cost is not None:
             fit_cost = method.cost(estimator, fit_shape(params, shape))
-        mlp, folds = 0.0, None
+        mlp, folds, measured = 0.0, None, 0
         if method.export is None:
             values = params.values
             hidden = tuple(values["hidden_layer_sizes"])
@@ -587,12 +592,15 @@ class _Tracker:
             n_train = fit_shape(params, shape)[0] * (1 - values["validation_fraction"])
             mlp = _MLP_COST * mlp_macs * n_train * values["max_epochs"]
             folds = report_fold_count(shape[0], params["holdout_fraction"], params["report_folds"])
+            if folds is not None:
+                measured = measured_fold_count(shape[0], folds, params["report_folds"])
         # Without a cost model the fit counts as much as the MLP (or as all, without one).
         fit = fit_cost if fit_cost is not None else (mlp if mlp else 1.0)
-        # Each fold of a cross-fitted report refits the teacher and the MLP on (folds - 1) /
-        # folds of the rows, and the bottom layer's cost grows about as the rows squared (k1
-        # grows with them): 3.2 model fits for 5 folds, a little more than measured.
-        report = 0.0 if folds is None else folds * ((folds - 1) / folds) ** 2 * (fit + mlp)
+        # Each measured fold of a cross-fitted report refits the teacher and the MLP on
+        # (folds - 1) / folds of the rows, and the bottom layer's cost grows about as the rows
+        # squared (k1 grows with them): 0.64 model fits per fold of 5, a little more than
+        # measured.
+        report = 0.0 if folds is None else measured * ((folds - 1) / folds) ** 2 * (fit + mlp)
         total = fit + mlp + report
         costs = (fit, mlp, report) if total > 0 else (1.0, 0.0, 0.0)
         scale = (1 - _EXPORT_SHARE) / sum(costs)
