@@ -5,9 +5,10 @@
 
 Trains a bundle from the data with ``mbn train``'s defaults (``train_bundle``, as the command
 and the service's worker do) and reports the median of the repeats for each step: the
-teacher's fit, the MLP, the cross-fitted (or held-out) report, the 2-D map, the rest of the
-export, and the job's total; the report and the map as multiples of the teacher's fit (same
-run, so they hold on a shared machine). ``--cli`` also times the ``mbn train`` command itself,
+teacher's fit, the MLP, the cross-fitted (or held-out) report, the wait for the 2-D map (and
+its layout's own time, spent beside the report), the rest of the export, and the job's total;
+the report and the map as multiples of the teacher's fit (same run, so they hold on a shared
+machine). ``--cli`` also times the ``mbn train`` command itself,
 process start and imports included. MNIST reads ``MBN_MNIST`` (bench_data.load_mnist).
 """
 
@@ -53,9 +54,13 @@ def timed_job(X, y, params: dict, out: Path) -> dict[str, float]:
         "teacher": float(recorded["teacher"]),
         "mlp": float(recorded["compressor"]),
         "report": float(recorded["evaluation"]),
-        "map": float(manifest.get("map", {}).get("seconds", 0.0)),
     }
+    mapped = manifest.get("map", {})
+    # What the job waited for the map (its layout runs beside the report where it can);
+    # the layout's own time is told apart, it is not part of the sum.
+    seconds["map wait"] = float(mapped.get("waited_seconds", mapped.get("seconds", 0.0)))
     seconds["rest"] = total - sum(seconds.values())
+    seconds["map layout"] = float(mapped.get("seconds", 0.0))
     seconds["total"] = total
     seconds["cpu"] = cpu
     return seconds
@@ -101,7 +106,7 @@ def main() -> None:
     rows = [(f"{key} (median of {args.repeats}), s", f"{v:.2f}") for key, v in median.items()]
     rows += [
         ("report / fit", f"{median['report'] / fit:.2f}x"),
-        ("map / fit", f"{median['map'] / fit:.2f}x"),
+        ("map wait / fit", f"{median['map wait'] / fit:.2f}x"),
         ("whole job / fit", f"{median['total'] / fit:.2f}x"),
         ("whole job / (teacher + MLP)", f"{median['total'] / (fit + median['mlp']):.2f}x"),
     ]

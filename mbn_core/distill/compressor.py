@@ -149,7 +149,9 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         (1-based; the loss is NaN without a validation split). Returning True stops
         training: ``fit`` raises ``TrainingStopped``. A callback with a
         ``fold_done(done, total)`` method is told each fold of a cross-fitted report, and
-        can stop there the same way. The teacher reports through its own ``callback``.
+        can stop there the same way; one with a ``teacher_fitted(embedding)`` method is
+        given the model's teacher embedding of the rows it was fitted on as soon as it is
+        known. The teacher reports through its own ``callback``.
 
     Attributes
     ----------
@@ -486,6 +488,11 @@ class _Distillation:
         )
         teacher_seconds = time.perf_counter() - started
         callback = owner.callback if model is None else None
+        # The model's own embedding is known now: a caller may start work on it (the
+        # training job's map) beside the MLP and the report.
+        teacher_fitted = getattr(callback, "teacher_fitted", None)
+        if teacher_fitted is not None:
+            teacher_fitted(embedding)
         student = owner._distiller().distil(
             X, embedding, split.validation, split.train, rng, callback
         )
