@@ -32,7 +32,7 @@ MAP_FILE = "map.npz"
 MAX_MAP_POINTS = 20_000
 # Rows a training job maps by default: t-SNE's time grows with the sample (about 111 s for
 # 20,000 points against a few seconds for 2,000), and a few thousand points show the
-# embedding's structure and place new rows as well (docs/decisions/0032-whole-training-job.md).
+# embedding's structure and place new rows as well (docs/decisions/0033-whole-training-job.md).
 DEFAULT_MAP_POINTS = 5_000
 METHOD = "tsne"
 # Neighbours a located point is averaged over: enough to smooth over one odd neighbour, few

@@ -129,7 +129,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         times the teacher's fit for an MBN (k1 grows with the rows). "auto": K = 5 when the
         held-out set would have fewer than 500 rows (``CROSS_FIT_BELOW``), else None; of
         those 5 folds only as many are fitted and measured as make 500 rows (at least 2,
-        whose spread gives the figures' standard errors): 2 folds for 1,250 to 2,499 rows.
+        whose spread gives the figures' standard errors): 2 folds for 1,250 to 4,994 rows.
         A prefit teacher always uses the held-out set.
     targets : {"in-sample"}, default="in-sample"
         What the MLP learns for a training row: the teacher's in-sample embedding
