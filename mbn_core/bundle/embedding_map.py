@@ -2,9 +2,10 @@
 
 Training keeps a t-SNE projection of a random sample of at most ``map_points`` training rows
 (``DEFAULT_MAP_POINTS`` unless asked, at most ``MAX_MAP_POINTS``), with each point's row
-number, cluster (the clustering head's) and label (when the training data had labels). New rows are placed on the map by their nearest sample points in
-embedding space (``EmbeddingMap.locate``): t-SNE has no transform of its own, and a
-neighbour average keeps a new point beside the training points that the model embeds like it.
+number, cluster (the clustering head's) and label (when the training data had labels). New
+rows are placed on the map by their nearest sample points in embedding space
+(``EmbeddingMap.locate``): t-SNE has no transform of its own, and a neighbour average keeps a
+new point beside the training points that the model embeds like it.
 
 Everything is plain arrays (``to_bytes`` / ``from_bytes``: an ``.npz`` read with
 ``allow_pickle=False``), hashed in the bundle's manifest like its other files.
@@ -12,9 +13,7 @@ Everything is plain arrays (``to_bytes`` / ``from_bytes``: an ``.npz`` read with
 
 from __future__ import annotations
 
-import io
 import time
-import zipfile
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Any
@@ -22,10 +21,10 @@ from typing import Any
 import numpy as np
 from sklearn.manifold import TSNE
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval
 
-from mbn_core.params import Param
+from mbn_core.params import Interval, Param
 from mbn_core.utils.blas import one_openmp_thread
+from mbn_core.utils.npz import arrays_from_npz, npz_bytes
 from mbn_core.utils.pca import fit_pca
 
 MAP_FILE = "map.npz"
@@ -145,18 +144,13 @@ class EmbeddingMap:
             arrays["cluster"] = self.cluster
         if self.label is not None:
             arrays["label"] = self.label
-        buffer = io.BytesIO()
-        np.savez(buffer, allow_pickle=False, **arrays)
-        return buffer.getvalue()
+        return npz_bytes(arrays)
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = MAP_FILE) -> EmbeddingMap:
         """Read ``to_bytes``'s output; ValueError naming ``source`` when it is malformed."""
-        try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-                arrays = {key: npz[key] for key in npz.files if key in _ARRAYS}
-        except (ValueError, OSError, zipfile.BadZipFile, EOFError) as error:
-            raise ValueError(f"{source}: not a readable array archive: {error}") from None
+        arrays = arrays_from_npz(data, source, "array archive")
+        arrays = {key: array for key, array in arrays.items() if key in _ARRAYS}
         try:
             xy, embedding, row = arrays["xy"], arrays["embedding"], arrays["row"]
         except KeyError as error:

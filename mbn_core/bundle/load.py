@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import io
 import os
 import threading
 import zipfile
@@ -33,9 +32,9 @@ from mbn_core.bundle.manifest import (
 )
 from mbn_core.bundle.mapped_npz import map_npz
 from mbn_core.data.scaling import SCALING_FILE, InputScaling
-from mbn_core.distill.compressor import MODES
 from mbn_core.distill.onnx import OnnxEmbedder
-from mbn_core.methods import Method, get_method
+from mbn_core.methods import MODES, Method, get_method
+from mbn_core.utils.npz import arrays_from_npz
 
 T = TypeVar("T")
 
@@ -494,8 +493,10 @@ def _load_exact(
                 arrays = map_npz(handle, str(file))
         else:
             data = _verified_bytes(path, manifest, name)
-            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-                arrays = {key: npz[key] for key in npz.files}
+            try:
+                arrays = arrays_from_npz(data, str(file), "array archive")
+            except ValueError as error:
+                raise BundleError(str(error)) from None
     except BundleError:
         raise
     except OSError as error:

@@ -15,8 +15,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sklearn.utils.validation import check_is_fitted
-
 from mbn_core.bundle.manifest import (
     EXACT_FILE,
     FORMAT,
@@ -27,25 +25,24 @@ from mbn_core.bundle.manifest import (
     ONNX_FILE,
     OPTIONAL_FILES,
     BundleError,
-    _fsync_directory,
-    _jsonable,
-    _write_synced,
+    fsync_directory,
+    jsonable,
     library_versions,
     manifest_to_bytes,
     read_manifest,
     validate_model_id,
     validate_name,
+    write_synced,
 )
 from mbn_core.bundle.mapped_npz import aligned_npz_bytes
-from mbn_core.bundle.trained import TrainedModel
+from mbn_core.bundle.trained import Bundleable, TrainedModel
 from mbn_core.data.scaling import SCALING_FILE
-from mbn_core.distill.compressor import CompressiveMBN
 
 log = logging.getLogger(__name__)
 
 
 def save_bundle(
-    model: TrainedModel | CompressiveMBN,
+    model: TrainedModel | Bundleable,
     directory: str | os.PathLike[str],
     *,
     name: str,
@@ -59,9 +56,10 @@ def save_bundle(
 
     Parameters
     ----------
-    model : TrainedModel or CompressiveMBN
-        A trained model (``mbn_core.pipeline.training``), or a fitted ``CompressiveMBN`` whose
-        teacher is a registered method's estimator.
+    model : TrainedModel or DistilledEmbedding
+        A trained model (``mbn_core.pipeline.training``), or a fitted ``DistilledEmbedding``
+        (``CompressiveMBN``) whose teacher is a registered method's estimator: any model
+        with ``as_trained_model()`` (``Bundleable``).
     directory : path
         The bundle directory to create. Its parent must exist.
     name : str
@@ -86,9 +84,13 @@ def save_bundle(
     Path
         The bundle directory.
     """
-    if isinstance(model, CompressiveMBN):
-        check_is_fitted(model)
-        model = TrainedModel.from_compressor(model)
+    if not isinstance(model, TrainedModel):
+        if not isinstance(model, Bundleable):
+            raise TypeError(
+                f"save_bundle takes a TrainedModel or a fitted DistilledEmbedding, not "
+                f"{type(model).__name__}"
+            )
+        model = model.as_trained_model()
     directory = Path(directory)
     model_id = validate_model_id(directory.name if model_id is None else model_id)
     name = validate_name(name)
@@ -108,7 +110,7 @@ def save_bundle(
     clashes = sorted(set(sections) & {*manifest, "files"})
     if clashes:
         raise ValueError(f"manifest_sections may not replace manifest fields {clashes}")
-    manifest.update(_jsonable(sections))
+    manifest.update(jsonable(sections))
     files = {EXACT_FILE: exact_bytes, ONNX_FILE: onnx_bytes, **extra_files}
     if not model.input_scaling.is_identity:
         files[SCALING_FILE] = model.input_scaling.to_bytes()
@@ -119,14 +121,14 @@ def save_bundle(
     temporary.mkdir()
     try:
         for file_name, data in (*files.items(), (MANIFEST, manifest_bytes)):
-            _write_synced(temporary / file_name, data)
-        _fsync_directory(temporary)
+            write_synced(temporary / file_name, data)
+        fsync_directory(temporary)
         _move_into_place(temporary, directory, overwrite)
     except BaseException:
         # Also on KeyboardInterrupt: nothing half-written may stay behind.
         shutil.rmtree(temporary, ignore_errors=True)
         raise
-    _fsync_directory(parent)
+    fsync_directory(parent)
     log.info("bundle %s written to %s", model_id, directory)
     return directory
 
@@ -210,10 +212,10 @@ def _manifest(
         "input_dim": int(model.n_features_in),
         "output_dim": int(model.n_components),
         "n_clusters": None if model.cluster_centers is None else len(model.cluster_centers),
-        "hyperparameters": _jsonable(model.hyperparameters),
-        "training": _jsonable(training),
-        "fidelity": _jsonable(model.fidelity),
-        "quality": _jsonable(model.quality),
+        "hyperparameters": jsonable(model.hyperparameters),
+        "training": jsonable(training),
+        "fidelity": jsonable(model.fidelity),
+        "quality": jsonable(model.quality),
         "input_scaling": model.input_scaling.section(),
         "library_versions": library_versions(),
     }

@@ -11,10 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 from servicetest import assert_error
 
+from mbn_core import CompressiveMBN
 from mbn_core.bundle import REFERENCE_FILE, save_bundle
 from mbn_core.bundle.trained import TrainedModel
 from mbn_core.data.scaling import InputScaling, scale_graph_input
-from mbn_core.distill.compressor import CompressiveMBN
 from mbn_core.pipeline.alignment import ReferenceRows
 
 Digits = tuple[np.ndarray, np.ndarray]
@@ -26,7 +26,7 @@ def scaled(model: CompressiveMBN, x: np.ndarray, factor0: float = 1.0) -> Traine
     scaling = InputScaling.fit(x, "standard")
     assert scaling.factor is not None
     scaling.factor[0] *= np.float32(factor0)
-    trained = TrainedModel.from_compressor(model)
+    trained = model.as_trained_model()
     trained.input_scaling = scaling
     trained.fast_path = scale_graph_input(trained.fast_path, scaling)
     return trained

@@ -34,6 +34,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from mbn_core.distribution import install_hint
+from mbn_core.exceptions import MissingDependency
 from mbn_core.mbn.coassociation import CodesTop, cell_index, coassociation_blocks
 from mbn_core.mbn.outputs.base import (
     FittedOutput,
@@ -68,7 +69,7 @@ INSTALL_HINT = (
 )
 
 
-class UmapNotInstalled(ImportError):
+class UmapNotInstalled(MissingDependency):
     """umap-learn is missing: a setup to fix, told as such by ``mbn train``."""
 
 
