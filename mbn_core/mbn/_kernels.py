@@ -86,7 +86,7 @@ def locate_postings(indptr, center_codes, n_values, start, length):
 
 
 @njit(inline="always")
-def _keep_flags(seed, code_row, key_base, threshold, keep_all, keep):
+def keep_flags(seed, code_row, key_base, threshold, keep_all, keep):
     """keep[v] = 1 where the one-hot dimension (v, code_row[v]) is chosen, else 0.
 
     A loop of its own and nothing else in it, so that the hashes vectorise (a running count
@@ -292,7 +292,7 @@ def upper_codes_inline(
         span = row[n_clusterings] - row[0]
         if span + ROW_PAD > points.shape[0]:
             points = np.empty(2 * (span + ROW_PAD), np.int32)
-        _keep_flags(seed, center_codes[r], key_base, threshold, keep_all, keep)
+        keep_flags(seed, center_codes[r], key_base, threshold, keep_all, keep)
         # The kept clusterings, compacted without branches: about half the lists are dropped,
         # at random, which a branch per list would mispredict.
         n_lists = 0

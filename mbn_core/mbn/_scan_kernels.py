@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from mbn_core.mbn._kernels import _keep_flags
+from mbn_core.mbn._kernels import keep_flags
 from mbn_core.mbn._prefetch import prefetch
 
 # A point's lists are met one per clustering, each somewhere else in memory: their bounds are
@@ -93,7 +93,7 @@ def keep_masks(codes, center_rows, seeds, n_values, threshold, keep_all, masks):
     masks[:] = 0
     for g in range(n_groups):
         for j in range(k):
-            _keep_flags(seeds[g], codes[center_rows[g, j]], key_base, threshold, keep_all, keep)
+            keep_flags(seeds[g], codes[center_rows[g, j]], key_base, threshold, keep_all, keep)
             for v in range(n_clusterings):
                 masks[g, j, v >> 6] |= np.uint64(keep[v]) << np.uint64(v & 63)
 
