@@ -1,6 +1,6 @@
 """The whole training job, not only the fit: ``mbn train`` with its defaults, timed by step.
 
-    python benchmarks/bench_train_job.py [--data digits | mnist-60k] [--repeats 3]
+    python benchmarks/bench_train_job.py [--data digits | mnist-60k] [--rows N] [--repeats 3]
         [--n-jobs N] [--option KEY=JSON ...] [--cli]
 
 Trains a bundle from the data with ``mbn train``'s defaults (``train_bundle``, as the command
@@ -80,12 +80,15 @@ def cli_seconds(data: Path, out: Path, params: dict) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", choices=("digits", "mnist-60k"), default="digits")
+    parser.add_argument("--rows", type=int, default=None, help="the first N rows only")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--n-jobs", type=int, default=None, help="default: mbn train's")
     parser.add_argument("--cli", action="store_true", help="also time the mbn train command")
     add_training_option(parser, "map_points=2000")
     args = parser.parse_args()
     X, y = load(args.data)
+    if args.rows is not None:
+        X, y = X[: args.rows], y[: args.rows]
     params = dict(args.option)
     if args.n_jobs is not None:
         params["n_jobs"] = args.n_jobs

@@ -173,7 +173,10 @@ def cross_fitted_report(
                 f"training stopped by the callback after fold {number + 1} of {n_measured} "
                 "of the fidelity report"
             )
+    # The measured rows in X's order (all of X's rows when every fold is measured): k-means
+    # and the neighbour searches see them as they did before folds could be left out.
     rows = np.concatenate([fold for fold, _, _ in folds])
+    order = np.argsort(rows, kind="stable")
     k = report_clusters(n_clusters, labels, estimator)
     seed = draw_seed(rng)
 
@@ -188,9 +191,9 @@ def cross_fitted_report(
         )
 
     fidelity = measure(
-        rows,
-        np.concatenate([exact for _, exact, _ in folds]),
-        np.concatenate([fast for _, _, fast in folds]),
+        rows[order],
+        np.concatenate([exact for _, exact, _ in folds])[order],
+        np.concatenate([fast for _, _, fast in folds])[order],
     )
     fidelity.update(
         holdout="cross-fitted",
