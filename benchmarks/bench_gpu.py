@@ -8,7 +8,8 @@ prints, for all 70,000 MNIST digits as raw uint8 pixels at V = 400, k1 = 8,000:
 
 1. the GPU fit's time and its NMI (k-means on the embedding against the labels);
 2. the bottom and upper layers' shares of that time (and the rest: "auto" measurements,
-   the PCA output);
+   the PCA output), and the fit's seconds by phase (``mbn_core.mbn.phases``: auto, draws,
+   bottom, upper, output: the host steps beside the card's);
 3. bit-identity against the CPU: a sample of training rows encoded at every layer on the GPU
    and on the CPU, the fit's embedding of them against the CPU's ``transform``, and a whole
    small model (``--subset-rows``) fitted on both devices;
@@ -44,6 +45,7 @@ from mbn_core.mbn.backends.cuda import tf32
 from mbn_core.mbn.backends.local import LocalBackend
 from mbn_core.mbn.bottom import bottom_input, input_row_norms
 from mbn_core.mbn.dtypes import smallest_uint
+from mbn_core.mbn.phases import timed_phases
 
 
 class LayerClock:
@@ -70,23 +72,28 @@ def load(name: str, rows: int) -> tuple[np.ndarray, np.ndarray]:
     return X[:rows], y[:rows]
 
 
-def device_fit(X, params: dict, device: str) -> tuple[MBN, np.ndarray, LayerClock, float]:
+def device_fit(
+    X, params: dict, device: str
+) -> tuple[MBN, np.ndarray, LayerClock, float, dict[str, float]]:
+    """The fitted model, its embedding, its layers' clock, the fit's seconds and its seconds
+    by phase (``mbn_core.mbn.phases``: auto, draws, bottom, upper, output)."""
     clock = LayerClock()
     if device == "cuda":
         model = MBN(**params, device="cuda", callback=clock)
-        start = time.perf_counter()
-        embedding = model.fit_transform(X)
-        seconds = time.perf_counter() - start
+        with timed_phases() as times:
+            start = time.perf_counter()
+            embedding = model.fit_transform(X)
+            seconds = time.perf_counter() - start
         # The checks below encode on the CPU unless they name the device.
         model.set_params(device="cpu", callback=None)
-        return model, embedding, clock, seconds
-    with use_backend(cuda.numpy_backend):
+        return model, embedding, clock, seconds, dict(times.seconds)
+    with use_backend(cuda.numpy_backend), timed_phases() as times:
         model = MBN(**params, callback=clock)
         start = time.perf_counter()
         embedding = model.fit_transform(X)
         seconds = time.perf_counter() - start
-        model.set_params(callback=None)
-        return model, embedding, clock, seconds
+    model.set_params(callback=None)
+    return model, embedding, clock, seconds, dict(times.seconds)
 
 
 def layer_codes(model: MBN, X, device: str) -> list[np.ndarray]:
@@ -175,7 +182,7 @@ def main() -> None:
     device_transform(warm_model, X[: args.transform_rows], args.device)
     figures["warm_up_s"] = round(time.perf_counter() - warm, 2)
 
-    model, embedding, clock, fit_s = device_fit(X, params, args.device)
+    model, embedding, clock, fit_s, phases = device_fit(X, params, args.device)
     last = max(clock.done)
     bottom_s = clock.done[0] - clock.start
     upper_s = clock.done[last] - clock.done[0]
@@ -186,8 +193,10 @@ def main() -> None:
         upper_s=round(upper_s, 2),
         rest_s=round(fit_s - bottom_s - upper_s, 2),
     )
+    figures["phases_s"] = {name: round(value, 2) for name, value in phases.items()}
     print(f"fit {fit_s:.2f} s: bottom {bottom_s:.2f} s, upper {upper_s:.2f} s, ks {model.ks_}",
           flush=True)  # fmt: skip
+    print("  by phase: " + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()), flush=True)
     if args.device == "cuda":
         budget = cuda.device_budget(cuda.require_cupy())
         figures.update(
@@ -214,7 +223,7 @@ def main() -> None:
     # A whole small model on both devices.
     rows = min(args.subset_rows, len(X))
     sub = {"n_clusterings": 50, "k1": max(2, rows // 4), "random_state": 0, "n_jobs": -1}
-    sub_model, sub_embedding, _, _ = device_fit(X[:rows], sub, args.device)
+    sub_model, sub_embedding, _, _, _ = device_fit(X[:rows], sub, args.device)
     cpu_model = MBN(**sub).fit(X[:rows])
     same = bool(np.array_equal(sub_embedding, cpu_model.transform(X[:rows])))
     mine, theirs = persistence.model_to_arrays(sub_model), persistence.model_to_arrays(cpu_model)

@@ -1,10 +1,11 @@
 """A 2-D map of a model's training embedding, stored in its bundle for people to look at.
 
-Training keeps a t-SNE projection of a random sample of at most ``MAX_MAP_POINTS`` training
-rows, with each point's row number, cluster (the clustering head's) and label (when the
-training data had labels). New rows are placed on the map by their nearest sample points in
-embedding space (``EmbeddingMap.locate``): t-SNE has no transform of its own, and a
-neighbour average keeps a new point beside the training points that the model embeds like it.
+Training keeps a t-SNE projection of a random sample of at most ``map_points`` training rows
+(``DEFAULT_MAP_POINTS`` unless asked, at most ``MAX_MAP_POINTS``), with each point's row
+number, cluster (the clustering head's) and label (when the training data had labels). New
+rows are placed on the map by their nearest sample points in embedding space
+(``EmbeddingMap.locate``): t-SNE has no transform of its own, and a neighbour average keeps a
+new point beside the training points that the model embeds like it.
 
 Everything is plain arrays (``to_bytes`` / ``from_bytes``: an ``.npz`` read with
 ``allow_pickle=False``), hashed in the bundle's manifest like its other files.
@@ -12,6 +13,7 @@ Everything is plain arrays (``to_bytes`` / ``from_bytes``: an ``.npz`` read with
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Any
@@ -21,11 +23,16 @@ from sklearn.manifold import TSNE
 from sklearn.utils import check_random_state
 
 from mbn_core.params import Interval, Param
+from mbn_core.utils.blas import one_openmp_thread
 from mbn_core.utils.npz import arrays_from_npz, npz_bytes
 from mbn_core.utils.pca import fit_pca
 
 MAP_FILE = "map.npz"
 MAX_MAP_POINTS = 20_000
+# Rows a training job maps by default: t-SNE's time grows with the sample (about 111 s for
+# 20,000 points against a few seconds for 2,000), and a few thousand points show the
+# embedding's structure and place new rows as well (docs/decisions/0033-whole-training-job.md).
+DEFAULT_MAP_POINTS = 5_000
 METHOD = "tsne"
 # Neighbours a located point is averaged over: enough to smooth over one odd neighbour, few
 # enough to stay inside a small cluster.
@@ -38,7 +45,7 @@ _ARRAYS = ("xy", "embedding", "row", "cluster", "label")
 # take it from here, like the estimators' options).
 MAP_POINTS = Param(
     name="map_points",
-    default=MAX_MAP_POINTS,
+    default=DEFAULT_MAP_POINTS,
     constraints=[Interval(Integral, 0, MAX_MAP_POINTS, closed="both")],
     help=(
         "Training rows in the 2-D map stored with the model (a t-SNE of a random sample), "
@@ -169,6 +176,45 @@ class EmbeddingMap:
         )
 
 
+@dataclass(frozen=True)
+class MapLayout:
+    """The expensive half of a map: which rows it samples and where t-SNE puts them.
+
+    Attributes
+    ----------
+    rows : ndarray of shape (n_points,), int64
+        The sample's rows of the embedding it was made from.
+    xy : ndarray of shape (n_points, 2), float32
+    seconds : float
+        Wall time of the layout.
+    """
+
+    rows: np.ndarray
+    xy: np.ndarray
+    seconds: float
+
+
+def lay_out(
+    embedding,
+    *,
+    max_points: int = MAX_MAP_POINTS,
+    random_state: int | np.random.RandomState | None = None,
+    n_jobs: int | None = None,
+) -> MapLayout:
+    """Sample at most ``max_points`` rows of ``embedding`` and lay them out in 2-D with
+    t-SNE: ``build_map``'s layout, which it can be given (training starts it as soon as the
+    embedding is known, beside the rest of the job)."""
+    started = time.perf_counter()
+    embedding = _checked_embedding(embedding)
+    if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 2:
+        raise ValueError(f"max_points must be an integer >= 2, got {max_points!r}")
+    n = len(embedding)
+    rng = check_random_state(random_state)
+    rows = np.arange(n) if n <= max_points else np.sort(rng.choice(n, max_points, replace=False))
+    xy = _tsne(embedding[rows], rng, n_jobs)
+    return MapLayout(rows.astype(np.int64), xy, time.perf_counter() - started)
+
+
 def build_map(
     embedding,
     *,
@@ -177,6 +223,7 @@ def build_map(
     max_points: int = MAX_MAP_POINTS,
     random_state: int | np.random.RandomState | None = None,
     n_jobs: int | None = None,
+    layout: MapLayout | None = None,
 ) -> EmbeddingMap:
     """Project a random sample of a training embedding to 2-D with t-SNE.
 
@@ -194,30 +241,38 @@ def build_map(
         Seeds the sample and t-SNE.
     n_jobs : int or None
         Threads of t-SNE's neighbour search.
+    layout : MapLayout, default=None
+        ``lay_out``'s result for this embedding and these options, made already; None makes
+        it here.
 
     Returns
     -------
     EmbeddingMap
     """
-    embedding = np.asarray(embedding, dtype=np.float32)
-    if embedding.ndim != 2 or len(embedding) < 2:
-        raise ValueError(f"embedding must be 2-D with at least 2 rows, got {embedding.shape}")
-    if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 2:
-        raise ValueError(f"max_points must be an integer >= 2, got {max_points!r}")
+    embedding = _checked_embedding(embedding)
     n = len(embedding)
     for name, values in (("clusters", clusters), ("labels", labels)):
         if values is not None and len(values) != n:
             raise ValueError(f"{name} has {len(values)} entries but embedding has {n} rows")
-    rng = check_random_state(random_state)
-    rows = np.arange(n) if n <= max_points else np.sort(rng.choice(n, max_points, replace=False))
-    sample = embedding[rows]
+    if layout is None:
+        layout = lay_out(embedding, max_points=max_points, random_state=random_state, n_jobs=n_jobs)
+    rows = layout.rows
+    if len(rows) and rows.max() >= n:
+        raise ValueError(f"the layout's rows go beyond the embedding's {n}")
     return EmbeddingMap(
-        xy=_tsne(sample, rng, n_jobs),
-        embedding=sample,
-        row=rows.astype(np.int64),
+        xy=layout.xy,
+        embedding=embedding[rows],
+        row=rows,
         cluster=None if clusters is None else np.asarray(clusters)[rows].astype(np.int64),
         label=None if labels is None else np.asarray(labels)[rows].astype(str),
     )
+
+
+def _checked_embedding(embedding) -> np.ndarray:
+    embedding = np.asarray(embedding, dtype=np.float32)
+    if embedding.ndim != 2 or len(embedding) < 2:
+        raise ValueError(f"embedding must be 2-D with at least 2 rows, got {embedding.shape}")
+    return embedding
 
 
 def _tsne(sample: np.ndarray, rng: np.random.RandomState, n_jobs: int | None) -> np.ndarray:
@@ -244,7 +299,11 @@ def _tsne(sample: np.ndarray, rng: np.random.RandomState, n_jobs: int | None) ->
         random_state=rng.randint(2**31 - 1),
         n_jobs=n_jobs,
     )
-    return tsne.fit_transform(sample).astype(np.float32)
+    # One OpenMP thread for the Barnes-Hut gradient: on a shared machine two threads spin at
+    # every one of its 500 barriers waiting for a core (digits: 8.8 s on one thread, 32-48 s
+    # on two, here), and training's other steps use the other core.
+    with one_openmp_thread():
+        return tsne.fit_transform(sample).astype(np.float32)
 
 
 def _initial_layout(sample: np.ndarray, rng: np.random.RandomState) -> np.ndarray:

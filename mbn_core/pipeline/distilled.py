@@ -42,7 +42,7 @@ from mbn_core.pipeline.fidelity import fidelity_report
 from mbn_core.pipeline.head import nearest
 from mbn_core.pipeline.report import FittedPath, as_embedding
 from mbn_core.pipeline.run import run_pipeline
-from mbn_core.pipeline.split import Split, report_fold_count
+from mbn_core.pipeline.split import Split, measured_fold_count, report_fold_count
 from mbn_core.utils.seeds import draw_seed
 
 log = logging.getLogger(__name__)
@@ -137,8 +137,10 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         fold, so every row is new to the fit that measures it; the model itself is fitted
         on every row. The fold fits report no progress and cost about K * ((K - 1) / K)^2
         times the teacher's fit for an MBN (k1 grows with the rows). "auto": K = 5 when the
-        held-out set would have fewer than 500 rows (``CROSS_FIT_BELOW``), else None. A
-        prefit teacher always uses the held-out set.
+        held-out set would have fewer than 500 rows (``CROSS_FIT_BELOW``), else None; of
+        those 5 folds only as many are fitted and measured as make 500 rows (at least 2,
+        whose spread gives the figures' standard errors): 2 folds for 1,250 to 4,994 rows.
+        A prefit teacher always uses the held-out set.
     targets : {"in-sample"}, default="in-sample"
         What the MLP learns for a training row: the teacher's in-sample embedding
         (``fit_transform``; ``transform`` for a prefit teacher). The only choice left.
@@ -157,7 +159,9 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         (1-based; the loss is NaN without a validation split). Returning True stops
         training: ``fit`` raises ``TrainingStopped``. A callback with a
         ``fold_done(done, total)`` method is told each fold of a cross-fitted report, and
-        can stop there the same way. The teacher reports through its own ``callback``.
+        can stop there the same way; one with a ``teacher_fitted(embedding)`` method is
+        given the model's teacher embedding of the rows it was fitted on as soon as it is
+        known. The teacher reports through its own ``callback``.
 
     Attributes
     ----------
@@ -178,8 +182,9 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         Agreement between fast and exact embeddings on the held-out rows (new to the teacher
         and the MLP): see ``mbn_core.pipeline.fidelity.measure_fidelity``; plus ``holdout``,
         "outside the teacher's fit" (or "prefit teacher": new to the MLP only, or
-        "cross-fitted": every row, each embedded by the fit that left its fold out, then
-        ``folds`` is K).
+        "cross-fitted": the rows of the measured folds, each embedded by the fit that left
+        its fold out; then ``folds`` is K, ``folds_measured`` how many were measured and
+        ``standard_error`` each figure's standard error over those folds).
     holdout_ : ndarray of int
         Rows of X kept out of the model (empty when the report is cross-fitted).
     quality_ : dict
@@ -314,15 +319,19 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         labels = None if y is None else column_or_1d(y, warn=True)
         if labels is not None and len(labels) != n_samples:
             raise ValueError(f"y has {len(labels)} labels but X has {n_samples} rows")
+        n_folds = self._n_folds(n_samples)
         result = run_pipeline(
             X,
             labels,
             _Distillation(self),
             holdout_fraction=self.holdout_fraction,
-            n_folds=self._n_folds(n_samples),
+            n_folds=n_folds,
             n_clusters=self.n_clusters,
             rng=check_random_state(self.random_state),
             fold_done=getattr(self.callback, "fold_done", None),
+            n_measured=None
+            if n_folds is None
+            else measured_fold_count(n_samples, n_folds, self.report_folds),
         )
         fitted = result.fitted
         student: Student = fitted.parts
@@ -530,6 +539,11 @@ class _Distillation:
         )
         teacher_seconds = time.perf_counter() - started
         callback = owner.callback if model is None else None
+        # The model's own embedding is known now: a caller may start work on it (the
+        # training job's map) beside the MLP and the report.
+        teacher_fitted = getattr(callback, "teacher_fitted", None)
+        if teacher_fitted is not None:
+            teacher_fitted(embedding)
         student = owner._distiller().distil(
             X, embedding, split.validation, split.train, rng, callback
         )

@@ -21,6 +21,18 @@ from mbn_core.pipeline.head import kmeans, nearest
 REPORT_KMEANS_INIT = 20
 # Neighbours compared by the k-NN overlap.
 KNN = 10
+# The figures of a report that are measures (a cross-fitted report states their standard
+# errors).
+FIGURES = (
+    "r2",
+    "cosine",
+    "cosine_median",
+    "knn_overlap",
+    "nmi_fast_exact",
+    "nmi_labels_exact",
+    "nmi_labels_fast",
+    "cluster_agreement",
+)
 
 
 def measure_fidelity(
@@ -89,26 +101,40 @@ def measure_fidelity(
 
 
 def fidelity_report(fidelity: dict[str, Any]) -> str:
-    """One line summarising a ``fidelity`` dict, for logs and the CLI."""
-    parts = [f"R^2 {fidelity['r2']:.4f}", f"cosine {fidelity['cosine']:.4f}"]
+    """One line summarising a ``fidelity`` dict, for logs and the CLI (a cross-fitted
+    report's figures with their standard errors)."""
+    errors = fidelity.get("standard_error") or {}
+
+    def figure(key: str) -> str:
+        error = errors.get(key)
+        return f"{fidelity[key]:.4f}" + ("" if error is None else f" ± {error:.4f}")
+
+    parts = [f"R^2 {figure('r2')}", f"cosine {figure('cosine')}"]
     # Reports of older bundles lack the median cosine and the k-NN overlap.
     if fidelity.get("cosine_median") is not None:
-        parts.append(f"median cosine {fidelity['cosine_median']:.4f}")
+        parts.append(f"median cosine {figure('cosine_median')}")
     if fidelity.get("knn_overlap") is not None:
-        parts.append(f"{KNN}-NN overlap {fidelity['knn_overlap']:.4f}")
-    parts.append(f"NMI(fast, exact) {fidelity['nmi_fast_exact']:.4f}")
+        parts.append(f"{KNN}-NN overlap {figure('knn_overlap')}")
+    parts.append(f"NMI(fast, exact) {figure('nmi_fast_exact')}")
     if fidelity.get("nmi_labels_exact") is not None:
         exact, fast = fidelity["nmi_labels_exact"], fidelity["nmi_labels_fast"]
-        parts.append(f"NMI vs labels exact {exact:.4f} fast {fast:.4f} (gap {fast - exact:+.4f})")
+        parts.append(
+            f"NMI vs labels exact {figure('nmi_labels_exact')} fast {figure('nmi_labels_fast')} "
+            f"(gap {fast - exact:+.4f})"
+        )
     if fidelity.get("cluster_agreement") is not None:
-        parts.append(f"cluster agreement {fidelity['cluster_agreement']:.4f}")
+        parts.append(f"cluster agreement {figure('cluster_agreement')}")
     where = {
         "outside the teacher's fit": "held-out points new to the teacher and the MLP",
         "prefit teacher": "held-out points new to the MLP",
     }.get(fidelity.get("holdout", ""), "held-out points")
     if fidelity.get("holdout") == "cross-fitted":
-        where = f"points, each new to the fit of {fidelity['folds']}-fold cross-fitting"
-    return f"{', '.join(parts)} (on {fidelity['n_holdout']} {where})"
+        folds = fidelity["folds"]
+        measured = fidelity.get("folds_measured", folds)
+        of = f"{folds}-fold" if measured == folds else f"{measured} of {folds} folds'"
+        where = f"points, each new to the fit of {of} cross-fitting"
+    line = f"{', '.join(parts)} (on {fidelity['n_holdout']} {where}"
+    return line + ("; ± standard errors over the folds)" if errors else ")")
 
 
 def knn_overlap(exact: np.ndarray, fast: np.ndarray, k: int = KNN) -> float | None:

@@ -18,7 +18,7 @@ from scipy.linalg import orthogonal_procrustes
 from sklearn.model_selection import KFold
 
 from mbn_core.exceptions import TrainingStopped
-from mbn_core.pipeline.fidelity import measure_fidelity, report_clusters
+from mbn_core.pipeline.fidelity import FIGURES, measure_fidelity, report_clusters
 from mbn_core.pipeline.quality import quality_report
 from mbn_core.pipeline.split import Split, split_rows
 from mbn_core.utils.seeds import draw_seed
@@ -116,26 +116,37 @@ def cross_fitted_report(
     estimator: Any,
     rng,
     fold_done: FoldCallback | None = None,
+    n_measured: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(fidelity, quality) by K-fold cross-fitting.
 
-    Each fold's rows are embedded, exactly and fast, by a fit made without them
-    (``fit_fold(X_rest, split, rng)``, ``split`` the validation and train rows of
-    ``X_rest``). Each fit has its own coordinates (its own PCA or layout, signs and order),
-    so both embeddings of a fold are carried into the model's by the rotation and shift that
-    best map the fold fit's embedding of its rows onto the model's embedding of the same rows
-    (``reference``, row i for X's row i; orthogonal Procrustes, so distances within the fold
-    are unchanged). All rows are then measured together, as one test set of that size:
-    k-means, neighbours and the clustering head over every row, not over small folds. The
-    quality report is of the first fold, by the fit that left it out.
+    The rows are split into ``n_folds`` folds, and the first ``n_measured`` of them (all by
+    default) are measured: each fold's rows are embedded, exactly and fast, by a fit made
+    without them (``fit_fold(X_rest, split, rng)``, ``split`` the validation and train rows
+    of ``X_rest``). Each fit has its own coordinates (its own PCA or layout, signs and
+    order), so both embeddings of a fold are carried into the model's by the rotation and
+    shift that best map the fold fit's embedding of its rows onto the model's embedding of
+    the same rows (``reference``, row i for X's row i; orthogonal Procrustes, so distances
+    within the fold are unchanged). The measured rows are then measured together, as one
+    test set of that size: k-means, neighbours and the clustering head over all of them, not
+    over small folds. Each fold is also measured on its own, and ``standard_error`` gives,
+    for each figure, the standard error of the mean of the folds' figures (their standard
+    deviation over the square root of their number): how much the figures move with the rows
+    that happen to be measured. The quality report is of the first fold, by the fit that
+    left it out.
 
-    ``fold_done(done, total)`` is told each fold; True stops with ``TrainingStopped``.
+    ``fold_done(done, total)`` is told each fold measured; True stops with
+    ``TrainingStopped``.
     """
-    exact_all = np.empty_like(reference)
-    fast_all = np.empty_like(reference)
+    n_measured = n_folds if n_measured is None else int(n_measured)
+    if not 1 <= n_measured <= n_folds:
+        raise ValueError(f"n_measured={n_measured} must be within 1..{n_folds} folds")
     splitter = KFold(n_splits=n_folds, shuffle=True, random_state=draw_seed(rng))
     quality: dict[str, Any] = {}
+    folds: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for number, (rest, fold) in enumerate(splitter.split(X)):
+        if number == n_measured:
+            break
         split = split_rows(len(rest), None, validation_fraction, rng)
         model = fit_fold(X[rest], split, rng)
         exact = as_embedding(model.estimator.transform(X[fold]))
@@ -149,22 +160,61 @@ def cross_fitted_report(
         rotation, _ = orthogonal_procrustes(
             model.embedding - source_mean, reference[rest] - target_mean
         )
-        exact_all[fold] = (exact - source_mean) @ rotation + target_mean
-        fast_all[fold] = (fast - source_mean) @ rotation + target_mean
+        folds.append(
+            (
+                fold,
+                (exact - source_mean) @ rotation + target_mean,
+                (fast - source_mean) @ rotation + target_mean,
+            )
+        )
         # A fold refits the method and its fast path, so the report costs several fits.
-        if fold_done is not None and fold_done(number + 1, n_folds):
+        if fold_done is not None and fold_done(number + 1, n_measured):
             raise TrainingStopped(
-                f"training stopped by the callback after fold {number + 1} of {n_folds} "
+                f"training stopped by the callback after fold {number + 1} of {n_measured} "
                 "of the fidelity report"
             )
-    fidelity = fidelity_of(
-        exact_all,
-        fast_all,
-        labels,
-        n_clusters=n_clusters,
-        centers=centers,
-        estimator=estimator,
-        rng=rng,
+    # The measured rows in X's order (all of X's rows when every fold is measured): k-means
+    # and the neighbour searches see them as they did before folds could be left out.
+    rows = np.concatenate([fold for fold, _, _ in folds])
+    order = np.argsort(rows, kind="stable")
+    k = report_clusters(n_clusters, labels, estimator)
+    seed = draw_seed(rng)
+
+    def measure(fold_rows, exact, fast) -> dict[str, Any]:
+        return measure_fidelity(
+            exact,
+            fast,
+            None if labels is None else np.asarray(labels)[fold_rows],
+            n_clusters=k,
+            centers=centers,
+            seed=seed,
+        )
+
+    fidelity = measure(
+        rows[order],
+        np.concatenate([exact for _, exact, _ in folds])[order],
+        np.concatenate([fast for _, _, fast in folds])[order],
     )
-    fidelity.update(holdout="cross-fitted", folds=n_folds)
+    fidelity.update(
+        holdout="cross-fitted",
+        folds=n_folds,
+        folds_measured=n_measured,
+        standard_error=standard_errors([measure(*fold) for fold in folds]),
+    )
     return fidelity, quality
+
+
+def standard_errors(reports: list[dict[str, Any]]) -> dict[str, float | None]:
+    """For each numeric figure of several reports, the standard error of their mean (sample
+    standard deviation over the square root of their number); None for a figure some
+    report lacks, or with fewer than two reports."""
+    keys = [key for key in FIGURES if key in reports[0]]
+    errors: dict[str, float | None] = {}
+    for key in keys:
+        values = [report.get(key) for report in reports]
+        if len(values) < 2 or any(value is None for value in values):
+            errors[key] = None
+            continue
+        spread = np.std(np.asarray(values, dtype=np.float64), ddof=1)
+        errors[key] = float(spread / np.sqrt(len(values)))
+    return errors

@@ -103,6 +103,7 @@ def run_pipeline(
     n_clusters: int | None,
     rng,
     fold_done: FoldCallback | None = None,
+    n_measured: int | None = None,
 ) -> PipelineResult:
     """Split X, fit ``maker`` on the fitted rows, fit the clustering head, and report.
 
@@ -123,6 +124,8 @@ def run_pipeline(
         The job's generator: every step draws from it in turn.
     fold_done : callable, default=None
         ``fold_done(done, total)`` after each fold of a cross-fitted report; True stops.
+    n_measured : int or None, default=None
+        Folds of a cross-fitted report that are fitted and measured (None: all of them).
     """
     n_samples = X.shape[0]
     if n_folds is not None and n_samples < n_folds:
@@ -179,6 +182,7 @@ def run_pipeline(
             estimator=fitted.estimator,
             rng=rng,
             fold_done=fold_done,
+            n_measured=n_measured,
         )
     return PipelineResult(
         fitted=fitted,

@@ -16,9 +16,12 @@ import numpy as np
 
 # report_folds="auto" cross-fits with this many folds when a single holdout would have fewer
 # than CROSS_FIT_BELOW rows: on fewer, the k-means of the fidelity report moves with single
-# rows (docs/decisions records the measurement).
+# rows (docs/decisions records the measurement). It then measures only as many of those
+# folds as make CROSS_FIT_BELOW rows (and at least MIN_MEASURED_FOLDS, whose spread gives the
+# standard error): each fold measured costs a fit of the method and its fast path.
 AUTO_FOLDS = 5
 CROSS_FIT_BELOW = 500
+MIN_MEASURED_FOLDS = 2
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,18 @@ def report_fold_count(
         small = n_holdout(n_samples, holdout_fraction) < CROSS_FIT_BELOW
         return AUTO_FOLDS if small else None
     return int(report_folds)
+
+
+def measured_fold_count(n_samples: int, n_folds: int, report_folds: int | str | None) -> int:
+    """Folds of a ``n_folds``-fold cross-fitted report that are fitted and measured: all of
+    an explicit ``report_folds``; for "auto", the fewest (at least ``MIN_MEASURED_FOLDS``)
+    whose rows reach ``CROSS_FIT_BELOW``. Folds are ``n_samples // n_folds`` rows or one
+    more, so the smallest ones count."""
+    if report_folds != "auto":
+        return n_folds
+    smallest = n_samples // n_folds
+    wanted = -(-CROSS_FIT_BELOW // max(smallest, 1))
+    return int(min(n_folds, max(MIN_MEASURED_FOLDS, wanted)))
 
 
 def teacher_fit_rows(

@@ -31,7 +31,13 @@ from mbn_core.bundle import (
     validate_model_id,
     validate_name,
 )
-from mbn_core.bundle.embedding_map import MAP_FILE, MAP_POINTS, EmbeddingMap, build_map
+from mbn_core.bundle.embedding_map import (
+    MAP_FILE,
+    MAP_POINTS,
+    EmbeddingMap,
+    MapLayout,
+    build_map,
+)
 from mbn_core.bundle.trained import TrainedModel, estimator_hyperparameters
 from mbn_core.data.checks import check_spread
 from mbn_core.data.readers import check_labels, check_matrix
@@ -40,12 +46,18 @@ from mbn_core.distill.input_map import projected_width
 from mbn_core.exceptions import TrainingStopped
 from mbn_core.methods import Method
 from mbn_core.pipeline.alignment import check_compatible, reference_files
+from mbn_core.pipeline.background_map import BackgroundMap
 from mbn_core.pipeline.distilled import DistilledEmbedding
 from mbn_core.pipeline.exported import ExportedFastPath, detach_callback
 from mbn_core.pipeline.novelty import novelty_section
 from mbn_core.pipeline.options import TrainingParams
 from mbn_core.pipeline.run import run_pipeline
-from mbn_core.pipeline.split import fold_fit_rows, report_fold_count, teacher_fit_rows
+from mbn_core.pipeline.split import (
+    fold_fit_rows,
+    measured_fold_count,
+    report_fold_count,
+    teacher_fit_rows,
+)
 from mbn_core.utils.memory import memory_limit
 
 log = logging.getLogger(__name__)
@@ -255,7 +267,23 @@ def train_bundle(
     if scaling.method != "none":
         log.info("input scaling %r (feature range ratio %.3g)", scaling.method, scaling.range_ratio)
 
-    tracker = _Tracker(params, estimator, X.shape, progress, events)
+    # The map's layout starts on a thread of its own once the teacher's embedding is known
+    # (not for an aligned model, whose embedding alignment moves afterwards).
+    background = None
+    if params[MAP_POINTS.name] and old is None:
+        background = BackgroundMap(
+            max_points=max(2, params[MAP_POINTS.name]),
+            random_state=params.pipeline()["random_state"],
+            n_jobs=params.pipeline()["n_jobs"],
+        )
+    tracker = _Tracker(
+        params,
+        estimator,
+        X.shape,
+        progress,
+        events,
+        teacher_fitted=None if background is None else background.start,
+    )
     started = time.perf_counter()
     log.info("training %r with %s on %d x %d points", name, method.name, *X.shape)
     # The method, its fast path and the novelty model see scaled rows; the bundle takes raw
@@ -269,11 +297,17 @@ def train_bundle(
         if tracker.report("export", 0.0, "2-D map of the training embedding (t-SNE)"):
             raise TrainingStopped("training stopped by the progress callback before the map")
         map_started = time.perf_counter()
-        embedding_map = training_map(model, labels, params)
+        layout = None
+        if background is not None:
+            layout = background.layout(model.training_embedding)
+        embedding_map = training_map(model, labels, params, layout=layout)
         extra_files[MAP_FILE] = embedding_map.to_bytes()
+        waited = time.perf_counter() - map_started
         sections["map"] = {
             **embedding_map.summary(),
-            "seconds": round(time.perf_counter() - map_started, 3),
+            # The layout's own time, and how long the job waited for it at the end.
+            "seconds": round(waited if layout is None else layout.seconds, 3),
+            "waited_seconds": round(waited, 3),
         }
     novelty_files, novelty_manifest = novelty_section(
         scaled, model.training_rows, params.pipeline()["random_state"]
@@ -378,9 +412,12 @@ def _fit_exported(method: Method, params: TrainingParams, estimator, X, y) -> Tr
     )
 
 
-def training_map(model: TrainedModel, labels, params: TrainingParams) -> EmbeddingMap:
+def training_map(
+    model: TrainedModel, labels, params: TrainingParams, layout: MapLayout | None = None
+) -> EmbeddingMap:
     """The bundle's 2-D map of ``model``'s training embedding: coloured by the labels when
-    given, else by the clustering head's clusters."""
+    given, else by the clustering head's clusters. ``layout``: its layout, made already
+    (``BackgroundMap``)."""
     embedding, rows = model.training_embedding, model.training_rows
     assert embedding is not None and rows is not None
     clusters = None
@@ -396,6 +433,7 @@ def training_map(model: TrainedModel, labels, params: TrainingParams) -> Embeddi
         max_points=max(2, params[MAP_POINTS.name]),
         random_state=pipeline["random_state"],
         n_jobs=pipeline["n_jobs"],
+        layout=layout,
     )
     # Row numbers of the training data, not of the rows the method was fitted on.
     return dataclasses.replace(embedding_map, row=np.asarray(rows)[embedding_map.row])
@@ -412,13 +450,15 @@ def fit_shape(params: TrainingParams, shape: tuple[int, int]) -> tuple[int, int]
 class _Tracker:
     """Turns the method's and the MLP's reports into one cost-weighted fraction of the job."""
 
-    def __init__(self, params: TrainingParams, estimator, shape, progress, events) -> None:
+    def __init__(
+        self, params: TrainingParams, estimator, shape, progress, events, teacher_fitted=None
+    ) -> None:
         method = params.spec
         d = shape[1]
         fit_cost = None
         if method.cost is not None:
             fit_cost = method.cost(estimator, fit_shape(params, shape))
-        mlp, folds = 0.0, None
+        mlp, folds, measured = 0.0, None, 0
         if method.export is None:
             values = params.values
             hidden = tuple(values["hidden_layer_sizes"])
@@ -433,12 +473,15 @@ class _Tracker:
             n_train = fit_shape(params, shape)[0] * (1 - values["validation_fraction"])
             mlp = _MLP_COST * mlp_macs * n_train * values["max_epochs"]
             folds = report_fold_count(shape[0], params["holdout_fraction"], params["report_folds"])
+            if folds is not None:
+                measured = measured_fold_count(shape[0], folds, params["report_folds"])
         # Without a cost model the fit counts as much as the MLP (or as all, without one).
         fit = fit_cost if fit_cost is not None else (mlp if mlp else 1.0)
-        # Each fold of a cross-fitted report refits the teacher and the MLP on (folds - 1) /
-        # folds of the rows, and the bottom layer's cost grows about as the rows squared (k1
-        # grows with them): 3.2 model fits for 5 folds, a little more than measured.
-        report = 0.0 if folds is None else folds * ((folds - 1) / folds) ** 2 * (fit + mlp)
+        # Each measured fold of a cross-fitted report refits the teacher and the MLP on
+        # (folds - 1) / folds of the rows, and the bottom layer's cost grows about as the rows
+        # squared (k1 grows with them): 0.64 model fits per fold of 5, a little more than
+        # measured.
+        report = 0.0 if folds is None else measured * ((folds - 1) / folds) ** 2 * (fit + mlp)
         total = fit + mlp + report
         costs = (fit, mlp, report) if total > 0 else (1.0, 0.0, 0.0)
         scale = (1 - _EXPORT_SHARE) / sum(costs)
@@ -448,6 +491,12 @@ class _Tracker:
         self.starts = dict(zip(PHASES, starts.tolist(), strict=True))
         self.progress = progress
         self.events = events
+        self._teacher_fitted = teacher_fitted
+
+    def teacher_fitted(self, embedding) -> None:
+        """The compressor's hook: the model's teacher embedding is known."""
+        if self._teacher_fitted is not None:
+            self._teacher_fitted(embedding)
 
     def __call__(self, epoch: int, max_epochs: int, loss: float) -> bool:
         """The compressor's callback: after each MLP epoch."""

@@ -36,6 +36,8 @@ def test_bench_gpu_runs_on_the_cpu(tmp_path):
     assert figures["subset_model_identical"]
     assert figures["transform_identical_first_100"]
     assert figures["fit_s"] > 0 and figures["transform_rows"] == 100
+    # The fit's time by phase, the host steps' beside the layers'.
+    assert set(figures["phases_s"]) >= {"auto", "draws", "bottom", "upper", "output"}
 
 
 @pytest.fixture

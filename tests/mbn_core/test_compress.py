@@ -14,7 +14,14 @@ from sklearn.utils.validation import check_is_fitted
 from mbn_core import MBN, CompressiveMBN, TrainingStopped, model_to_arrays
 from mbn_core.distill.student import FINAL_STEP, _partial_fit, step_factor
 from mbn_core.pipeline.fidelity import fidelity_report, knn_overlap
-from mbn_core.pipeline.split import AUTO_FOLDS, CROSS_FIT_BELOW, fold_fit_rows, teacher_fit_rows
+from mbn_core.pipeline.report import standard_errors
+from mbn_core.pipeline.split import (
+    AUTO_FOLDS,
+    CROSS_FIT_BELOW,
+    fold_fit_rows,
+    measured_fold_count,
+    teacher_fit_rows,
+)
 
 
 def small_mbn(**params):
@@ -180,6 +187,11 @@ def test_cross_fitted_report_measures_every_row_with_a_fit_that_never_saw_it(dig
     fast, exact = model.transform(digits[0][test]), model.exact_transform(digits[0][test])
     assert abs(report["r2"] - r2_score(exact, fast, multioutput="variance_weighted")) < 0.1
     assert "3-fold cross-fitting" in fidelity_report(report)
+    # An explicit K measures every fold; the figures carry their spread over the folds.
+    assert report["folds_measured"] == 3
+    errors = report["standard_error"]
+    assert errors["r2"] is not None and 0 <= errors["r2"] < 0.5
+    assert f"R^2 {report['r2']:.4f} ± {errors['r2']:.4f}" in fidelity_report(report)
 
 
 def test_report_folds_auto_cross_fits_small_data_only():
@@ -190,6 +202,31 @@ def test_report_folds_auto_cross_fits_small_data_only():
     assert teacher_fit_rows(1797, 0.1, None) == 1617
     assert teacher_fit_rows(1797, 0.1, 4) == 1797 and fold_fit_rows(1797, 0.1, 4) == 1347
     assert CROSS_FIT_BELOW == 500 and AUTO_FOLDS == 5
+
+
+def test_report_folds_auto_measures_the_folds_that_make_enough_rows():
+    # "auto" fits and measures the fewest of its folds that hold CROSS_FIT_BELOW rows, and
+    # at least two (their spread is the standard error); an explicit K measures all.
+    assert measured_fold_count(1797, 5, "auto") == 2  # folds of 359 or 360 rows
+    assert measured_fold_count(1249, 5, "auto") == 3  # 249 rows each: 2 make only 498
+    assert measured_fold_count(1250, 5, "auto") == 2
+    assert measured_fold_count(400, 5, "auto") == 5  # all 400 rows, fewer than 500
+    assert measured_fold_count(4000, 5, "auto") == 2
+    assert measured_fold_count(1797, 5, 5) == 5 and measured_fold_count(300, 3, 3) == 3
+
+
+def test_standard_errors_are_those_of_the_folds_mean():
+    reports = [
+        {"r2": 0.9, "cosine": 0.95, "nmi_labels_exact": None},
+        {"r2": 0.8, "cosine": 0.97, "nmi_labels_exact": None},
+        {"r2": 0.7, "cosine": 0.96, "nmi_labels_exact": None},
+    ]
+    errors = standard_errors(reports)
+    assert errors["r2"] == pytest.approx(np.std([0.9, 0.8, 0.7], ddof=1) / np.sqrt(3))
+    assert errors["cosine"] == pytest.approx(0.01 / np.sqrt(3))
+    assert errors["nmi_labels_exact"] is None  # not measured without labels
+    assert "knn_overlap" not in errors  # a figure the reports do not have
+    assert standard_errors(reports[:1])["r2"] is None  # one fold has no spread
 
 
 @pytest.mark.slow

@@ -17,7 +17,8 @@ from mbn_core.bundle import (
     BundleError,
     load_bundle,
 )
-from mbn_core.bundle.embedding_map import MAP_FILE, EmbeddingMap, build_map
+from mbn_core.bundle.embedding_map import MAP_FILE, EmbeddingMap, build_map, lay_out
+from mbn_core.pipeline.background_map import BackgroundMap
 from mbn_core.pipeline.training import TrainingParams, train_bundle
 
 SMALL = {
@@ -237,6 +238,8 @@ def test_training_stores_a_map_of_a_sample(mapped_bundle, digits):
     manifest = bundle.manifest
     assert set(manifest["files"]) == {EXACT_FILE, ONNX_FILE, MAP_FILE, NOVELTY_FILE, REFERENCE_FILE}
     assert manifest["map"]["n_points"] == 400 and manifest["map"]["color_by"] == "label"
+    # Laid out beside the report (BackgroundMap): its own time and the job's wait for it.
+    assert manifest["map"]["seconds"] > 0 and manifest["map"]["waited_seconds"] >= 0
     assert bundle.has_map
     stored = bundle.embedding_map()
     assert stored.n_points == 400 and stored.embedding.shape == (400, bundle.output_dim)
@@ -303,3 +306,30 @@ def test_a_one_component_model_trains_with_a_map(digits, tmp_path):
 def test_map_points_is_validated(points):
     with pytest.raises(ValueError, match="map_points"):
         TrainingParams.from_dict({"map_points": points})
+
+
+@pytest.mark.slow
+def test_a_background_layout_is_the_layout_made_in_place(blobs):
+    x, _ = blobs
+    embedding = x[:300]
+    background = BackgroundMap(max_points=200, random_state=3, n_jobs=1)
+    assert background.layout(embedding) is None  # never started
+    background.start(embedding)
+    background.start(x[300:600])  # only the first start counts (the model's, not a fold's)
+    assert background.layout(embedding + 1) is None  # made from other values
+    made = background.layout(embedding)
+    in_place = lay_out(embedding, max_points=200, random_state=3, n_jobs=1)
+    assert made is not None and made.seconds > 0
+    np.testing.assert_array_equal(made.rows, in_place.rows)
+    np.testing.assert_array_equal(made.xy, in_place.xy)  # bit for bit
+    built = build_map(embedding, labels=np.arange(300), layout=made)
+    assert built.label.tolist() == [str(row) for row in made.rows]
+    np.testing.assert_array_equal(built.embedding, embedding[made.rows])
+
+
+def test_a_failed_background_layout_is_raised_to_the_caller():
+    background = BackgroundMap(max_points=1, random_state=0, n_jobs=1)
+    embedding = np.zeros((5, 2), np.float32)
+    background.start(embedding)
+    with pytest.raises(ValueError, match="max_points"):
+        background.layout(embedding)

@@ -230,14 +230,21 @@ def test_train_bundle_reports_progress_in_order(digits, tmp_path):
     assert phases.count("fit") == 20 * n_layers
     assert phases.count("compressor") == bundle.manifest["training"]["n_epochs"]
     assert all(isinstance(e, TrainingEvent) for e in events) and len(events) == len(calls)
-    # 180 held-out rows would be too few: the report is cross-fitted (5 fits of the MBN and
-    # MLP on four fifths, a step each) and the model fitted on all 1797 rows.
+    # 180 held-out rows would be too few: the report is cross-fitted with 5 folds, the model
+    # fitted on all 1797 rows. Two of the folds (720 rows, over CROSS_FIT_BELOW) are fitted
+    # and measured (a fit of the MBN and MLP on four fifths, a step each), with the
+    # figures' standard errors over them.
     assert bundle.manifest["training"]["n_fit_samples"] == 1797
-    assert bundle.manifest["fidelity"]["folds"] == 5
+    fidelity = bundle.manifest["fidelity"]
+    assert fidelity["folds"] == 5 and fidelity["folds_measured"] == 2
+    assert fidelity["n_holdout"] == 2 * (1797 // 5) + 2  # the first folds have 360 rows
+    assert set(fidelity["standard_error"]) >= {"r2", "cosine", "nmi_fast_exact"}
+    assert all(error >= 0 for error in fidelity["standard_error"].values() if error is not None)
     report = [e for e in events if e.phase == "report"]
-    assert [e.message for e in report] == [f"fidelity report: fold {k}/5" for k in range(1, 6)]
-    # The folds refit the model five times: they get more of the bar than the model did.
-    assert report[-1].fraction - report[0].fraction > 0.3
+    assert [e.message for e in report] == [f"fidelity report: fold {k}/2" for k in (1, 2)]
+    # Each measured fold refits the model on four fifths of the rows (0.64 of its cost):
+    # the second fold's step is about 0.98 * 0.64 / 2.28 of the bar.
+    assert 0.2 < report[-1].fraction - report[0].fraction < 0.35
     assert events[0].message == f"layer 1/{n_layers} (k=180): clustering 1/20"  # 0.1 n
     assert events[-1].phase_fraction == 1.0
 
