@@ -158,6 +158,14 @@ class Settings(BaseSettings):
         description="/embed requests one process parses and computes at once (a slot is "
         "taken once the body has been read); one more is refused with 429 and Retry-After.",
     )
+    max_inflight_reads: int = Field(
+        default=4,
+        ge=1,
+        le=10_000,
+        description="Expensive reads (GET /models/{a}/compare/{b}, GET /models/{id}/monitor) "
+        "one process admits at once; they run one at a time beside the event loop and one "
+        "more is refused with 429 and Retry-After.",
+    )
     fast_threads: int = Field(
         default=2,
         ge=1,
