@@ -544,9 +544,8 @@ def _write_model(model_dir: Path) -> None:
     """A small digits model (64 features), trained here."""
     from sklearn.datasets import load_digits
 
-    from mbn_core import MBN
+    from mbn_core import MBN, CompressiveMBN
     from mbn_core.bundle import save_bundle
-    from mbn_core.distill.compressor import CompressiveMBN
 
     x = load_digits().data.astype(np.float32)
     model_dir.mkdir(parents=True, exist_ok=True)

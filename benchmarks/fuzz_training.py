@@ -121,6 +121,7 @@ EDGE_VALUES: dict[str, list] = {
 
 def params_case(method: str, seed: int) -> tuple[np.ndarray, dict]:
     from mbn_core.methods import get_method
+    from mbn_core.pipeline.options import options
 
     rng = np.random.default_rng(seed)
     n = int(rng.choice([4, 5, 6, 8, 12, 20, 40, 120]))
@@ -128,7 +129,7 @@ def params_case(method: str, seed: int) -> tuple[np.ndarray, dict]:
     X = rng.normal(size=(n, d))
     if rng.random() < 0.3:
         X = np.round(X)  # duplicate rows
-    names = [p.name for p in get_method(method).options() if p.name in EDGE_VALUES]
+    names = [p.name for p in options(get_method(method)) if p.name in EDGE_VALUES]
     chosen = rng.choice(names, size=int(rng.integers(1, 5)), replace=False)
     params: dict = {"method": method, "max_epochs": 2, "map_points": 20}
     if method == "mbn":  # small enough to be quick, and past the default 10 components

@@ -12,18 +12,19 @@ from typing import TYPE_CHECKING, Any
 from mbn_core.exceptions import TrainingStopped
 
 if TYPE_CHECKING:
-    from mbn_core.distill.compressor import CompressiveMBN
     from mbn_core.mbn.estimator import MBN
     from mbn_core.mbn.persistence import model_from_arrays, model_to_arrays
     from mbn_core.modular.baselines import ModularBaseline
     from mbn_core.modular.kpca import ModularKPCA
     from mbn_core.multilevel.embedding import MultilevelEmbedding, MultilevelKMeans
+    from mbn_core.pipeline.distilled import CompressiveMBN, DistilledEmbedding
 
 _LAZY = {
     "MBN": "mbn_core.mbn.estimator",
     "model_from_arrays": "mbn_core.mbn.persistence",
     "model_to_arrays": "mbn_core.mbn.persistence",
-    "CompressiveMBN": "mbn_core.distill.compressor",
+    "CompressiveMBN": "mbn_core.pipeline.distilled",
+    "DistilledEmbedding": "mbn_core.pipeline.distilled",
     "ModularBaseline": "mbn_core.modular.baselines",
     "ModularKPCA": "mbn_core.modular.kpca",
     "MultilevelEmbedding": "mbn_core.multilevel.embedding",
@@ -33,6 +34,7 @@ _LAZY = {
 __all__ = [
     "MBN",
     "CompressiveMBN",
+    "DistilledEmbedding",
     "ModularBaseline",
     "ModularKPCA",
     "MultilevelEmbedding",

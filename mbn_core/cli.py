@@ -32,6 +32,8 @@ from mbn_core.mbn.outputs.umap import UmapNotInstalled
 from mbn_core.methods import DEFAULT_METHOD, get_method, method_names
 from mbn_core.params import metavar, parse_flag
 from mbn_core.pipeline.fidelity import fidelity_report
+from mbn_core.pipeline.options import option_groups
+from mbn_core.pipeline.options import options as training_options
 from mbn_core.pipeline.quality import quality_summary
 from mbn_core.pipeline.training import TrainingEvent, TrainingParams, fit_shape, train_bundle
 
@@ -57,7 +59,7 @@ def _add_training_options(parser: argparse.ArgumentParser, method_name: str) -> 
     parameter constraints (the same options ``POST /train`` takes)."""
     method = get_method(method_name)
     titles = {"compressor": "compressor options", "pipeline": "pipeline options"}
-    for group_name, params in method.option_groups().items():
+    for group_name, params in option_groups(method).items():
         group = parser.add_argument_group(titles.get(group_name, f"{group_name} options"))
         for param in params:
             default = param.json_default()
@@ -314,7 +316,7 @@ def main(argv: Sequence[str] | None = None, commands: Mapping[str, Command] | No
 def _train(args: argparse.Namespace) -> None:
     options = {
         param.name: getattr(args, param.name)
-        for param in get_method(args.method).options()
+        for param in training_options(get_method(args.method))
         if hasattr(args, param.name)
     }
     params = TrainingParams.from_dict({"method": args.method, **options})

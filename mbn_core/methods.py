@@ -6,7 +6,8 @@ plus what the pipeline cannot guess about it:
 - how its fitted state becomes plain arrays for the bundle and back (``save`` / ``load``;
   no pickle);
 - how its fast path is made: ``export`` turns the fitted estimator into an ONNX graph of its
-  own map, or, when ``export`` is None, a ``CompressiveMBN`` distils it into an MLP.
+  own map, or, when ``export`` is None, the pipeline's ``DistilledEmbedding`` distils it into
+  an MLP.
 
 Registering a method (``register``) is all it takes for the trainer, the bundle format, the
 CLI and the service to offer it: none of them names a method. The contract is written out in
@@ -14,6 +15,13 @@ CLI and the service to offer it: none of them names a method. The contract is wr
 packages add theirs through the ``mbn.methods`` entry-point group (each entry point names a
 module that registers on import), and ``MBN_METHODS`` (comma-separated module names) imports
 more, e.g. a site's own method that is not packaged.
+
+The registry sits at the bottom of the library, beside ``params``: the method packages
+register here, and the bundle and the pipeline look methods up here by the name a manifest or
+a job gives. It imports no other part of ``mbn_core``; it names the built-in methods only by
+module, importing them on the first lookup as it does the plug-ins. The options a training of
+a method takes (its own, its distiller's, the pipeline's) are assembled above it, by the
+pipeline (``mbn_core.pipeline.options``).
 """
 
 from __future__ import annotations
@@ -32,8 +40,6 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mbn_core.bundle.embedding_map import MAP_POINTS
-from mbn_core.data.scaling import INPUT_SCALING
 from mbn_core.params import Param, estimator_params
 
 log = logging.getLogger(__name__)
@@ -52,8 +58,8 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "mbn_core.modular.method",
 )
 # Parameters of the pipeline around every method (held-out fidelity rows, the clustering
-# head, the seed, threads). They are declared once, by CompressiveMBN, whose fit runs the
-# pipeline (mbn_core.pipeline.run) as every method's training does.
+# head, the seed, threads). They are declared once, by DistilledEmbedding
+# (mbn_core.pipeline.distilled), whose fit runs the pipeline as every method's training does.
 PIPELINE_PARAMS = ("holdout_fraction", "n_clusters", "random_state", "n_jobs")
 # Of those, the ones an estimator may have too, meaning the same: it gets the job's value.
 SHARED_PARAMS = ("random_state", "n_jobs")
@@ -63,6 +69,12 @@ PIPELINE_DEFAULTS: dict[str, Any] = {"random_state": 0}
 # distiller's teacher (the method itself) and its prefit flag.
 NOT_OPTIONS = frozenset({"callback", "teacher", "prefit"})
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+# The two ways a bundle embeds: its fast path (an ONNX graph) or the method's exact model.
+MODES = ("fast", "exact")
+# The names of a fast path's ONNX graph's input (n, d) float32 rows and output (n, c) float32
+# embedding: what ``export`` writes and the bundle's reader runs.
+INPUT = "input"
+EMBEDDING = "embedding"
 
 
 @dataclass(frozen=True)
@@ -89,10 +101,10 @@ class Method:
         parameters as stored in the manifest. ValueError naming the array when one is
         missing or inconsistent.
     export : callable or None
-        ``export(fitted_estimator) -> onnx.ModelProto`` with input ``input`` (n, d) float32
-        and output ``embedding`` (n, c) float32: the method's own map as the fast path. None
-        distils the method into an MLP (``CompressiveMBN``), whose options then become
-        training options too.
+        ``export(fitted_estimator) -> onnx.ModelProto`` with input ``INPUT`` (n, d) float32
+        and output ``EMBEDDING`` (n, c) float32: the method's own map as the fast path. None
+        distils the method into an MLP (``mbn_core.pipeline.distilled.DistilledEmbedding``),
+        whose options then become training options too.
     defaults : mapping
         Training defaults that differ from the estimator's own (e.g. a cap on cost).
     track : callable or None
@@ -155,43 +167,6 @@ class Method:
             if param.name not in SHARED_PARAMS
         ]
 
-    def fast_path_params(self) -> list[Param]:
-        """Options of the distilled compressor (none for an exported fast path)."""
-        if self.export is not None:
-            return []
-        from mbn_core.distill.compressor import CompressiveMBN
-
-        return [
-            param
-            for param in estimator_params(CompressiveMBN, exclude=NOT_OPTIONS)
-            if param.name not in PIPELINE_PARAMS
-        ]
-
-    def option_groups(self) -> dict[str, list[Param]]:
-        """Every training option, by group: the method's, the compressor's, the pipeline's."""
-        groups = {self.name: self.params(), "compressor": self.fast_path_params()}
-        groups["pipeline"] = pipeline_params()
-        groups["input"] = [INPUT_SCALING]
-        groups["map"] = [MAP_POINTS]
-        return {group: params for group, params in groups.items() if params}
-
-    def options(self) -> list[Param]:
-        """Every training option of this method, flat."""
-        return [param for params in self.option_groups().values() for param in params]
-
-
-def pipeline_params() -> list[Param]:
-    """The options every method shares (``PIPELINE_PARAMS``), as CompressiveMBN defines them."""
-    from mbn_core.distill.compressor import CompressiveMBN
-
-    by_name = {
-        param.name: param
-        for param in estimator_params(
-            CompressiveMBN, exclude=NOT_OPTIONS, defaults=PIPELINE_DEFAULTS
-        )
-    }
-    return [by_name[name] for name in PIPELINE_PARAMS]
-
 
 # ---------------------------------------------------------------------- the registry
 
@@ -207,7 +182,9 @@ def register(method: Method, *, replace: bool = False) -> Method:
     ------
     ValueError
         A bad name, a name already registered (unless ``replace``), or an option that
-        clashes with the pipeline's or the compressor's.
+        clashes with the pipeline's (``PIPELINE_PARAMS``). Clashes with a distiller's
+        options are found where a training's options are assembled
+        (``mbn_core.pipeline.options``).
     TypeError
         An estimator parameter without constraints.
     """
@@ -218,8 +195,7 @@ def register(method: Method, *, replace: bool = False) -> Method:
         caller = sys._getframe(1).f_globals.get("__name__", "")
         method = dataclasses.replace(method, module=caller)
     own = {param.name for param in method.params()}
-    clash = own & {param.name for param in (*method.fast_path_params(), *pipeline_params())}
-    clash -= set(SHARED_PARAMS)
+    clash = own & (set(PIPELINE_PARAMS) - set(SHARED_PARAMS))
     if clash:
         raise ValueError(
             f"method {method.name!r}: parameters {sorted(clash)} clash with the pipeline's "

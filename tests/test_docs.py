@@ -37,10 +37,11 @@ def test_generated_tables_match_the_code(section):
 
 def test_every_training_option_and_setting_is_documented():
     from mbn_core.methods import get_method
+    from mbn_core.pipeline.options import options
     from service.config import Settings
 
     guide = (REPO / "docs" / "GUIDE.md").read_text()
-    for param in get_method("mbn").options():
+    for param in options(get_method("mbn")):
         assert f"| `{param.name}` |" in guide, param.name
     deployment = (REPO / "docs" / "DEPLOYMENT.md").read_text()
     for name in Settings.model_fields:

@@ -64,7 +64,7 @@ from bench_report import add_training_option, command_line
 from sklearn.metrics import r2_score
 from sklearn.neighbors import NearestNeighbors
 
-from mbn_core.distill.compressor import CompressiveMBN
+from mbn_core import CompressiveMBN
 from mbn_core.distill.input_map import InputMap
 from mbn_core.distill.student import predict as mlp_predict
 from mbn_core.distill.student import target_scaling

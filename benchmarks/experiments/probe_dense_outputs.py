@@ -59,8 +59,7 @@ from sklearn.decomposition import PCA, KernelPCA
 from sklearn.linear_model import Ridge
 from sklearn.metrics import normalized_mutual_info_score, r2_score
 
-from mbn_core import MBN
-from mbn_core.distill.compressor import CompressiveMBN
+from mbn_core import MBN, CompressiveMBN
 from mbn_core.mbn.coassociation import one_hot
 
 # ---------------------------------------------------------------------- variants

@@ -30,9 +30,8 @@ from mbn_core.bundle.manifest import (
     read_manifest,
 )
 from mbn_core.data.scaling import SCALING_FILE, InputScaling
-from mbn_core.distill.compressor import MODES
 from mbn_core.distill.onnx import OnnxEmbedder
-from mbn_core.methods import Method, get_method
+from mbn_core.methods import MODES, Method, get_method
 
 T = TypeVar("T")
 

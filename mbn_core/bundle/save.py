@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sklearn.utils.validation import check_is_fitted
 
 from mbn_core.bundle.manifest import (
     EXACT_FILE,
@@ -38,15 +37,14 @@ from mbn_core.bundle.manifest import (
     validate_model_id,
     validate_name,
 )
-from mbn_core.bundle.trained import TrainedModel
+from mbn_core.bundle.trained import Bundleable, TrainedModel
 from mbn_core.data.scaling import SCALING_FILE
-from mbn_core.distill.compressor import CompressiveMBN
 
 log = logging.getLogger(__name__)
 
 
 def save_bundle(
-    model: TrainedModel | CompressiveMBN,
+    model: TrainedModel | Bundleable,
     directory: str | os.PathLike[str],
     *,
     name: str,
@@ -60,9 +58,10 @@ def save_bundle(
 
     Parameters
     ----------
-    model : TrainedModel or CompressiveMBN
-        A trained model (``mbn_core.pipeline.training``), or a fitted ``CompressiveMBN`` whose
-        teacher is a registered method's estimator.
+    model : TrainedModel or DistilledEmbedding
+        A trained model (``mbn_core.pipeline.training``), or a fitted ``DistilledEmbedding``
+        (``CompressiveMBN``) whose teacher is a registered method's estimator: any model
+        with ``as_trained_model()`` (``Bundleable``).
     directory : path
         The bundle directory to create. Its parent must exist.
     name : str
@@ -87,9 +86,13 @@ def save_bundle(
     Path
         The bundle directory.
     """
-    if isinstance(model, CompressiveMBN):
-        check_is_fitted(model)
-        model = TrainedModel.from_compressor(model)
+    if not isinstance(model, TrainedModel):
+        if not isinstance(model, Bundleable):
+            raise TypeError(
+                f"save_bundle takes a TrainedModel or a fitted DistilledEmbedding, not "
+                f"{type(model).__name__}"
+            )
+        model = model.as_trained_model()
     directory = Path(directory)
     model_id = validate_model_id(directory.name if model_id is None else model_id)
     name = validate_name(name)

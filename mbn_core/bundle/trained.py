@@ -1,19 +1,20 @@
 """A trained model as the bundle stores it: method, exact estimator, fast path, facts.
 
 Whatever the method and however its fast path was made (exported or distilled), training
-ends in a ``TrainedModel``; ``mbn_core.bundle.save.save_bundle`` writes one.
+ends in a ``TrainedModel``; ``mbn_core.bundle.save.save_bundle`` writes one, or any model
+that describes itself as one (``Bundleable``: a fitted
+``mbn_core.pipeline.distilled.DistilledEmbedding``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from mbn_core.data.scaling import InputScaling
-from mbn_core.distill.compressor import CompressiveMBN
-from mbn_core.methods import NOT_OPTIONS, PIPELINE_PARAMS, Method, method_of
+from mbn_core.methods import NOT_OPTIONS, Method
 
 
 @dataclass
@@ -64,44 +65,14 @@ class TrainedModel:
     training_rows: np.ndarray | None = None
     input_scaling: InputScaling = field(default_factory=lambda: InputScaling("none"))
 
-    @classmethod
-    def from_compressor(cls, model: CompressiveMBN) -> TrainedModel:
-        """A fitted ``CompressiveMBN`` whose teacher is a registered method's estimator."""
-        from mbn_core.distill.onnx import to_onnx
 
-        method = method_of(model.teacher_)
-        compressor = model.get_params(deep=False)
-        for key in NOT_OPTIONS:
-            compressor.pop(key, None)
-        pipeline = {key: compressor.pop(key) for key in PIPELINE_PARAMS}
-        if isinstance(pipeline["random_state"], np.random.RandomState):
-            pipeline["random_state"] = None  # a generator's state is not a hyperparameter
-        facts = {
-            "n_samples": int(model.n_samples_),
-            "n_fit_samples": int(model.n_samples_ - len(model.holdout_)),
-            "input_sparse": bool(model.input_sparse_),
-            "n_epochs": int(model.n_epochs_),
-            "input_noise": round(float(model.input_noise_), 6),
-            "seconds": {key: round(float(value), 3) for key, value in model.timings_.items()},
-        }
-        if method.facts is not None:
-            facts.update(method.facts(model.teacher_))
-        return cls(
-            method=method,
-            estimator=model.teacher_,
-            fast_path=to_onnx(model),
-            cluster_centers=model.cluster_centers_,
-            fidelity=dict(model.fidelity_),
-            quality=dict(model.quality_),
-            hyperparameters={
-                method.name: estimator_hyperparameters(model.teacher_),
-                "compressor": compressor,
-                "pipeline": pipeline,
-            },
-            facts=facts,
-            n_features_in=int(model.n_features_in_),
-            n_components=int(model.n_components_),
-        )
+@runtime_checkable
+class Bundleable(Protocol):
+    """A fitted model that ``save_bundle`` takes besides a ``TrainedModel``."""
+
+    def as_trained_model(self) -> TrainedModel:
+        """The model as a bundle stores it."""
+        ...
 
 
 def estimator_hyperparameters(estimator: Any) -> dict[str, Any]:

@@ -1,10 +1,11 @@
-"""ONNX export of a compressive MBN's fast path and an onnxruntime embedder for it.
+"""ONNX export of a distilled fast path and an onnxruntime embedder for it.
 
 The graph takes ``input`` (float32, n x d) and answers ``embedding`` (float32, n x c) and,
 with a clustering head, ``cluster`` (int64, n): input centring, the projection of wide input
-(``CompressiveMBN.input_components``), the MLP as skl2onnx converts it (the input scale folded
-into the projection or the MLP's first layer), then the inverse target scaling and the nearest
-k-means centroid.
+(``DistilledEmbedding.input_components``), the MLP as skl2onnx converts it (the input scale
+folded into the projection or the MLP's first layer), then the inverse target scaling and the
+nearest k-means centroid. The input's and the embedding's names are the method contract's
+(``mbn_core.methods.INPUT`` and ``EMBEDDING``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -21,13 +23,11 @@ from onnx import TensorProto, helper, numpy_helper
 from sklearn.neural_network import MLPRegressor
 from sklearn.utils.validation import check_is_fitted
 
-from mbn_core.distill.compressor import CompressiveMBN
 from mbn_core.distill.input_map import InputMap
+from mbn_core.methods import EMBEDDING, INPUT
 
 log = logging.getLogger(__name__)
 
-INPUT = "input"
-EMBEDDING = "embedding"
 CLUSTER = "cluster"
 # Opset 17 runs on every onnxruntime of the last few years; ai.onnx.ml 3 has the Scaler
 # of bundles exported before the scale was folded into the first layer.
@@ -37,12 +37,25 @@ _DOMAINS = ("", "ai.onnx.ml")
 _CHUNK_ROWS = 16384
 
 
-def to_onnx(model: CompressiveMBN) -> onnx.ModelProto:
-    """The whole fast path of a fitted ``CompressiveMBN`` as one float32 ONNX graph.
+class DistilledPath(Protocol):
+    """What ``to_onnx`` reads of a fitted distilled model
+    (``mbn_core.pipeline.distilled.DistilledEmbedding``)."""
+
+    n_features_in_: int
+    n_components_: int
+    input_map_: InputMap
+    mlp_: MLPRegressor
+    target_mean_: np.ndarray
+    target_scale_: np.ndarray
+    cluster_centers_: np.ndarray | None
+
+
+def to_onnx(model: DistilledPath) -> onnx.ModelProto:
+    """The whole fast path of a fitted distilled model as one float32 ONNX graph.
 
     Parameters
     ----------
-    model : CompressiveMBN
+    model : DistilledEmbedding
         A fitted model.
 
     Returns

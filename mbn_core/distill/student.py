@@ -22,7 +22,7 @@ from threadpoolctl import threadpool_limits
 from mbn_core.distill.input_map import InputMap
 from mbn_core.distill.input_noise import auto_input_noise
 from mbn_core.exceptions import TrainingStopped
-from mbn_core.pipeline.split import draw_seed
+from mbn_core.utils.seeds import draw_seed
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class Student:
 
 @dataclass(frozen=True)
 class Distiller:
-    """The student's training options (``CompressiveMBN``'s parameters of the same names)."""
+    """The student's training options (``DistilledEmbedding``'s parameters of the same names)."""
 
     hidden_layer_sizes: Sequence[int]
     max_epochs: int

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from mbn_core.distill.onnx import EMBEDDING, INPUT
+from mbn_core.methods import EMBEDDING, INPUT
 from mbn_core.modular.kernel_map import LandmarkMap
 
 OPSET = 17

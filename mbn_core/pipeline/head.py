@@ -10,7 +10,7 @@ import numpy as np
 from sklearn.cluster import KMeans
 from threadpoolctl import threadpool_limits
 
-from mbn_core.pipeline.split import draw_seed
+from mbn_core.utils.seeds import draw_seed
 
 # k-means restarts when fitting the clustering head.
 HEAD_KMEANS_INIT = 10

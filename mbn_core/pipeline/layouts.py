@@ -33,7 +33,8 @@ from mbn_core.exceptions import TrainingStopped
 from mbn_core.pipeline.head import fit_head
 from mbn_core.pipeline.report import FittedPath, FoldCallback, fidelity_of, quality_of
 from mbn_core.pipeline.run import PipelineResult
-from mbn_core.pipeline.split import Split, draw_seed, split_rows
+from mbn_core.pipeline.split import Split, split_rows
+from mbn_core.utils.seeds import draw_seed
 
 # What the report's ``holdout`` says the rows were new to.
 CROSS_FITTED = "cross-fitted students"

@@ -20,7 +20,8 @@ from sklearn.model_selection import KFold
 from mbn_core.exceptions import TrainingStopped
 from mbn_core.pipeline.fidelity import measure_fidelity, report_clusters
 from mbn_core.pipeline.quality import quality_report
-from mbn_core.pipeline.split import Split, draw_seed, split_rows
+from mbn_core.pipeline.split import Split, split_rows
+from mbn_core.utils.seeds import draw_seed
 
 # (fold number, folds) -> True to stop training.
 FoldCallback = Callable[[int, int], object]

@@ -105,8 +105,3 @@ def fold_fit_rows(n_samples: int, holdout_fraction: float, report_folds: int | s
     if n_folds is None:
         return teacher_fit_rows(n_samples, holdout_fraction, report_folds)
     return n_samples - -(-n_samples // n_folds)
-
-
-def draw_seed(rng) -> int:
-    """A seed for one step (k-means, an MLP, a fold split) drawn from the job's generator."""
-    return int(rng.randint(np.iinfo(np.int32).max))

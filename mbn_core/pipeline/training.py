@@ -36,7 +36,6 @@ from mbn_core.bundle.trained import TrainedModel, estimator_hyperparameters
 from mbn_core.data.checks import check_spread
 from mbn_core.data.readers import check_labels, check_matrix
 from mbn_core.data.scaling import INPUT_SCALING, choose_scaling, scale_graph_input
-from mbn_core.distill.compressor import CompressiveMBN
 from mbn_core.distill.input_map import projected_width
 from mbn_core.exceptions import TrainingStopped
 from mbn_core.methods import (
@@ -48,8 +47,11 @@ from mbn_core.methods import (
 )
 from mbn_core.params import InvalidParameterError, check_estimator_params
 from mbn_core.pipeline.alignment import check_compatible, reference_files
+from mbn_core.pipeline.distilled import DistilledEmbedding
 from mbn_core.pipeline.exported import ExportedFastPath, detach_callback
 from mbn_core.pipeline.novelty import novelty_section
+from mbn_core.pipeline.options import fast_path_params
+from mbn_core.pipeline.options import options as training_options
 from mbn_core.pipeline.run import run_pipeline
 from mbn_core.pipeline.split import fold_fit_rows, report_fold_count, teacher_fit_rows
 from mbn_core.utils.memory import memory_limit
@@ -101,7 +103,7 @@ class TrainingParams:
         if not isinstance(name, str):
             raise ValueError(f"method must be a string, got {name!r}")
         method = get_method(name)
-        options = {param.name: param for param in method.options()}
+        options = {param.name: param for param in training_options(method)}
         for key in values:
             if key not in options:
                 raise ValueError(
@@ -129,10 +131,11 @@ class TrainingParams:
             # The pipeline's first: for options both check (n_jobs), its rule is the one
             # that holds (the estimator's can allow more, e.g. MBN's negative n_jobs).
             try:
-                CompressiveMBN(**self.compressor_kwargs()).check_params()
+                DistilledEmbedding(**self.compressor_kwargs()).check_params()
             except InvalidParameterError as error:
                 # Every method has these options (the pipeline's), so they are the training's.
-                raise ValueError(str(error).replace("of CompressiveMBN", "of training")) from None
+                message = str(error).replace("of DistilledEmbedding", "of training")
+                raise ValueError(message) from None
             check_estimator_params(self.estimator())
             own = (MAP_POINTS, INPUT_SCALING)  # the training's own options, no estimator's
             validate_parameter_constraints(
@@ -176,9 +179,9 @@ class TrainingParams:
         return self.spec.estimator(**self.estimator_kwargs())
 
     def compressor_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``CompressiveMBN`` (without the teacher): the compressor's
+        """Keyword arguments of ``DistilledEmbedding`` (without the teacher): the compressor's
         options (their defaults for an exported method) and the pipeline's."""
-        names = [param.name for param in self.spec.fast_path_params()] + list(PIPELINE_PARAMS)
+        names = [param.name for param in fast_path_params(self.spec)] + list(PIPELINE_PARAMS)
         return {name: self.values[name] for name in names}
 
     def pipeline(self) -> dict[str, Any]:
@@ -432,7 +435,7 @@ def fit_model(
 ) -> TrainedModel:
     """Fit ``params``' method and make its fast path: a ``TrainedModel`` for ``save_bundle``.
 
-    A distilled method is the teacher of a ``CompressiveMBN``. An exported one is fitted on
+    A distilled method is the teacher of a ``DistilledEmbedding``. An exported one is fitted on
     all rows but the held-out ones; its own ONNX graph (plus the clustering head) is the fast
     path, and fidelity compares that graph with the estimator on the held-out rows.
     """
@@ -442,14 +445,14 @@ def fit_model(
         shape = fit_shape(params, X.shape)
         method.track(estimator, shape, lambda f, message: tracker.report("fit", f, message))
     if method.export is None:
-        compressor = CompressiveMBN(
+        compressor = DistilledEmbedding(
             estimator,
             **params.compressor_kwargs(),
             callback=tracker,
         )
         compressor.fit(X, y)
         detach_callback(estimator)
-        model = TrainedModel.from_compressor(compressor)
+        model = compressor.as_trained_model()
         model.training_embedding = compressor.embedding_
         model.training_rows = np.setdiff1d(np.arange(X.shape[0]), compressor.holdout_)
         model.hyperparameters[method.name] = estimator_hyperparameters(compressor.teacher_)

@@ -17,6 +17,7 @@ from mbn_core.methods import (
     register,
     unregister,
 )
+from mbn_core.pipeline.options import option_groups, options
 from mbn_core.pipeline.training import TrainingParams, train_bundle
 
 
@@ -36,10 +37,10 @@ def test_registered_methods_are_listed():
 
 
 def test_options_come_from_the_estimators():
-    exported = [p.name for p in get_method("toy-exported").options()]
+    exported = [p.name for p in options(get_method("toy-exported"))]
     assert exported == ["n_components", "whiten", "holdout_fraction", "n_clusters",
                         "random_state", "n_jobs", "input_scaling", "map_points"]  # fmt: skip
-    distilled = {p.name: p for p in get_method("toy-distilled").options()}
+    distilled = {p.name: p for p in options(get_method("toy-distilled"))}
     assert "hidden_layer_sizes" in distilled and "n_clusterings" not in distilled
     assert distilled["n_components"].default == 3  # the method's declared training default
     assert distilled["n_components"].help == "Dimension of the embedding."
@@ -86,6 +87,28 @@ def test_a_clashing_or_misnamed_method_is_refused():
     unregister("clash")
     with pytest.raises(ValueError, match="unknown method 'clash'"):
         get_method("clash")
+
+    class ClashingWithTheDistiller(toy_method.ToyProjection):
+        """Clashes with the distiller, which only a distilled method has.
+
+        Parameters
+        ----------
+        max_epochs : int, default=2
+            Clashes.
+        """
+
+        _parameter_constraints = {"max_epochs": [int]}
+
+        def __init__(self, max_epochs=2):
+            self.max_epochs = max_epochs
+
+    distilled = Method(name="clash-distilled", estimator=ClashingWithTheDistiller,
+                       summary="", save=base.save, load=base.load)  # fmt: skip
+    with pytest.raises(ValueError, match=r"\['max_epochs'\] clash with the compressor"):
+        option_groups(distilled)
+    exported = Method(name="clash-exported", estimator=ClashingWithTheDistiller, summary="",
+                      save=base.save, load=base.load, export=base.export)  # fmt: skip
+    assert options(exported)[0].name == "max_epochs"
 
 
 @pytest.mark.slow

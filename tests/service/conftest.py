@@ -25,10 +25,9 @@ import sqlalchemy as sa
 from servicetest import MAP_POINTS, REPO, Process, make_settings, running_app
 from sklearn.datasets import load_digits
 
-from mbn_core import MBN
+from mbn_core import MBN, CompressiveMBN
 from mbn_core.bundle import save_bundle, write_manifest
 from mbn_core.bundle.embedding_map import EmbeddingMap, build_map
-from mbn_core.distill.compressor import CompressiveMBN
 from service.config import Settings
 
 with warnings.catch_warnings():

@@ -28,9 +28,8 @@ from servicetest import (
     wait_for_progress,
 )
 
-from mbn_core import MBN
+from mbn_core import MBN, CompressiveMBN
 from mbn_core.bundle import save_bundle
-from mbn_core.distill.compressor import CompressiveMBN
 from service.jobs import JobStore
 
 # Slow: a real mbn serve per fault, killed, starved of disk or of its store.

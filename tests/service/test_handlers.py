@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from servicetest import MAP_POINTS, make_settings
 
+from mbn_core import CompressiveMBN
 from mbn_core.bundle import save_bundle
 from mbn_core.bundle.embedding_map import MAP_FILE, EmbeddingMap
-from mbn_core.distill.compressor import CompressiveMBN
 from service.domain import Conflict, InvalidInput, NotFound, Overloaded, PayloadTooLarge
 from service.handlers import JobsHandler, MapsHandler, ModelsHandler, TrainingHandler
 from service.jobs import JobFiles, JobStore

@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from servicetest import make_settings, running_app, wait_for
 from sklearn.metrics import r2_score
 
+from mbn_core import CompressiveMBN
 from mbn_core.bundle import NOVELTY_FILE, load_bundle, save_bundle
-from mbn_core.distill.compressor import CompressiveMBN
 from mbn_core.pipeline.novelty import Novelty
 
 Digits = tuple[np.ndarray, np.ndarray]

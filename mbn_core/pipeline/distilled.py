@@ -1,15 +1,16 @@
-"""Compressive MBN: distil an MBN (or any embedding) into a small MLP that embeds thousands of
-times faster.
+"""Any embedding method distilled into a small MLP that embeds thousands of times faster.
 
-Appendix D of Zhang's "Multilayer bootstrap networks": train MBN, then train a neural
-network from the raw input to MBN's embedding and predict with the network. Nothing here
-depends on the teacher being an MBN: any fitted scikit-learn transformer can be distilled the
-same way (``mbn_core.methods`` registers which ones the pipeline offers).
+Appendix D of Zhang's "Multilayer bootstrap networks" (compressive MBN): train MBN, then train
+a neural network from the raw input to MBN's embedding and predict with the network. Nothing
+here depends on the teacher being an MBN: any fitted scikit-learn transformer is distilled
+the same way (``mbn_core.methods`` registers which ones the pipeline offers), and the default
+teacher is the registry's default method.
 
-``CompressiveMBN`` is the distiller as a scikit-learn estimator: its one method-specific step
-fits the teacher and trains the student (``mbn_core.distill.student``); the rest of ``fit`` is
-the training pipeline every method shares (``mbn_core.pipeline.run``): the held-out split or
-cross-fitting, the clustering head and the fidelity and quality report.
+``DistilledEmbedding`` is the distiller as a scikit-learn estimator: its one method-specific
+step fits the teacher and trains the student (``mbn_core.distill.student``); the rest of
+``fit`` is the training pipeline every method shares (``mbn_core.pipeline.run``): the held-out
+split or cross-fitting, the clustering head and the fidelity and quality report.
+``CompressiveMBN`` is its name from the paper, kept: the same class.
 """
 
 from __future__ import annotations
@@ -27,18 +28,26 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 
+from mbn_core.bundle.trained import TrainedModel, estimator_hyperparameters
 from mbn_core.distill.student import Distiller, EpochCallback, Student, predict
-from mbn_core.mbn.estimator import MBN
+from mbn_core.methods import (
+    DEFAULT_METHOD,
+    MODES,
+    NOT_OPTIONS,
+    PIPELINE_PARAMS,
+    get_method,
+    method_of,
+)
 from mbn_core.params import CheckedParams, check_int_items
 from mbn_core.pipeline.fidelity import fidelity_report
 from mbn_core.pipeline.head import nearest
 from mbn_core.pipeline.report import FittedPath, as_embedding
 from mbn_core.pipeline.run import run_pipeline
-from mbn_core.pipeline.split import Split, draw_seed, report_fold_count
+from mbn_core.pipeline.split import Split, report_fold_count
+from mbn_core.utils.seeds import draw_seed
 
 log = logging.getLogger(__name__)
 
-MODES = ("fast", "exact")
 # Most hidden layers of the student MLP: the paper's has two, and depth beyond a few only
 # adds training time.
 MAX_HIDDEN_LAYERS = 16
@@ -47,11 +56,13 @@ MAX_HIDDEN_LAYERS = 16
 TARGETS = ("in-sample",)
 
 
-class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
-    """MBN distilled into an MLP regressor: a fast embedding plus an optional cluster head.
+class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
+    """Any embedding method distilled into an MLP regressor: a fast embedding plus an optional
+    cluster head (``CompressiveMBN`` is the same class, named after the paper).
 
-    ``fit`` keeps a random ``holdout_fraction`` of the rows aside, trains the teacher (an
-    MBN unless told otherwise, or uses a fitted one) on the others, then a scikit-learn
+    ``fit`` keeps a random ``holdout_fraction`` of the rows aside, trains the teacher (the
+    default method, an MBN, unless told otherwise, or uses a fitted one) on the others, then a
+    scikit-learn
     ``MLPRegressor`` from the input (standardised, or projected when it is wide: see
     ``input_components``) to the teacher's embedding of them (centred and scaled by its
     overall spread, so the loss is the squared error in embedding space, the geometry k-means
@@ -62,9 +73,9 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
     Parameters
     ----------
     teacher : transformer, default=None
-        The embedding to distil: an ``MBN`` or any scikit-learn transformer. None means
-        ``MBN(random_state=...)`` seeded from ``random_state``. Unless ``prefit`` is True it
-        is cloned and fitted.
+        The embedding to distil: an ``MBN`` or any scikit-learn transformer. None means the
+        default method's estimator (``MBN(random_state=...)``) seeded from ``random_state``.
+        Unless ``prefit`` is True it is cloned and fitted.
     prefit : bool, default=False
         Use ``teacher`` as already fitted (its embedding of X is recomputed with
         ``transform``).
@@ -195,10 +206,10 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
     Examples
     --------
     >>> from sklearn.datasets import load_digits
-    >>> from mbn_core import MBN, CompressiveMBN
+    >>> from mbn_core import MBN, DistilledEmbedding
     >>> X, y = load_digits(return_X_y=True)
-    >>> model = CompressiveMBN(MBN(n_clusterings=20, random_state=0), max_epochs=5,
-    ...                        random_state=0).fit(X, y)
+    >>> model = DistilledEmbedding(MBN(n_clusterings=20, random_state=0), max_epochs=5,
+    ...                            random_state=0).fit(X, y)
     >>> model.transform(X[:3]).shape
     (3, 10)
     >>> sorted(model.fidelity_)[:3]
@@ -284,7 +295,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
 
         Returns
         -------
-        self : CompressiveMBN
+        self : DistilledEmbedding
         """
         # A stopped or failed fit leaves the estimator exactly as it was (as MBN does).
         previous_state = dict(self.__dict__)
@@ -295,7 +306,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
             self.__dict__.update(previous_state)
             raise
 
-    def _fit(self, X, y) -> CompressiveMBN:
+    def _fit(self, X, y) -> DistilledEmbedding:
         self._validate_params()
         X = validate_data(
             self, X, accept_sparse="csr", dtype=np.float32, ensure_min_samples=4, reset=True
@@ -332,7 +343,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         self.fidelity_ = result.fidelity
         self.quality_ = result.quality
         self.timings_ = {**fitted.seconds, "evaluation": result.evaluation_seconds}
-        log.info("compressive MBN fitted: %s", fidelity_report(self.fidelity_))
+        log.info("distilled embedding fitted: %s", fidelity_report(self.fidelity_))
         return self
 
     def _n_folds(self, n_samples: int) -> int | None:
@@ -370,7 +381,7 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
                 )
             return self.teacher, as_embedding(self.teacher.transform(X))
         if self.teacher is None:
-            teacher = MBN(random_state=draw_seed(rng))
+            teacher = get_method(DEFAULT_METHOD).estimator(random_state=draw_seed(rng))
         else:
             teacher = _fresh_copy(self.teacher)
         if quiet and "callback" in teacher.get_params(deep=False):
@@ -426,6 +437,47 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
         embedding = self.transform(X) if mode == "fast" else self.exact_transform(X)
         return nearest(np.asarray(embedding, dtype=np.float32), self.cluster_centers_)
 
+    def as_trained_model(self) -> TrainedModel:
+        """The fitted model as a bundle stores it (``save_bundle`` takes either): its teacher
+        must be a registered method's estimator."""
+        # Its ONNX graph: the export loads onnx and onnxruntime, which a fit does not need.
+        from mbn_core.distill.onnx import to_onnx
+
+        check_is_fitted(self)
+        method = method_of(self.teacher_)
+        compressor = self.get_params(deep=False)
+        for key in NOT_OPTIONS:
+            compressor.pop(key, None)
+        pipeline = {key: compressor.pop(key) for key in PIPELINE_PARAMS}
+        if isinstance(pipeline["random_state"], np.random.RandomState):
+            pipeline["random_state"] = None  # a generator's state is not a hyperparameter
+        facts = {
+            "n_samples": int(self.n_samples_),
+            "n_fit_samples": int(self.n_samples_ - len(self.holdout_)),
+            "input_sparse": bool(self.input_sparse_),
+            "n_epochs": int(self.n_epochs_),
+            "input_noise": round(float(self.input_noise_), 6),
+            "seconds": {key: round(float(value), 3) for key, value in self.timings_.items()},
+        }
+        if method.facts is not None:
+            facts.update(method.facts(self.teacher_))
+        return TrainedModel(
+            method=method,
+            estimator=self.teacher_,
+            fast_path=to_onnx(self),
+            cluster_centers=self.cluster_centers_,
+            fidelity=dict(self.fidelity_),
+            quality=dict(self.quality_),
+            hyperparameters={
+                method.name: estimator_hyperparameters(self.teacher_),
+                "compressor": compressor,
+                "pipeline": pipeline,
+            },
+            facts=facts,
+            n_features_in=int(self.n_features_in_),
+            n_components=int(self.n_components_),
+        )
+
     # ------------------------------------------------------------------ helpers
 
     def __sklearn_tags__(self):
@@ -452,10 +504,10 @@ class CompressiveMBN(CheckedParams, TransformerMixin, BaseEstimator):
 
 @dataclass(frozen=True)
 class _Distillation:
-    """The pipeline's method-specific step for a ``CompressiveMBN``: fit the teacher, then
+    """The pipeline's method-specific step for a ``DistilledEmbedding``: fit the teacher, then
     distil it into a student (``mbn_core.pipeline.run.FastPathMaker``)."""
 
-    owner: CompressiveMBN
+    owner: DistilledEmbedding
 
     @property
     def validation_fraction(self) -> float:
@@ -504,3 +556,7 @@ def _fresh_copy(teacher: Any) -> Any:
     fresh = clone(type(teacher)(**params))
     fresh.set_params(callback=callback)
     return fresh
+
+
+# The paper's name for a distilled MBN, kept for the code and the documentation that use it.
+CompressiveMBN = DistilledEmbedding
