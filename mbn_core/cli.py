@@ -31,7 +31,12 @@ from mbn_core.exceptions import TrainingStopped
 from mbn_core.mbn.outputs.umap import UmapNotInstalled
 from mbn_core.methods import DEFAULT_METHOD, get_method, method_names
 from mbn_core.params import metavar, parse_flag
-from mbn_core.pipeline.fidelity import fidelity_report
+from mbn_core.pipeline.fidelity import (
+    LAYOUT_CROSS_FITTED,
+    LAYOUT_HELD_OUT,
+    LAYOUT_REPORT_MEANING,
+    fidelity_report,
+)
 from mbn_core.pipeline.options import option_groups
 from mbn_core.pipeline.options import options as training_options
 from mbn_core.pipeline.quality import quality_summary
@@ -83,6 +88,13 @@ def _method_in(argv: Sequence[str]) -> str:
         if arg.startswith("--method="):
             return arg.split("=", 1)[1]
     return DEFAULT_METHOD
+
+
+def _unavailable_note(names: list[str]) -> str:
+    """The methods this install cannot train, with what to install (none: "")."""
+    missing = {name: get_method(name).unavailable for name in names}
+    notes = [f"{name} ({reason})" for name, reason in missing.items() if reason]
+    return f"; not installed here: {'; '.join(notes)}" if notes else ""
 
 
 def _add_scheduler_options(parser: argparse.ArgumentParser, purpose: str) -> None:
@@ -167,7 +179,8 @@ def build_parser(
         "--method",
         default=DEFAULT_METHOD,
         choices=names,
-        help=f"embedding method (default: {DEFAULT_METHOD}; one of {', '.join(names)})",
+        help=f"embedding method (default: {DEFAULT_METHOD}; one of {', '.join(names)})"
+        + _unavailable_note(names),
     )
     train.add_argument("--name", help="model name (default: the data file's name)")
     train.add_argument("--model-id", help="model id (default: DIR's name)")
@@ -511,6 +524,8 @@ def _describe(manifest: dict[str, Any], *, brief: bool) -> list[str]:
     fidelity = manifest.get("fidelity")
     if fidelity:
         lines.append(f"fidelity:    {fidelity_report(_nan_for_none(fidelity))}")
+        if fidelity.get("holdout") in (LAYOUT_CROSS_FITTED, LAYOUT_HELD_OUT):
+            lines.append(f"meaning:     {LAYOUT_REPORT_MEANING}")
     quality = manifest.get("quality")
     if quality:
         lines.append(f"quality:     {quality_summary(quality)}")

@@ -56,6 +56,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "mbn_core.mbn.method",
     "mbn_core.multilevel.method",
     "mbn_core.modular.method",
+    "mbn_core.layouts.method",
 )
 # Parameters of the pipeline around every method (held-out fidelity rows, the clustering
 # head, the seed, threads). They are declared once, by DistilledEmbedding
@@ -127,6 +128,19 @@ class Method:
         section (e.g. layer sizes).
     sparse : bool
         Whether the estimator accepts scipy CSR input.
+    layout : bool
+        The method lays out the rows it is fitted on (t-SNE, UMAP, ...): it is fitted once,
+        on every row, and its report measures students cross-fitted against that one layout
+        (``mbn_core.pipeline.layouts``) instead of refitting the method without the rows
+        that measure it. Distilled methods only.
+    no_exact_map : str or None
+        Why exact mode is refused, naming the fast path instead: the method has no map of
+        its own for new rows (its ``transform`` raises ``NoExactMap``). None: exact mode
+        runs ``transform``.
+    missing : callable or None
+        ``missing() -> str | None``: why the method cannot train on this install (its library
+        is not installed; the message gives the install line), or None. Such a method is
+        still listed; a training asking for it is refused before it is queued.
     module : str
         The module that registered the method (training processes import it); set by
         ``register``.
@@ -145,12 +159,20 @@ class Method:
     memory: Callable[[Any, tuple[int, int]], float] | None = None
     facts: Callable[[Any], dict[str, Any]] | None = None
     sparse: bool = False
+    layout: bool = False
+    no_exact_map: str | None = None
+    missing: Callable[[], str | None] | None = None
     module: str = ""
 
     @property
     def constraints(self) -> dict[str, list[Any]]:
         """The estimator's ``_parameter_constraints``."""
         return self.estimator._parameter_constraints  # type: ignore[attr-defined]
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why the method cannot train on this install, or None (``missing``)."""
+        return None if self.missing is None else self.missing()
 
     @property
     def fast_path(self) -> Literal["exported", "distilled"]:
@@ -190,6 +212,8 @@ def register(method: Method, *, replace: bool = False) -> Method:
     """
     if not _NAME.fullmatch(method.name):
         raise ValueError(f"method name {method.name!r} must match {_NAME.pattern}")
+    if method.layout and method.export is not None:
+        raise ValueError(f"method {method.name!r}: a layout method is distilled (export=None)")
     if not method.module:
         # The module that registers is the one a fresh process must import to know it.
         caller = sys._getframe(1).f_globals.get("__name__", "")

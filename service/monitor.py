@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 # highest nice value. Work that takes locks an exact request may wait on runs here, not at
 # SCHED_IDLE, where a busy machine could hold it (and so that request) for seconds.
 MONITOR_THREAD_NICENESS = 19
+# The live fidelity's state for a method with no exact map to compare the fast path with.
+NO_EXACT_MAP = "no exact map"
 # Clusters of the window's k-means comparison when the model has no clustering head.
 _DEFAULT_REPORT_CLUSTERS = 10
 # Rows the shadow thread embeds together. A few hundred rows make the bottom layer a matrix
@@ -279,7 +281,8 @@ class LiveMonitor:
             out_of_range = novelty.out_of_range(rows)
         exact = centers = None
         # Checked again here: an exact request may have started since the rows were sampled.
-        if shadow.any() and self._exact_idle():
+        # A method without an exact map has no shadow rows: novelty alone is measured.
+        if shadow.any() and bundle.no_exact_map is None and self._exact_idle():
             try:
                 model = self.registry.exact(bundle)
                 exact = self._embedder.submit(
@@ -294,7 +297,8 @@ class LiveMonitor:
                 window.novel.extend(novel.tolist())
                 window.out_of_range.extend(out_of_range.tolist())
             if exact is None:
-                window.skipped_busy += len(rows)
+                if bundle.no_exact_map is None:  # none to skip without an exact map
+                    window.skipped_busy += len(rows)
             else:
                 window.skipped_busy += len(rows) - len(exact)
                 window.fast.extend(fast[shadow])
@@ -349,7 +353,10 @@ class LiveMonitor:
             out_of_range = np.array(window.out_of_range, dtype=bool)
             last_update = window.last_update
             centers = window.centers
-        if cached is not None:
+        no_exact_map = bundle.no_exact_map
+        if no_exact_map is not None:
+            live = {"state": NO_EXACT_MAP, "reason": no_exact_map}
+        elif cached is not None:
             live = cached[1]
         else:
             live = live_fidelity(fast, exact, centers, bundle.n_clusters)
@@ -376,7 +383,10 @@ class LiveMonitor:
             "out_of_range_share": float(np.mean(out_of_range)) if out_of_range.size else 0.0,
             "last_update": last_update,
             "has_traffic": counters["rows_seen"] > 0,
-            "note": _note(counters, n_shadow, has_novelty, self.fraction, self.max_delay),
+            "note": _note(counters, n_shadow, has_novelty, self.fraction, self.max_delay)
+            if no_exact_map is None
+            else f"{NO_EXACT_MAP}: live fidelity cannot be measured ({no_exact_map}); "
+            "novelty and out-of-range shares are",
         }
 
     def gauges(self) -> list[tuple[str, str, dict[str, float]]]:

@@ -31,6 +31,7 @@ from mbn_core.bundle.manifest import (
 )
 from mbn_core.data.scaling import SCALING_FILE, InputScaling
 from mbn_core.distill.onnx import OnnxEmbedder
+from mbn_core.exceptions import NoExactMap
 from mbn_core.methods import MODES, Method, get_method
 
 T = TypeVar("T")
@@ -179,6 +180,7 @@ class Bundle:
         if mode == "fast":
             result = self._embedder.run(X)
         else:
+            self.check_exact()
             if exact is None:
                 exact = self._kept_exact()
             elif exact.bundle_id != self.id:
@@ -198,12 +200,29 @@ class Bundle:
         with self._exact_lock:
             self._exact = None
 
+    @property
+    def no_exact_map(self) -> str | None:
+        """Why exact mode is refused (the method has no map for new rows), or None."""
+        try:
+            return get_method(self.method).no_exact_map
+        except ValueError:  # a method this install does not know: _load_exact says so
+            return None
+
+    def check_exact(self) -> None:
+        """``NoExactMap`` (a ValueError) when exact mode is refused for this model: before an
+        exact request takes a slot or reads the exact model."""
+        reason = self.no_exact_map
+        if reason is not None:
+            raise NoExactMap(f"model {self.id!r} ({self.method}) has no exact mode: {reason}")
+
     def load_exact(self) -> ExactModel:
         """Read the exact model from the bundle's arrays, verifying their SHA-256 again.
 
         Every call reads the file: keep the result to reuse it. Raises ``BundleError`` when
-        the file changed since the bundle was loaded.
+        the file changed since the bundle was loaded, ``NoExactMap`` when the method has no
+        exact map.
         """
+        self.check_exact()
         estimator, centers = _load_exact(self.path, self.manifest, self.threads)
         return ExactModel(
             bundle_id=self.id,

@@ -230,10 +230,15 @@ class LayoutMethod(CheckedParams, TransformerMixin, BaseEstimator):
         try:
             return importlib.import_module(cls.library)
         except ImportError as error:
-            raise MethodUnavailable(
-                f"{cls.title} needs the Python package {cls.distribution!r}, which is not "
-                f"installed: {INSTALL_LINE}"
-            ) from error
+            raise MethodUnavailable(cls.unavailable_reason()) from error
+
+    @classmethod
+    def unavailable_reason(cls) -> str:
+        """What to install for the method's library."""
+        return (
+            f"{cls.title} needs the Python package {cls.distribution!r}, which is not "
+            f"installed: {INSTALL_LINE}"
+        )
 
     @classmethod
     def available(cls) -> bool:

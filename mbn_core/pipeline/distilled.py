@@ -41,8 +41,9 @@ from mbn_core.methods import (
 from mbn_core.params import CheckedParams, check_int_items
 from mbn_core.pipeline.fidelity import fidelity_report
 from mbn_core.pipeline.head import nearest
+from mbn_core.pipeline.layouts import run_layout_pipeline
 from mbn_core.pipeline.report import FittedPath, as_embedding
-from mbn_core.pipeline.run import run_pipeline
+from mbn_core.pipeline.run import PipelineResult, run_pipeline
 from mbn_core.pipeline.split import Split, report_fold_count
 from mbn_core.utils.seeds import draw_seed
 
@@ -315,16 +316,20 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         labels = None if y is None else column_or_1d(y, warn=True)
         if labels is not None and len(labels) != n_samples:
             raise ValueError(f"y has {len(labels)} labels but X has {n_samples} rows")
-        result = run_pipeline(
-            X,
-            labels,
-            _Distillation(self),
-            holdout_fraction=self.holdout_fraction,
-            n_folds=self._n_folds(n_samples),
-            n_clusters=self.n_clusters,
-            rng=check_random_state(self.random_state),
-            fold_done=getattr(self.callback, "fold_done", None),
-        )
+        fold_done = getattr(self.callback, "fold_done", None)
+        if _lays_out(self.teacher):
+            result = self._fit_layout(X, labels, fold_done)
+        else:
+            result = run_pipeline(
+                X,
+                labels,
+                _Distillation(self),
+                holdout_fraction=self.holdout_fraction,
+                n_folds=self._n_folds(n_samples),
+                n_clusters=self.n_clusters,
+                rng=check_random_state(self.random_state),
+                fold_done=fold_done,
+            )
         fitted = result.fitted
         student: Student = fitted.parts
         self.teacher_ = fitted.estimator
@@ -345,6 +350,35 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         self.timings_ = {**fitted.seconds, "evaluation": result.evaluation_seconds}
         log.info("distilled embedding fitted: %s", fidelity_report(self.fidelity_))
         return self
+
+    def _fit_layout(self, X, labels, fold_done) -> PipelineResult:
+        """A layout method's pipeline: the teacher fitted once on every row, students
+        cross-fitted against its layout (``mbn_core.pipeline.layouts``)."""
+        if self.prefit:
+            raise ValueError(
+                f"{type(self.teacher).__name__} lays out only the rows it is fitted on, so a "
+                "prefit one has no targets for these rows: give it unfitted (prefit=False)"
+            )
+        distiller = self._distiller()
+
+        def fit_student(rows, layout, split: Split, rng, own: bool):
+            student = distiller.distil(
+                rows, layout, split.validation, split.train, rng, self.callback if own else None
+            )
+            return student.embed, student
+
+        return run_layout_pipeline(
+            X,
+            labels,
+            _fresh_copy(self.teacher),
+            fit_student,
+            holdout_fraction=self.holdout_fraction,
+            n_folds=self._n_folds(X.shape[0]),
+            validation_fraction=self.validation_fraction,
+            n_clusters=self.n_clusters,
+            rng=check_random_state(self.random_state),
+            fold_done=fold_done,
+        )
 
     def _n_folds(self, n_samples: int) -> int | None:
         """Folds of the cross-fitted report, or None for a single held-out set."""
@@ -541,6 +575,16 @@ class _Distillation:
             seconds={"teacher": teacher_seconds, "compressor": student.seconds},
             parts=student,
         )
+
+
+def _lays_out(teacher: Any) -> bool:
+    """Whether ``teacher`` is a registered layout method's estimator (``Method.layout``)."""
+    if teacher is None:
+        return False
+    try:
+        return method_of(teacher).layout
+    except ValueError:  # not a registered method's: distilled as any transformer
+        return False
 
 
 def _fresh_copy(teacher: Any) -> Any:

@@ -21,6 +21,16 @@ from mbn_core.pipeline.head import kmeans, nearest
 REPORT_KMEANS_INIT = 20
 # Neighbours compared by the k-NN overlap.
 KNN = 10
+# What a layout method's report (mbn_core.pipeline.layouts) says its rows were new to.
+LAYOUT_CROSS_FITTED = "cross-fitted students"
+LAYOUT_HELD_OUT = "held out of the student"
+# What such a report means, for ``mbn info`` and the console.
+LAYOUT_REPORT_MEANING = (
+    "the method laid out every training row and has no map of its own that a new row could "
+    "be compared with, so each measured row was placed by a student network that never saw "
+    "it and compared with where the method put it (exact = the method's layout of those "
+    "rows, fast = the student): the fidelity a new row gets from the fast path"
+)
 
 
 def measure_fidelity(
@@ -108,6 +118,13 @@ def fidelity_report(fidelity: dict[str, Any]) -> str:
     }.get(fidelity.get("holdout", ""), "held-out points")
     if fidelity.get("holdout") == "cross-fitted":
         where = f"points, each new to the fit of {fidelity['folds']}-fold cross-fitting"
+    elif fidelity.get("holdout") == LAYOUT_CROSS_FITTED:
+        where = (
+            f"points, each placed by a student of {fidelity['folds']}-fold cross-fitting that "
+            "never saw it, against where the method laid it out"
+        )
+    elif fidelity.get("holdout") == LAYOUT_HELD_OUT:
+        where = "points held out of the student, against where the method laid them out"
     return f"{', '.join(parts)} (on {fidelity['n_holdout']} {where})"
 
 

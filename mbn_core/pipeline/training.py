@@ -103,6 +103,9 @@ class TrainingParams:
         if not isinstance(name, str):
             raise ValueError(f"method must be a string, got {name!r}")
         method = get_method(name)
+        unavailable = method.unavailable
+        if unavailable is not None:
+            raise ValueError(f"method {name!r} is not available on this install: {unavailable}")
         options = {param.name: param for param in training_options(method)}
         for key in values:
             if key not in options:
@@ -235,7 +238,7 @@ def check_feasible(params: TrainingParams, n_rows: int, *, sparse: bool = False)
             )
     if method.check_rows is not None:
         method.check_rows(params.estimator(), fit_shape(params, (n_rows, 1))[0])
-        if method.export is None:
+        if method.export is None and not method.layout:
             # A cross-fitted report fits the method on fewer rows, once per fold.
             smallest = fold_fit_rows(n_rows, params["holdout_fraction"], params["report_folds"])
             method.check_rows(params.estimator(), smallest)
@@ -376,6 +379,12 @@ def train_bundle(
     check_spread(X)
     labels = check_labels(y, X.shape[0], "y")
     method = params.spec
+    if old is not None and method.no_exact_map is not None:
+        raise ValueError(
+            f"align_to maps the new model's exact embedding of the old model's reference rows "
+            f"into the old space, and method {method.name!r} has no exact map: "
+            f"{method.no_exact_map}"
+        )
     check_feasible(params, X.shape[0], sparse=sp.issparse(X))
     check_memory(params, X.shape)
     estimator = params.estimator()
@@ -533,7 +542,10 @@ def fit_shape(params: TrainingParams, shape: tuple[int, int]) -> tuple[int, int]
     """The shape of the data ``params``' method is fitted on: all rows but the held-out ones
     (kept for the fidelity report), or all rows when a distilled method's report is
     cross-fitted (``report_folds``)."""
-    folds = params["report_folds"] if params.spec.export is None else None
+    method = params.spec
+    if method.layout:  # laid out once, on every row (mbn_core.pipeline.layouts)
+        return shape
+    folds = params["report_folds"] if method.export is None else None
     return teacher_fit_rows(shape[0], params["holdout_fraction"], folds), shape[1]
 
 
@@ -567,6 +579,11 @@ class _Tracker:
         # folds of the rows, and the bottom layer's cost grows about as the rows squared (k1
         # grows with them): 3.2 model fits for 5 folds, a little more than measured.
         report = 0.0 if folds is None else folds * ((folds - 1) / folds) ** 2 * (fit + mlp)
+        if method.layout:
+            # A layout's report trains students only (the method is fitted once): one per
+            # fold on (folds - 1) / folds of the rows, or one on all but the held-out share.
+            share = 1 - params["holdout_fraction"] if folds is None else folds - 1
+            report = share * mlp
         total = fit + mlp + report
         costs = (fit, mlp, report) if total > 0 else (1.0, 0.0, 0.0)
         scale = (1 - _EXPORT_SHARE) / sum(costs)

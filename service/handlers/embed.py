@@ -89,6 +89,11 @@ class EmbedHandler:
         """Embed the checked matrix ``x`` with ``bundle``; ``clusters`` asks for cluster ids
         (ignored when the model has no clustering head)."""
         want_clusters = clusters and bundle.n_clusters is not None
+        if mode == "exact" and bundle.no_exact_map is not None:
+            # Refused before it takes an exact slot: the method has no map for new rows.
+            raise InvalidInput(
+                f"model {bundle.id!r} ({bundle.method}) has no exact mode: {bundle.no_exact_map}"
+            )
         started = time.perf_counter()
         try:
             if mode == "exact":

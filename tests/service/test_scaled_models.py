@@ -11,10 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 from servicetest import assert_error
 
+from mbn_core import CompressiveMBN
 from mbn_core.bundle import REFERENCE_FILE, save_bundle
 from mbn_core.bundle.trained import TrainedModel
 from mbn_core.data.scaling import InputScaling, scale_graph_input
-from mbn_core import CompressiveMBN
 from mbn_core.pipeline.alignment import ReferenceRows
 
 Digits = tuple[np.ndarray, np.ndarray]
