@@ -11,7 +11,12 @@ class NoExactMap(ValueError):
     only the rows it was fitted on); the message says why and what to use instead."""
 
 
-class MethodUnavailable(ImportError):
+class MissingDependency(ImportError):
+    """An optional library a method needs is not installed: a setup to fix, told as such
+    (``mbn train`` prints the message, which says what to install)."""
+
+
+class MethodUnavailable(MissingDependency):
     """A registered method whose library is not installed; the message gives the install
     line."""
 

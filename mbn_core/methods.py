@@ -126,6 +126,11 @@ class Method:
     facts : callable or None
         ``facts(fitted_estimator) -> dict``: JSON-able facts for the manifest's ``training``
         section (e.g. layer sizes).
+    describe : callable or None
+        ``describe(training) -> {"dimensions": [...], "training": [...]}``: the method's own
+        facts of a manifest's ``training`` section (what ``facts`` wrote) as phrases for
+        ``mbn info``: what qualifies the embedding (its metric, its output) and what
+        describes the fit (its layers, its device). None: the pipeline's facts alone.
     sparse : bool
         Whether the estimator accepts scipy CSR input.
     layout : bool
@@ -158,6 +163,7 @@ class Method:
     check_rows: Callable[[Any, int], None] | None = None
     memory: Callable[[Any, tuple[int, int]], float] | None = None
     facts: Callable[[Any], dict[str, Any]] | None = None
+    describe: Callable[[Mapping[str, Any]], dict[str, list[str]]] | None = None
     sparse: bool = False
     layout: bool = False
     no_exact_map: str | None = None

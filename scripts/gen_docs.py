@@ -25,6 +25,7 @@ sys.path.insert(0, str(REPO))
 def training_options() -> str:
     from mbn_core.methods import BUILTIN_MODULES, get_method, method_names
     from mbn_core.params import markdown_table
+    from mbn_core.pipeline.options import option_groups
 
     parts = []
     titles = {
@@ -39,7 +40,7 @@ def training_options() -> str:
         method = get_method(name)
         if method.module not in BUILTIN_MODULES:
             continue
-        for group, params in method.option_groups().items():
+        for group, params in option_groups(method).items():
             if group in ("pipeline", "map", "input"):  # every method's: shown once
                 if group in shown_shared:
                     continue

@@ -12,8 +12,6 @@ Everything is plain arrays (``to_bytes`` / ``from_bytes``: an ``.npz`` read with
 
 from __future__ import annotations
 
-import io
-import zipfile
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Any
@@ -24,6 +22,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval
 
 from mbn_core.params import Param
+from mbn_core.utils.npz import arrays_from_npz, npz_bytes
 from mbn_core.utils.pca import fit_pca
 
 MAP_FILE = "map.npz"
@@ -139,18 +138,13 @@ class EmbeddingMap:
             arrays["cluster"] = self.cluster
         if self.label is not None:
             arrays["label"] = self.label
-        buffer = io.BytesIO()
-        np.savez(buffer, allow_pickle=False, **arrays)
-        return buffer.getvalue()
+        return npz_bytes(arrays)
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = MAP_FILE) -> EmbeddingMap:
         """Read ``to_bytes``'s output; ValueError naming ``source`` when it is malformed."""
-        try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-                arrays = {key: npz[key] for key in npz.files if key in _ARRAYS}
-        except (ValueError, OSError, zipfile.BadZipFile, EOFError) as error:
-            raise ValueError(f"{source}: not a readable array archive: {error}") from None
+        arrays = arrays_from_npz(data, source, "array archive")
+        arrays = {key: array for key, array in arrays.items() if key in _ARRAYS}
         try:
             xy, embedding, row = arrays["xy"], arrays["embedding"], arrays["row"]
         except KeyError as error:

@@ -7,10 +7,8 @@ opens the fast path; the exact model is read, and verified again, when it is ask
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import threading
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +31,7 @@ from mbn_core.data.scaling import SCALING_FILE, InputScaling
 from mbn_core.distill.onnx import OnnxEmbedder
 from mbn_core.exceptions import NoExactMap
 from mbn_core.methods import MODES, Method, get_method
+from mbn_core.utils.npz import arrays_from_npz
 
 T = TypeVar("T")
 
@@ -443,10 +442,9 @@ def _load_exact(
         raise BundleError(f"{path / MANIFEST}: {error} (is the plug-in installed?)") from None
     data = _verified_bytes(path, manifest, name)
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            arrays = {key: npz[key] for key in npz.files}
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as error:
-        raise BundleError(f"{file}: not a readable array archive: {error}") from None
+        arrays = arrays_from_npz(data, str(file), "array archive")
+    except ValueError as error:
+        raise BundleError(str(error)) from None
     centers = arrays.pop(HEAD_CENTERS, None)
     try:
         model = method.load(arrays, _load_params(method, manifest, threads))

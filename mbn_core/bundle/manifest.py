@@ -188,11 +188,11 @@ def write_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any]) 
     file = Path(directory) / MANIFEST
     temporary = file.with_name(f".{MANIFEST}.tmp-{uuid.uuid4().hex[:12]}")
     try:
-        _write_synced(temporary, manifest_to_bytes(manifest))
+        write_synced(temporary, manifest_to_bytes(manifest))
         os.replace(temporary, file)
     finally:
         temporary.unlink(missing_ok=True)
-    _fsync_directory(file.parent)
+    fsync_directory(file.parent)
 
 
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
@@ -317,15 +317,18 @@ def exact_file(manifest: dict[str, Any]) -> str:
     return LEGACY_EXACT_FILE if LEGACY_EXACT_FILE in manifest.get("files", {}) else EXACT_FILE
 
 
-def _write_synced(file: Path, data: bytes) -> None:
+def write_synced(file: Path, data: bytes) -> None:
+    """Write a new file and flush it to the disk before returning (a bundle's files are
+    synced before the directory that holds them is renamed into place)."""
     with file.open("xb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
 
 
-def _fsync_directory(directory: Path) -> None:
-    # Makes the rename durable; some file systems cannot open directories, which is harmless.
+def fsync_directory(directory: Path) -> None:
+    """Sync a directory's entries: makes a rename into it durable. Some file systems cannot
+    open directories, which is harmless."""
     with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
         try:
@@ -340,12 +343,12 @@ def validate_name(name: str) -> str:
     return name.strip()
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """Plain JSON values from numpy scalars, tuples and arrays."""
     if isinstance(value, dict):
-        return {str(key): _jsonable(item) for key, item in value.items()}
+        return {str(key): jsonable(item) for key, item in value.items()}
     if isinstance(value, list | tuple | np.ndarray):
-        return [_jsonable(item) for item in value]
+        return [jsonable(item) for item in value]
     if isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, float) and not np.isfinite(value):

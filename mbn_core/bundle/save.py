@@ -6,7 +6,6 @@ Nothing is pickled, and readers (and a Ctrl-C) never see half a bundle.
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import os
 import shutil
@@ -15,8 +14,6 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from mbn_core.bundle.manifest import (
     EXACT_FILE,
@@ -28,17 +25,18 @@ from mbn_core.bundle.manifest import (
     ONNX_FILE,
     OPTIONAL_FILES,
     BundleError,
-    _fsync_directory,
-    _jsonable,
-    _write_synced,
+    fsync_directory,
+    jsonable,
     library_versions,
     manifest_to_bytes,
     read_manifest,
     validate_model_id,
     validate_name,
+    write_synced,
 )
 from mbn_core.bundle.trained import Bundleable, TrainedModel
 from mbn_core.data.scaling import SCALING_FILE
+from mbn_core.utils.npz import npz_bytes
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +110,7 @@ def save_bundle(
     clashes = sorted(set(sections) & {*manifest, "files"})
     if clashes:
         raise ValueError(f"manifest_sections may not replace manifest fields {clashes}")
-    manifest.update(_jsonable(sections))
+    manifest.update(jsonable(sections))
     files = {EXACT_FILE: exact_bytes, ONNX_FILE: onnx_bytes, **extra_files}
     if not model.input_scaling.is_identity:
         files[SCALING_FILE] = model.input_scaling.to_bytes()
@@ -123,14 +121,14 @@ def save_bundle(
     temporary.mkdir()
     try:
         for file_name, data in (*files.items(), (MANIFEST, manifest_bytes)):
-            _write_synced(temporary / file_name, data)
-        _fsync_directory(temporary)
+            write_synced(temporary / file_name, data)
+        fsync_directory(temporary)
         _move_into_place(temporary, directory, overwrite)
     except BaseException:
         # Also on KeyboardInterrupt: nothing half-written may stay behind.
         shutil.rmtree(temporary, ignore_errors=True)
         raise
-    _fsync_directory(parent)
+    fsync_directory(parent)
     log.info("bundle %s written to %s", model_id, directory)
     return directory
 
@@ -194,9 +192,7 @@ def _npz_bytes(model: TrainedModel) -> bytes:
         raise ValueError(f"method {model.method.name!r} saved arrays named {HEAD_PREFIX}*")
     if model.cluster_centers is not None:
         arrays[HEAD_CENTERS] = model.cluster_centers
-    buffer = io.BytesIO()
-    np.savez(buffer, allow_pickle=False, **arrays)
-    return buffer.getvalue()
+    return npz_bytes(arrays)
 
 
 def _manifest(
@@ -215,10 +211,10 @@ def _manifest(
         "input_dim": int(model.n_features_in),
         "output_dim": int(model.n_components),
         "n_clusters": None if model.cluster_centers is None else len(model.cluster_centers),
-        "hyperparameters": _jsonable(model.hyperparameters),
-        "training": _jsonable(training),
-        "fidelity": _jsonable(model.fidelity),
-        "quality": _jsonable(model.quality),
+        "hyperparameters": jsonable(model.hyperparameters),
+        "training": jsonable(training),
+        "fidelity": jsonable(model.fidelity),
+        "quality": jsonable(model.quality),
         "input_scaling": model.input_scaling.section(),
         "library_versions": library_versions(),
     }

@@ -21,8 +21,6 @@ belongs to the user.
 
 from __future__ import annotations
 
-import io
-import zipfile
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,6 +29,7 @@ import scipy.sparse as sp
 from sklearn.utils._param_validation import StrOptions
 
 from mbn_core.params import Param
+from mbn_core.utils.npz import arrays_from_npz, npz_bytes
 
 SCALING_FILE = "input_scaling.npz"
 SCALINGS = ("none", "standard")
@@ -123,9 +122,7 @@ class InputScaling:
 
     def to_bytes(self) -> bytes:
         assert self.offset is not None and self.factor is not None
-        buffer = io.BytesIO()
-        np.savez(buffer, offset=self.offset, factor=self.factor)
-        return buffer.getvalue()
+        return npz_bytes({"offset": self.offset, "factor": self.factor})
 
     @classmethod
     def from_manifest(cls, section: Any, data: bytes | None, n_features: int) -> InputScaling:
@@ -153,11 +150,8 @@ class InputScaling:
     def from_bytes(cls, data: bytes, n_features: int, source: str = SCALING_FILE) -> InputScaling:
         """The "standard" scaling stored in ``data``; ValueError naming ``source`` when the
         arrays are missing, of the wrong shape or not finite."""
-        try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
-                offset, factor = arrays["offset"], arrays["factor"]
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
-            raise ValueError(f"{source}: not a readable scaling file ({error})") from None
+        arrays = arrays_from_npz(data, source, "scaling file", ("offset", "factor"))
+        offset, factor = arrays["offset"], arrays["factor"]
         for name, array in (("offset", offset), ("factor", factor)):
             if array.dtype != np.float32 or array.shape != (n_features,):
                 raise ValueError(f"{source}: {name} must be float32 of shape ({n_features},)")

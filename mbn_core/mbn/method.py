@@ -5,6 +5,7 @@ The fast path is distilled (``CompressiveMBN``); the exact state is ``model_to_a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from mbn_core.mbn.backends.cuda import device_name
@@ -146,6 +147,20 @@ def _facts(mbn: MBN) -> dict[str, Any]:
     return facts
 
 
+def _describe(training: Mapping[str, Any]) -> dict[str, list[str]]:
+    """What ``mbn info`` says of an MBN's facts (``_facts``)."""
+    dimensions = [f"metric {training['metric']}"] if "metric" in training else []
+    if "output" in training:
+        dimensions.append(f"{training['output']} output")
+    fit = []
+    if training.get("ks"):
+        fit.append("layers " + "-".join(str(k) for k in training["ks"]))
+    if "device" in training:  # where the layers ran ("auto" chose it)
+        fit.append(f"on {training['device']}")
+    fit.extend(training.get("fallbacks", []))  # what ran elsewhere, never quietly
+    return {"dimensions": dimensions, "training": fit}
+
+
 METHOD = register(
     Method(
         name="mbn",
@@ -162,6 +177,7 @@ METHOD = register(
         check_rows=_check_rows,
         memory=_memory,
         facts=_facts,
+        describe=_describe,
         sparse=True,
     )
 )

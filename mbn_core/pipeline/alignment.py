@@ -23,8 +23,6 @@ distance after the map) goes into the manifest.
 
 from __future__ import annotations
 
-import io
-import zipfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +37,7 @@ from mbn_core.bundle import REFERENCE_FILE, Bundle, BundleError
 from mbn_core.bundle.trained import TrainedModel
 from mbn_core.distill.onnx import EMBEDDING
 from mbn_core.pipeline.fidelity import knn_overlap
+from mbn_core.utils.npz import arrays_from_npz, npz_bytes
 
 # Reference rows kept in a bundle: enough for a c x c rotation many times over and for a
 # 10-NN overlap, small beside the exact model.
@@ -116,22 +115,14 @@ class ReferenceRows:
     embedding: np.ndarray
 
     def to_bytes(self) -> bytes:
-        buffer = io.BytesIO()
-        np.savez(
-            buffer,
-            allow_pickle=False,
-            rows=self.rows.astype(np.float32),
-            embedding=self.embedding.astype(np.float32),
+        return npz_bytes(
+            {"rows": self.rows.astype(np.float32), "embedding": self.embedding.astype(np.float32)}
         )
-        return buffer.getvalue()
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = REFERENCE_FILE) -> ReferenceRows:
-        try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-                rows, embedding = npz["rows"], npz["embedding"]
-        except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
-            raise ValueError(f"{source}: not readable reference rows: {error}") from None
+        arrays = arrays_from_npz(data, source, "set of reference rows", ("rows", "embedding"))
+        rows, embedding = arrays["rows"], arrays["embedding"]
         if rows.ndim != 2 or embedding.ndim != 2 or len(rows) != len(embedding) or len(rows) < 2:
             raise ValueError(f"{source}: reference rows of inconsistent shapes")
         return cls(rows.astype(np.float32), embedding.astype(np.float32))

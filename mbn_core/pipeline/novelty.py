@@ -26,8 +26,6 @@ no novelty model, and bundles trained before it have none either.
 from __future__ import annotations
 
 import dataclasses
-import io
-import zipfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +35,7 @@ from sklearn.utils import check_random_state
 
 from mbn_core.bundle import NOVELTY_FILE, Bundle, BundleError
 from mbn_core.data.scaling import InputScaling
+from mbn_core.utils.npz import arrays_from_npz, npz_bytes
 from mbn_core.utils.pca import fit_pca
 
 # The share of calibration rows scoring at or below the threshold.
@@ -214,19 +213,12 @@ class Novelty:
 
     def to_bytes(self) -> bytes:
         """The arrays as an ``.npz`` (no pickles)."""
-        buffer = io.BytesIO()
-        arrays = {name: np.asarray(getattr(self, name)) for name in _ARRAYS}
-        np.savez(buffer, allow_pickle=False, **arrays)
-        return buffer.getvalue()
+        return npz_bytes({name: np.asarray(getattr(self, name)) for name in _ARRAYS})
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = NOVELTY_FILE) -> Novelty:
         """Read ``to_bytes``' output; ValueError naming ``source`` when malformed."""
-        try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-                arrays = {name: npz[name] for name in _ARRAYS}
-        except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
-            raise ValueError(f"{source}: not a readable novelty model: {error}") from None
+        arrays = arrays_from_npz(data, source, "novelty model", _ARRAYS)
         d = arrays["mean"].shape
         components, reference = arrays["components"], arrays["reference"]
         if (

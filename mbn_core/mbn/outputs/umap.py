@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from mbn_core.exceptions import MissingDependency
 from mbn_core.mbn.coassociation import CodesTop, cell_index, coassociation_blocks
 from mbn_core.mbn.outputs.base import (
     FittedOutput,
@@ -67,7 +68,7 @@ INSTALL_HINT = (
 )
 
 
-class UmapNotInstalled(ImportError):
+class UmapNotInstalled(MissingDependency):
     """umap-learn is missing: a setup to fix, told as such by ``mbn train``."""
 
 
