@@ -33,7 +33,7 @@ class PaCMAP(LayoutMethod):
     n_components : int, default=2
         Dimension of the layout.
     n_neighbors : int, default=10
-        Near pairs per row (needs n_neighbors + 1 rows).
+        Near pairs per row (needs n_neighbors + 2 rows).
     MN_ratio : float, default=0.5
         Mid-near pairs per row, as a share of ``n_neighbors``.
     FP_ratio : float, default=2.0

@@ -30,7 +30,7 @@ class TriMap(LayoutMethod):
     n_components : int, default=2
         Dimension of the layout (at least 2).
     n_inliers : int, default=12
-        Near rows per row in the triplets (needs n_inliers + n_outliers + 1 rows).
+        Near rows per row in the triplets (needs n_inliers + n_outliers + 2 rows).
     n_outliers : int, default=4
         Far rows sampled per near row.
     n_random : int, default=3
