@@ -357,7 +357,13 @@ class Worker:
         else:
             code = run.exitcode
             how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-            self._fail(job, f"the training process died ({how}), e.g. out of memory")
+            # A compiled library crashing (a segfault in a method's own code) ends here too:
+            # the message names the method, as a raised error's does.
+            self._fail(
+                job,
+                f"the training process of method {job.method!r} died ({how}), e.g. out of "
+                "memory or a crash in the method's library",
+            )
 
     def _publish(self, job: Job, built: Path, model_id: str) -> None:
         from mbn_core.bundle import BundleError, load_bundle

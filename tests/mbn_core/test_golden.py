@@ -38,7 +38,7 @@ FAST_CONFIGS = ["digits_pca", "digits_cosine", "digits_shift", "digits_float", "
 SLOW_CONFIGS = ["digits_umap", "moons_auto"]
 
 
-def _check_config(name: str, **options) -> None:
+def _check_config(name: str, *, layout_on_any_cpu: bool = False, **options) -> None:
     params, source = GEN.CONFIGS[name]
     fit_rows, new_rows = GEN.data(source)
     model = MBN(**{**params, **options}).fit(fit_rows)
@@ -51,8 +51,31 @@ def _check_config(name: str, **options) -> None:
         np.testing.assert_array_equal(
             model.encode(new_rows, layer=layer), SAVED[f"{name}/new_codes_{layer}"]
         )
-    np.testing.assert_array_equal(model.transform(fit_rows), SAVED[f"{name}/fit_embedding"])
-    np.testing.assert_array_equal(model.transform(new_rows), SAVED[f"{name}/new_embedding"])
+    for part, rows in (("fit", fit_rows), ("new", new_rows)):
+        embedding, saved = model.transform(rows), SAVED[f"{name}/{part}_embedding"]
+        if layout_on_any_cpu:
+            assert _neighbour_overlap(embedding, saved) >= LAYOUT_OVERLAP, part
+        else:
+            np.testing.assert_array_equal(embedding, saved)
+
+
+# umap-learn's layout is numba code compiled with fastmath for the host CPU, so the same graph
+# is laid out with other roundings on another CPU family (the golden file was written on an
+# Intel Xeon; an AMD EPYC lays its digits out with a 10-NN overlap of 0.96 against it). The
+# network's codes, which make the graph, are still compared bit for bit; the layout is held to
+# its neighbourhoods, which a changed graph or layout parameter moves far below this.
+LAYOUT_OVERLAP = 0.9
+
+
+def _neighbour_overlap(a: np.ndarray, b: np.ndarray, k: int = 10) -> float:
+    """Mean share of each row's ``k`` nearest neighbours that ``a`` and ``b`` agree on."""
+    from sklearn.neighbors import NearestNeighbors
+
+    def neighbours(x):
+        return NearestNeighbors(n_neighbors=k + 1).fit(x).kneighbors(x, return_distance=False)
+
+    na, nb = neighbours(a)[:, 1:], neighbours(b)[:, 1:]
+    return float(np.mean([len(set(x) & set(y)) / k for x, y in zip(na, nb, strict=True)]))
 
 
 @pytest.mark.slow
@@ -71,7 +94,7 @@ def test_one_thread_encodes_as_the_saved_codes(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SLOW_CONFIGS)
 def test_umap_outputs_are_unchanged(name):
-    _check_config(name)
+    _check_config(name, layout_on_any_cpu=True)
 
 
 EXPECTED = np.load(GOLDEN / "bundles" / "expected.npz")

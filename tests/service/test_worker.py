@@ -147,6 +147,7 @@ def test_a_crashing_training_process_fails_the_job(setup: Setup, digits: Digits)
     os.kill(training_pid(worker, job), signal.SIGKILL)  # what the kernel's OOM killer does
     failed = setup.wait_status(job, {"failed"}, timeout=20)
     assert "signal 9" in (failed.error or "")
+    assert "the training process of method 'mbn' died" in (failed.error or "")  # named
     assert worker._thread is not None and worker._thread.is_alive()  # the worker lives on
     # ... and takes the next job.
     second = setup.submit(digits[0][:300], TINY_PARAMS)
