@@ -14,7 +14,8 @@ images (rows no model here was trained on), one row at a time:
    <= 1.5 and HTTP - in process <= 10 ms;
 2. the fast path's single-row latency p50 / p99 alone, then again while ``--exact-clients``
    connections send exact requests back to back (exact must never slow the fast path);
-   exact answers refused with 429 (``MBN_MAX_CONCURRENT_EXACT``) are counted.
+   exact answers refused with 429 (the exact runtime's queue, ``MBN_EXACT_QUEUE_REQUESTS``)
+   are counted. ``benchmarks/bench_runtime.py`` measures the exact runtime's targets.
 
 Raw pixels (JSON integers 0..255) are sent, as the model was trained on them.
 """
@@ -162,7 +163,7 @@ def main(argv=None) -> None:
         "--env",
         action="append",
         default=[],
-        help="KEY=VALUE for the server, e.g. MBN_MAX_CONCURRENT_EXACT=1 (repeatable)",
+        help="KEY=VALUE for the server, e.g. MBN_EXACT_QUEUE_REQUESTS=1 (repeatable)",
     )
     parser.add_argument("--data", help="MNIST .npz (default: bench_data.load_mnist's search)")
     args = parser.parse_args(argv)

@@ -1,5 +1,7 @@
 """Mutation fuzzing of every parser a client's bytes reach: data files (``.npy``, ``.npz``,
-scipy sparse ``.npz``, ``.csv``) and request bodies (multipart, JSON rows, base64 rows).
+scipy sparse ``.npz``, ``.csv``) and request bodies (multipart, JSON rows, base64 rows; the
+``/embed`` bodies also in exact mode, answered by the exact runtime: ``json-exact``,
+``base64-exact``).
 
     python benchmarks/fuzz_parsers.py --cases 10000            # every format
     python benchmarks/fuzz_parsers.py --cases 2000 --formats npz csv --http-share 0.05
@@ -47,7 +49,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 FILE_FORMATS = ("npy", "npz", "sparse", "csv")
-BODY_FORMATS = ("multipart", "json", "base64")
+# The /embed bodies also in exact mode: the same rows sent to the exact runtime.
+EXACT_FORMATS = ("json-exact", "base64-exact")
+BODY_FORMATS = ("multipart", "json", "base64", "train-json", "routes", *EXACT_FORMATS)
 FORMATS = FILE_FORMATS + BODY_FORMATS
 DIM = 64  # the fuzz server's model takes 64 features
 # The job limits of the fuzz server (MBN_MAX_TRAIN_ROWS, MBN_MAX_TRAIN_BYTES), which the direct
@@ -292,12 +296,40 @@ def mutate_csv(data: bytes, rng: random.Random) -> bytes:
     return generic(data, rng)
 
 
+def train_params(rng: np.random.Generator) -> dict:
+    """Training parameters with some of the options whose checks run at submission: the
+    list parameters, the input scaling, the report's folds."""
+    params: dict = {"n_clusterings": 5, "n_components": 2, "hidden_layer_sizes": [4]}
+    choices = {
+        "hidden_layer_sizes": [[4, 4], [1] * 17, [200_000, 200_000], [], [0], ["4"]],
+        "ks": [[10, 5], [2] * 300, [1], [10**9]],
+        "input_scaling": ["standard", "none", "auto", "minmax", None],
+        "report_folds": [5, 2, "auto", None, 1000, -1],
+        "delta": [0.999, 0.5, "auto"],
+        "n_clusterings": [1, 200_000, 0],
+    }
+    for key in rng.choice(list(choices), size=int(rng.integers(0, 3)), replace=False):
+        options = choices[str(key)]
+        params[str(key)] = options[int(rng.integers(len(options)))]
+    return params
+
+
 def multipart_seed(rng: np.random.Generator) -> tuple[bytes, str]:
     boundary = "fuzzboundary" + str(int(rng.integers(1_000_000)))
-    params = json.dumps({"n_clusterings": 5, "n_components": 2, "hidden_layer_sizes": [4]})
+    params = json.dumps(train_params(rng))
     parts = [
         (b'name="params"', params.encode()),
         (b'name="name"', b"fuzz"),
+    ]
+    extra = [
+        (b'name="columns"', b"c0,c1,c2"),
+        (b'name="drop"', b"2"),
+        (b'name="align_to"', b"m-fuzz"),
+        (b'name="promote"', b"false"),
+    ]
+    parts += [extra[int(i)] for i in rng.choice(len(extra), size=int(rng.integers(0, 3)),
+                                                replace=False)]  # fmt: skip
+    parts += [
         (b'name="file"; filename="d.csv"\r\nContent-Type: text/csv', csv_seed(rng)),
     ]
     body = b"".join(
@@ -315,6 +347,9 @@ _MULTIPART_EDITS = [
     (b"\r\n\r\n", [b"\r\n", b"\n\n", b"\r\n\r\n\r\n"]),
     (b'"n_clusterings": 5', [b'"n_clusterings": 5000000', b'"n_clusterings": 1' + b"0" * 5000,
                              b'"n_clusterings": "5"', b'"n_clusterings": 5, "n_clusterings": 6']),
+    (b"c0,c1,c2", [b"c9", b"0", b"1,1", b",", b"c0" * 5000, b"\xff", b"c0,c1,c2,c3,c4,c5"]),
+    (b'name="drop"', [b'name="columns"', b'name="dorp"']),
+    (b"m-fuzz", [b"nope", b"fuzz", b"", b"x" * 300, b"../m-fuzz"]),
 ]  # fmt: skip
 
 
@@ -342,15 +377,62 @@ _JSON_EDITS = [b"[", b"]", b"{", b"}", b",", b":", b'"', b"\\", b"-", b"1e999", 
                b'"dim":', b"[[", b"]]", b"[" * 2000, b"0.5" * 40, b'"\\ud800"']  # fmt: skip
 
 
-def json_seed(rng: np.random.Generator) -> bytes:
-    return json.dumps({"inputs": embed_rows(rng)}).encode()
+def json_seed(rng: np.random.Generator, mode: str | None = None) -> bytes:
+    body: dict = {"inputs": embed_rows(rng)}
+    optional = {
+        "mode": ["fast", "exact"],
+        "return_novelty": [True, False],
+        "return_clusters": [True, False],
+        "encoding_format": ["float", "base64"],
+        "model": ["m-fuzz", "fuzz"],
+    }
+    for key in rng.choice(list(optional), size=int(rng.integers(0, 4)), replace=False):
+        options = optional[str(key)]
+        body[str(key)] = options[int(rng.integers(len(options)))]
+    if rng.random() < 0.3:  # values far outside the training range
+        body["inputs"][0] = [float(rng.choice([1e30, -3e38, 3.4e38, 1e-45]))] * DIM
+    if mode is not None:
+        body["mode"] = mode
+    return json.dumps(body).encode()
 
 
-def base64_seed(rng: np.random.Generator) -> bytes:
+def train_json_seed(rng: np.random.Generator) -> bytes:
+    x, y = seed_arrays(rng)
+    body: dict = {"name": "fuzz", "data": x.round(4).tolist(), "params": train_params(rng)}
+    if rng.random() < 0.5:
+        body["labels"] = y.tolist()
+    if rng.random() < 0.2:
+        body["align_to"] = "m-fuzz"
+    if rng.random() < 0.2:
+        body["promote"] = False
+    return json.dumps(body).encode()
+
+
+_ROUTES = [
+    ("GET", "/models/{a}/compare/{b}"), ("GET", "/models/{a}/monitor"), ("GET", "/models/{a}"),
+    ("GET", "/models/{a}/map"), ("POST", "/models/{a}/promote"), ("DELETE", "/models/{a}"),
+    ("GET", "/jobs/{a}"), ("POST", "/jobs/{a}/cancel"), ("GET", "/jobs?status={a}&limit={b}"),
+    ("HEAD", "/health/live"), ("HEAD", "/health/ready"),
+]  # fmt: skip
+_REFS = ["m-fuzz", "fuzz", "nope", "", "..", "%2e%2e", "%00", "x" * 3000, "\u00e9", "1" * 400,
+         "m-fuzz%2F..", "-1", "0", "queued", "99999999999999999999"]  # fmt: skip
+
+
+def route_case(rng: random.Random) -> bytes:
+    """``METHOD path`` of a route with path parameters from ``_REFS`` (or mutated ones)."""
+    method, template = rng.choice(_ROUTES)
+    refs = [rng.choice(_REFS) for _ in range(2)]
+    if rng.random() < 0.3:
+        refs[0] = flip(refs[0].encode() or b"a", rng).decode("latin-1")
+    return f"{method} {template.format(a=refs[0], b=refs[1])}".encode("utf-8", "replace")
+
+
+def base64_seed(rng: np.random.Generator, mode: str = "fast") -> bytes:
     rows = np.asarray(embed_rows(rng), dtype="<f4")
-    return json.dumps(
-        {"inputs_b64": base64.b64encode(rows.tobytes()).decode(), "dim": DIM}
-    ).encode()
+    body: dict[str, object] = {"inputs_b64": base64.b64encode(rows.tobytes()).decode(), "dim": DIM}
+    if mode == "exact":
+        body["mode"] = "exact"
+    return json.dumps(body).encode()
 
 
 def mutate_json(data: bytes, rng: random.Random) -> bytes:
@@ -414,6 +496,14 @@ def cases(fmt: str, count: int, seed: int = 0) -> Iterator[Case]:
             yield Case(fmt, mutate_json(json_seed(nprng), rng))
         elif fmt == "base64":
             yield Case(fmt, mutate_base64(base64_seed(nprng), rng))
+        elif fmt == "train-json":
+            yield Case(fmt, mutate_json(train_json_seed(nprng), rng))
+        elif fmt == "routes":
+            yield Case(fmt, route_case(rng))
+        elif fmt == "json-exact":
+            yield Case(fmt, mutate_json(json_seed(nprng, "exact"), rng))
+        elif fmt == "base64-exact":
+            yield Case(fmt, mutate_base64(base64_seed(nprng, "exact"), rng))
         else:
             raise ValueError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
 
@@ -447,13 +537,24 @@ class _Bundle:
 
 
 def parse_body(case: Case) -> str:
-    """The /embed route's parsing (fast paths and pydantic) and its matrix checks."""
+    """The route's parsing of a body and the checks that need no server: /embed's rows and
+    matrix checks; /train's JSON, its parameters and what they need of the data's shape.
+    (Multipart bodies and routes are fuzzed over HTTP only.)"""
     from service.domain import ServiceError
     from service.routes.embed import _matrix, _parse
+    from service.routes.jobs import _parse_train
+    from service.submission import check_data, check_params
 
+    if case.fmt in ("multipart", "routes"):
+        return "accepted"
     try:
-        req, parsed = _parse(case.data, 8192)
-        _matrix(req, parsed, _Bundle(), 8192)  # type: ignore[arg-type]
+        if case.fmt == "train-json":
+            options, data, _ = _parse_train(case.data, LIMITS["rows"])
+            params = check_params(options.params, options.method, bound=LIMITS["rows"])
+            check_data(data.shape, params, memory_limit=LIMITS["bytes"] * 4)
+        else:
+            req, parsed = _parse(case.data, 8192)
+            _matrix(req, parsed, _Bundle(), 8192)  # type: ignore[arg-type]
     except ServiceError:
         return "refused"
     return "accepted"
@@ -499,8 +600,16 @@ def http_request(case: Case, client: object) -> tuple[str, int]:
             headers={"content-type": f"multipart/form-data; boundary={case.name}"},
         )
         return "/train", answer.status_code
-    answer = client.post("/embed", content=case.data, headers={"content-type": "application/json"})
-    return "/embed", answer.status_code
+    if case.fmt == "routes":
+        method, _, path = case.data.decode("utf-8").partition(" ")
+        try:
+            answer = client.request(method, path)
+        except httpx.InvalidURL:  # httpx will not send it: nothing reached the server
+            return path[:40], 400
+        return path[:40], answer.status_code
+    path = "/train" if case.fmt == "train-json" else "/embed"
+    answer = client.post(path, content=case.data, headers={"content-type": "application/json"})
+    return path, answer.status_code
 
 
 def run_http(case: Case, client: object, tally: Tally) -> None:
@@ -603,7 +712,8 @@ def main(argv: list[str] | None = None) -> int:
             for fmt in args.formats:
                 tally, began = Tally(), time.perf_counter()
                 for case in cases(fmt, args.cases, args.seed):
-                    if fmt in FILE_FORMATS or fmt in ("json", "base64"):
+                    direct = ("json", "base64", "train-json", *EXACT_FORMATS)
+                    if fmt in FILE_FORMATS or fmt in direct:
                         run_direct(case, root, tally)
                     if fmt not in FILE_FORMATS or pick.random() < args.http_share:
                         run_http(case, client, tally)

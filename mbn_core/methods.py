@@ -146,6 +146,10 @@ class Method:
         ``missing() -> str | None``: why the method cannot train on this install (its library
         is not installed; the message gives the install line), or None. Such a method is
         still listed; a training asking for it is refused before it is queued.
+    batch_independent_exact : bool
+        Whether the fitted estimator's ``transform`` gives each row the same bits whatever
+        other rows share the call (MBN's does). Only then may a server compute several
+        requests' rows in one call; otherwise each request is computed alone.
     module : str
         The module that registered the method (training processes import it); set by
         ``register``.
@@ -168,6 +172,7 @@ class Method:
     layout: bool = False
     no_exact_map: str | None = None
     missing: Callable[[], str | None] | None = None
+    batch_independent_exact: bool = True
     module: str = ""
 
     @property

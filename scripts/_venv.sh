@@ -47,6 +47,9 @@ install_project() {
         return
     fi
     echo "installing the project into $VENV: pip install -e \".$extras\" (log: $VENV/pip.log)" >&2
+    # The project was installed as "mbn" before it took a name of its own (mbn-embeddings):
+    # that install would keep a second copy of the `mbn` command.
+    "$VENV/bin/python" -m pip uninstall --disable-pip-version-check -y -q mbn >/dev/null 2>&1 || true
     # The first install takes a minute or more: each package is shown as pip reaches it.
     local status=0
     "$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off \

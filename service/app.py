@@ -1,8 +1,9 @@
 """The application factory: ``create_app(settings)``.
 
 Nothing lives in module globals: the lifespan builds the job store, the model registry, the
-exact-mode gate and (by default) an embedded worker, and puts them on ``app.state``; routes
-reach the handlers built on them (``service.handlers``) through the ``service.deps`` aliases.
+door to the replica's exact runtime and (by default) an embedded worker, and puts them on
+``app.state``; routes reach the handlers built on them (``service.handlers``) through the
+``service.deps`` aliases.
 """
 
 from __future__ import annotations
@@ -23,25 +24,25 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import State
 
+from mbn_core.distribution import version
 from service import json_rows, routes
+from service.admission import RowBudget
 from service.auth import ApiKeys
 from service.config import Settings
 from service.errors import Unavailable, install_error_handlers
+from service.exact.frontend import ExactFrontend, runtime_config
+from service.exact.process import RuntimeConfig
+from service.expectations import ExpectMiddleware
 from service.handlers import (
     EmbedHandler,
     JobsHandler,
     MapsHandler,
     ModelsHandler,
+    RuntimeHandler,
     TrainingHandler,
 )
 from service.jobs import JobFiles, JobStore
-from service.limits import (
-    AdmissionMiddleware,
-    BodyLimitMiddleware,
-    BodyPace,
-    ExactGate,
-    RowBudget,
-)
+from service.limits import AdmissionMiddleware, BodyLimitMiddleware, BodyPace
 from service.metrics import Metrics, MetricsMiddleware
 from service.monitor import LiveMonitor
 from service.readiness import ReadinessMonitor
@@ -83,7 +84,7 @@ class Runtime:
     files: JobFiles
     registry: ModelRegistry
     submitter: Submitter
-    gate: ExactGate
+    exact: ExactFrontend
     worker: Worker | None
     monitor: LiveMonitor
     # Seconds every /embed slot has been taken without a break (the row budget's).
@@ -98,27 +99,17 @@ class Runtime:
         registry = ModelRegistry(
             settings.models_path,
             onnx_threads=settings.onnx_threads,
-            exact_cache_size=settings.exact_cache_size,
             default_ref=settings.default_model,
         )
-        gate = ExactGate(
-            settings.max_concurrent_exact,
-            retry_after=settings.retry_after_seconds,
-            on_reject=metrics.rejected.labels("exact_busy").inc,
-        )
+        exact = exact_frontend(settings, registry)
         worker = None
         if settings.embedded_worker:
             worker = Worker(settings, store, on_model=registry.add)
             worker.start()
-        metrics.watch(
-            job_counts=store.count_by_status,
-            models=lambda: len(registry),
-            exact_models=lambda: registry.exact_loaded,
-        )
-        metrics.exact_in_flight.set_function(lambda: gate.in_flight)
+        metrics.watch(job_counts=store.count_by_status, models=lambda: len(registry))
+        metrics.watch_exact(lambda: exact.state)
         monitor = LiveMonitor(
-            registry,
-            gate,
+            exact,
             fraction=settings.shadow_fraction,
             window=settings.monitor_window,
             replica=settings.replica_name or socket.gethostname(),
@@ -137,7 +128,7 @@ class Runtime:
             files,
             registry,
             Submitter(settings, store, files),
-            gate,
+            exact,
             worker,
             monitor,
         )
@@ -174,6 +165,13 @@ class Runtime:
         # Ready means /embed can answer a request that names no model.
         checks["model_available"] = snapshot.default is not None
         problems = store_problems + disk_problems
+        # Reported, never a reason to be unready: an exact outage must not take the fast
+        # path's traffic off the replica (exact requests get 503 meanwhile, which a load
+        # balancer retries elsewhere).
+        exact_state = self.exact.state
+        checks["exact_runtime"] = exact_state is None or (
+            exact_state.connected and exact_state.device != "none"
+        )
         saturated = self.saturated_for()
         checks["embed_capacity"] = saturated <= self.settings.saturated_after_seconds
         if not checks["embed_capacity"]:
@@ -221,8 +219,38 @@ class Runtime:
             # Stops its training processes and gives their jobs back to the queue.
             self.worker.stop(timeout=30)
         self.monitor.shutdown()
-        self.gate.shutdown()
         self.store.dispose()
+
+
+def exact_frontend(settings: Settings, registry: ModelRegistry) -> ExactFrontend:
+    """The API process's door to the replica's exact runtime: the one ``mbn serve`` started
+    (``MBN_EXACT_RUNTIME_SOCKET``), else one of its own, started when first needed."""
+    return ExactFrontend(
+        socket_path=settings.exact_runtime_socket,
+        config=runtime_settings(settings),
+        mark_damaged=registry.mark_damaged,
+        timeout=settings.exact_timeout_seconds,
+        retry_after=settings.retry_after_seconds,
+    )
+
+
+def runtime_settings(settings: Settings) -> RuntimeConfig:
+    """The exact runtime's configuration from the service's settings."""
+    return runtime_config(
+        model_dir=settings.models_path,
+        lanes=settings.exact_thread_count,
+        device=settings.exact_device,
+        cache_size=settings.exact_cache_size,
+        max_requests=settings.exact_queue_requests,
+        max_rows=settings.exact_queue_rows,
+        batch_rows=settings.exact_batch_rows,
+        max_wait=settings.exact_max_wait_ms / 1000.0,
+        # Rows travel through shared memory when large; over the socket they never pass
+        # what a body can carry (a JSON number takes at least two bytes, a float32 four).
+        max_payload=max(256 << 20, 4 * settings.max_body_bytes),
+        log_level=settings.log_level,
+        niceness=settings.exact_niceness,
+    )
 
 
 def _install_handlers(state: State, runtime: Runtime) -> None:
@@ -230,7 +258,7 @@ def _install_handlers(state: State, runtime: Runtime) -> None:
     settings, registry, worker = runtime.settings, runtime.registry, runtime.worker
     state.embed_handler = EmbedHandler(
         registry,
-        runtime.gate,
+        runtime.exact,
         state.row_budget,
         settings.inline_fast_rows,
         settings.max_rows_per_request,
@@ -242,6 +270,7 @@ def _install_handlers(state: State, runtime: Runtime) -> None:
     )
     state.jobs_handler = JobsHandler(runtime.store, runtime.files)
     state.models_handler = ModelsHandler(registry)
+    state.runtime_handler = RuntimeHandler(runtime.exact)
     state.maps_handler = MapsHandler(registry, max_rows=settings.max_rows_per_request)
 
 
@@ -271,11 +300,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         state = app.state
         runtime.saturated_for = state.row_budget.saturated_for
         state.store, state.files, state.registry = runtime.store, runtime.files, runtime.registry
-        state.submitter, state.exact_gate, state.worker = (
+        state.submitter, state.exact, state.worker = (
             runtime.submitter,
-            runtime.gate,
+            runtime.exact,
             runtime.worker,
         )
+        await runtime.exact.start()
         monitor = ReadinessMonitor(
             runtime.readiness, interval=READINESS_INTERVAL, stale_after=READINESS_STALE
         )
@@ -294,6 +324,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             monitor.shutdown()
+            runtime.monitor.shutdown()
+            await runtime.exact.close()
             await run_in_threadpool(runtime.stop)
             log.info("stopped")
 
@@ -332,6 +364,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_upload_bytes=settings.max_upload_bytes,
         pace=BodyPace(timeout=settings.body_timeout_seconds, min_rate=settings.min_body_rate),
     )
+    # Before anything reads a body: a wrong key answers an Expect: 100-continue at once.
+    app.add_middleware(ExpectMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: times everything
     for module in (
         routes.embed,
@@ -339,6 +373,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         routes.models,
         routes.maps,
         routes.monitor,
+        routes.runtime,
         routes.health,
     ):
         app.include_router(module.router)
@@ -370,9 +405,4 @@ def _document_auth(app: FastAPI, settings: Settings) -> None:
 
 
 def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("mbn")
-    except metadata.PackageNotFoundError:  # pragma: no cover - not installed
-        return "0"
+    return version() or "0"

@@ -1,7 +1,8 @@
 """The service's commands of ``mbn``: ``serve`` and ``worker``.
 
 ``mbn_core``'s command line knows nothing of the service: this package adds its commands
-through the ``mbn.commands`` entry points (pyproject.toml), installed with ``mbn[service]``.
+through the ``mbn.commands`` entry points (pyproject.toml), installed with the ``service``
+extra.
 ``python -m service`` runs the same command line with these commands, whatever is installed.
 """
 
@@ -12,7 +13,7 @@ import importlib.util
 from typing import Any
 
 # Without the service extra this module must not load, so that `mbn` offers these commands
-# only as "install mbn[service]"; finding the modules costs nothing, importing them would
+# only as "install the service extra"; finding the modules costs nothing, importing them would
 # cost every `mbn` command a second.
 for _module in ("fastapi", "uvicorn", "sqlalchemy", "msgspec"):
     if importlib.util.find_spec(_module) is None:

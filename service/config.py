@@ -7,12 +7,15 @@ that is zero, negative or absurdly large is refused at start-up rather than disc
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from mbn_core.distribution import install_hint
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -24,6 +27,14 @@ _API_KEY = re.compile(r"^[A-Za-z0-9._~+/=-]{16,256}$")
 _DATABASE_SCHEMES = ("sqlite", "postgresql+psycopg")
 # Plain PostgreSQL URLs mean the psycopg (3) driver, the one this package depends on.
 _SCHEME_ALIASES = {"postgres": "postgresql+psycopg", "postgresql": "postgresql+psycopg"}
+
+
+# Variables that no longer exist, and what replaced them: set, they stop the start with this
+# message rather than being ignored.
+_REMOVED = {
+    "MBN_MAX_CONCURRENT_EXACT": "exact requests now wait in the replica's exact runtime; "
+    "bound its queue with MBN_EXACT_QUEUE_REQUESTS and MBN_EXACT_QUEUE_ROWS",
+}
 
 
 class Settings(BaseSettings):
@@ -154,19 +165,12 @@ class Settings(BaseSettings):
         description="Threads computing admitted fast-mode work beside the event loop "
         "(large-body parsing, the model, answers); about one per core.",
     )
-    max_concurrent_exact: int = Field(
-        default=2,
-        ge=1,
-        le=256,
-        description="Exact-mode /embed requests computed at once; one more is refused with "
-        "429 and Retry-After.",
-    )
     exact_cache_size: int = Field(
         default=2,
         ge=1,
         le=64,
-        description="Exact models (the full MBN, large) kept in memory; least recently used "
-        "ones are dropped beyond this.",
+        description="Exact models (the full MBN, large) the exact runtime keeps mapped; least "
+        "recently used ones are dropped beyond this.",
     )
     body_timeout_seconds: float = Field(
         default=10.0,
@@ -222,8 +226,7 @@ class Settings(BaseSettings):
         default=1,
         ge=1,
         le=64,
-        description="Threads of each model's onnxruntime session (fast mode) and of each "
-        "exact-mode computation.",
+        description="Threads of each model's onnxruntime session (fast mode).",
     )
     inline_fast_rows: int = Field(
         default=64,
@@ -239,15 +242,84 @@ class Settings(BaseSettings):
         description="Retry-After value sent with 429 and 503 answers.",
     )
 
+    # --- exact mode: the replica's exact runtime ---------------------------------------------
+    exact_queue_requests: int = Field(
+        default=64,
+        ge=1,
+        le=100_000,
+        description="Exact-mode requests one replica holds at once, waiting or computing, "
+        "from all its API processes (the exact runtime's queue); one more is refused with "
+        "429 and Retry-After.",
+    )
+    exact_queue_rows: int = Field(
+        default=65_536,
+        ge=1,
+        le=100_000_000,
+        description="Rows of exact-mode requests one replica holds at once; a request that "
+        "would pass it is refused with 429 and Retry-After (a request alone always fits).",
+    )
+    exact_batch_rows: int = Field(
+        default=256,
+        ge=1,
+        le=100_000,
+        description="Most rows the exact runtime computes in one step: concurrent requests' "
+        "rows are merged up to it, and a larger request is computed over several steps, "
+        "interleaved with the requests that arrive meanwhile.",
+    )
+    exact_max_wait_ms: float = Field(
+        default=5.0,
+        ge=0.0,
+        le=1000.0,
+        description="Longest a step of the exact runtime waits for more requests to merge "
+        "with, after a step that merged several (a lone client never waits); never more than "
+        "a tenth of the last step's time. 0: never waits.",
+    )
+    exact_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="An exact-mode request not answered within this many seconds, queue "
+        "included, is dropped and answered 503 with Retry-After.",
+    )
+    exact_threads: int = Field(
+        default=0,
+        ge=0,
+        le=256,
+        description="Steps the exact runtime computes side by side, one thread each (the "
+        "rows of one large request are spread over them too); 0: the cores this process may "
+        "run on. One on a GPU.",
+    )
+    exact_niceness: int = Field(
+        default=10,
+        ge=0,
+        le=19,
+        description="How much lower the exact runtime's CPU priority is than the API "
+        "processes' (a nice increment): on a replica whose cores are busy, fast requests get "
+        "the CPU first and exact steps what is left. 0: the same priority.",
+    )
+    exact_device: Literal["cpu", "cuda", "auto"] = Field(
+        default="cpu",
+        description="Where the exact runtime computes MBN models: cpu, cuda (one NVIDIA GPU; "
+        "needs the 'gpu' extra; without a usable GPU exact requests are answered 503 saying "
+        "why) or auto (a GPU when one is usable, else the CPU). The embeddings are the same "
+        "on every device.",
+    )
+    exact_runtime_socket: Path | None = Field(
+        default=None,
+        description="Unix socket of an exact runtime started outside this process: `mbn "
+        "serve` starts one per replica and gives its API processes this path. Unset: the "
+        "process starts its own runtime when exact mode is first used.",
+    )
+
     # --- monitoring ----------------------------------------------------------------------------
     shadow_fraction: float = Field(
         default=0.01,
         ge=0.0,
         le=1.0,
         description="Share of fast-mode rows sampled for the live monitor "
-        "(GET /models/{id}/monitor): each gets a novelty score and, while no exact-mode "
-        "request runs, an exact embedding in the background (shadow rows) that measures the "
-        "fast path's live fidelity. 0 turns monitoring off.",
+        "(GET /models/{id}/monitor): each gets a novelty score and an exact embedding from "
+        "the exact runtime, behind every client's exact request (shadow rows), that measures "
+        "the fast path's live fidelity. 0 turns monitoring off.",
     )
     shadow_max_delay: float = Field(
         default=30.0,
@@ -408,7 +480,7 @@ class Settings(BaseSettings):
             raise ValueError(f"{address!r} is not a Dask scheduler address like tcp://host:8786")
         if importlib.util.find_spec("distributed") is None:
             raise ValueError(
-                "training on a Dask cluster needs Dask: pip install 'mbn[distributed]'"
+                f"training on a Dask cluster needs Dask: {install_hint('distributed')}"
             )
         return address
 
@@ -432,6 +504,9 @@ class Settings(BaseSettings):
                 "stale_after_seconds must exceed 2 x heartbeat_seconds, or live jobs would "
                 "be taken for orphans"
             )
+        for name, instead in _REMOVED.items():
+            if name in os.environ:
+                raise ValueError(f"{name} was removed: {instead}")
         if self.max_inflight_rows < self.max_rows_per_request:
             raise ValueError(
                 f"MBN_MAX_INFLIGHT_ROWS ({self.max_inflight_rows}) must be at least "
@@ -472,6 +547,11 @@ class Settings(BaseSettings):
         be)."""
         for directory in (self.data_dir, self.models_path, self.jobs_path, self.spool_path):
             directory.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def exact_thread_count(self) -> int:
+        """Threads of the exact runtime's computation (``exact_threads``, 0: the usable cores)."""
+        return self.exact_threads or max(1, len(os.sched_getaffinity(0)))
 
     @property
     def db_url(self) -> str:

@@ -23,6 +23,7 @@ from service.handlers import (
     JobsHandler,
     MapsHandler,
     ModelsHandler,
+    RuntimeHandler,
     TrainingHandler,
 )
 from service.metrics import Metrics
@@ -78,5 +79,6 @@ TrainingHandlerDep = Annotated[
 JobsHandlerDep = Annotated[JobsHandler, Depends(_state("jobs_handler", JobsHandler))]
 ModelsHandlerDep = Annotated[ModelsHandler, Depends(_state("models_handler", ModelsHandler))]
 MapsHandlerDep = Annotated[MapsHandler, Depends(_state("maps_handler", MapsHandler))]
+RuntimeHandlerDep = Annotated[RuntimeHandler, Depends(_state("runtime_handler", RuntimeHandler))]
 MetricsDep = Annotated[Metrics, Depends(_state("metrics", Metrics))]
 MonitorDep = Annotated[LiveMonitor, Depends(_state("monitor", LiveMonitor))]

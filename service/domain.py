@@ -76,11 +76,19 @@ class UnsupportedMediaType(ServiceError):
     """A content type the endpoint does not read."""
 
 
+class ExpectationFailed(ServiceError):
+    """A request expectation (HTTP's ``Expect``) the service does not meet."""
+
+
 class Overloaded(ServiceError):
     """Too much work in flight; retry later."""
 
     def __init__(self, message: str, *, retry_after: int) -> None:
         super().__init__(message, retry_after=retry_after)
+
+
+class ClientGone(ServiceError):
+    """The client closed the connection before its answer was ready: nobody reads one."""
 
 
 class InsufficientStorage(ServiceError):

@@ -22,7 +22,9 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 from service.domain import (
+    ClientGone,
     Conflict,
+    ExpectationFailed,
     InsufficientStorage,
     InvalidInput,
     NotFound,
@@ -38,7 +40,9 @@ from service.domain import (
 from service.metrics import CLIENT_CLOSED_REQUEST
 
 __all__ = [
+    "ClientGone",
     "Conflict",
+    "ExpectationFailed",
     "InsufficientStorage",
     "InvalidInput",
     "NotFound",
@@ -66,9 +70,12 @@ STATUS: dict[type[ServiceError], tuple[int, str]] = {
     RequestTimeout: (408, "request_timeout"),
     PayloadTooLarge: (413, "payload_too_large"),
     UnsupportedMediaType: (415, "unsupported_media_type"),
+    ExpectationFailed: (417, "expectation_failed"),
     Overloaded: (429, "overloaded"),
     InsufficientStorage: (507, "insufficient_storage"),
     Unavailable: (503, "unavailable"),
+    # Nginx's "client closed request": nobody reads it, the metrics tell it from failures.
+    ClientGone: (CLIENT_CLOSED_REQUEST, "client_closed_request"),
 }
 
 
@@ -93,6 +100,7 @@ _HTTP_TYPES = {
     413: "payload_too_large",
     414: "uri_too_long",
     415: "unsupported_media_type",
+    417: "expectation_failed",
     422: "invalid_input",
     429: "overloaded",
     431: "headers_too_large",

@@ -194,10 +194,6 @@ def parse_rows(
     fast = parse_number_rows(raw)
     if fast is not None and fast.shape[0] >= min_rows:
         _check_rows(fast.shape[0], max_rows, what, per)
-        if fast.base is not None and 2 * fast.nbytes < fast.base.nbytes:
-            # The kernel's buffer is sized for the shortest numbers; long ones fill a
-            # fraction of it, which need not be held while the rows are used.
-            fast = fast.copy()
         return fast
     chunks = array_chunks(raw, 0, len(raw), RUN_BYTES)
     if chunks is None:

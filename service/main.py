@@ -12,8 +12,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from service import protocol
-from service.app import create_app, open_store
+from service.app import create_app, open_store, runtime_settings
 from service.config import Settings
+from service.exact.supervisor import Supervisor
 from service.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,20 @@ def serve(
     settings.make_directories()
     configure_protocol(settings)
     configure_interpreter()
+    supervisor = None
+    if settings.exact_runtime_socket is None:
+        # One exact runtime for the replica, whatever its number of API processes, started
+        # now so that the first exact request finds it ready.
+        supervisor = Supervisor(runtime_settings(settings)).start()
+        settings = settings.model_copy(update={"exact_runtime_socket": supervisor.socket_path})
+    try:
+        _run_uvicorn(host, port, workers, settings)
+    finally:
+        if supervisor is not None:
+            supervisor.stop()
+
+
+def _run_uvicorn(host: str, port: int, workers: int, settings: Settings) -> None:
     options = {
         "host": host,
         "port": port,
@@ -57,8 +72,16 @@ def serve(
         "service.main:app_from_env",
         factory=True,
         workers=workers,
+        # uvicorn kills a process that has not answered its health ping within this time as
+        # hung, and a new one starts: a process still importing the numerical libraries on a
+        # loaded host (beside the exact runtime starting) was killed over and over at 5 s.
+        timeout_worker_healthcheck=WORKER_HEALTHCHECK_SECONDS,
         **options,  # type: ignore[arg-type]
     )
+
+
+# How long uvicorn waits for an API process's answer to its health ping (see above).
+WORKER_HEALTHCHECK_SECONDS = 60
 
 
 def app_from_env() -> FastAPI:

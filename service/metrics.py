@@ -4,7 +4,11 @@
   (never the raw path, which would explode cardinality), method, status and embed mode;
 - ``mbn_jobs``: jobs by status, read from the shared store at scrape time (so every replica
   reports the same, true numbers);
-- ``mbn_models_loaded``, ``mbn_exact_models_loaded``, ``mbn_exact_in_flight``;
+- ``mbn_models_loaded``;
+- ``mbn_exact_*``: the replica's exact runtime (``service.exact``), as this process last heard
+  from it: whether it is up, its restarts and device, its queue, the rows of its steps
+  (a histogram), each request's wait and each step's compute time (histograms), requests,
+  rows, cancellations, time-outs and refusals since the replica started;
 - ``mbn_rejected_total``: requests refused for overload, by reason;
 - ``mbn_live_fidelity_r2``, ``mbn_live_fidelity_cosine`` (median), ``mbn_input_novelty_share``,
   ``mbn_input_out_of_range_share``: the live monitor's figures by model and replica
@@ -18,10 +22,17 @@ import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.exact import wire
+from service.exact.client import RuntimeState, totals
 from service.schemas import JobStatus
 
 log = logging.getLogger(__name__)
@@ -96,6 +107,81 @@ class _MonitorCollector(Collector):
         yield from families.values()
 
 
+class _ExactCollector(Collector):
+    """The exact runtime's figures, read from what this process last heard (never blocks)."""
+
+    def __init__(self, state: Callable[[], RuntimeState | None]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._state()
+        up = GaugeMetricFamily(
+            "mbn_exact_runtime_up", "Whether the replica's exact runtime is connected (1) or not"
+        )
+        up.add_metric([], 1.0 if state is not None and state.connected else 0.0)
+        yield up
+        if state is None:
+            return  # not started: this process has not used exact mode yet
+        restarts = CounterMetricFamily(
+            "mbn_exact_runtime_restarts", "Times the exact runtime was started again"
+        )
+        restarts.add_metric([], max(0, state.generation - 1))
+        yield restarts
+        device = GaugeMetricFamily(
+            "mbn_exact_device", "Where the exact runtime computes (the label)", labels=["device"]
+        )
+        if state.device:
+            device.add_metric([state.device], 1.0)
+        yield device
+        stats = state.stats
+        gauges = {
+            "mbn_exact_queue_requests": ("Exact requests in the queue", "queued_requests"),
+            "mbn_exact_queue_rows": ("Exact rows waiting for a step", "queued_rows"),
+            "mbn_exact_running_rows": ("Exact rows in the step being computed", "running_rows"),
+            "mbn_exact_models_loaded": ("Exact models the runtime holds", "models_loaded"),
+            "mbn_exact_model_bytes": ("Bytes of the held models' arrays", "model_bytes"),
+        }  # fmt: skip
+        for name, (help_text, field) in gauges.items():
+            gauge = GaugeMetricFamily(name, help_text)
+            gauge.add_metric([], float(getattr(stats, field)) if stats is not None else 0.0)
+            yield gauge
+        total = totals(state)
+        counters = {
+            "mbn_exact_requests": ("Exact requests answered", "requests"),
+            "mbn_exact_rows": ("Exact rows answered", "rows"),
+            "mbn_exact_cancelled": ("Exact requests dropped: their client left", "cancelled"),
+            "mbn_exact_timed_out": ("Exact requests dropped past their deadline", "timed_out"),
+            "mbn_exact_rejected": ("Exact requests refused: the queue was full", "rejected"),
+        }
+        for name, (help_text, field) in counters.items():
+            counter = CounterMetricFamily(name, help_text)
+            counter.add_metric([], float(total[field]))
+            yield counter
+        histograms = (
+            ("mbn_exact_batch_rows", "Rows per step of the exact runtime", "batch_rows",
+             wire.BATCH_ROWS_BOUNDS),
+            ("mbn_exact_wait_seconds", "Time an exact request waited for its first step",
+             "wait", wire.SECONDS_BOUNDS),
+            ("mbn_exact_compute_seconds", "Time a step of the exact runtime computed",
+             "compute", wire.SECONDS_BOUNDS),
+        )  # fmt: skip
+        for name, help_text, field, bounds in histograms:
+            buckets = total[f"{field}_buckets"]
+            if buckets is None:
+                continue
+            cumulative, running = [], 0
+            for bound, count in zip((*bounds, float("inf")), buckets, strict=True):
+                running += count
+                cumulative.append((_le(bound), running))
+            histogram = HistogramMetricFamily(name, help_text)
+            histogram.add_metric([], cumulative, sum_value=float(total[f"{field}_sum"]))
+            yield histogram
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
 class Metrics:
     """The service's metrics and their registry."""
 
@@ -125,19 +211,13 @@ class Metrics:
         self.models_loaded = Gauge(
             "mbn_models_loaded", "Verified models in the registry", registry=self.registry
         )
-        self.exact_loaded = Gauge(
-            "mbn_exact_models_loaded", "Exact models held in memory", registry=self.registry
-        )
-        self.exact_in_flight = Gauge(
-            "mbn_exact_in_flight", "Exact-mode computations running", registry=self.registry
-        )
+        self._exact_collector: _ExactCollector | None = None
 
     def watch(
         self,
         *,
         job_counts: Callable[[], dict[str, int]],
         models: Callable[[], int],
-        exact_models: Callable[[], int],
     ) -> None:
         """Connect the gauges read at scrape time to their sources (again, replacing the old
         ones, when an app's lifespan runs a second time)."""
@@ -146,7 +226,13 @@ class Metrics:
         self._jobs_collector = _JobsCollector(job_counts)
         self.registry.register(self._jobs_collector)
         self.models_loaded.set_function(models)
-        self.exact_loaded.set_function(exact_models)
+
+    def watch_exact(self, state: Callable[[], RuntimeState | None]) -> None:
+        """Connect the exact runtime's figures (read at scrape time)."""
+        if self._exact_collector is not None:
+            self.registry.unregister(self._exact_collector)
+        self._exact_collector = _ExactCollector(state)
+        self.registry.register(self._exact_collector)
 
     def watch_monitor(
         self, gauges: Callable[[], list[tuple[str, str, dict[str, float]]]], replica: str
@@ -163,6 +249,20 @@ class Metrics:
 
 # The status nginx logs for a request whose client left before the answer.
 CLIENT_CLOSED_REQUEST = 499
+
+
+def route_template(scope: Scope) -> str:
+    """The route a request went to, as its path template: a route's own, a mounted app's
+    prefix with ``{path}`` (the console's static assets), or "unmatched"."""
+    route = scope.get("route")
+    template = getattr(route, "path", None)
+    if template:
+        return template
+    if "app_root_path" in scope and scope.get("endpoint") is not None:  # set by a Mount
+        prefix = scope.get("root_path", "")[len(scope["app_root_path"]) :]
+        if prefix:
+            return f"{prefix}/{{path}}"
+    return "unmatched"
 
 
 class MetricsMiddleware:
@@ -196,8 +296,7 @@ class MetricsMiddleware:
                 # No answer: a failure, or a client that left before there was one to give
                 # (499, nginx's "client closed request"), which is no server error.
                 status = 500 if failed else CLIENT_CLOSED_REQUEST
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
+            template = route_template(scope)
             mode = scope.get(MODE_SCOPE_KEY, "")
             method = scope["method"]
             self.metrics.requests.labels(template, method, str(status), mode).inc()

@@ -1,22 +1,21 @@
 """Live monitoring of each model: fidelity of the fast path on shadow rows, input novelty.
 
 A share (``MBN_SHADOW_FRACTION``) of the rows answered in fast mode is sampled. Sampled rows
-are copied (a few rows, on the event loop) and queued for one background thread of the
-highest nice value; nothing on the request's path waits for it. The thread takes the queue in
-batches: once ``batch_rows`` rows wait, or the oldest has waited ``MBN_SHADOW_MAX_DELAY``
-seconds. There
+are copied (a few rows, on the event loop) and queued for one background thread; nothing on
+the request's path waits for it. The thread takes the queue in batches: once ``batch_rows``
+rows wait, or the oldest has waited ``MBN_SHADOW_MAX_DELAY`` seconds. There
 
 - every sampled row gets its novelty score and range check (``mbn_core.pipeline.novelty``),
-- and, when no exact-mode request is running, the rows are also embedded exactly: the
-  *shadow rows*, whose fast and exact embeddings are kept for the fidelity report. That
-  embedding runs on a thread in Linux's ``SCHED_IDLE`` class: it gets CPU time nothing else
-  wants, and a request's thread takes the CPU back from it at once.
+- and the rows are embedded exactly by the replica's exact runtime (``service.exact``) at
+  background priority: the runtime computes them only when no client's exact row waits, in
+  short steps of their own. These *shadow rows*, with their fast and exact embeddings, are
+  kept for the fidelity report.
 
 Why batches: embedding one row exactly reads every bottom-layer center, a batch reads them
-once for all its rows, so a row's exact work costs several times less in a batch of hundreds,
-and the thread holds the interpreter lock once per batch instead of once per row. On a replica
-whose CPU the requests take whole, the exact work waits: rows queue, then are dropped and
-counted, and the figures update more slowly, while the requests do not.
+once for all its rows, so a row's exact work costs several times less in a batch. On a replica
+whose runtime is busy with clients' requests, the shadow rows wait behind them (up to a
+couple of minutes, then they are counted as skipped) and the figures update more slowly,
+while the requests do not.
 
 Memory is bounded: at most ``2 * batch_rows`` rows wait (beyond it the oldest are dropped
 and counted), one batch is processed at a time, and each model keeps its last
@@ -25,8 +24,8 @@ very function that measures the bundle's fidelity at training time
 (``mbn_core.pipeline.fidelity.measure_fidelity``), computed when asked and cached until the
 window changes.
 
-Shadow work never takes an exact-mode slot: exact requests are never refused because of it.
-It loads a model's exact model into the registry's cache like an exact request would.
+Shadow rows never take a client's place in the runtime's queue: they have a bound of their
+own, so exact requests are never refused because of them.
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ import threading
 import time
 import warnings
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,18 +42,15 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import r2_score
 
-from mbn_core.bundle import NOVELTY_FILE, Bundle, BundleError
+from mbn_core.bundle import NOVELTY_FILE, Bundle
+from mbn_core.bundle.manifest import HEAD_CENTERS, exact_file
+from mbn_core.bundle.mapped_npz import map_npz
 from mbn_core.pipeline.fidelity import measure_fidelity
 from mbn_core.pipeline.novelty import Novelty, load_novelty
-from service.limits import ExactGate, idle_thread_priority, lower_thread_priority
-from service.registry import ModelRegistry
+from service.exact.frontend import ExactFrontend
 
 log = logging.getLogger(__name__)
 
-# The monitor's own thread (batching, novelty scores, loading exact models, the windows): the
-# highest nice value. Work that takes locks an exact request may wait on runs here, not at
-# SCHED_IDLE, where a busy machine could hold it (and so that request) for seconds.
-MONITOR_THREAD_NICENESS = 19
 # The live fidelity's state for a method with no exact map to compare the fast path with.
 NO_EXACT_MAP = "no exact map"
 # Clusters of the window's k-means comparison when the model has no clustering head.
@@ -71,7 +66,6 @@ class _Sample:
     bundle: Bundle
     rows: np.ndarray
     fast: np.ndarray
-    exact: bool  # whether the exact pool was idle when the rows were sampled
     queued_at: float  # time.monotonic()
 
 
@@ -83,7 +77,7 @@ class ModelWindow:
     rows_seen: int = 0
     rows_sampled: int = 0
     shadow_rows: int = 0
-    skipped_busy: int = 0  # sampled while the exact pool was busy: no exact embedding
+    skipped_busy: int = 0  # not shadowed: the exact runtime was busy, down or refused them
     dropped: int = 0  # sampled while the shadow thread was behind: not processed
     pending: int = 0  # sampled and queued, not processed yet
     last_update: float | None = None  # time.time() of the last processed sample
@@ -107,10 +101,8 @@ class LiveMonitor:
 
     Parameters
     ----------
-    registry : ModelRegistry
-        Gives the exact models (cached like exact requests').
-    gate : ExactGate
-        The exact-mode pool: shadow rows are embedded exactly only while it is idle.
+    exact : ExactFrontend
+        The replica's exact runtime, which embeds the shadow rows at background priority.
     fraction : float
         Share of fast-mode rows sampled (0 turns monitoring off).
     window : int
@@ -128,8 +120,7 @@ class LiveMonitor:
 
     def __init__(
         self,
-        registry: ModelRegistry,
-        gate: ExactGate,
+        exact: ExactFrontend,
         *,
         fraction: float,
         window: int,
@@ -138,8 +129,7 @@ class LiveMonitor:
         batch_rows: int = SHADOW_BATCH_ROWS,
         seed: int | None = None,
     ) -> None:
-        self.registry = registry
-        self.gate = gate
+        self.exact = exact
         self.fraction = fraction
         self.window = window
         self.replica = replica
@@ -161,11 +151,8 @@ class LiveMonitor:
         self._flush = False  # process what waits now (wait_idle)
         self._stopped = False
         self._thread: threading.Thread | None = None
-        # The exact embeddings themselves: CPU-bound kernels and no shared locks, on one
-        # SCHED_IDLE thread (and the threads it starts), which runs on spare CPU time only.
-        self._embedder = ThreadPoolExecutor(
-            1, thread_name_prefix="mbn-shadow-embed", initializer=idle_thread_priority
-        )
+        # Each model's clustering head, read from its exact file once (cluster agreement).
+        self._centers: dict[str, tuple[Bundle, np.ndarray | None]] = {}
 
     # --- the request's side (event loop) ------------------------------------------------------
     def observe(self, bundle: Bundle, rows: np.ndarray, fast: np.ndarray) -> None:
@@ -195,13 +182,7 @@ class LiveMonitor:
             if chosen.size > limit:  # a huge request at a high fraction: its last rows
                 model.dropped += chosen.size - limit
                 chosen = chosen[-limit:]
-            sample = _Sample(
-                bundle,
-                rows[chosen].copy(),
-                fast[chosen].copy(),
-                self._exact_idle(),
-                time.monotonic(),
-            )
+            sample = _Sample(bundle, rows[chosen].copy(), fast[chosen].copy(), time.monotonic())
             self._queue.append(sample)
             self._queued_rows += len(sample.rows)
             model.pending += len(sample.rows)
@@ -222,16 +203,11 @@ class LiveMonitor:
             return 0
         return int(self._rng.geometric(min(1.0, self.fraction))) - 1
 
-    def _exact_idle(self) -> bool:
-        return self.gate.in_flight == 0
-
     # --- the background thread -------------------------------------------------------------
     def _run(self) -> None:
-        lower_thread_priority(MONITOR_THREAD_NICENESS)
         while True:
             batch = self._next_batch()
             if batch is None:
-                self._embedder.shutdown(wait=False)  # only this thread submits to it
                 return
             for samples in _by_model(batch):
                 try:
@@ -268,29 +244,18 @@ class LiveMonitor:
             return batch
 
     def _process_model(self, samples: list[_Sample]) -> None:
-        """Score one model's rows of a batch, and embed exactly those sampled while the exact
-        pool was idle, if it still is."""
+        """Score one model's rows of a batch and have the exact runtime embed them."""
         bundle = samples[-1].bundle  # the newest of the id (a replaced bundle's rows too)
         rows = np.concatenate([sample.rows for sample in samples])
         fast = np.concatenate([sample.fast for sample in samples])
-        shadow = np.concatenate([np.full(len(s.rows), s.exact) for s in samples])
         novelty = self.novelty(bundle)
         novel = out_of_range = None
         if novelty is not None:
             novel = novelty.is_novel(rows)
             out_of_range = novelty.out_of_range(rows)
-        exact = centers = None
-        # Checked again here: an exact request may have started since the rows were sampled.
         # A method without an exact map has no shadow rows: novelty alone is measured.
-        if shadow.any() and bundle.no_exact_map is None and self._exact_idle():
-            try:
-                model = self.registry.exact(bundle)
-                exact = self._embedder.submit(
-                    bundle.embed, rows[shadow], mode="exact", exact=model
-                ).result()
-                centers = model.centers
-            except (BundleError, FileNotFoundError, ValueError) as error:
-                log.warning("model %s: no shadow embedding: %s", bundle.id, error)
+        exact = self.exact.shadow(bundle, rows) if bundle.no_exact_map is None else None
+        centers = self._head_centers(bundle) if exact is not None else None
         with self._lock:
             window = self._window(bundle.id)
             if novel is not None and out_of_range is not None:
@@ -300,13 +265,30 @@ class LiveMonitor:
                 if bundle.no_exact_map is None:  # none to skip without an exact map
                     window.skipped_busy += len(rows)
             else:
-                window.skipped_busy += len(rows) - len(exact)
-                window.fast.extend(fast[shadow])
+                window.fast.extend(fast)
                 window.exact.extend(exact)
                 window.shadow_rows += len(exact)
                 window.centers = centers
             window.version += 1
             window.last_update = time.time()
+
+    def _head_centers(self, bundle: Bundle) -> np.ndarray | None:
+        """The clustering head's centroids (None without a head), read from the exact file:
+        the array alone, mapped, not the whole model."""
+        cached = self._centers.get(bundle.id)
+        if cached is not None and cached[0] is bundle:
+            return cached[1]
+        centers = None
+        if bundle.n_clusters is not None:
+            path = bundle.path / exact_file(bundle.manifest)
+            try:
+                with open(path, "rb") as handle:
+                    head = map_npz(handle, str(path)).get(HEAD_CENTERS)
+                centers = None if head is None else np.array(head, dtype=np.float32)
+            except (OSError, ValueError) as error:
+                log.warning("model %s: no clustering head for the monitor: %s", bundle.id, error)
+        self._centers[bundle.id] = (bundle, centers)
+        return centers
 
     # --- reading ---------------------------------------------------------------------------
     def novelty(self, bundle: Bundle) -> Novelty | None:
@@ -510,8 +492,8 @@ def _note(
         return "no fast-mode traffic on this replica yet: every figure is zero"
     parts = []
     if n_shadow == 0:
-        parts.append("no shadow rows yet (none sampled, or the exact pool was busy): live "
-                     "fidelity is zero")  # fmt: skip
+        parts.append("no shadow rows yet (none sampled, or the exact runtime was busy or "
+                     "down): live fidelity is zero")  # fmt: skip
     if counters["pending_rows"]:
         parts.append(f"{counters['pending_rows']} sampled rows wait to be processed in a "
                      f"batch (within {max_delay:g} s, MBN_SHADOW_MAX_DELAY)")  # fmt: skip

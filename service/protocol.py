@@ -6,7 +6,8 @@ joins a header's pieces as they arrive), and a client sending its headers a byte
 its connection for as long as it liked. Here, as nginx's ``large_client_header_buffers`` and
 ``client_header_timeout`` do:
 
-- the request line and headers are counted as their bytes arrive, before they are parsed; past
+- the request line and headers are counted as their bytes arrive, before they are parsed, each
+  request's apart (requests pipelined in one write are each held to the limit); past
   ``max_head_bytes`` the client gets 431 and the connection is closed;
 - they must be complete within ``head_timeout`` seconds of their first byte (408, closed);
 - a request the parser refuses (malformed line or header, Content-Length with
@@ -63,6 +64,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_timer: asyncio.TimerHandle | None = None
         self._discarding = 0  # bytes dropped after a refusal (lingering close)
+        # A refusal waiting for the answers to requests pipelined before it.
+        self._pending_refusal: tuple[int, str, str] | None = None
 
     def data_received(self, data: bytes) -> None:
         if self._discarding:
@@ -72,27 +75,31 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         if self.transport.is_closing():
             return
-        if not self._in_head:
-            super().data_received(data)
-            return
-        if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self.head_timeout, self._head_too_slow)
-        room = self.max_head_bytes - self._head_bytes
-        if len(data) <= room:
-            self._head_bytes += len(data)
-            super().data_received(data)
-            return
-        # Only what fits is parsed: if the head is not complete within it, it is too large.
-        self._head_bytes += room
-        super().data_received(data[:room])
-        if self._in_head:
-            self._refuse(
-                431,
-                "headers_too_large",
-                f"the request line and headers are over {self.max_head_bytes} bytes",
-            )
-            return
-        self.data_received(data[room:])
+        while data:
+            if not self._in_head:
+                # A body: the parser knows its length, and what follows it in this chunk
+                # (at most one read of the socket) is the next request's head.
+                super().data_received(data)
+                return
+            if self._head_timer is None:
+                self._head_timer = self.loop.call_later(self.head_timeout, self._head_too_slow)
+            # One head at a time: requests pipelined in one write are each held to the limit
+            # (a piece ends where a head ends, or where the room does).
+            room = self.max_head_bytes - self._head_bytes
+            end = data.find(b"\r\n\r\n", 0, room)
+            piece = data[: end + 4] if end >= 0 else data[:room]
+            self._head_bytes += len(piece)
+            super().data_received(piece)
+            data = data[len(piece) :]
+            if self.transport.is_closing():
+                return
+            if end < 0 and self._in_head and self._head_bytes >= self.max_head_bytes:
+                self._refuse(
+                    431,
+                    "headers_too_large",
+                    f"the request line and headers are over {self.max_head_bytes} bytes",
+                )
+                return
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -134,17 +141,34 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def _refuse(self, status: int, error_type: str, message: str) -> None:
         """Answer and close; a client still sending is read (and dropped) for a while
         first, as nginx's lingering close does: closing with its bytes unread makes the
-        kernel reset the connection, which can destroy the answer before it is read."""
+        kernel reset the connection, which can destroy the answer before it is read. Requests
+        pipelined before the refused one are answered first, in order."""
         self._cancel_head_timer()
         log.info("refused a request head: %s", message)
         if self.transport.is_closing():
             return
+        self._discarding = 1  # nothing more of this connection is parsed
+        if self._answers_pending():
+            self._pending_refusal = (status, error_type, message)
+            return
+        self._answer_refusal(status, error_type, message)
+
+    def _answers_pending(self) -> bool:
+        return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._pending_refusal is not None and not self._answers_pending():
+            refusal, self._pending_refusal = self._pending_refusal, None
+            if not self.transport.is_closing():
+                self._answer_refusal(*refusal)
+
+    def _answer_refusal(self, status: int, error_type: str, message: str) -> None:
         self.transport.write(error_bytes(status, error_type, message))
         if not self.transport.can_write_eof():
             self.transport.close()
             return
         self.transport.write_eof()
-        self._discarding = 1
         self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
     def _cancel_head_timer(self) -> None:

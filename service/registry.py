@@ -12,10 +12,11 @@ ever seen (the demo model on a fresh install). Training never changes either unl
 asked to promote its model. A chosen model that is damaged or gone is refused, never
 silently replaced by another.
 
-A bundle that fails verification (at a scan, or when its exact model is first read) is kept
-as *damaged*: listed with the reason, refused with 409, never served. Scans compare each
-bundle's files' (size, mtime, inode) with what was verified, so a bundle changed or repaired
-in place is verified again at the next scan without touching its directory.
+A bundle that fails verification (at a scan, or when the exact runtime reads its exact model)
+is kept as *damaged*: listed with the reason, refused with 409, never served. Scans compare
+each bundle's files' (size, mtime, inode) with what was verified, so a bundle changed or
+repaired in place is verified again at the next scan without touching its directory. The
+exact models themselves are held by the exact runtime (``service.exact``), not here.
 
 Names and ids from requests are matched against the snapshot only; the one place a path is
 built from them (``delete``) checks the id's syntax first and that the path stays directly
@@ -37,15 +38,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachetools import LRUCache
-
 from mbn_core.bundle import (
     DATA_FILES,
     MANIFEST,
     OPTIONAL_FILES,
     Bundle,
     BundleError,
-    ExactModel,
     load_bundle,
     read_manifest,
     validate_model_id,
@@ -195,8 +193,6 @@ class ModelRegistry:
         writes or deletions and are skipped.
     onnx_threads : int
         Threads of each bundle's onnxruntime session.
-    exact_cache_size : int
-        Exact models (the full MBN) kept loaded; the least recently used are dropped.
     default_ref : str or None
         Id or name of the default model (``MBN_DEFAULT_MODEL``), unless an operator promoted
         one; None: the first model seen.
@@ -209,13 +205,11 @@ class ModelRegistry:
         model_dir: Path,
         *,
         onnx_threads: int = 1,
-        exact_cache_size: int = 2,
         default_ref: str | None = None,
         min_rescan_seconds: float = 1.0,
     ) -> None:
         self.model_dir = model_dir
         self.onnx_threads = onnx_threads
-        self.exact_cache_size = exact_cache_size
         self.default_ref = default_ref
         self.min_rescan_seconds = min_rescan_seconds
         self._snapshot = Snapshot()
@@ -227,15 +221,6 @@ class ModelRegistry:
         # scan), a loaded one when they changed under it (tampered, or replaced in place).
         self._signatures: dict[str, Signature | None] = {}
         self._damaged: dict[str, Damaged] = {}
-        # Exact models by bundle id, least recently used dropped beyond the size. Each entry
-        # remembers the Bundle it was read from: a bundle replaced under the same id misses.
-        self._exact_lock = threading.Lock()
-        self._exact: LRUCache[str, tuple[Bundle, ExactModel]] = LRUCache(
-            maxsize=max(1, exact_cache_size)
-        )
-        # One lock per model while its exact model is read, so concurrent first requests
-        # read it once; the cache lock is never held while reading.
-        self._exact_loading: dict[str, threading.Lock] = {}
 
     # --- reading -----------------------------------------------------------------------------
     @property
@@ -285,7 +270,6 @@ class ModelRegistry:
             if bundle.id in self._snapshot.by_id:
                 self._damaged[bundle.id] = Damaged(bundle.id, problem, bundle.name, bundle.created)
                 self._swap(self._snapshot.by_id.values())
-                self._forget_exact({bundle.id})
         return Conflict(f"model {bundle.id!r} failed verification and is not served: {problem}")
 
     def promote(self, model_id: str, *, default: bool = True) -> Bundle:
@@ -304,41 +288,6 @@ class ModelRegistry:
     def lookup(self, ref: str | None) -> Bundle | None:
         """Like ``get`` without rescanning (never blocks): for the event loop's fast path."""
         return self._snapshot.resolve(ref)
-
-    def exact(self, bundle: Bundle) -> ExactModel:
-        """``bundle``'s exact model, from the cache or read now (blocking: call from a thread).
-
-        Beyond ``exact_cache_size`` models the least recently used is dropped: a reference
-        let go, nothing read or hashed again. Raises ``BundleError`` when the file changed
-        since the bundle was verified (the caller takes the model out of service).
-        """
-        cached = self._cached_exact(bundle)
-        if cached is not None:
-            return cached
-        with self._exact_lock:
-            loading = self._exact_loading.setdefault(bundle.id, threading.Lock())
-        with loading:
-            cached = self._cached_exact(bundle)  # read by the request we waited for
-            if cached is not None:
-                return cached
-            exact = bundle.load_exact()
-            with self._exact_lock:
-                self._exact[bundle.id] = (bundle, exact)
-            log.info("model %s: exact model read (cache of %d)", bundle.id, self.exact_cache_size)
-            return exact
-
-    def _cached_exact(self, bundle: Bundle) -> ExactModel | None:
-        with self._exact_lock:
-            entry = self._exact.get(bundle.id)  # a hit counts as a use (LRU order)
-        if entry is None or entry[0] is not bundle:
-            return None
-        return entry[1]
-
-    @property
-    def exact_loaded(self) -> int:
-        """Exact models held in memory."""
-        with self._exact_lock:
-            return len(self._exact)
 
     # --- writing -----------------------------------------------------------------------------
     def rescan(self, *, force: bool = True) -> None:
@@ -366,14 +315,12 @@ class ModelRegistry:
                 bundle = self._load(entry)
                 if bundle is not None:
                     present[bundle.id] = bundle
-            gone = set(current) - set(present)
             for model_id in set(current) - seen:
                 log.info("model %s disappeared from the model directory; dropped", model_id)
             for model_id in set(self._signatures) - seen:
                 self._signatures.pop(model_id, None)
                 self._damaged.pop(model_id, None)
             self._swap(present.values())
-            self._forget_exact(gone)
 
     def add(self, path: Path) -> Bundle:
         """Load and verify one bundle (a finished job's) and swap it in."""
@@ -444,7 +391,6 @@ class ModelRegistry:
             self._damaged.pop(model_id, None)
             bundles = {k: v for k, v in self._snapshot.by_id.items() if k != model_id}
             self._swap(bundles.values())
-            self._forget_exact({model_id})
         shutil.rmtree(trash, ignore_errors=True)
         log.info("model %s deleted%s", model_id, " (forced)" if force else "")
 
@@ -455,6 +401,17 @@ class ModelRegistry:
             raise Conflict(
                 f"model {model_id!r} is the default model; promote another one first "
                 "(POST /models/{id}/promote) or delete it with ?force=true"
+            )
+        # Models aligned to it compare with it on its reference rows (GET .../compare).
+        aligned = sorted(
+            b.id
+            for b in snapshot.by_id.values()
+            if (b.manifest.get("alignment") or {}).get("reference_model") == model_id
+        )
+        if aligned:
+            raise Conflict(
+                f"models {', '.join(repr(i) for i in aligned[:5])} are aligned to model "
+                f"{model_id!r} (compared with it); delete them first or delete it with ?force=true"
             )
         if bundle is None or snapshot.by_name.get(bundle.name) is not bundle:
             return
@@ -548,11 +505,6 @@ class ModelRegistry:
         if path.parent != root:
             raise InvalidInput(f"model id {shortened(model_id)!r} does not name a model directory")
         return path
-
-    def _forget_exact(self, model_ids: Iterable[str]) -> None:
-        with self._exact_lock:
-            for model_id in model_ids:
-                self._exact.pop(model_id, None)
 
 
 @contextlib.contextmanager

@@ -260,6 +260,46 @@ class ModelList(BaseModel):
 class Health(BaseModel):
     status: Literal["ok", "ready", "not_ready"]
     checks: dict[str, bool] = Field(default_factory=dict)
+    exact_runtime: str | None = Field(
+        default=None,
+        description="The replica's exact runtime, in words: running (its process, restarts, "
+        "device), down and why, or not started yet. Readiness does not depend on it: while it "
+        "restarts, exact requests get 503 and fast ones are served.",
+    )
+
+
+class HistogramOut(BaseModel):
+    bounds: list[float] = Field(description="Upper bound of each bucket (the last is +Inf).")
+    counts: list[int] = Field(description="Values in each bucket (not cumulative).")
+
+
+class RuntimeOut(BaseModel):
+    """The replica's exact runtime, as this API process last heard from it."""
+
+    state: Literal["running", "down", "starting", "not started"]
+    description: str = Field(description="The state in words, as readiness reports it.")
+    pid: int | None = Field(description="The runtime's process while it runs.")
+    generation: int = Field(description="Its start number: 1 for the first, then one per restart.")
+    restarts: int
+    device: str = Field(description="Where it computes: cpu, cuda, or none (cuda asked, absent).")
+    device_note: str = Field(description="Why, when that is not what MBN_EXACT_DEVICE asked.")
+    queued_requests: int = Field(description="Exact requests held: waiting or computing.")
+    queued_rows: int = Field(description="Rows waiting for a step.")
+    running_rows: int = Field(description="Rows of the step computing now.")
+    models_loaded: int
+    model_bytes: int = Field(description="Bytes of the held models' arrays (mapped pages too).")
+    requests: int = Field(description="Exact requests answered since the replica started.")
+    rows: int
+    batches: int = Field(description="Steps computed (each one transform call).")
+    cancelled: int = Field(description="Requests dropped because their client left.")
+    timed_out: int = Field(description="Requests dropped past MBN_EXACT_TIMEOUT_SECONDS.")
+    rejected: int = Field(description="Requests refused because the queue was full (429).")
+    mean_batch_rows: float | None
+    mean_wait_ms: float | None = Field(description="Mean wait of a request for its first step.")
+    mean_compute_ms: float | None = Field(description="Mean time of a step.")
+    batch_rows: HistogramOut | None
+    wait_seconds: HistogramOut | None
+    compute_seconds: HistogramOut | None
 
 
 class ErrorDetail(BaseModel):

@@ -1,12 +1,15 @@
 """Checking and queueing training jobs: what POST /train and the demo model do.
 
-Parameters and the data's shape are checked before a job is queued, so a request the
-training would refuse by its size is refused at once (``InvalidInput``, ``PayloadTooLarge``),
-not a failed job later. Uploaded files are streamed to disk and only their headers are read
-here (``mbn_core.data.files``): the API process never loads training data, the training process
-does (and a file whose numbers turn out unreadable, e.g. NaN, fails its job with the reason).
-Data is written under the job's id (never a client-chosen path) and flushed to disk before the
-job row exists: a queued job always has its data.
+Parameters, the data's shape and its values are checked before a job is queued, so a request
+the training would refuse is refused at once (``InvalidInput``, ``PayloadTooLarge``), not a
+failed job later: the parameters' ranges, list lengths and implied memory; the rows the method
+needs; every value (finite, within float32, rows that differ, columns the input scaling can
+take). Uploaded files are streamed to disk, their headers checked first
+(``mbn_core.data.files``: a file claiming more than the limits is refused unread), then their
+values read a block of rows at a time (``mbn_core.data.columns``): the API process never holds
+a file's data whole. A CSV is stored as the float32 ``.npy`` of its chosen columns. Data is
+written under the job's id (never a client-chosen path) and flushed to disk before the job row
+exists: a queued job always has its data.
 """
 
 from __future__ import annotations
@@ -40,7 +43,10 @@ _CHECK_ROWS = 16_384
 
 # Resources are the server's to give: threads come from MBN_TRAIN_THREADS, the device from
 # MBN_TRAIN_DEVICE.
-SERVER_PARAMS = {"n_jobs": "MBN_TRAIN_THREADS", "device": "MBN_TRAIN_DEVICE"}
+SERVER_PARAMS = {
+    "n_jobs": "the server (MBN_TRAIN_THREADS)",
+    "device": "the server (MBN_TRAIN_DEVICE)",
+}
 
 DEMO_NAME = "demo-digits"
 # Small: about 18 s on one core of an AMD EPYC, half of it the cross-fitted report, which
@@ -67,14 +73,9 @@ def check_params(
         if params.get("method", method) != method:
             raise InvalidInput(f"method {method!r} disagrees with params.method")
         params = {**params, "method": method}
-    server = sorted(SERVER_PARAMS.keys() & params.keys())
-    if server:
-        raise InvalidInput(
-            f"training parameter {server[0]!r} is set by the server ({SERVER_PARAMS[server[0]]})"
-        )
     _check_counts(params, bound)
     try:
-        return TrainingParams.from_dict(params).to_dict()
+        return TrainingParams.from_dict(params, set_elsewhere=SERVER_PARAMS).to_dict()
     except ValueError as exc:
         raise InvalidInput(f"params: {exc}") from None
 

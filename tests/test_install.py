@@ -54,7 +54,7 @@ def base_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     requirements = [*project["build-system"]["requires"], *project["project"]["dependencies"]]
     wheelhouse = _wheelhouse(requirements)
-    # Build from a copy: a build in the repository would leave mbn.egg-info there, which
+    # Build from a copy: a build in the repository would leave an .egg-info there, which
     # every process importing from the repository would then take for the installed metadata.
     source = root / "source"
     source.mkdir()
@@ -68,7 +68,7 @@ def base_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                  "--no-deps", "--no-index", "--find-links", str(wheelhouse),
                  "--wheel-dir", str(root / "dist"), str(source)])  # fmt: skip
     assert built.returncode == 0, built.stderr
-    (wheel,) = (root / "dist").glob("mbn-*.whl")
+    (wheel,) = (root / "dist").glob("mbn_embeddings-*.whl")
     venv = root / "venv"
     created = run([sys.executable, "-m", "venv", str(venv)])
     assert created.returncode == 0, created.stderr
@@ -137,6 +137,7 @@ def test_base_install(base_env, subtests):
             assert "Traceback" not in result.stderr
             assert (
                 f"mbn {command}: error: this command needs the optional dependencies of "
-                "mbn[service]" in result.stderr
+                "the service extra" in result.stderr
             )
-            assert "pip install 'mbn[service]'" in result.stderr
+            assert "pip install 'mbn-embeddings[service]'" in result.stderr
+            assert "pip install '.[service]'" in result.stderr

@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mbn_core.bundle.load import Bundle, OutOfRangeInput, load_bundle
+from mbn_core.distribution import install_hint
 
 if TYPE_CHECKING:
     from distributed import Client
 
-INSTALL_HINT = "pip install 'mbn[distributed]'"
+INSTALL_HINT = install_hint("distributed")
 # Rows per chunk: for MNIST-sized rows some tens of MB as uint8 and four times that as float32
 # inside the model, large enough that per-chunk overhead is negligible, small enough for a few
 # in flight.

@@ -6,13 +6,16 @@ opens the fast path; the exact model is read, and verified again, when it is ask
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
-from collections.abc import Callable
+import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -27,6 +30,7 @@ from mbn_core.bundle.manifest import (
     exact_file,
     read_manifest,
 )
+from mbn_core.bundle.mapped_npz import map_npz
 from mbn_core.data.scaling import SCALING_FILE, InputScaling
 from mbn_core.distill.onnx import OnnxEmbedder
 from mbn_core.exceptions import NoExactMap
@@ -73,11 +77,24 @@ class ExactModel:
         """Embedding (float32) and cluster ids (int64; None without a head) of checked X.
 
         Raises ``OutOfRangeInput`` for rows the input scaling takes beyond float32."""
+        return self.finish(self.embed_raw(X))
+
+    def embed_raw(self, X) -> np.ndarray:
+        """The estimator's float32 embedding of checked X, scaled as the model scales its
+        input: the first half of ``embed_with_clusters``. For a method whose ``transform`` is
+        batch independent, row i is the same whatever other rows share the call, so a server
+        may compute the rows of several requests in one call and ``finish`` each request's
+        own rows. Raises ``OutOfRangeInput`` for rows the input scaling takes beyond
+        float32."""
         with np.errstate(over="ignore", invalid="ignore"):  # refused just below
             X = self.input_scaling.transform(X)
         if not self.input_scaling.is_identity:
             _check_finite(X, scaled=True)
-        embedding = np.asarray(self.estimator.transform(X), dtype=np.float32)
+        return np.asarray(self.estimator.transform(X), dtype=np.float32)
+
+    def finish(self, embedding: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The second half of ``embed_with_clusters``: ``embed_raw``'s rows in the space of
+        the version they are aligned to, and their cluster ids."""
         if self.alignment is not None:
             matrix, shift = self.alignment
             embedding = (embedding.astype(np.float64) @ matrix + shift).astype(np.float32)
@@ -202,34 +219,23 @@ class Bundle:
     @property
     def no_exact_map(self) -> str | None:
         """Why exact mode is refused (the method has no map for new rows), or None."""
-        try:
-            return get_method(self.method).no_exact_map
-        except ValueError:  # a method this install does not know: _load_exact says so
-            return None
+        return _no_exact_map(self.method)
 
     def check_exact(self) -> None:
         """``NoExactMap`` (a ValueError) when exact mode is refused for this model: before an
         exact request takes a slot or reads the exact model."""
-        reason = self.no_exact_map
-        if reason is not None:
-            raise NoExactMap(f"model {self.id!r} ({self.method}) has no exact mode: {reason}")
+        _check_exact(self.id, self.method)
 
-    def load_exact(self) -> ExactModel:
+    def load_exact(self, *, mapped: bool = False) -> ExactModel:
         """Read the exact model from the bundle's arrays, verifying their SHA-256 again.
 
-        Every call reads the file: keep the result to reuse it. Raises ``BundleError`` when
-        the file changed since the bundle was loaded, ``NoExactMap`` when the method has no
+        Every call reads the file: keep the result to reuse it. With ``mapped``, the arrays
+        stored uncompressed are mapped from the file instead of read (``mapped_npz``): every
+        process mapping the same bundle shares their pages. Raises ``BundleError`` when the
+        file changed since the bundle was loaded, ``NoExactMap`` when the method has no
         exact map.
         """
-        self.check_exact()
-        estimator, centers = _load_exact(self.path, self.manifest, self.threads)
-        return ExactModel(
-            bundle_id=self.id,
-            estimator=estimator,
-            centers=centers,
-            input_scaling=self.input_scaling,
-            alignment=_alignment(self.path, self.manifest),
-        )
+        return _exact_model(self.path, self.manifest, self.threads, self.input_scaling, mapped)
 
     @property
     def has_map(self) -> bool:
@@ -404,35 +410,101 @@ def load_bundle(directory: str | os.PathLike[str], *, threads: int = 1) -> Bundl
 
 def _verified_bytes(path: Path, manifest: dict[str, Any], file_name: str, keep: bool = True):
     """Read a bundle file and check its size and SHA-256 against the manifest."""
+    chunks: list[bytes] | None = [] if keep else None
+    with _verified_file(path, manifest, file_name, chunks):
+        pass
+    return None if chunks is None else b"".join(chunks)
+
+
+@contextmanager
+def _verified_file(
+    path: Path, manifest: dict[str, Any], file_name: str, chunks: list[bytes] | None = None
+) -> Iterator[BinaryIO]:
+    """A bundle file, open, once its size and SHA-256 were checked against the manifest
+    through that very handle (its bytes appended to ``chunks`` when given)."""
     file = path / file_name
     entry = manifest["files"][file_name]
     if file.is_symlink():
         raise BundleError(f"{file}: a symbolic link; bundle files must be regular files")
     try:
-        size = file.stat().st_size
-        if size != entry["bytes"]:
-            raise BundleError(
-                f"{file}: {size} bytes, the manifest says {entry['bytes']} "
-                f"({'truncated' if size < entry['bytes'] else 'changed'})"
-            )
-        digest = hashlib.sha256()
-        chunks = []
-        with file.open("rb") as handle:
-            while chunk := handle.read(1 << 20):
-                digest.update(chunk)
-                if keep:
-                    chunks.append(chunk)
+        handle = file.open("rb")
     except FileNotFoundError:
         raise BundleError(f"{file}: missing") from None
     except OSError as error:
         raise BundleError(f"{file}: cannot be read: {error.strerror}") from None
-    if digest.hexdigest() != entry["sha256"]:
-        raise BundleError(f"{file}: SHA-256 does not match the manifest (file was modified)")
-    return b"".join(chunks) if keep else None
+    with handle:
+        try:
+            size = os.fstat(handle.fileno()).st_size
+            if size != entry["bytes"]:
+                raise BundleError(
+                    f"{file}: {size} bytes, the manifest says {entry['bytes']} "
+                    f"({'truncated' if size < entry['bytes'] else 'changed'})"
+                )
+            digest = hashlib.sha256()
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+                if chunks is not None:
+                    chunks.append(chunk)
+        except OSError as error:
+            raise BundleError(f"{file}: cannot be read: {error.strerror}") from None
+        if digest.hexdigest() != entry["sha256"]:
+            raise BundleError(f"{file}: SHA-256 does not match the manifest (file was modified)")
+        handle.seek(0)
+        yield handle
+
+
+def load_exact(
+    directory: str | os.PathLike[str], *, threads: int = 1, mapped: bool = True
+) -> ExactModel:
+    """The exact model of the bundle at ``directory`` without its fast path: the manifest,
+    the input scaling and the exact arrays, each verified (size and SHA-256), the arrays
+    mapped from the file with ``mapped`` (see ``Bundle.load_exact``).
+
+    For a process that serves exact mode only. Raises ``BundleError`` naming the file.
+    """
+    path = Path(directory)
+    manifest = read_manifest(path)
+    scaling_bytes = None
+    if SCALING_FILE in manifest["files"]:
+        scaling_bytes = _verified_bytes(path, manifest, SCALING_FILE)
+    try:
+        scaling = InputScaling.from_manifest(
+            manifest["input_scaling"], scaling_bytes, manifest["input_dim"]
+        )
+    except ValueError as error:
+        raise BundleError(f"{path / SCALING_FILE}: {error}") from None
+    return _exact_model(path, manifest, threads, scaling, mapped)
+
+
+def _no_exact_map(method_name: str) -> str | None:
+    try:
+        return get_method(method_name).no_exact_map
+    except ValueError:  # a method this install does not know: _load_exact says so
+        return None
+
+
+def _check_exact(model_id: str, method_name: str) -> None:
+    reason = _no_exact_map(method_name)
+    if reason is not None:
+        raise NoExactMap(f"model {model_id!r} ({method_name}) has no exact mode: {reason}")
+
+
+def _exact_model(
+    path: Path, manifest: dict[str, Any], threads: int, scaling: InputScaling, mapped: bool
+) -> ExactModel:
+    _check_exact(manifest["id"], manifest["method"])
+    estimator, centers = _load_exact(path, manifest, threads, mapped)
+    return ExactModel(
+        bundle_id=manifest["id"],
+        estimator=estimator,
+        centers=centers,
+        input_scaling=scaling,
+        alignment=_alignment(path, manifest),
+    )
 
 
 def _load_exact(
-    path: Path, manifest: dict[str, Any], threads: int
+    path: Path, manifest: dict[str, Any], threads: int, mapped: bool = False
 ) -> tuple[Any, np.ndarray | None]:
     name = exact_file(manifest)
     file = path / name
@@ -440,11 +512,26 @@ def _load_exact(
         method = get_method(manifest["method"])
     except ValueError as error:
         raise BundleError(f"{path / MANIFEST}: {error} (is the plug-in installed?)") from None
-    data = _verified_bytes(path, manifest, name)
     try:
-        arrays = arrays_from_npz(data, str(file), "array archive")
-    except ValueError as error:
-        raise BundleError(str(error)) from None
+        if mapped:
+            # Mapped from the very file that was verified (a bundle replaced meanwhile is
+            # a new file at the same path).
+            with _verified_file(path, manifest, name) as handle:
+                arrays = map_npz(handle, str(file))
+        else:
+            data = _verified_bytes(path, manifest, name)
+            try:
+                arrays = arrays_from_npz(data, str(file), "array archive")
+            except ValueError as error:  # it names the file already
+                raise BundleError(str(error)) from None
+    except BundleError:
+        raise
+    except OSError as error:
+        if error.errno == errno.ENOMEM:  # short of memory to map it: not the file's fault
+            raise MemoryError(f"{file}: cannot be mapped: {error.strerror}") from None
+        raise BundleError(f"{file}: not a readable array archive: {error}") from None
+    except (ValueError, zipfile.BadZipFile, EOFError) as error:
+        raise BundleError(f"{file}: not a readable array archive: {error}") from None
     centers = arrays.pop(HEAD_CENTERS, None)
     try:
         model = method.load(arrays, _load_params(method, manifest, threads))

@@ -38,6 +38,7 @@ import numpy as np
 
 from mbn_core.bundle.embedding_map import MAP_FILE
 from mbn_core.data.scaling import SCALING_FILE, SCALINGS
+from mbn_core.distribution import version
 from mbn_core.methods import PIPELINE_PARAMS
 
 log = logging.getLogger(__name__)
@@ -357,7 +358,4 @@ def jsonable(value: Any) -> Any:
 
 
 def _own_version() -> str:
-    try:
-        return metadata.version("mbn")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    return version() or "unknown"

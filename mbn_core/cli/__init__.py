@@ -2,7 +2,7 @@
 
 ``train``, ``embed`` and ``info`` need only the library, one module each. Other commands are
 plug-ins: an installed package adds them through the ``mbn.commands`` entry-point group (the
-service adds ``serve`` and ``worker`` with the ``mbn[service]`` extra). A plug-in whose
+service adds ``serve`` and ``worker`` with the ``service`` extra). A plug-in whose
 dependencies are missing still shows up, and says which extra to install.
 
 User errors (a missing file, an unreadable format, a dimension mismatch, a bad option) end
@@ -21,6 +21,7 @@ from typing import Any
 from mbn_core.bundle import BundleError
 from mbn_core.cli import embed, info, train
 from mbn_core.cli.common import UserError, os_message
+from mbn_core.distribution import install_hint, version
 from mbn_core.exceptions import MissingDependency, TrainingStopped
 from mbn_core.methods import DEFAULT_METHOD
 
@@ -93,13 +94,14 @@ def load_command(entry: metadata.EntryPoint) -> Command:
 
 
 def _missing_command(name: str, extras: list[str], error: ImportError) -> Command:
-    requirement = f"mbn[{','.join(extras)}]" if extras else "mbn"
+    extra = f"the {', '.join(extras)} extra" if extras else "this project"
+    hint = install_hint(*extras)
     missing = getattr(error, "name", None) or str(error)
 
     def add(subparsers: Any) -> None:
         command = subparsers.add_parser(
             name,
-            help=f"(needs {requirement}: pip install '{requirement}')",
+            help=f"(needs {extra}: {hint})",
             add_help=False,
             prefix_chars="\0",  # take any arguments: the answer is the same
         )
@@ -107,8 +109,8 @@ def _missing_command(name: str, extras: list[str], error: ImportError) -> Comman
 
         def handler(args: argparse.Namespace) -> None:
             raise UserError(
-                f"this command needs the optional dependencies of {requirement} "
-                f"({missing} is not installed): pip install '{requirement}'"
+                f"this command needs the optional dependencies of {extra} "
+                f"({missing} is not installed): {hint}"
             )
 
         command.set_defaults(handler=handler)
@@ -153,7 +155,4 @@ def main(argv: Sequence[str] | None = None, commands: Mapping[str, Command] | No
 
 
 def _version() -> str:
-    try:
-        return metadata.version("mbn")
-    except metadata.PackageNotFoundError:  # pragma: no cover - not installed
-        return "(not installed)"
+    return version() or "(not installed)"

@@ -17,6 +17,7 @@ from mbn_core.cli.common import (
     say,
 )
 from mbn_core.data.readers import load_training_data
+from mbn_core.distribution import install_hint
 
 
 def add_parser(subparsers: Any) -> None:
@@ -69,12 +70,12 @@ def embed_command(args: argparse.Namespace) -> None:
         if suffix == ".zarr" and importlib.util.find_spec("zarr") is None:
             raise UserError(
                 f"{output}: writing Zarr needs the 'distributed' extra: "
-                "pip install 'mbn[distributed]' (or write .npy or .csv)"
+                f"{install_hint('distributed')}; or write .npy or .csv"
             )
     if Path(args.data).suffix.lower() == ".zarr" and importlib.util.find_spec("zarr") is None:
         raise UserError(
             f"{args.data}: reading Zarr needs the 'distributed' extra: "
-            "pip install 'mbn[distributed]'"
+            f"{install_hint('distributed')}"
         )
     if _chunked(args):
         _embed_chunked(args)

@@ -11,6 +11,7 @@ from typing import Any
 from mbn_core.bundle import check_target, load_bundle
 from mbn_core.cli.common import UserError, add_scheduler_options, dask_client, say
 from mbn_core.cli.info import describe
+from mbn_core.data.csv_scan import ColumnChoice
 from mbn_core.data.readers import load_training_data
 from mbn_core.methods import DEFAULT_METHOD, get_method, method_names
 from mbn_core.params import metavar, parse_flag
@@ -67,6 +68,16 @@ def add_parser(subparsers: Any, method: str) -> None:
     train.add_argument("--model-id", help="model id (default: DIR's name)")
     train.add_argument("--force", action="store_true", help="replace an existing bundle at DIR")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
+    columns = train.add_mutually_exclusive_group()
+    columns.add_argument(
+        "--columns",
+        metavar="COLS",
+        help="a .csv file's columns to train on, comma-separated: header names, or numbers "
+        "counted from 1 (default: all but a first column without a header name, pandas' index)",
+    )
+    columns.add_argument(
+        "--drop", metavar="COLS", help="a .csv file's columns to leave out (as --columns)"
+    )
     train.add_argument(
         "--align-to",
         metavar="BUNDLE",
@@ -120,11 +131,22 @@ def train_command(args: argparse.Namespace) -> None:
     check_target(out, overwrite=args.force)
     # Connects first: an unreachable scheduler is reported before the data is even read.
     with dask_client(args, for_fit=True) as client:
-        X, y = load_training_data(args.data)
+        X, y = _training_data(args)
         name = args.name or Path(args.data).stem
         where = f" on the Dask cluster at {args.scheduler}" if client is not None else ""
         say(f"Training on {X.shape[0]} x {X.shape[1]} points from {args.data}{where}")
         _train_with_progress(args, X, y, out, params, name)
+
+
+def _training_data(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``mbn train``'s data, of the columns ``--columns`` or ``--drop`` choose; what was left
+    out unasked (a pandas index column) is said."""
+    notes: list[str] = []
+    choice = ColumnChoice.parse(args.columns, args.drop)
+    data = load_training_data(args.data, choice, notes)
+    for note in notes:
+        say(f"Note: {note}")
+    return data
 
 
 def _print_plan(args: argparse.Namespace, params: TrainingParams) -> None:
@@ -132,7 +154,7 @@ def _print_plan(args: argparse.Namespace, params: TrainingParams) -> None:
     if not hasattr(estimator, "plan"):
         raise UserError(f"train --plan: method {args.method!r} has no plan to show")
     with dask_client(args, for_fit=True):
-        X, _ = load_training_data(args.data)
+        X, _ = _training_data(args)
         n_fit = fit_shape(params, X.shape)[0]
         if n_fit < X.shape[0]:
             # The fit sees the rows the held-out split leaves: plan on as many, the first.

@@ -57,8 +57,8 @@ class DataCheck:
     def add(self, block: np.ndarray, source: str = "data") -> np.ndarray:
         """Take the next rows and return them as float32; ValueError naming the first value
         that is not finite, or beyond float32's range (training's precision)."""
-        values = np.asarray(block, dtype=np.float64)
-        with np.errstate(over="ignore"):  # refused below, by its place
+        with np.errstate(over="ignore", invalid="ignore"):  # refused below, by its place
+            values = np.asarray(block, dtype=np.float64)
             rows32 = values.astype(np.float32)
         if not np.isfinite(rows32).all():
             row, column = (int(i) for i in np.argwhere(~np.isfinite(rows32))[0])

@@ -3,7 +3,8 @@
 
 Each module wraps one library as a scikit-learn transformer (``base.LayoutMethod``): its
 parameters declared once, the same input checks as every method, the library's errors named.
-The libraries are optional (``pip install 'mbn[methods]'``; umap-learn is a dependency):
+The libraries are optional (the ``methods`` extra, ``mbn_core.distribution.install_hint``;
+umap-learn is a dependency):
 importing these modules needs none of them, fitting needs the method's own.
 """
 

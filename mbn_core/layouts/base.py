@@ -33,12 +33,13 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from threadpoolctl import threadpool_limits
 
 from mbn_core.data.checks import check_spread
+from mbn_core.distribution import install_hint
 from mbn_core.exceptions import MethodFailed, MethodUnavailable, NoExactMap, TrainingStopped
 from mbn_core.params import CheckedParams
 
 # The optional extra that installs every layout library.
 EXTRA = "methods"
-INSTALL_LINE = f"pip install 'mbn[{EXTRA}]'"
+INSTALL_LINE = install_hint(EXTRA)
 # A library's message names a file now and then: never shown to a client.
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:/[\w.+-]+){2,}/?")
 _MAX_MESSAGE = 300

@@ -43,7 +43,12 @@ def _facts(model: LayoutMethod) -> dict[str, Any]:
     return {"exact_map": model.exact_map is None}
 
 
-def _register(name: str, cls: type[LayoutMethod], summary: str, **extra: Any) -> Method:
+def _register(
+    name: str, cls: type[LayoutMethod], summary: str, *, batch_independent: bool, **extra: Any
+) -> Method:
+    """``batch_independent``: whether the library's own map for new rows (exact mode) places
+    each row alone, so that a server may merge requests into one call; measured, each by a
+    test (tests/mbn_core/test_layouts.py). A method without a map declares False."""
     return register(
         Method(
             name=name,
@@ -56,6 +61,7 @@ def _register(name: str, cls: type[LayoutMethod], summary: str, **extra: Any) ->
             layout=True,
             no_exact_map=cls.exact_map,
             missing=_missing(cls),
+            batch_independent_exact=batch_independent,
             **extra,
         )
     )
@@ -65,20 +71,32 @@ TSNE_METHOD = _register(
     "tsne",
     TSNE,
     "t-SNE by openTSNE (extra: methods), distilled into an MLP; exact: openTSNE's transform",
+    batch_independent=True,  # openTSNE with exact neighbours optimises each row alone
     track=_track_tsne,
 )
 UMAP_METHOD = _register(
-    "umap", UMAP, "UMAP by umap-learn, distilled into an MLP; exact: umap-learn's transform"
+    "umap",
+    UMAP,
+    "UMAP by umap-learn, distilled into an MLP; exact: umap-learn's transform",
+    # umap-learn prunes the new rows' edges and samples negatives over the whole call.
+    batch_independent=False,
 )
 DENSMAP_METHOD = _register(
-    "densmap", DensMAP, "densMAP by umap-learn, distilled into an MLP; no exact map"
+    "densmap",
+    DensMAP,
+    "densMAP by umap-learn, distilled into an MLP; no exact map",
+    batch_independent=False,
 )
 PACMAP_METHOD = _register(
     "pacmap",
     PaCMAP,
     "PaCMAP (extra: methods), distilled into an MLP; exact: PaCMAP's transform on the "
     "training rows",
+    batch_independent=True,  # each new row placed against the fixed training rows alone
 )
 TRIMAP_METHOD = _register(
-    "trimap", TriMap, "TriMap (extra: methods), distilled into an MLP; no exact map"
+    "trimap",
+    TriMap,
+    "TriMap (extra: methods), distilled into an MLP; no exact map",
+    batch_independent=False,
 )

@@ -9,6 +9,7 @@ method: the registry (``mbn_core.methods``) says what each one needs.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import itertools
 import logging
 import os
@@ -92,8 +93,18 @@ class TrainingParams:
     values: Mapping[str, Any]
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any] | None = None) -> TrainingParams:
-        """Parameters from a JSON object (``method`` optional, ``"mbn"`` by default)."""
+    def from_dict(
+        cls,
+        values: Mapping[str, Any] | None = None,
+        *,
+        set_elsewhere: Mapping[str, str] | None = None,
+    ) -> TrainingParams:
+        """Parameters from a JSON object (``method`` optional, ``"mbn"`` by default).
+
+        ``set_elsewhere`` maps options the caller sets itself (a server's threads and
+        device) to where they are set: they are refused by name, and left out of the known
+        options an unknown one is told about."""
+        elsewhere = dict(set_elsewhere or {})
         if values is None:
             values = {}
         if not isinstance(values, Mapping):
@@ -108,11 +119,10 @@ class TrainingParams:
             raise ValueError(f"method {name!r} is not available on this install: {unavailable}")
         options = {param.name: param for param in training_options(method)}
         for key in values:
+            if key in elsewhere:
+                raise ValueError(f"training parameter {key!r} is set by {elsewhere[key]}")
             if key not in options:
-                raise ValueError(
-                    f"unknown training parameter {key!r} for method {name!r}; known: "
-                    f"{', '.join(sorted(options))}"
-                )
+                raise ValueError(unknown_parameter(key, name, sorted(options), elsewhere))
         full = {}
         for key, param in options.items():
             value = values.get(key, param.default)
@@ -190,6 +200,25 @@ class TrainingParams:
     def pipeline(self) -> dict[str, Any]:
         """The pipeline's options (``PIPELINE_PARAMS``)."""
         return {name: self.values[name] for name in PIPELINE_PARAMS}
+
+
+def unknown_parameter(
+    key: str, method: str, known: list[str], elsewhere: Mapping[str, str] | None = None
+) -> str:
+    """Words for an unknown training option: the nearest known one, and the known ones
+    (without those set elsewhere, which are said apart)."""
+    elsewhere = elsewhere or {}
+    offered = [name for name in known if name not in elsewhere]
+    shown = key if len(key) <= 80 else f"{key[:80]}..."
+    message = f"unknown training parameter {shown!r} for method {method!r}"
+    close = difflib.get_close_matches(key, offered, n=1)
+    if close:
+        message += f" (did you mean {close[0]!r}?)"
+    message += f"; known: {', '.join(offered)}"
+    if elsewhere:
+        said = ", ".join(f"{name} by {where}" for name, where in sorted(elsewhere.items()))
+        message += f" (set elsewhere: {said})"
+    return message
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ Handlers that only wait on the job store and the model directory are plain, bloc
 their routes are plain functions, which FastAPI runs on its thread pool (and validates their
 answers there too, off the event loop), or run them with ``run_in_threadpool`` after reading a
 body. ``EmbedHandler`` is the exception: a coroutine, because it decides itself where each
-computation runs (on the event loop, on the row budget's threads, in the exact pool).
+computation runs (on the event loop, on the row budget's threads, in the exact runtime).
 
 One module per handler:
 
@@ -18,13 +18,15 @@ One module per handler:
 - ``training``: ``TrainingHandler`` (``POST /train``: checks and queues jobs);
 - ``jobs``: ``JobsHandler`` (listing, reading and cancelling jobs);
 - ``models``: ``ModelsHandler`` (listing, promoting and deleting models);
-- ``maps``: ``MapsHandler`` (a model's stored 2-D map, locating embeddings on it).
+- ``maps``: ``MapsHandler`` (a model's stored 2-D map, locating embeddings on it);
+- ``runtime``: ``RuntimeHandler`` (the exact runtime's state and figures).
 """
 
 from service.handlers.embed import Embedding, EmbedHandler
 from service.handlers.jobs import Job, JobsHandler
 from service.handlers.maps import Located, MapsHandler, ModelMapView
 from service.handlers.models import ModelEntry, ModelListing, ModelsHandler
+from service.handlers.runtime import RuntimeHandler, RuntimeReport
 from service.handlers.training import TrainingHandler
 
 __all__ = [
@@ -38,5 +40,7 @@ __all__ = [
     "ModelListing",
     "ModelMapView",
     "ModelsHandler",
+    "RuntimeHandler",
+    "RuntimeReport",
     "TrainingHandler",
 ]

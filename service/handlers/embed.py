@@ -1,20 +1,25 @@
 """The /embed handler: resolves the model, admits the computation and runs it.
 
-Admission is the exact-mode gate and the in-flight row budget; the computation runs where it
-belongs (on the event loop, on a thread, in the exact pool) and comes back as plain values.
+Fast mode runs here, in the API process (on the event loop or on the row budget's threads,
+under its in-flight row bound). Exact mode is sent to the replica's exact runtime
+(``service.exact``), which queues, batches and computes it in its own process; the handler
+waits for the answer, or for the client to leave, which drops the request's rows.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import anyio.to_thread
 import numpy as np
 
 from mbn_core.bundle import Bundle, BundleError, OutOfRangeInput
-from service.domain import InvalidInput, NotFound
-from service.limits import ExactGate, RowBudget
+from mbn_core.bundle.load import check_scaled_range
+from service.admission import RowBudget
+from service.domain import InvalidInput
+from service.exact.frontend import ExactFrontend
 from service.monitor import LiveMonitor
 from service.registry import ModelRegistry
 
@@ -32,7 +37,8 @@ class Embedding:
     clusters : ndarray of shape (n,), int64, or None
         Cluster ids, when asked for and the model has a clustering head.
     compute_ms : float
-        Time in the model (the X-Compute-Time-Ms header).
+        Time in the model (the X-Compute-Time-Ms header): for exact mode, the runtime's
+        steps that held the request's rows (shared with the requests merged with it).
     """
 
     bundle: Bundle
@@ -48,9 +54,9 @@ class EmbedHandler:
     Parameters
     ----------
     registry : ModelRegistry
-        Resolves references to bundles and keeps the exact models in memory.
-    gate : ExactGate
-        Bounds exact computations (429 beyond them).
+        Resolves references to bundles.
+    exact : ExactFrontend
+        The replica's exact runtime (its queue bounds exact work: 429 beyond it).
     budget : RowBudget
         Bounds the rows of fast computations in flight.
     inline_fast_rows : int
@@ -65,14 +71,14 @@ class EmbedHandler:
     def __init__(
         self,
         registry: ModelRegistry,
-        gate: ExactGate,
+        exact: ExactFrontend,
         budget: RowBudget,
         inline_fast_rows: int,
         max_rows_per_request: int,
         monitor: LiveMonitor | None = None,
     ) -> None:
         self.registry = registry
-        self.gate = gate
+        self.exact = exact
         self.budget = budget
         self.inline_fast_rows = inline_fast_rows
         self.max_rows_per_request = max_rows_per_request
@@ -85,9 +91,17 @@ class EmbedHandler:
             bundle = await anyio.to_thread.run_sync(self.registry.get, ref)
         return bundle
 
-    async def embed(self, bundle: Bundle, x: np.ndarray, mode: str, clusters: bool) -> Embedding:
+    async def embed(
+        self,
+        bundle: Bundle,
+        x: np.ndarray,
+        mode: str,
+        clusters: bool,
+        gone: Awaitable[object] | None = None,
+    ) -> Embedding:
         """Embed the checked matrix ``x`` with ``bundle``; ``clusters`` asks for cluster ids
-        (ignored when the model has no clustering head)."""
+        (ignored when the model has no clustering head). ``gone`` completes when the client
+        has left: an exact request still waiting is then dropped (``ClientGone``)."""
         want_clusters = clusters and bundle.n_clusters is not None
         if mode == "exact" and bundle.no_exact_map is not None:
             # Refused before it takes an exact slot: the method has no map for new rows.
@@ -95,10 +109,19 @@ class EmbedHandler:
                 f"model {bundle.id!r} ({bundle.method}) has no exact mode: {bundle.no_exact_map}"
             )
         started = time.perf_counter()
-        try:
-            if mode == "exact":
-                embeddings, labels = await self.gate.run(lambda: self._exact(bundle, x))
-            else:
+        if mode == "exact":
+            try:  # refused here alike on both paths, before anything is queued
+                check_scaled_range(bundle.input_scaling, x)
+            except OutOfRangeInput as exc:
+                raise InvalidInput(str(exc)) from None
+            # Queued and computed in the exact runtime: this process's request slot is free
+            # for others meanwhile (the runtime's queue bounds exact work).
+            with self.budget.waiting_elsewhere():
+                answer = await self.exact.embed(bundle, x, gone=gone, offload=self.budget.run)
+            embeddings, labels = answer.embedding, answer.clusters
+            compute_ms = answer.compute_ms
+        else:
+            try:
                 with self.budget.rows(x.shape[0]):
                     if x.shape[0] <= self.inline_fast_rows:
                         embeddings, labels = bundle.embed_with_clusters(x, mode="fast")
@@ -106,11 +129,11 @@ class EmbedHandler:
                         embeddings, labels = await self.budget.run(
                             bundle.embed_with_clusters, x, "fast"
                         )
-        except OutOfRangeInput as exc:
-            raise InvalidInput(str(exc)) from None
-        compute_ms = (time.perf_counter() - started) * 1000.0
-        if mode == "fast" and self.monitor is not None:
-            self.monitor.observe(bundle, x, embeddings)  # a sample goes to its thread
+            except OutOfRangeInput as exc:
+                raise InvalidInput(str(exc)) from None
+            compute_ms = (time.perf_counter() - started) * 1000.0
+            if self.monitor is not None:
+                self.monitor.observe(bundle, x, embeddings)  # a sample goes to its thread
         return Embedding(bundle, mode, embeddings, labels if want_clusters else None, compute_ms)
 
     async def novelty(self, bundle: Bundle, x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -131,13 +154,3 @@ class EmbedHandler:
             return await self.budget.run(score)
         except BundleError as exc:
             raise self.registry.mark_damaged(bundle, exc) from None
-
-    def _exact(self, bundle: Bundle, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        try:
-            exact = self.registry.exact(bundle)
-            return bundle.embed_with_clusters(x, mode="exact", exact=exact)
-        except BundleError as exc:
-            # Changed after it was loaded (tampered, truncated, deleted): out of service.
-            raise self.registry.mark_damaged(bundle, exc) from None
-        except FileNotFoundError:
-            raise NotFound(f"model {bundle.id!r} was deleted") from None

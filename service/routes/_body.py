@@ -91,11 +91,6 @@ def parse_object(
         raise invalid_from_validation(exc) from None
 
 
-def parse_body(model: type[M], body: bytes | bytearray | memoryview) -> M:
-    """``body`` as ``model`` (a model with small members only)."""
-    return parse_object(model, body)[0]
-
-
 def parse_json_text(text: str, what: str) -> Any:
     """A small JSON text of a form field (``params``), refused over ``SMALL_MEMBER_BYTES``
     and with the checks of a body's small members."""
@@ -107,10 +102,6 @@ def parse_json_text(text: str, what: str) -> Any:
         return json.loads(data)
     except ValueError as exc:  # JSONDecodeError, or an integer of > 4,300 digits
         raise InvalidInput(f"{what} is not valid JSON: {str(exc)[:200]}") from None
-
-
-async def parse_json(request: Request, model: type[M], *, limit: int | None = None) -> M:
-    return parse_body(model, await read_json_body(request, limit=limit))
 
 
 def json_body(model: type[BaseModel], *, extra_content: dict[str, Any] | None = None) -> dict:

@@ -27,12 +27,14 @@ OFF_LOOP_PARSE_BYTES = 64 << 10
     summary="Embed rows with a model",
     description=(
         "Fast mode answers from the model's ONNX fast path; exact mode runs the method's own "
-        "exact model in a bounded pool (429 with Retry-After when it is busy); past the in-flight "
-        "budget (MBN_MAX_INFLIGHT_REQUESTS, MBN_MAX_INFLIGHT_ROWS) every request gets 429 "
-        "with Retry-After at once. Headers: X-Model-Id, "
-        "X-Compute-Time-Ms (model time only) and Server-Timing."
+        "exact model in the replica's exact runtime, whose queue merges concurrent requests "
+        "(429 with Retry-After when it is full, 503 with Retry-After while it restarts or "
+        "when a request outlives MBN_EXACT_TIMEOUT_SECONDS); past the in-flight budget "
+        "(MBN_MAX_INFLIGHT_REQUESTS, MBN_MAX_INFLIGHT_ROWS) every request gets 429 with "
+        "Retry-After at once. Headers: X-Model-Id, X-Compute-Time-Ms (model time only) and "
+        "Server-Timing."
     ),
-    responses=error_responses(401, 404, 413, 415, 422, 429, 503),
+    responses=error_responses(401, 404, 409, 413, 415, 422, 429, 503),
     openapi_extra=json_body(EmbedRequest),
 )
 async def embed(request: Request, handler: EmbedHandlerDep) -> Response:
@@ -52,7 +54,10 @@ async def embed(request: Request, handler: EmbedHandlerDep) -> Response:
     request.scope[MODE_SCOPE_KEY] = req.mode
     bundle = await handler.resolve(req.model)
     x = _matrix(req, parsed, bundle, handler.max_rows_per_request)
-    result = await handler.embed(bundle, x, req.mode, req.return_clusters)
+    # An exact request may wait in the runtime's queue: if the client leaves meanwhile, its
+    # rows are dropped there rather than computed for nobody.
+    gone = _disconnected(request) if req.mode == "exact" else None
+    result = await handler.embed(bundle, x, req.mode, req.return_clusters, gone)
     embeddings, clusters, compute_ms = result.embeddings, result.clusters, result.compute_ms
     novelty = await handler.novelty(bundle, x) if req.return_novelty else None
 
@@ -69,6 +74,13 @@ async def embed(request: Request, handler: EmbedHandlerDep) -> Response:
             "Server-Timing": f"compute;dur={compute_ms:.3f}",
         },
     )
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has closed the connection (the body is read already, so
+    the next event the server can give is the disconnection)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _encode(

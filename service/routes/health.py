@@ -12,7 +12,12 @@ from service.schemas import Health, error_responses
 router = APIRouter(tags=["health"])
 
 
-@router.get("/health/live", response_model=Health, summary="The process answers")
+@router.get(
+    "/health/live",
+    response_model=Health,
+    response_model_exclude_none=True,
+    summary="The process answers",
+)
 async def live() -> Health:
     return Health(status="ok")
 
@@ -20,6 +25,7 @@ async def live() -> Health:
 @router.get(
     "/health/ready",
     response_model=Health,
+    response_model_exclude_none=True,
     summary="Ready for traffic: the job store answers and models are usable (else 503)",
     responses=error_responses(503),
 )
@@ -31,7 +37,23 @@ async def ready(request: Request) -> Health:
     checks, problems = readiness()
     if problems:
         raise Unavailable("not ready: " + "; ".join(problems), retry_after=1)
-    return Health(status="ready", checks=checks)
+    exact = getattr(request.app.state, "exact", None)
+    return Health(
+        status="ready", checks=checks, exact_runtime=None if exact is None else exact.describe()
+    )
+
+
+# HEAD too, for load balancers and uptime checkers that probe with it: the same status, no
+# body (kept out of the schema, where it would repeat the GET operations).
+@router.head("/health/live", include_in_schema=False)
+async def live_head() -> Response:
+    return Response(status_code=200)
+
+
+@router.head("/health/ready", include_in_schema=False)
+async def ready_head(request: Request) -> Response:
+    await ready(request)  # Unavailable (503) when not ready
+    return Response(status_code=200)
 
 
 @router.get(

@@ -114,8 +114,17 @@ async def locate(model_id: str, request: Request, handler: MapsHandlerDep) -> Lo
     return await run_in_threadpool(lambda: _located(handler.locate(model_id, embeddings)))
 
 
+class _NoOtherMembers(BaseModel):
+    """What a locate body holds besides its embeddings: nothing (they are parsed apart)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 def _parse_locate(body: bytes, max_rows: int) -> np.ndarray:
-    large = parse_object(LocateRequest, body, large=("embeddings",))[1]
+    # LocateRequest documents the body; its one member is large and parsed on its own, so
+    # the rest is validated against a model that requires nothing.
+    known = tuple(LocateRequest.model_fields)
+    large = parse_object(_NoOtherMembers, body, large=("embeddings",), known=known)[1]
     if "embeddings" not in large:
         raise InvalidInput("the JSON body needs 'embeddings': rows from POST /embed")
     return parse_rows(large["embeddings"], what="embeddings", max_rows=max_rows)

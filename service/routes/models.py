@@ -66,15 +66,20 @@ def promote_model(
     status_code=204,
     response_class=Response,
     summary="Delete a model (by id) from the shared model directory",
-    description="The default model, and the version a name resolves to while the name has "
-    "other versions, answer 409 unless force=true (requests would move to another model).",
+    description="The default model, the version a name resolves to while the name has "
+    "other versions, and a model others are aligned to answer 409 unless force=true "
+    "(requests would move to another model, or comparisons lose their reference).",
     responses=error_responses(401, 404, 409),
 )
 def delete_model(
     model_id: str,
     handler: ModelsHandlerDep,
     force: Annotated[
-        bool, Query(description="Delete even the default model or a name's chosen version.")
+        bool,
+        Query(
+            description="Delete even the default model, a name's chosen version or a model "
+            "others are aligned to."
+        ),
     ] = False,
 ) -> Response:
     handler.delete(model_id, force=force)

@@ -23,9 +23,9 @@ router = APIRouter(tags=["models"], dependencies=[Depends(require_api_key)])
         "A share of fast-mode rows (MBN_SHADOW_FRACTION) is sampled: novelty_share and "
         "out_of_range_share are over the last MBN_MONITOR_WINDOW sampled rows; live is the "
         "fast path's fidelity against the exact model on the last shadow rows (sampled rows "
-        "also embedded exactly while the exact pool was idle), beside training, the report "
-        "measured when the model was trained. A model without traffic answers zeros and a "
-        "note saying so. Each replica reports its own window (replica)."
+        "also embedded by the exact runtime, behind clients' exact requests), beside "
+        "training, the report measured when the model was trained. A model without traffic "
+        "answers zeros and a note saying so. Each replica reports its own window (replica)."
     ),
     responses=error_responses(401, 404, 409, 503),
 )

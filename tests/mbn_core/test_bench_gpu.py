@@ -9,7 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from mbn_core import MBN
 
 # Slow: runs benchmarks/bench_gpu.py in a subprocess.
 pytestmark = pytest.mark.slow
@@ -33,3 +36,40 @@ def test_bench_gpu_runs_on_the_cpu(tmp_path):
     assert figures["subset_model_identical"]
     assert figures["transform_identical_first_100"]
     assert figures["fit_s"] > 0 and figures["transform_rows"] == 100
+
+
+@pytest.fixture
+def tiny_bundle_dir(tmp_path):
+    """A model directory holding one small digits bundle."""
+    from sklearn.datasets import load_digits
+
+    from mbn_core.bundle import save_bundle
+    from mbn_core.pipeline.distilled import CompressiveMBN
+
+    x = load_digits().data.astype(np.float32)
+    model = CompressiveMBN(
+        MBN(n_clusterings=10, random_state=0, n_jobs=1),
+        hidden_layer_sizes=(8,),
+        max_epochs=2,
+        report_folds=None,
+        random_state=0,
+    ).fit(x)
+    (tmp_path / "models").mkdir()
+    save_bundle(model, tmp_path / "models" / "m-digits", name="digits")
+    return tmp_path / "models"
+
+
+def test_bench_gpu_http_runs_on_the_cpu(tmp_path, tiny_bundle_dir):
+    """The prepared command for a card (exact rows/s over HTTP), run with the CPU only."""
+    command = [
+        sys.executable, str(ROOT / "benchmarks" / "bench_gpu_http.py"), "--model-dir",
+        str(tiny_bundle_dir), "--devices", "cpu", "auto", "--data", "digits", "--rows", "50",
+        "--clients", "2", "--seconds", "2", "--warmup", "1",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        command, check=True, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert "answers equal on every device, bit for bit: True" in result.stdout
+    assert "| cpu | running (process" in result.stdout
+    assert "MBN_EXACT_DEVICE=auto found no usable GPU" in result.stdout or "cuda" in result.stdout

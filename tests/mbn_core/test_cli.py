@@ -15,6 +15,7 @@ from sklearn.datasets import load_digits
 
 from mbn_core import cli
 from mbn_core.bundle import load_bundle
+from mbn_core.distribution import DISTRIBUTION
 from mbn_core.mbn.outputs.umap import INSTALL_HINT
 
 SMALL = [
@@ -168,11 +169,12 @@ def test_embed_exact_from_sparse_input(trained, workdir, monkeypatch):
             ["'delta' parameter of MBN must be"],
         ),
         (["train", "digits.npz", "--out", "bad id"], ["model id 'bad id'"]),
-        # Sizes no machine holds: numpy's MemoryError, not a traceback (nothing written).
+        # Sizes no machine holds: refused before the fit by the memory they imply (numpy's
+        # MemoryError came after the MBN's fit), not a traceback, nothing written.
         (
-            # 10^16 weights: beyond any address space, so refused even with overcommit.
+            # 10^16 weights: beyond any address space.
             ["train", "digits.npz", "--out", "m4", "--hidden-layer-sizes", "100000000,100000000"],
-            ["out of memory", "Unable to allocate", "hidden_layer_sizes"],
+            ["would need about", "(mlp: ", "more than the", "use smaller layers"],
         ),
     ],
 )
@@ -220,8 +222,9 @@ def test_a_command_whose_extra_is_missing_says_what_to_install(capsys):
     assert cli.main(["serve", "--port", "9000"], commands={"serve": command}) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
-        "mbn serve: error: this command needs the optional dependencies of mbn[service] "
-        "(mbn_no_such_module is not installed): pip install 'mbn[service]'"
+        "mbn serve: error: this command needs the optional dependencies of the service extra "
+        "(mbn_no_such_module is not installed): pip install 'mbn-embeddings[service]' "
+        "(from a checkout: pip install '.[service]')"
     )
 
 
@@ -295,7 +298,9 @@ def test_version() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "mbn_core.cli", "--version"], capture_output=True, text=True
     )
-    assert result.returncode == 0 and result.stdout.strip() == f"mbn {metadata.version('mbn')}"
+    assert (
+        result.returncode == 0 and result.stdout.strip() == f"mbn {metadata.version(DISTRIBUTION)}"
+    )
 
 
 @pytest.mark.slow
@@ -324,3 +329,25 @@ def test_embed_writes_csv_for_a_csv_path(trained, workdir):
 def test_embed_refuses_an_unknown_output_suffix(trained, workdir):
     result = run_mbn("embed", "model", "queries.npy", "--out", "emb.txt", cwd=workdir)
     assert_user_error(result, "emb.txt", ".npy, .csv, .zarr")
+
+
+def test_train_chooses_a_csv_s_columns(workdir, monkeypatch, capsys):
+    """A pandas CSV's index column was a feature; other columns could not be left out."""
+    monkeypatch.chdir(workdir)
+    X = load_digits().data[:400, :6]
+    header = ",id,name," + ",".join(f"p{i}" for i in range(6))
+    lines = [f"{i},{100 + i},row{i}," + ",".join(f"{v:g}" for v in row) for i, row in enumerate(X)]
+    (workdir / "table.csv").write_text("\n".join([header, *lines]) + "\n")
+    options = ["--n-clusterings", "10", "--k1", "0.1", "--delta", "0.5", "--output", "pca"]
+    assert cli.main(["train", "table.csv", "--plan", "--drop", "id,name", *options]) == 0
+    out = capsys.readouterr().out
+    assert "left out" in out and "pandas" in out  # the index column, said
+    assert "x 6 features" in out
+    assert cli.main(["train", "table.csv", "--plan", "--columns", "p0,p1,6", *options]) == 0
+    assert "x 3 features" in capsys.readouterr().out
+    assert cli.main(["train", "table.csv", "--plan", *options]) == cli.EXIT_USAGE
+    assert "'row0' is not a number: data row 1, column 'name' (3)" in capsys.readouterr().err
+    assert cli.main(["train", "table.csv", "--plan", "--columns", "P0", *options]) == 2
+    assert "did you mean 'p0'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse: one or the other
+        cli.main(["train", "table.csv", "--plan", "--columns", "p0", "--drop", "id"])

@@ -134,7 +134,7 @@ def test_unreachable_scheduler_is_a_clear_error_before_any_work():
 
 def test_missing_dask_names_the_extra_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "distributed", None)  # what an absent package looks like
-    with pytest.raises(ImportError, match=r"mbn\[distributed\]"):
+    with pytest.raises(ImportError, match=r"mbn-embeddings\[distributed\]"):
         mbn_distributed.connect("tcp://127.0.0.1:8786")
 
 

@@ -32,6 +32,9 @@ def test_every_layout_is_registered_as_a_distilled_layout():
         assert method.layout and method.fast_path == "distilled"
         assert (method.no_exact_map is None) == (name in ("tsne", "umap", "pacmap")), name
         assert method.unavailable is None  # the dev install has the extra
+        # Measured in test_layouts: openTSNE's and PaCMAP's maps place each row alone,
+        # umap-learn's depends on the rows sharing the call; no map, nothing to merge.
+        assert method.batch_independent_exact == (name in ("tsne", "pacmap")), name
     assert "fast path" in get_method("trimap").no_exact_map
 
 

@@ -223,7 +223,7 @@ def test_a_missing_library_gives_the_install_line():
         library = "mbn_no_such_library"
 
     X, _ = blobs(120)
-    with pytest.raises(MethodUnavailable, match=r"pip install 'mbn\[methods\]'"):
+    with pytest.raises(MethodUnavailable, match=r"pip install 'mbn-embeddings\[methods\]'"):
         Missing().fit(X)
     assert not Missing.available() and PaCMAP.available()
     assert "methods" in INSTALL_LINE

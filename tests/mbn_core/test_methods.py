@@ -175,3 +175,25 @@ def test_cli_trains_and_embeds_with_a_registered_method(digits, tmp_path, monkey
         cli.main(["train", "train.npz", "--out", "m2", "--method", "toy-exported",
                   "--n-clusterings", "5"])  # fmt: skip
     assert "unrecognized arguments: --n-clusterings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name", ["mbn", pytest.param("modular_kpca", marks=pytest.mark.slow), "multilevel"]
+)
+def test_methods_that_declare_a_batch_independent_exact_map_have_one(name: str) -> None:
+    """``batch_independent_exact`` lets a server merge requests into one ``transform`` call:
+    each row must get the same bits whatever rows share its call."""
+    method = get_method(name)
+    assert method.batch_independent_exact
+    x = load_digits().data.astype(np.float32)
+    params = {"n_clusterings": 10, "random_state": 0} if name == "mbn" else {}
+    estimator = method.estimator(**params).fit(x[:300])
+    new = x[400:520]
+    whole = np.asarray(estimator.transform(new))
+    for sizes in ([1] * 10, [3, 17, 2], [64, 1, 40]):
+        ends = np.cumsum(sizes)
+        parts = [
+            estimator.transform(new[end - size : end])
+            for size, end in zip(sizes, ends, strict=True)
+        ]
+        np.testing.assert_array_equal(np.vstack(parts), whole[: ends[-1]])

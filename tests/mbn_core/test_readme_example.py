@@ -21,3 +21,12 @@ def test_library_example_runs(tmp_path, monkeypatch):
     assert namespace["mbn"].ks_ == [898, 449, 224, 112, 56, 28]  # as the README says
     assert (tmp_path / "digits-model" / "manifest.json").is_file()
     assert namespace["bundle"].embed(namespace["X"][:5]).shape == (5, 10)
+    # Run again: the bundle's directory exists, which is found before the fit, not after.
+    import mbn_core
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("the fit started")
+
+    monkeypatch.setattr(mbn_core.MBN, "fit_transform", no_fit)
+    with pytest.raises(ValueError, match="already exists"):
+        exec(compile(blocks[0], "README.md", "exec"), {})

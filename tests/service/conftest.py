@@ -88,6 +88,27 @@ def write_bundle(tiny_model: CompressiveMBN) -> Callable[..., Path]:
     return write
 
 
+@pytest.fixture(scope="session")
+def slow_bundle(digits: tuple[np.ndarray, np.ndarray]) -> Callable[[Path], Path]:
+    """Write a digits model whose exact mode is slow enough to be caught computing, as
+    ``m-slow``: V = 100 clusterings (the tiny model has 10), so 8,192 rows of exact MBN take
+    seconds however fast the machine."""
+    x, y = digits
+    slow = CompressiveMBN(
+        MBN(n_clusterings=100, random_state=0, n_jobs=1),
+        hidden_layer_sizes=(16,),
+        max_epochs=2,
+        report_folds=None,  # five fits for a report no test reads
+        random_state=0,
+    ).fit(x, y)
+
+    def write(model_dir: Path) -> Path:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        return save_bundle(slow, model_dir / "m-slow", name="slow")
+
+    return write
+
+
 @pytest.fixture
 def settings_for(tmp_path: Path) -> Callable[..., Settings]:
     return lambda **overrides: make_settings(tmp_path / "data", **overrides)

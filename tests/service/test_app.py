@@ -36,6 +36,7 @@ def test_openapi_documents_the_contract(api: Callable[..., TestClient]) -> None:
         ("GET", "/models/{model_a}/compare/{model_b}"),
         ("GET", "/health/live"),
         ("GET", "/health/ready"),
+        ("GET", "/exact/runtime"),
         ("GET", "/metrics"),
     }
     train = document["paths"]["/train"]["post"]

@@ -210,6 +210,25 @@ def test_models_page_lists_the_model_with_its_reports(tab: Page, screenshots: Pa
     tab.assert_clean()
 
 
+def test_the_runtime_panel_shows_the_exact_runtime_live(tab: Page, screenshots: Path) -> None:
+    with api(tab.server) as client:
+        exact = {"model": "m-digits", "inputs": [[0.0] * 64, [1.0] * 64], "mode": "exact"}
+        assert client.post("/embed", json=exact).status_code == 200
+    page = tab.open("/ui/#/models")
+    page.locator("#runtime-panel summary").click()
+    # Refreshed while open: the figures arrive from the runtime about once a second.
+    page.wait_for_function(
+        "/requests \\/ rows answered\\s+[1-9]/.test("
+        "document.querySelector('#runtime-body').innerText)",
+        timeout=60_000,
+    )
+    text = page.locator("#runtime-body").inner_text()
+    assert "running (process" in text and "cpu" in text
+    assert page.locator("#runtime-panel").get_attribute("data-state") == "running"
+    page.screenshot(path=screenshots / "console-runtime.png", full_page=True)
+    tab.assert_clean()
+
+
 def test_map_draws_its_points(tab: Page, screenshots: Path) -> None:
     page = tab.open("/ui/#/map/m-digits")
     page.wait_for_selector("body[data-map-render-ms]")
@@ -258,7 +277,15 @@ def test_embedded_rows_appear_on_the_map(
     page.fill("#embed-text", json.dumps(rows.tolist()))
     page.select_option("#embed-mode", "exact")
     page.click("#embed-form button[type=submit]")
-    page.wait_for_selector("body[data-placed-rows='3']")
+    # The server's first exact request maps the model, which on a loaded machine takes longer
+    # than any fixed wait: wait for its outcome, placed or refused (the test's own timeout
+    # bounds it), then say which.
+    page.wait_for_function(
+        "document.body.dataset.placedRows === '3' || "
+        "document.getElementById('embed-error').textContent !== ''",
+        timeout=0,
+    )
+    assert page.inner_text("#embed-error") == ""
     placed = page.evaluate(
         "() => document.getElementById('map-plot').data.find(t => t.meta === 'placed')"
     )

@@ -23,7 +23,8 @@ def test_environment_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("MBN_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("MBN_MODEL_DIR", str(tmp_path / "shared-models"))
     monkeypatch.setenv("MBN_API_KEYS", "key-number-one-123456, key-number-two-123456 ,")
-    monkeypatch.setenv("MBN_MAX_CONCURRENT_EXACT", "3")
+    monkeypatch.setenv("MBN_EXACT_QUEUE_REQUESTS", "3")
+    monkeypatch.setenv("MBN_EXACT_DEVICE", "auto")
     monkeypatch.setenv("MBN_DATABASE_URL", "postgresql://u:p@db/mbn")
     settings = Settings()
     assert settings.models_path == tmp_path / "shared-models"
@@ -31,9 +32,17 @@ def test_environment_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         "key-number-one-123456",
         "key-number-two-123456",
     ]
-    assert settings.max_concurrent_exact == 3
+    assert settings.exact_queue_requests == 3 and settings.exact_device == "auto"
     # Plain PostgreSQL URLs get the psycopg 3 driver the package ships with.
     assert settings.db_url == "postgresql+psycopg://u:p@db/mbn"
+
+
+def test_a_removed_variable_stops_the_start_saying_what_replaced_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MBN_MAX_CONCURRENT_EXACT", "2")
+    with pytest.raises(ValueError, match=r"MBN_MAX_CONCURRENT_EXACT was removed.*MBN_EXACT_QUEUE"):
+        Settings(data_dir=tmp_path)
 
 
 def test_keys_are_never_shown(tmp_path: Path) -> None:
@@ -49,7 +58,8 @@ def test_keys_are_never_shown(tmp_path: Path) -> None:
         ("api_keys", "has space in the key 12345", "API key #1"),
         ("max_body_bytes", 0, "greater than or equal"),
         ("max_rows_per_request", -1, "greater than or equal"),
-        ("max_concurrent_exact", 0, "greater than or equal"),
+        ("exact_queue_requests", 0, "greater than or equal"),
+        ("exact_device", "tpu", "'cpu', 'cuda' or 'auto'"),
         ("max_queued_jobs", 0, "greater than or equal"),
         ("onnx_threads", 1000, "less than or equal"),
         ("max_upload_bytes", 10**12, "less than or equal"),

@@ -61,3 +61,19 @@ def test_static_paths_cannot_escape_the_package(api):
 def test_pages_stay_out_of_the_api_schema(api):
     paths = api(models=False).get("/openapi.json").json()["paths"]
     assert not {"/", "/ui", "/ui/", "/ui/config.json", "/docs", "/redoc"} & set(paths)
+
+
+def test_console_assets_are_counted_under_their_mount(api):
+    """They were counted as route="unmatched", beside scanners' 404s."""
+    client = api(models=False)
+    page = client.get("/ui/")
+    assets = re.findall(r'(?:src|href)="(/static/[^"]+)"', page.text)
+    for asset in assets:
+        assert client.get(asset).status_code == 200
+    assert client.get("/no-such-page").status_code == 404
+    metrics = client.get("/metrics").text
+    counted = re.findall(
+        r'mbn_http_requests_total\{[^}]*route="([^"]*)"[^}]*status="(\d+)"', metrics
+    )
+    assert ("/static/{path}", "200") in counted, counted
+    assert [status for route, status in counted if route == "unmatched"] == ["404"], counted

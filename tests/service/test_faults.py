@@ -27,9 +27,8 @@ from servicetest import (
     wait_for,
     wait_for_progress,
 )
+from sklearn.datasets import load_digits
 
-from mbn_core import MBN, CompressiveMBN
-from mbn_core.bundle import save_bundle
 from service.jobs import JobStore
 
 # Slow: a real mbn serve per fault, killed, starved of disk or of its store.
@@ -276,52 +275,148 @@ def test_kill_9_leftovers_are_cleaned_on_recovery(
         client.post(f"/jobs/{requeued}/cancel")
 
 
+def _exact_figure(client: httpx.Client, name: str) -> float:
+    """A gauge or counter of the exact runtime from /metrics (0 before its first figures)."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def _runtime_pid(client: httpx.Client) -> int:
+    """The exact runtime's process, as readiness names it once it is running."""
+    described = wait_for(
+        lambda: (
+            (text := client.get("/health/ready").json()["exact_runtime"]).startswith(
+                "running (process "
+            )
+            and text
+        ),
+        120,
+        "the exact runtime to run",
+    )
+    return int(described.split()[2].rstrip(","))
+
+
 def test_sigterm_with_an_exact_request_running(
-    tmp_path: Path, serve: Callable[..., Server], digits: tuple[np.ndarray, np.ndarray]
+    tmp_path: Path, serve: Callable[..., Server], slow_bundle: Callable[[Path], Path]
 ) -> None:
-    # V = 100 clusterings (the shared tiny model has 10): 8,192 rows of exact MBN
-    # take seconds, well past the 1 s grace, however fast the machine.
-    x, y = digits
-    slow = CompressiveMBN(
-        MBN(n_clusterings=100, random_state=0, n_jobs=1),
-        hidden_layer_sizes=(16,),
-        max_epochs=2,
-        report_folds=None,  # five fits for a report this test does not read
-        random_state=0,
-    ).fit(x, y)
-    models = tmp_path / "data" / "models"
-    models.mkdir(parents=True)
-    save_bundle(slow, models / "m-digits", name="digits")
-    server = serve(tmp_path / "data", MBN_SHUTDOWN_GRACE_SECONDS="1", MBN_MAX_INFLIGHT_REQUESTS="1")
-    rows = np.resize(x, (8192, 64)).tolist()
+    """The exact runtime computes in its own process: SIGTERM answers the request it holds
+    with 503 once the grace period ends, without waiting for the computation, and the server
+    and its runtime exit."""
+    slow_bundle(tmp_path / "data" / "models")
+    server = serve(
+        tmp_path / "data",
+        MBN_SHUTDOWN_GRACE_SECONDS="1",
+        MBN_MAX_INFLIGHT_REQUESTS="1",
+        MBN_DEFAULT_MODEL="m-slow",
+        MBN_EXACT_BATCH_ROWS="8192",  # one long step, to be caught computing
+    )
+    rows = np.resize(load_digits().data, (8192, 64)).tolist()
     answer: dict[str, httpx.Response] = {}
     with server.client() as client:
-        wait_for(lambda: _status(client, "/health/ready") == 200, 20, "ready")
+        wait_for(lambda: _status(client, "/health/ready") == 200, 60, "ready")
+        runtime = _runtime_pid(client)
 
     def exact() -> None:
-        with httpx.Client(base_url=server.url, timeout=120) as client:
+        with httpx.Client(base_url=server.url, timeout=300) as client:
             answer["exact"] = client.post("/embed", json={"inputs": rows, "mode": "exact"})
 
     thread = threading.Thread(target=exact)
     thread.start()
     with server.client() as client:
         wait_for(
-            lambda: "mbn_exact_in_flight 1.0" in client.get("/metrics").text,
-            30,
+            lambda: _exact_figure(client, "mbn_exact_running_rows") == 8192,
+            300,  # the first request also maps the model
             "the exact request to be computing",
             interval=0.05,
         )
-        # The in-flight budget is full: refused at once, while health still answers.
-        busy = client.post("/embed", json={"inputs": [[0.0] * 64]})
-        assert_error(busy, 429, "overloaded")
-        assert int(busy.headers["retry-after"]) >= 1
+        # The exact request waits on the runtime, not on this process: its one in-flight
+        # slot serves a fast request meanwhile, and health answers.
+        assert client.post("/embed", json={"inputs": [[0.0] * 64]}).status_code == 200
         assert client.get("/health/ready").status_code == 200
     assert server.proc is not None
     server.proc.send_signal(signal.SIGTERM)
-    thread.join(120)
+    thread.join(300)
     error = assert_error(answer["exact"], 503, "unavailable")
     assert "shutting down" in error["message"]
-    assert server.proc.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
+    assert server.proc.wait(300) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
+    wait_for(lambda: not Path(f"/proc/{runtime}").exists(), 60, "the runtime to exit")
+
+
+def test_kill_9_of_the_exact_runtime(
+    tmp_path: Path, serve: Callable[..., Server], slow_bundle: Callable[[Path], Path]
+) -> None:
+    """kill -9 of the exact runtime: the request it was computing gets 503 with Retry-After,
+    exact requests meanwhile too; the fast path loses no request and readiness stays 200,
+    reporting the runtime down; its supervisor starts it again and exact mode answers."""
+    slow_bundle(tmp_path / "data" / "models")
+    server = serve(tmp_path / "data", MBN_EXACT_BATCH_ROWS="8192")
+    exact_row = {"model": "m-slow", "inputs": [[0.0] * 64], "mode": "exact"}
+    big = {"model": "m-slow", "inputs": np.resize(load_digits().data, (8192, 64)).tolist(),
+           "mode": "exact"}  # fmt: skip
+    fast_statuses: list[int] = []
+    readiness: list[tuple[int, bool]] = []
+    stop = threading.Event()
+
+    def fast_traffic() -> None:
+        with server.client() as client:
+            while not stop.is_set():
+                fast_statuses.append(
+                    client.post("/embed", json={"inputs": [[1.0] * 64]}).status_code
+                )
+                ready = client.get("/health/ready")
+                readiness.append((ready.status_code, ready.json()["checks"]["exact_runtime"]))
+
+    with server.client() as client:
+        wait_for(lambda: _status(client, "/health/ready") == 200, 60, "ready")
+        first = client.post("/embed", json=exact_row)  # maps the model
+        assert first.status_code == 200
+        pid = _runtime_pid(client)
+        lost: dict[str, httpx.Response] = {}
+        computing = threading.Thread(
+            target=lambda: lost.update(big=server.client().post("/embed", json=big))
+        )
+        computing.start()
+        wait_for(
+            lambda: _exact_figure(client, "mbn_exact_running_rows") == 8192,
+            120,
+            "the large request to be computing",
+            interval=0.05,
+        )
+        traffic = threading.Thread(target=fast_traffic)
+        traffic.start()
+        try:
+            os.kill(pid, signal.SIGKILL)
+            computing.join(120)
+            error = assert_error(lost["big"], 503, "unavailable")
+            assert "restarted while computing this request" in error["message"]
+            assert int(lost["big"].headers["retry-after"]) >= 1
+            # Exact mode answers again once the supervisor has started a new runtime; until
+            # then every exact request gets 503 with Retry-After, at once.
+            refused = []
+
+            def answered() -> bool:
+                response = client.post("/embed", json=exact_row)
+                if response.status_code == 503:
+                    assert int(response.headers["retry-after"]) >= 1
+                    refused.append(assert_error(response, 503, "unavailable")["message"])
+                    return False
+                assert response.status_code == 200, response.text
+                return True
+
+            wait_for(answered, 120, "exact mode to answer again", interval=0.05)
+            wait_for(lambda: any(not up for _, up in readiness), 30, "readiness to see it")
+        finally:
+            stop.set()
+            traffic.join(60)
+        assert refused and all("m-slow" in message for message in refused)
+        assert client.post("/embed", json=exact_row).json() == first.json()
+        assert _runtime_pid(client) != pid
+        assert _exact_figure(client, "mbn_exact_runtime_restarts_total") == 1
+    assert fast_statuses and set(fast_statuses) == {200}, sorted(set(fast_statuses))
+    assert {status for status, _ in readiness} == {200}
+    assert "was killed by SIGKILL; restarting it" in server.log_path.read_text()
 
 
 def test_fault_table_names_existing_tests() -> None:

@@ -270,3 +270,81 @@ def test_a_long_id_is_not_echoed_whole(
     answer = client.request(method, path.format(ref=ref))
     assert 400 <= answer.status_code < 500, answer.text
     assert len(answer.text) < 500, answer.text[:300]
+
+
+# ---------------------------------------------------------------------- the newer members
+
+HOSTILE_ROWS = [[1e30] * 64, [-3e38] * 64, [3.4e38] * 64, [1e-45] * 64]
+ROWS_40 = [[float(i), float(i * i % 7), float(i % 3)] for i in range(40)]
+LIST_VALUES = [
+    [], [0], [-1], [2**63], [1.5], ["1"], [True], [[1]], [None], [1] * 10_000,
+    [200_000, 200_000], {"a": 1}, "256,256", 256,
+]  # fmt: skip
+
+
+def _hostile_bodies() -> Iterator[tuple[str, object]]:
+    for mode in ("fast", "exact"):
+        for novelty in (True, False, "yes", 1, None):
+            yield "/embed", {"inputs": HOSTILE_ROWS, "mode": mode, "return_novelty": novelty}
+    yield "/embed", {"inputs": [ROW], "return_novelty": True, "retrun_novelty": True}
+    yield "/embed", {"inputs_b64": "AAAA", "dim": int("9" * 400)}
+    for scaling in ("standard", "none", "auto", "minmax", "", None, 1, ["standard"]):
+        yield "/train", {"data": ROWS_40, "params": {"input_scaling": scaling}}
+    for name in ("hidden_layer_sizes", "ks"):
+        for value in LIST_VALUES:
+            yield "/train", {"data": ROWS_40, "params": {name: value}}
+    for align_to in ("m-digits", "digits", "nope", "", "x" * 5000, "../m-digits", "\u0000", 5):
+        yield "/train", {"data": ROWS_40, "align_to": align_to}
+    yield "/train", {"data": [[1e-41, 1.0], [2e-41, 2.0], [0.0, 3.0], [1e-41, 4.0]] * 3,
+                     "params": {"input_scaling": "standard"}}  # fmt: skip
+    yield "/train", {"data": ROWS_40[:4], "params": {"report_folds": 5, "n_components": 2}}
+    yield "/train", {"data": ROWS_40, "labels": [2**70] * 40}
+    yield "/train", {"data": ROWS_40, "labels": "x" * 100_000}
+    yield "/train", {"data": ROWS_40, "junk": [[0]] * 100_000}
+
+
+@pytest.mark.parametrize(("path", "body"), list(_hostile_bodies()))
+def test_the_newer_members_and_parameters_are_never_a_500(
+    client: httpx.Client, path: str, body: object
+) -> None:
+    response = client.post(path, json=body)
+    assert response.status_code < 500, response.text[:500]
+    assert "/tmp" not in response.text and len(response.text) < 5000
+    if response.status_code == 202:
+        client.post(f"/jobs/{response.json()['id']}/cancel")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"columns": "c0,c1"}, {"drop": "c0"}, {"columns": "1,2"}, {"columns": "0"},
+        {"columns": "c9"}, {"columns": "c0", "drop": "c1"}, {"columns": ","}, {"drop": ""},
+        {"columns": "x" * 100_000}, {"columns": ",".join(["c0"] * 5000)},
+        {"columns": "\u00e9\u0000"}, {"columns": "99999999999999999999999"},
+        {"align_to": "m-digits"}, {"params": '{"input_scaling": "standard"}'},
+        {"params": '{"hidden_layer_sizes": [' + ",".join(["1"] * 20) + "]}"},
+    ],
+)  # fmt: skip
+def test_csv_column_choices_are_never_a_500(client: httpx.Client, fields: dict) -> None:
+    csv = b"c0,c1,c2\n" + b"".join(b"%d,%d,%d\n" % (i, i * i % 7, i % 5) for i in range(40))
+    data = {"params": json.dumps({"n_clusterings": 5, "hidden_layer_sizes": [4]}), **fields}
+    response = client.post("/train", files={"file": ("d.csv", csv)}, data=data)
+    assert response.status_code < 500, response.text[:500]
+    assert "/tmp" not in response.text and len(response.text) < 5000
+    if response.status_code == 202:
+        client.post(f"/jobs/{response.json()['id']}/cancel")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/models/m-digits/compare/m-digits", "/models/m-digits/compare/nope",
+        "/models/nope/compare/m-digits", "/models/%2e%2e/compare/m-digits",
+        "/models/m-digits/compare/" + "x" * 20_000, "/models/m-digits/monitor",
+        "/models/digits/compare/digits", "/models/m-digits/compare/%00",
+    ],
+)  # fmt: skip
+def test_compare_and_monitor_are_never_a_500(client: httpx.Client, path: str) -> None:
+    response = client.get(path)
+    assert response.status_code < 500, response.text[:500]
+    assert len(response.text) < 5000

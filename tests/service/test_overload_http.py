@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from servicetest import Process, Server, wait_for
 
-from service.limits import FAST_THREAD_NICENESS, RowBudget
+from service.admission import FAST_THREAD_NICENESS, RowBudget
 
 # Slow: uvicorn servers pushed into backpressure.
 pytestmark = pytest.mark.slow

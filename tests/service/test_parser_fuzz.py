@@ -19,7 +19,10 @@ CASES = 300
 HTTP_CASES = 60
 
 
-@pytest.mark.parametrize("fmt", ["npy", "npz", "sparse", "csv", "json", "base64"])
+@pytest.mark.parametrize(
+    "fmt",
+    ["npy", "npz", "sparse", "csv", "json", "base64", "train-json", "json-exact", "base64-exact"],
+)
 def test_parsers_refuse_every_mutated_case_cleanly(tmp_path: Path, fmt: str) -> None:
     tally = fuzz.Tally()
     with warnings.catch_warnings():

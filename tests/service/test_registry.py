@@ -1,14 +1,12 @@
-"""The model registry: verified loading, lookup by id and name, swaps, deletion, exact cache."""
+"""The model registry: verified loading, lookup by id and name, swaps, deletion."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-import mbn_core.bundle.load as bundle_load
 from service.errors import Conflict, NotFound, Unavailable
 from service.registry import ModelRegistry
 
@@ -204,37 +202,3 @@ def test_delete_by_name_is_refused(model_dir: Path, write_bundle: Callable[..., 
     registry.rescan()
     with pytest.raises(NotFound):
         registry.delete("named")
-
-
-def test_exact_models_are_bounded_and_eviction_reads_nothing(
-    model_dir: Path,
-    write_bundle: Callable[..., Path],
-    digits: tuple[np.ndarray, np.ndarray],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    x = digits[0][:5]
-    for i in range(3):
-        write_bundle(model_dir, f"m-{i}", f"model-{i}")
-    registry = ModelRegistry(model_dir, exact_cache_size=2)
-    registry.rescan()
-    bundles = [registry.get(f"m-{i}") for i in range(3)]
-    expected = bundles[0].embed(x, mode="exact")
-    # Count the bundle files read and hashed (the real function, called through).
-    reads: list[str] = []
-    verify = bundle_load._verified_bytes
-    monkeypatch.setattr(
-        bundle_load,
-        "_verified_bytes",
-        lambda path, manifest, name, keep=True: (
-            reads.append(name) or verify(path, manifest, name, keep)
-        ),
-    )
-    for bundle in bundles:
-        first = registry.exact(bundle)
-        assert registry.exact(bundle) is first  # a hit: nothing read again
-    assert len(reads) == 3 and registry.exact_loaded == 2
-    # The least recently used (m-0) was dropped by letting it go: no read, no new Bundle.
-    assert [registry.get(f"m-{i}") for i in range(3)] == bundles
-    exact = registry.exact(bundles[0])  # ... and comes back, the same, when used again
-    assert len(reads) == 4 and registry.exact_loaded == 2
-    np.testing.assert_array_equal(bundles[0].embed(x, mode="exact", exact=exact), expected)

@@ -20,8 +20,21 @@ def test_live_and_ready(api: Callable[..., TestClient]) -> None:
         "disk": True,
         "models_scanned": True,
         "model_available": True,
+        "exact_runtime": True,
         "embed_capacity": True,
     }
+    # An app started without `mbn serve` starts its runtime when exact mode is first used.
+    assert ready.json()["exact_runtime"].startswith("not started")
+    assert client.post("/embed", json={"inputs": [[0.0] * 64], "mode": "exact"}).status_code == 200
+    assert client.get("/health/ready").json()["exact_runtime"].startswith("running (process")
+
+
+def test_head_probes_get_the_status_without_a_body(api: Callable[..., TestClient]) -> None:
+    """HEAD /health/live answered 405: load balancers and uptime checkers probe with it."""
+    for client, ready in ((api(), 200), (api(models=False, demo_model=True), 503)):
+        live = client.head("/health/live")
+        assert (live.status_code, live.content) == (200, b"")
+        assert client.head("/health/ready").status_code == ready
 
 
 def test_not_ready_while_the_demo_model_trains(api: Callable[..., TestClient]) -> None:
@@ -87,5 +100,36 @@ def test_metrics(api: Callable[..., TestClient]) -> None:
     assert 'mbn_jobs{status="queued"} 1.0' in text
     assert 'mbn_jobs{status="running"} 0.0' in text
     assert "mbn_models_loaded 1.0" in text
-    assert "mbn_exact_models_loaded 1.0" in text
-    assert "mbn_exact_in_flight 0.0" in text
+    # The exact runtime's figures, as it last sent them (about once a second).
+    assert "mbn_exact_runtime_up 1.0" in text and 'mbn_exact_device{device="cpu"} 1.0' in text
+    text = wait_for(
+        lambda: "mbn_exact_requests_total 1.0" in (t := client.get("/metrics").text) and t,
+        30,
+        "the runtime's figures",
+    )
+    assert "mbn_exact_models_loaded 1.0" in text and "mbn_exact_queue_requests 0.0" in text
+    assert 'mbn_exact_batch_rows_bucket{le="1.0"} 1.0' in text
+    assert "mbn_exact_runtime_restarts_total 0.0" in text
+
+
+def test_the_exact_runtime_report(api: Callable[..., TestClient]) -> None:
+    client = api(api_keys="a-key-of-sixteen-chars")
+    assert_error(client.get("/exact/runtime"), 401)
+    headers = {"Authorization": "Bearer a-key-of-sixteen-chars"}
+    before = client.get("/exact/runtime", headers=headers).json()
+    assert before["state"] == "not started" and before["requests"] == 0
+    assert before["batch_rows"] is None
+    exact = {"inputs": [[0.0] * 64] * 3, "mode": "exact"}
+    assert client.post("/embed", json=exact, headers=headers).status_code == 200
+    report = wait_for(
+        lambda: (r := client.get("/exact/runtime", headers=headers).json())["requests"] == 1 and r,
+        30,
+        "the runtime's figures",
+    )
+    assert report["state"] == "running" and report["pid"] > 0 and report["generation"] == 1
+    assert report["device"] == "cpu" and report["restarts"] == 0
+    assert (report["rows"], report["batches"], report["mean_batch_rows"]) == (3, 1, 3.0)
+    histogram = report["batch_rows"]
+    assert len(histogram["counts"]) == len(histogram["bounds"]) + 1  # the last: above all
+    assert histogram["counts"][histogram["bounds"].index(4.0)] == 1  # 3 rows: the bucket <= 4
+    assert report["mean_compute_ms"] > 0 and report["models_loaded"] == 1

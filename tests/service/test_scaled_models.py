@@ -72,3 +72,27 @@ def test_compare_leaves_out_the_rows_one_model_cannot_embed(client: TestClient) 
     assert left_out["count"] == 3 and left_out["rows"] == [3, 17, 29]
     same = client.get("/models/m-wide/compare/m-scaled").json()
     assert same["rows_not_compared"] is None and same["fast"]["n_rows"] == 40
+
+
+def test_a_model_others_are_aligned_to_is_deleted_only_when_forced(
+    client: TestClient, tiny_model: CompressiveMBN
+) -> None:
+    """Was a silent 204, after which comparing the aligned model with it gave 404."""
+    models = Path(client.app.state.settings.models_path)
+    alignment = {
+        "reference_model": "m-wide",
+        "reference_name": "wide",
+        "reference_rows": 40,
+        "residual": 0.0,
+        "matrix": np.eye(10).tolist(),
+        "shift": [0.0] * 10,
+        "scale": 1.0,
+    }
+    save_bundle(tiny_model, models / "m-aligned", name="aligned",
+                manifest_sections={"alignment": alignment})  # fmt: skip
+    client.app.state.registry.rescan()
+    error = assert_error(client.delete("/models/m-wide"), 409, "conflict")
+    assert "'m-aligned' are aligned to model 'm-wide'" in error["message"]
+    assert client.get("/models/m-aligned/compare/m-wide").status_code == 200
+    assert client.delete("/models/m-wide", params={"force": "true"}).status_code == 204
+    assert client.delete("/models/m-aligned").status_code == 204

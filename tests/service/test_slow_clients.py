@@ -283,3 +283,74 @@ def test_a_client_leaving_mid_body_is_no_server_error(server: Server, path: str)
     assert _answers(server, "5") == errors
     log = server.log_path.read_text(errors="replace")
     assert "Traceback" not in log and "unhandled error" not in log
+
+
+def _responses(sock: socket.socket, count: int) -> list[int]:
+    """The statuses of ``count`` answers read from one connection, in order."""
+    statuses, buffer = [], b""
+    while len(statuses) < count:
+        while b"\r\n\r\n" not in buffer:
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {len(statuses)} answers"
+            buffer += chunk
+        head, _, buffer = buffer.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        length = next(
+            int(line.split(":", 1)[1])
+            for line in lines
+            if line.lower().startswith("content-length")
+        )
+        while len(buffer) < length:
+            buffer += sock.recv(65536)
+        buffer = buffer[length:]
+        statuses.append(int(lines[0].split(" ", 2)[1]))
+    return statuses
+
+
+def test_pipelined_requests_are_each_held_to_the_head_limit(server: Server) -> None:
+    """870 small GETs in one write were held to the limit as a whole: one 431."""
+    request = b"GET /health/live HTTP/1.1\r\nHost: t\r\n\r\n"
+    count = 870
+    assert len(request) * count > MAX_HEADER_BYTES
+    with _connect(server) as sock:
+        sock.sendall(request * count)
+        assert _responses(sock, count) == [200] * count
+    # Each head is still held to the limit on its own, after small ones in the same write.
+    big = b"GET /health/live HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * MAX_HEADER_BYTES + b"\r\n\r\n"
+    with _connect(server) as sock:
+        sock.sendall(request * 3 + big)
+        assert _responses(sock, 3) == [200] * 3
+        sock.shutdown(socket.SHUT_WR)
+        status, _, body = _answer(sock)
+    assert status == 431
+    _error_shape(body, "headers_too_large")
+    log = server.log_path.read_text(errors="replace")
+    assert "Traceback" not in log and "unhandled error" not in log
+
+
+def test_expect_100_continue_is_answered_before_the_body(server: Server) -> None:
+    """A wrong key was told 401 only after the client had been invited (100 Continue) to
+    send its 30 MB."""
+    for extra, key, expected in (
+        (b"Expect: 100-continue\r\n", False, 401),
+        (b"Expect: 100-continue\r\nAuthorization: Bearer wrong-key-0123456789\r\n", False, 401),
+        (b"Expect: something-else\r\n", True, 417),
+    ):
+        with _connect(server) as sock:
+            sock.sendall(_head("/embed", 30 << 20, key=key, extra=extra))
+            status, headers, body = _answer(sock)  # the server answers and closes: no body sent
+        assert status == expected and headers.get("connection") == "close", (status, headers)
+        assert not body.startswith(b"HTTP/1.1 100")
+    # With the right key the client is invited, and its body read.
+    payload = json.dumps({"inputs": [ROW]}).encode()
+    with _connect(server) as sock:
+        sock.sendall(_head("/embed", len(payload), extra=b"Expect: 100-continue\r\n"))
+        assert sock.recv(64).startswith(b"HTTP/1.1 100 Continue")
+        sock.sendall(payload)
+        assert _responses(sock, 1) == [200]
+
+
+def test_head_of_health_answers(server: Server) -> None:
+    for path in ("/health/live", "/health/ready"):
+        response = httpx.head(f"{server.url}{path}", timeout=30)
+        assert response.status_code == 200 and response.content == b"", path

@@ -79,3 +79,21 @@ def test_lists_memory_and_folds_are_checked_at_submission(
         error = assert_error(answer, 422, "invalid_input")["message"]
         assert message in error and len(error) < 500, error
     assert client.get("/jobs").json()["jobs"] == []
+
+
+def test_an_unknown_parameter_gets_the_nearest_and_the_list_without_the_servers(
+    api: Callable[..., TestClient],
+) -> None:
+    """The list named device and n_jobs, which HTTP then refused as set by the server."""
+    client = api()
+    answer = client.post("/train", json={"data": [[0.5, 1.0], [1, 2]] * 5,
+                                         "params": {"n_clustering": 5}})  # fmt: skip
+    message = assert_error(answer, 422, "invalid_input")["message"]
+    assert "unknown training parameter 'n_clustering'" in message
+    assert "(did you mean 'n_clusterings'?)" in message
+    known, _, elsewhere = message.partition("(set elsewhere:")
+    assert "device" not in known and "n_jobs" not in known, message
+    assert "device by the server (MBN_TRAIN_DEVICE)" in elsewhere
+    answer = client.post("/train", json={"data": [[0.5, 1.0], [1, 2]] * 5,
+                                         "params": {"device": "cuda"}})  # fmt: skip
+    assert "'device' is set by the server" in assert_error(answer, 422)["message"]

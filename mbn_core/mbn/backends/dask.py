@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import scipy.sparse as sp
 
+from mbn_core.distribution import install_hint
 from mbn_core.mbn.backends.base import (
     FIT,
     LayerBackend,
@@ -77,7 +78,7 @@ from mbn_core.mbn.upper import UpperLayer
 if TYPE_CHECKING:
     from distributed import Client
 
-INSTALL_HINT = "pip install 'mbn[distributed]'"
+INSTALL_HINT = install_hint("distributed")
 # Seconds to wait for the scheduler before saying it cannot be reached.
 CONNECT_TIMEOUT = 10.0
 # Tasks per worker thread and layer: enough that a worker slower than the others (a busier

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from mbn_core.distribution import install_hint
 from mbn_core.exceptions import MissingDependency
 from mbn_core.mbn.coassociation import CodesTop, cell_index, coassociation_blocks
 from mbn_core.mbn.outputs.base import (
@@ -64,7 +65,7 @@ LAYERS = ("bottom+top", "bottom")
 
 INSTALL_HINT = (
     "MBN's UMAP output needs umap-learn, a dependency of this library that is missing from "
-    "this environment: reinstall the library (pip install mbn) or pip install umap-learn"
+    f"this environment: reinstall the library ({install_hint()}) or pip install umap-learn"
 )
 
 

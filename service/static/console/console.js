@@ -131,6 +131,7 @@
       link.classList.toggle("active", link.dataset.view === view);
     }
     if (view !== "jobs") stopJobPolling();
+    if (view !== "models") stopRuntimePolling();
     document.body.dataset.view = view;
   }
 
@@ -184,6 +185,7 @@
     $("#models-empty").hidden = list.models.length > 0;
     $("#models-table").hidden = list.models.length === 0;
     show("models");
+    refreshRuntime();
   }
 
   function modelRow(model, manifest, models) {
@@ -296,6 +298,57 @@
       }
     });
     return details;
+  }
+
+  // The exact runtime of this replica: state, device, queue, steps and their times, fetched
+  // every two seconds while its panel is open and the models are shown.
+  const RUNTIME_REFRESH_MS = 2000;
+  let runtimeTimer = null;
+
+  function stopRuntimePolling() {
+    if (runtimeTimer !== null) clearTimeout(runtimeTimer);
+    runtimeTimer = null;
+  }
+
+  function histogramText(histogram, unit, scale = 1) {
+    if (!histogram) return "—";
+    const bounds = histogram.bounds.map((b) => `≤${formatNumber(b * scale)}${unit}`);
+    return histogram.counts
+      .map((count, i) => (count ? `${bounds[i] || `>${formatNumber(histogram.bounds.at(-1) * scale)}${unit}`}: ${count}` : null))
+      .filter(Boolean)
+      .join(", ") || "—";
+  }
+
+  async function refreshRuntime() {
+    stopRuntimePolling();
+    const panel = $("#runtime-panel");
+    if (!panel.open || document.body.dataset.view !== "models") return;
+    try {
+      const r = await api("/exact/runtime");
+      const ms = (value) => (value === null ? "—" : `${formatNumber(value)} ms`);
+      const rows = [
+        ["state", r.description],
+        ["device", r.device ? r.device + (r.device_note ? ` (${r.device_note})` : "") : "—"],
+        ["restarts", r.restarts],
+        ["queued requests / rows", `${r.queued_requests} / ${r.queued_rows}`],
+        ["rows computing now", r.running_rows],
+        ["models held", `${r.models_loaded} (${formatNumber(r.model_bytes / 1048576)} MiB)`],
+        ["requests / rows answered", `${r.requests} / ${r.rows}`],
+        ["steps, mean rows per step", `${r.batches}, ${num(r.mean_batch_rows)}`],
+        ["rows per step", histogramText(r.batch_rows, "")],
+        ["mean wait / compute", `${ms(r.mean_wait_ms)} / ${ms(r.mean_compute_ms)}`],
+        ["wait before the first step", histogramText(r.wait_seconds, " ms", 1000)],
+        ["cancelled / timed out / refused", `${r.cancelled} / ${r.timed_out} / ${r.rejected}`],
+      ];
+      $("#runtime-body").replaceChildren(
+        el("table", {}, el("tbody", {}, rows.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, String(v)))))),
+      );
+      panel.dataset.state = r.state;
+    } catch (error) {
+      if (error.status === 401) return;
+      $("#runtime-body").replaceChildren(el("p", { className: "error" }, error.message));
+    }
+    runtimeTimer = setTimeout(refreshRuntime, RUNTIME_REFRESH_MS);
   }
 
   // Other versions of the name, compared with this one on reference rows when opened.
@@ -754,6 +807,7 @@
     $("#train-form").addEventListener("submit", submitTraining);
     $("#forget-key").addEventListener("click", () => showKeyPrompt(""));
     $("#embed-file").addEventListener("change", () => setText("#embed-error", ""));
+    $("#runtime-panel").addEventListener("toggle", () => refreshRuntime());
     window.addEventListener("hashchange", () => route().catch(() => {}));
     const config = await fetch("/ui/config.json").then((response) => response.json());
     state.authRequired = Boolean(config.auth_required);

@@ -6,8 +6,10 @@ from typing import Any
 
 import numpy as np
 
+from mbn_core.distribution import install_hint
+
 DEVICES = ("cpu", "cuda", "auto")
-INSTALL_HINT = "pip install 'mbn[gpu]' (CuPy for your CUDA version, e.g. cupy-cuda12x)"
+INSTALL_HINT = f"{install_hint('gpu')}: CuPy for CUDA 12; on CUDA 13: pip install cupy-cuda13x"
 
 
 def require_cupy() -> Any:

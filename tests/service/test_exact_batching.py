@@ -1,0 +1,241 @@
+"""The exact runtime's queue and batcher (``service.exact.batching``): bounds, fair shares,
+priorities, the adaptive wait, cancellation and deadlines, with a clock the test moves."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.exact.batching import ExactQueue, Job, QueueFull, Step
+from service.exact.wire import BACKGROUND, CLIENT
+
+DIM = 3
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def queue(clock: Clock, **overrides: object) -> ExactQueue:
+    values: dict[str, object] = {
+        "max_requests": 8,
+        "max_rows": 1000,
+        "batch_rows": 16,
+        "background_rows": 4,
+        "max_wait": 0.005,
+        "clock": clock,
+    }
+    values.update(overrides)
+    return ExactQueue(**values)  # type: ignore[arg-type]
+
+
+def job(clock: Clock, request_id: int, n: int, **fields: object) -> Job:
+    values: dict[str, object] = {
+        "owner": "api",
+        "request_id": request_id,
+        "model": "m",
+        "priority": CLIENT,
+        # Row i of request r holds r * 1000 + i: which rows a step took is readable.
+        "rows": (request_id * 1000 + np.arange(n, dtype=np.float32))[:, None].repeat(DIM, 1),
+        "deadline": clock.now + 60,
+        "arrived": clock.now,
+    }
+    values.update(fields)
+    return Job(**values)  # type: ignore[arg-type]
+
+
+def taken(step: Step) -> list[tuple[int, int, int]]:
+    return [(part.request_id, start, stop) for part, start, stop in step.parts]
+
+
+def test_bounds_refuse_at_once_and_a_request_alone_always_fits() -> None:
+    clock = Clock()
+    q = queue(clock, max_requests=2, max_rows=10)
+    q.submit(job(clock, 1, 50))  # alone: admitted although over the row bound
+    with pytest.raises(QueueFull, match="50 exact-mode rows"):
+        q.submit(job(clock, 2, 1))
+    assert q.cancel("api", 1) is not None
+    q.submit(job(clock, 2, 6))
+    q.submit(job(clock, 3, 4))
+    with pytest.raises(QueueFull, match="2 exact-mode requests"):
+        q.submit(job(clock, 4, 1))
+    # The background has a bound of its own: clients are never refused because of it.
+    for i in range(4):
+        q.submit(job(clock, 10 + i, 1, priority=BACKGROUND))
+    with pytest.raises(QueueFull, match="background"):
+        q.submit(job(clock, 20, 1, priority=BACKGROUND))
+
+
+def test_a_step_shares_rows_fairly_and_splits_large_requests() -> None:
+    clock = Clock()
+    q = queue(clock)
+    q.submit(job(clock, 1, 100))  # a large request first
+    q.submit(job(clock, 2, 1))
+    q.submit(job(clock, 3, 3))
+    step = q.next_step(timeout=0)
+    assert step is not None
+    # Equal shares (16 // 3 = 5 each, the small ones whole), then the rest to the oldest.
+    assert taken(step) == [(1, 0, 12), (2, 0, 1), (3, 0, 3)]
+    np.testing.assert_array_equal(step.rows[:, 0], [*range(1000, 1012), 2000, 3000, 3001, 3002])
+    done = q.finish(step, 0.01)
+    assert [j.request_id for j in done] == [2, 3]  # answered after one step
+    # The large one goes on; a small one arriving meanwhile shares the very next step.
+    q.submit(job(clock, 4, 2))
+    step = q.next_step(timeout=0)
+    assert step is not None and taken(step) == [(1, 12, 26), (4, 0, 2)]
+
+
+def test_models_are_never_mixed_and_the_oldest_request_picks_the_model() -> None:
+    clock = Clock()
+    q = queue(clock)
+    q.submit(job(clock, 1, 2, model="a"))
+    q.submit(job(clock, 2, 2, model="b"))
+    q.submit(job(clock, 3, 2, model="a"))
+    step = q.next_step(timeout=0)
+    assert step is not None and step.model == "a" and taken(step) == [(1, 0, 2), (3, 0, 2)]
+    q.finish(step, 0.0)
+    step = q.next_step(timeout=0)
+    assert step is not None and step.model == "b"
+
+
+def test_background_rows_wait_for_every_client_row_and_come_in_short_steps() -> None:
+    clock = Clock()
+    q = queue(clock)
+    q.submit(job(clock, 1, 10, priority=BACKGROUND))
+    q.submit(job(clock, 2, 1))
+    step = q.next_step(timeout=0)
+    assert step is not None and taken(step) == [(2, 0, 1)]
+    q.finish(step, 0.0)
+    step = q.next_step(timeout=0)
+    assert step is not None and step.priority == BACKGROUND and taken(step) == [(1, 0, 4)]
+    q.submit(job(clock, 3, 1))  # a client arrives while a background step computes
+    q.finish(step, 0.0)
+    step = q.next_step(timeout=0)
+    assert step is not None and taken(step) == [(3, 0, 1)]
+
+
+def test_requests_that_may_not_share_are_computed_alone_and_whole() -> None:
+    clock = Clock()
+    q = queue(clock, batch_rows=4)
+    q.submit(job(clock, 1, 10, mergeable=False))
+    q.submit(job(clock, 2, 1))
+    step = q.next_step(timeout=0)
+    assert step is not None and taken(step) == [(1, 0, 10)]  # past batch_rows, in one call
+    q.finish(step, 0.0)
+    q.submit(job(clock, 3, 1, mergeable=False))
+    step = q.next_step(timeout=0)
+    assert step is not None and taken(step) == [(2, 0, 1)]  # never with request 3
+
+
+def test_the_wait_adapts_to_how_many_requests_the_last_step_answered() -> None:
+    clock = Clock()
+    q = queue(clock)
+    for i in range(3):
+        q.submit(job(clock, i, 1))
+    step = q.next_step(timeout=0)
+    assert step is not None and len(step.parts) == 3
+    q.finish(step, 0.2)  # three answered by a step of 200 ms: their clients send again soon
+    q.submit(job(clock, 10, 1))
+    assert q.next_step(timeout=0) is None  # waits for more, up to 5 ms
+    clock.now += 0.004
+    q.submit(job(clock, 11, 1))
+    assert q.next_step(timeout=0) is None
+    clock.now += 0.001  # the first waited max_wait: go with what is there
+    step = q.next_step(timeout=0)
+    assert step is not None and taken(step) == [(10, 0, 1), (11, 0, 1)]
+    q.finish(step, 0.2)
+    for i in (20, 21):  # as many as the last step answered: no wait at all
+        q.submit(job(clock, i, 1))
+    step = q.next_step(timeout=0)
+    assert step is not None and len(step.parts) == 2
+    q.finish(step, 0.2)
+    q.submit(job(clock, 30, 1))
+    assert q.next_step(timeout=0) is None
+    clock.now += 0.005
+    step = q.next_step(timeout=0)
+    assert step is not None
+    q.finish(step, 0.2)
+    # After a step that answered one request, a lone client never waits.
+    q.submit(job(clock, 31, 1))
+    assert q.next_step(timeout=0) is not None
+
+
+def test_the_wait_is_a_tenth_of_a_step_at_most() -> None:
+    clock = Clock()
+    q = queue(clock, max_wait=1.0)
+    for i in range(2):
+        q.submit(job(clock, i, 1))
+    step = q.next_step(timeout=0)
+    assert step is not None
+    q.finish(step, 0.01)  # a 10 ms step: at most 1 ms of waiting
+    q.submit(job(clock, 5, 1))
+    assert q.next_step(timeout=0) is None
+    clock.now += 0.001
+    assert q.next_step(timeout=0) is not None
+
+
+def test_cancelled_rows_leave_the_queue_and_free_their_room() -> None:
+    clock = Clock()
+    q = queue(clock, max_requests=3, max_rows=300, batch_rows=8)
+    for i in range(3):
+        q.submit(job(clock, i, 100))
+    step = q.next_step(timeout=0)
+    assert step is not None and {part.request_id for part, _, _ in step.parts} == {0, 1, 2}
+    for i in range(3):  # their clients leave while the step computes
+        assert q.cancel("api", i) is not None
+    assert step.abandoned
+    assert q.depth() == (0, 0, 8)
+    q.submit(job(clock, 9, 1))  # room again at once
+    assert q.finish(step, 0.1) == []  # computed, thrown away: nobody is answered
+    step = q.next_step(timeout=0)
+    assert step is not None and taken(step) == [(9, 0, 1)]
+    assert q.cancel("api", 12345) is None
+
+
+def test_a_connection_that_closes_cancels_its_requests() -> None:
+    clock = Clock()
+    q = queue(clock)
+    q.submit(job(clock, 1, 2, owner="a"))
+    q.submit(job(clock, 1, 2, owner="b"))  # the same id on another connection
+    assert [j.owner for j in q.cancel_owner("a")] == ["a"]
+    step = q.next_step(timeout=0)
+    assert step is not None and [p.owner for p, _, _ in step.parts] == ["b"]
+
+
+def test_requests_past_their_deadline_are_dropped_and_handed_back() -> None:
+    clock = Clock()
+    q = queue(clock)
+    q.submit(job(clock, 1, 2, deadline=clock.now + 1))
+    q.submit(job(clock, 2, 2, deadline=clock.now + 10))
+    clock.now += 2
+    assert q.next_step(timeout=0) is None  # expired jobs are answered first
+    assert [j.request_id for j in q.take_expired()] == [1]
+    step = q.next_step(timeout=0)
+    assert step is not None and taken(step) == [(2, 0, 2)]
+
+
+def test_a_failed_step_hands_back_its_requests_once() -> None:
+    clock = Clock()
+    q = queue(clock)
+    q.submit(job(clock, 1, 2))
+    q.submit(job(clock, 2, 2, model="other"))
+    q.submit(job(clock, 3, 2))
+    step = q.next_step(timeout=0)
+    assert step is not None
+    assert sorted(j.request_id for j in q.abort(step)) == [1, 3]
+    assert [j.request_id for j in q.cancel_model("other")] == [2]
+    assert q.depth() == (0, 0, 0)
+
+
+def test_close_hands_back_every_request_and_refuses_new_ones() -> None:
+    clock = Clock()
+    q = queue(clock)
+    q.submit(job(clock, 1, 2))
+    assert [j.request_id for j in q.close()] == [1]
+    assert q.next_step(timeout=0) is None
+    with pytest.raises(QueueFull, match="stopping"):
+        q.submit(job(clock, 2, 1))
