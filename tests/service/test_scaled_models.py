@@ -26,7 +26,7 @@ def scaled(model: CompressiveMBN, x: np.ndarray, factor0: float = 1.0) -> Traine
     scaling = InputScaling.fit(x, "standard")
     assert scaling.factor is not None
     scaling.factor[0] *= np.float32(factor0)
-    trained = TrainedModel.from_compressor(model)
+    trained = model.as_trained_model()
     trained.input_scaling = scaling
     trained.fast_path = scale_graph_input(trained.fast_path, scaling)
     return trained
