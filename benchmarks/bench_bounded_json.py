@@ -50,9 +50,8 @@ SAMPLE_SECONDS = 0.01
 def write_model(model_dir: Path) -> None:
     from sklearn.datasets import load_digits
 
-    from mbn_core import MBN
+    from mbn_core import MBN, CompressiveMBN
     from mbn_core.bundle import save_bundle
-    from mbn_core.pipeline.distilled import CompressiveMBN
 
     x, y = load_digits(return_X_y=True)
     mbn = MBN(n_clusterings=10, random_state=0, n_jobs=1)

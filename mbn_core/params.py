@@ -20,20 +20,35 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+# scikit-learn's parameter validation is private API (sklearn.utils._param_validation,
+# sklearn.base._fit_context), which every estimator here declares its parameters with: this
+# module is its one importer, re-exporting what the others use. pyproject.toml bounds
+# scikit-learn below its next release; tests/mbn_core/test_dependency_apis.py checks them.
+from sklearn.base import _fit_context as fit_context
 from sklearn.utils._param_validation import (
+    HasMethods,
+    Interval,
     InvalidParameterError,
+    RealNotInt,
     StrOptions,
     validate_parameter_constraints,
 )
 
 __all__ = [
     "CheckedParams",
+    "HasMethods",
+    "Interval",
     "InvalidParameterError",
     "Param",
+    "RealNotInt",
+    "StrOptions",
     "describe_constraints",
     "estimator_params",
+    "fit_context",
     "markdown_table",
     "parse_flag",
+    "validate_parameter_constraints",
 ]
 
 

@@ -19,9 +19,8 @@ from typing import Any
 import numpy as np
 from sklearn.manifold import TSNE
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval
 
-from mbn_core.params import Param
+from mbn_core.params import Interval, Param
 from mbn_core.utils.npz import arrays_from_npz, npz_bytes
 from mbn_core.utils.pca import fit_pca
 

@@ -4,4 +4,6 @@ import sys
 
 from mbn_core.cli import main
 
-sys.exit(main())
+# Guarded: a process that multiprocessing spawns from this one imports this module again.
+if __name__ == "__main__":
+    sys.exit(main())

@@ -26,9 +26,8 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.utils._param_validation import StrOptions
 
-from mbn_core.params import Param
+from mbn_core.params import Param, StrOptions
 from mbn_core.utils.npz import arrays_from_npz, npz_bytes
 
 SCALING_FILE = "input_scaling.npz"

@@ -11,9 +11,9 @@ from __future__ import annotations
 from numbers import Real
 
 import numpy as np
-from sklearn.utils._param_validation import Interval
 
 from mbn_core.layouts.umap import UMAPLayout
+from mbn_core.params import Interval
 
 
 class DensMAP(UMAPLayout):

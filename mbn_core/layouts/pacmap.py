@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval, StrOptions
 
 from mbn_core.layouts.base import LayoutMethod, matrix_array
+from mbn_core.params import Interval, StrOptions
 
 _SEED_RANGE = 2**31 - 1
 # PaCMAP's phases: the first two iterations counts are fixed (its default schedule).

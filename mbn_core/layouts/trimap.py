@@ -15,9 +15,9 @@ from types import ModuleType
 
 import numpy as np
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval, StrOptions
 
 from mbn_core.layouts.base import LayoutMethod
+from mbn_core.params import Interval, StrOptions
 
 _SEED_RANGE = 2**31 - 1
 

@@ -17,10 +17,10 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.neighbors import NearestNeighbors
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval, StrOptions
 
 from mbn_core.exceptions import TrainingStopped
 from mbn_core.layouts.base import LayoutMethod, matrix_array
+from mbn_core.params import Interval, StrOptions
 
 # openTSNE's own defaults for placing new rows.
 _TRANSFORM_K = 25

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 from sklearn.neighbors import NearestNeighbors
-from sklearn.utils._param_validation import Interval, StrOptions
 
 from mbn_core.layouts.base import LayoutMethod, matrix_array
+from mbn_core.params import Interval, StrOptions
 
 METRICS = ("euclidean", "cosine", "manhattan", "correlation")
 # The seed of umap-learn's transform (its default).

@@ -13,7 +13,6 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval, RealNotInt, StrOptions
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from mbn_core.data.checks import check_magnitude
@@ -26,7 +25,7 @@ from mbn_core.mbn.network import MAX_LAYERS, Network
 from mbn_core.mbn.outputs import AUTO, FittedOutput, OutputProgress, get_output, output_names
 from mbn_core.mbn.plan import Plan, settle
 from mbn_core.mbn.upper import UpperLayer
-from mbn_core.params import CheckedParams, check_int_items
+from mbn_core.params import CheckedParams, Interval, RealNotInt, StrOptions, check_int_items
 from mbn_core.utils.blas import one_blas_thread
 
 METRICS = ("euclidean", "cosine")

@@ -19,13 +19,12 @@ from collections.abc import Callable
 from numbers import Integral, Real
 
 import numpy as np
-from sklearn.base import _fit_context
 from sklearn.utils import check_random_state, resample
-from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import validate_data
 
 from mbn_core.modular.kernel_map import KernelFeatures, LandmarkMap, fit_kernel_features
 from mbn_core.modular.kpca import LandmarkMapTransformer
+from mbn_core.params import Interval, StrOptions, fit_context
 from mbn_core.utils.pca import fit_pca
 
 
@@ -148,7 +147,7 @@ class ModularBaseline(LandmarkMapTransformer):
         self.gamma = gamma
         self.random_state = random_state
 
-    @_fit_context(prefer_skip_nested_validation=True)
+    @fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y=None):
         """Fit the baseline to X (array-like (n_samples, n_features), at least 2 rows)."""
         X = validate_data(self, X, dtype=np.float64, order="C", ensure_min_samples=2)

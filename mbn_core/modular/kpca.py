@@ -9,9 +9,8 @@ from collections.abc import Callable
 from numbers import Integral, Real
 
 import numpy as np
-from sklearn.base import BaseEstimator, TransformerMixin, _fit_context
+from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from mbn_core.exceptions import TrainingStopped
@@ -24,6 +23,7 @@ from mbn_core.modular.kernel_map import (
     map_from_arrays,
     map_to_arrays,
 )
+from mbn_core.params import Interval, StrOptions, fit_context
 
 ProgressCallback = Callable[[int, int, int], object]
 
@@ -189,7 +189,7 @@ class ModularKPCA(LandmarkMapTransformer):
         self.random_state = random_state
         self.callback = callback
 
-    @_fit_context(prefer_skip_nested_validation=True)
+    @fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y=None):
         """Fit the modules to X.
 

@@ -12,15 +12,15 @@ from collections.abc import Callable
 from numbers import Integral
 
 import numpy as np
-from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin, _fit_context
+from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 from sklearn.cluster import KMeans
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from mbn_core.exceptions import TrainingStopped
 from mbn_core.multilevel import _solvers as _multilevel
 from mbn_core.multilevel.neighbors import exact_kneighbors, knn_graph
+from mbn_core.params import Interval, StrOptions, fit_context
 
 ProgressCallback = Callable[[int, int, int], object]
 
@@ -149,7 +149,7 @@ class MultilevelEmbedding(TransformerMixin, BaseEstimator):
         self.fit_transform(X)
         return self
 
-    @_fit_context(prefer_skip_nested_validation=True)
+    @fit_context(prefer_skip_nested_validation=True)
     def fit_transform(self, X, y=None):
         """Fit the embedding and return the training rows' embedding ``embedding_``."""
         previous_state = dict(self.__dict__)
@@ -336,7 +336,7 @@ class MultilevelKMeans(ClusterMixin, BaseEstimator):
         self.random_state = random_state
         self.callback = callback
 
-    @_fit_context(prefer_skip_nested_validation=True)
+    @fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y=None):
         """Cluster X.
 

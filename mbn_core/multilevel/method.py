@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from sklearn.utils._param_validation import StrOptions
 
 from mbn_core.methods import Method, Reporter, register
 from mbn_core.multilevel.embedding import (
@@ -23,7 +22,7 @@ from mbn_core.multilevel.embedding import (
     embedding_from_arrays,
     embedding_to_arrays,
 )
-from mbn_core.params import CheckedParams
+from mbn_core.params import CheckedParams, StrOptions
 
 # Share of a fit's time before the coarsest level is embedded (k-NN graph and coarsening:
 # the k-NN search dominates on high-dimensional data) and spent embedding it.

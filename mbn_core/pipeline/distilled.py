@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin, clone
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 
 from mbn_core.bundle.trained import TrainedModel, estimator_hyperparameters
@@ -38,7 +37,7 @@ from mbn_core.methods import (
     get_method,
     method_of,
 )
-from mbn_core.params import CheckedParams, check_int_items
+from mbn_core.params import CheckedParams, HasMethods, Interval, StrOptions, check_int_items
 from mbn_core.pipeline.fidelity import fidelity_report
 from mbn_core.pipeline.head import nearest
 from mbn_core.pipeline.layouts import run_layout_pipeline

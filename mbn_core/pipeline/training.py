@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import validate_parameter_constraints
 
 from mbn_core.bundle import (
     Bundle,
@@ -46,7 +45,11 @@ from mbn_core.methods import (
     Method,
     get_method,
 )
-from mbn_core.params import InvalidParameterError, check_estimator_params
+from mbn_core.params import (
+    InvalidParameterError,
+    check_estimator_params,
+    validate_parameter_constraints,
+)
 from mbn_core.pipeline.alignment import check_compatible, reference_files
 from mbn_core.pipeline.distilled import DistilledEmbedding
 from mbn_core.pipeline.exported import ExportedFastPath, detach_callback

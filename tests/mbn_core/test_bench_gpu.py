@@ -43,8 +43,8 @@ def tiny_bundle_dir(tmp_path):
     """A model directory holding one small digits bundle."""
     from sklearn.datasets import load_digits
 
+    from mbn_core import CompressiveMBN
     from mbn_core.bundle import save_bundle
-    from mbn_core.pipeline.distilled import CompressiveMBN
 
     x = load_digits().data.astype(np.float32)
     model = CompressiveMBN(

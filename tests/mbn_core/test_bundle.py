@@ -204,7 +204,7 @@ def test_overwrite_never_replaces_other_files(model, tmp_path):
 @pytest.mark.slow
 def test_interrupted_write_leaves_nothing(model, tmp_path, monkeypatch):
     written = []
-    real_write = save_module._write_synced
+    real_write = save_module.write_synced
 
     def write_then_interrupt(path, data):
         written.append(path.name)
@@ -212,7 +212,7 @@ def test_interrupted_write_leaves_nothing(model, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         real_write(path, data)
 
-    monkeypatch.setattr(save_module, "_write_synced", write_then_interrupt)
+    monkeypatch.setattr(save_module, "write_synced", write_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         save_bundle(model, tmp_path / "m", name="m")
     assert list(tmp_path.iterdir()) == []

@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from importlib import metadata
 
 import numpy as np
@@ -24,7 +23,11 @@ SMALL = [
 ]  # fmt: skip
 
 
-def run_mbn(*args, cwd, timeout=120):
+# A hang detector, not a speed check: a busy machine (load 6 on 2 cores) takes minutes.
+DEADLINE = 600
+
+
+def run_mbn(*args, cwd, timeout=DEADLINE):
     return subprocess.run(
         [sys.executable, "-m", "mbn_core.cli", *map(str, args)],
         cwd=cwd,
@@ -98,7 +101,8 @@ def test_user_error_is_one_line_with_status_2(trained, workdir):
 
 @pytest.mark.slow
 def test_interrupt_leaves_no_bundle(workdir):
-    # Big enough to still be fitting MBN when the signal arrives.
+    # Big enough to still be fitting MBN when the signal arrives: "Training on" is printed
+    # once the data is read, as training starts, and the fit takes minutes.
     process = subprocess.Popen(
         [sys.executable, "-m", "mbn_core.cli", "train", "digits.npz", "--out", "interrupted",
          "--n-clusterings", "2000", "--k1", "0.5", "--quiet"],
@@ -114,9 +118,8 @@ def test_interrupt_leaves_no_bundle(workdir):
     try:
         assert process.stdout is not None
         assert process.stdout.readline().startswith("Training on")
-        time.sleep(1.0)
         process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=60)
+        _, stderr = process.communicate(timeout=DEADLINE)
     finally:
         process.kill()
     assert process.returncode == cli.EXIT_INTERRUPTED, stderr
@@ -249,7 +252,7 @@ def test_the_service_commands_parse(tmp_path):
     for command, option in (("serve", "--workers"), ("worker", "training jobs")):
         result = subprocess.run(
             [sys.executable, "-m", "service", command, "--help"],
-            capture_output=True, text=True, cwd=tmp_path, timeout=120,
+            capture_output=True, text=True, cwd=tmp_path, timeout=DEADLINE,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert option in result.stdout

@@ -1,9 +1,7 @@
 """The MBN estimator: scikit-learn contract, determinism, exactness, bad input."""
 
-import functools
 import io
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -563,17 +561,22 @@ def test_a_stopped_fit_waits_for_a_few_draws_not_a_layers(monkeypatch):
     from mbn_core.mbn import layer_draws
 
     calls: list[int] = []
+    started = threading.Event()
+    cancels: list[threading.Event] = []
 
     def slow_rows(rng, n, k, times):
+        # The first run of clusterings lasts until the draws are cancelled.
         calls.append(times)
-        time.sleep(0.05)
+        started.set()
+        assert cancels[0].wait(300), "the draws were never cancelled"
         return np.zeros((times, k), dtype=np.int64)
 
+    def draw(k, cancelled):
+        cancels.append(cancelled)
+        return layer_draws.draw_upper(400, 1000, np.random.RandomState(0), k, cancelled)
+
     monkeypatch.setattr(layer_draws, "choose_rows", slow_rows)
-    draw = functools.partial(layer_draws.draw_upper, 400, 1000, np.random.RandomState(0))
     with layer_draws.DrawsAhead(draw, [10, 10]):
-        deadline = time.monotonic() + 30
-        while not calls and time.monotonic() < deadline:
-            time.sleep(0.001)
-    # One run of clusterings (perhaps two) of the first layer's 25, none of the second's.
-    assert 1 <= len(calls) <= 2 and all(times == layer_draws.DRAWN_TOGETHER for times in calls)
+        assert started.wait(300), "the first layer's draws never started"
+    # One run of clusterings of the first layer's 25, none of the second's.
+    assert calls == [layer_draws.DRAWN_TOGETHER]

@@ -130,9 +130,8 @@ def test_bundles_saved_before_embed_identically_when_mapped(name: str, tmp_path:
 def test_a_new_bundle_maps_its_exact_model(tmp_path: Path) -> None:
     from sklearn.datasets import load_digits
 
-    from mbn_core import MBN
+    from mbn_core import MBN, CompressiveMBN
     from mbn_core.bundle import save_bundle
-    from mbn_core.pipeline.distilled import CompressiveMBN
 
     x = load_digits().data[:300].astype(np.float32)
     model = CompressiveMBN(

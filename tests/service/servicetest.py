@@ -154,8 +154,19 @@ def serving(env: dict[str, str], log_path: Path, *, ready: bool = True) -> Itera
         server.stop()
 
 
+# The shortest deadline of a wait: each wait ends as soon as its condition holds, so the
+# deadline only detects a hang, and a busy machine (load 6 on 2 cores) needs minutes where a
+# quiet one needs seconds.
+BUSY_MACHINE_SECONDS = 120.0
+
+
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    """Poll until ``condition()`` is truthy; return its value or fail naming ``what``."""
+    """Poll until ``condition()`` is truthy; return its value or fail naming ``what``.
+
+    ``timeout`` is what a quiet machine needs; the wait allows at least
+    ``BUSY_MACHINE_SECONDS``.
+    """
+    timeout = max(timeout, BUSY_MACHINE_SECONDS)
     deadline = time.monotonic() + timeout
     while True:
         value = condition()

@@ -78,11 +78,19 @@ def browser() -> Iterator[Any]:
         browser.close()
 
 
+# How long a wait for the page (a selector, a navigation) may take before the test fails:
+# each wait ends on its event, so this is only a hang detector, long enough for a busy machine
+# (load 6 on 2 cores), where Playwright's 30 s failed the map's exact embedding.
+WAIT_MS = 300_000
+
+
 class Page:
     """A browser tab on the server that records console errors and every request's URL."""
 
     def __init__(self, browser: Any, server: Server, key: str | None = KEY) -> None:
         self.context = browser.new_context(viewport=VIEWPORT)
+        self.context.set_default_timeout(WAIT_MS)
+        self.context.set_default_navigation_timeout(WAIT_MS)
         if key is not None:
             self.context.add_init_script(f"sessionStorage.setItem('mbn.apiKey', {key!r})")
         self.page = self.context.new_page()
@@ -183,7 +191,9 @@ def test_without_a_key_only_the_prompt_shows_and_a_wrong_key_is_refused(
         page.wait_for_selector("#models-table tr[data-model-id='m-digits']")
         assert page.evaluate("sessionStorage.getItem('mbn.apiKey')") == KEY
         # The key stays with the tab: a new tab asks again.
-        other = tab.context.browser.new_context().new_page()
+        other_context = tab.context.browser.new_context()
+        other_context.set_default_timeout(WAIT_MS)
+        other = other_context.new_page()
         other.goto(f"{server.url}/ui/")
         other.wait_for_selector("#key-view:not([hidden])")
         other.context.close()
@@ -335,9 +345,7 @@ def submitted_job(tab: Page, server: Server) -> str:
     what the page and the server saw (a bare timeout said neither)."""
     page = tab.page
     try:
-        page.wait_for_selector(
-            "#train-result:has-text('queued'), #train-error:not(:empty)", timeout=90_000
-        )
+        page.wait_for_selector("#train-result:has-text('queued'), #train-error:not(:empty)")
     except sync_api.TimeoutError:
         pytest.fail(
             f"no answer to the form in 90 s; page errors {tab.errors}; "
@@ -400,9 +408,9 @@ def test_a_job_from_the_form_shows_progress_to_success_and_its_model_can_be_dele
     page.click("#train-submit")
     job_id = submitted_job(tab, server)
     row = f"#jobs-table tr[data-job-id='{job_id}']"
-    page.wait_for_selector(f"{row}[data-status='running']", timeout=120_000)
+    page.wait_for_selector(f"{row}[data-status='running']")
     page.screenshot(path=screenshots / "console-jobs.png", full_page=True)
-    page.wait_for_selector(f"{row}[data-status='succeeded']", timeout=300_000)
+    page.wait_for_selector(f"{row}[data-status='succeeded']")
     seen = [s for s in page.evaluate("window.seen") if s[0] == job_id]
     running = [s for s in seen if s[1] == "running"]
     # Which fractions and phases a 1 s poll catches depends on the job's speed; what must hold
