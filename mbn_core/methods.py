@@ -119,6 +119,10 @@ class Method:
     check_rows : callable or None
         ``check_rows(estimator, n_samples)``: ValueError at once when the parameters cannot
         work for that many rows (before a job is queued).
+    check_features : callable or None
+        ``check_features(estimator, n_features)``: ValueError at once, naming the parameter
+        and the minimum, when the parameters cannot work on rows of that many features
+        (before a job is queued).
     memory : callable or None
         ``memory(estimator, shape) -> float``: the bytes the fit holds at its peak beyond
         its input rows, an upper estimate, checked against the host's memory before a job
@@ -165,6 +169,7 @@ class Method:
     track: Callable[[Any, tuple[int, int], Reporter], None] | None = None
     cost: Callable[[Any, tuple[int, int]], float] | None = None
     check_rows: Callable[[Any, int], None] | None = None
+    check_features: Callable[[Any, int], None] | None = None
     memory: Callable[[Any, tuple[int, int]], float] | None = None
     facts: Callable[[Any], dict[str, Any]] | None = None
     describe: Callable[[Mapping[str, Any]], dict[str, list[str]]] | None = None

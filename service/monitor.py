@@ -86,6 +86,7 @@ class ModelWindow:
     fast: deque[np.ndarray] = field(init=False)
     exact: deque[np.ndarray] = field(init=False)
     centers: np.ndarray | None = None  # the clustering head's, from the exact model
+    no_exact_map: bool = False  # the model's method has none: no live fidelity to measure
     version: int = 0
     cached: tuple[int, dict[str, Any]] | None = None  # (version, live fidelity)
 
@@ -258,6 +259,7 @@ class LiveMonitor:
         centers = self._head_centers(bundle) if exact is not None else None
         with self._lock:
             window = self._window(bundle.id)
+            window.no_exact_map = bundle.no_exact_map is not None
             if novel is not None and out_of_range is not None:
                 window.novel.extend(novel.tolist())
                 window.out_of_range.extend(out_of_range.tolist())
@@ -374,20 +376,23 @@ class LiveMonitor:
     def gauges(self) -> list[tuple[str, str, dict[str, float]]]:
         """(model id, model name, the gauges' values) of every model with a window, as of
         now: R^2 and median cosine as ``measure_fidelity`` computes them (without its k-means,
-        so a scrape stays cheap), and the shares."""
+        so a scrape stays cheap), and the shares. A model whose method has no exact map has
+        no live fidelity gauges at all (a zero would read as a broken fast path)."""
         out = []
         with self._lock:
             windows = [
                 (model_id, w, list(w.fast), list(w.exact), list(w.novel), list(w.out_of_range))
                 for model_id, w in self._windows.items()
             ]
-        for model_id, _, fast, exact, novel, out_of_range in windows:
-            r2 = cosine = 0.0
-            if fast:
-                r2, cosine = r2_and_median_cosine(np.array(exact), np.array(fast))
-            values = {
-                "mbn_live_fidelity_r2": r2,
-                "mbn_live_fidelity_cosine": cosine,
+        for model_id, window, fast, exact, novel, out_of_range in windows:
+            values: dict[str, float] = {}
+            if not window.no_exact_map:
+                r2 = cosine = 0.0
+                if fast:
+                    r2, cosine = r2_and_median_cosine(np.array(exact), np.array(fast))
+                values["mbn_live_fidelity_r2"] = r2
+                values["mbn_live_fidelity_cosine"] = cosine
+            values |= {
                 "mbn_input_novelty_share": float(np.mean(novel)) if novel else 0.0,
                 "mbn_input_out_of_range_share": float(np.mean(out_of_range))
                 if out_of_range

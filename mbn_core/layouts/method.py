@@ -32,6 +32,10 @@ def _check_rows(model: LayoutMethod, n_samples: int) -> None:
     model.check_rows(n_samples)
 
 
+def _check_features(model: LayoutMethod, n_features: int) -> None:
+    model.check_features(n_features)
+
+
 def _track_tsne(model: TSNE, shape: tuple[int, int], report: Reporter) -> None:
     def progress(done: int, total: int) -> bool:
         return report(done / total, f"t-SNE iteration {done}/{total}")
@@ -57,6 +61,7 @@ def _register(
             save=lambda model: model.to_arrays(),
             load=cls.from_arrays,
             check_rows=_check_rows,
+            check_features=_check_features,
             facts=_facts,
             layout=True,
             no_exact_map=cls.exact_map,

@@ -28,7 +28,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 
 from mbn_core.bundle.trained import TrainedModel, estimator_hyperparameters
-from mbn_core.distill.student import Distiller, EpochCallback, Student, predict
+from mbn_core.distill.student import HEADS, Distiller, EpochCallback, Student, scaled_output
 from mbn_core.methods import (
     DEFAULT_METHOD,
     MODES,
@@ -54,11 +54,14 @@ MAX_HIDDEN_LAYERS = 16
 # What the MLP learns for a training row: the teacher's in-sample embedding. (Leave-self-out
 # targets were measured and removed: bundles trained with them are refused on load.)
 TARGETS = ("in-sample",)
+# ``student_head``: a head of ``HEADS``, or "auto": atoms for a layout method's layout
+# (``Method.layout``), a regression for every other teacher.
+STUDENT_HEADS = ("auto", *HEADS)
 
 
 class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
-    """Any embedding method distilled into an MLP regressor: a fast embedding plus an optional
-    cluster head (``CompressiveMBN`` is the same class, named after the paper).
+    """Any embedding method distilled into an MLP: a fast embedding plus an optional cluster
+    head (``CompressiveMBN`` is the same class, named after the paper).
 
     ``fit`` keeps a random ``holdout_fraction`` of the rows aside, trains the teacher (the
     default method, an MBN, unless told otherwise, or uses a fitted one) on the others, then a
@@ -122,6 +125,17 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
     tol : float, default=1e-4
         Smallest improvement of the validation loss (mean squared error on scaled targets)
         that counts.
+    student_head : {"auto", "regression", "atoms"}, default="auto"
+        How the MLP ends. "regression": it regresses the embedding (squared error). "atoms":
+        k-means finds ``n_atoms`` atoms in the training rows' embedding, the MLP classifies
+        each row's atom (cross-entropy), and a row's embedding is the mean of the atoms
+        weighted by the MLP's sharpened probabilities; a layout's tight clusters and wide
+        gaps call for it, since a regressor unsure between two clusters puts a row in the
+        gap between them. "auto": "atoms" for a layout method (t-SNE, UMAP, densMAP,
+        PaCMAP, TriMap), "regression" for every other teacher (MBN's smooth PCA output).
+    n_atoms : int >= 3, default=100
+        Atoms of the "atoms" head (fewer on small data: at most one per 5 training rows;
+        under 3 the student regresses).
     validation_fraction : float in [0, 0.5), default=0.1
         Fraction of the non-held-out points on which the best epoch is chosen (and early
         stopping decided). 0 keeps the last epoch's weights.
@@ -166,8 +180,14 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         The fitted exact embedding (the MBN).
     input_map_ : InputMap
         From an input row to the MLP's input: standardised, or projected (``input_components``).
-    mlp_ : MLPRegressor
-        The network from the mapped input to the scaled embedding, float32.
+    mlp_ : MLPRegressor or MLPClassifier
+        The network from the mapped input to the scaled embedding, float32; with the atom
+        head, to the atoms' probabilities.
+    atoms_ : ndarray of shape (n_atoms, n_components_), float32, or None
+        The atom head's atoms in scaled units (embedding = probabilities @ atoms_ *
+        target_scale_ + target_mean_); None with the regression head.
+    student_head_ : str
+        The head trained: "regression" or "atoms".
     target_mean_, target_scale_ : ndarray of shape (n_components_,), float32
         Embedding = MLP output * target_scale_ + target_mean_.
     cluster_centers_ : ndarray of shape (n_clusters, n_components_), float32, or None
@@ -228,6 +248,8 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         "input_noise": [Interval(Real, 0, None, closed="left"), StrOptions({"auto"})],
         "input_components": [Interval(Integral, 1, None, closed="left"), None],
         "tol": [Interval(Real, 0, None, closed="left")],
+        "student_head": [StrOptions(set(STUDENT_HEADS))],
+        "n_atoms": [Interval(Integral, 3, None, closed="left")],
         "validation_fraction": [Interval(Real, 0, 0.5, closed="left")],
         "holdout_fraction": [Interval(Real, 0, 0.5, closed="right")],
         "report_folds": [Interval(Integral, 2, None, closed="left"), StrOptions({"auto"}), None],
@@ -252,6 +274,8 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         input_noise: float | str = "auto",
         input_components: int | None = 32,
         tol: float = 1e-4,
+        student_head: str = "auto",
+        n_atoms: int = 100,
         validation_fraction: float = 0.1,
         holdout_fraction: float = 0.1,
         report_folds: int | str | None = "auto",
@@ -272,6 +296,8 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         self.input_noise = input_noise
         self.input_components = input_components
         self.tol = tol
+        self.student_head = student_head
+        self.n_atoms = n_atoms
         self.validation_fraction = validation_fraction
         self.holdout_fraction = holdout_fraction
         self.report_folds = report_folds
@@ -334,6 +360,8 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         self.teacher_ = fitted.estimator
         self.input_map_ = student.input_map
         self.mlp_ = student.mlp
+        self.atoms_ = student.atoms
+        self.student_head_ = student.head
         self.target_mean_ = student.target_mean
         self.target_scale_ = student.target_scale
         self.n_components_ = int(fitted.embedding.shape[1])
@@ -397,7 +425,15 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
             input_components=self.input_components,
             tol=self.tol,
             threads=self._blas_threads(),
+            head=self._resolved_head(),
+            n_atoms=self.n_atoms,
         )
+
+    def _resolved_head(self) -> str:
+        """The head ``student_head`` asks for: "auto" resolved by the teacher."""
+        if self.student_head != "auto":
+            return str(self.student_head)
+        return "atoms" if _lays_out(self.teacher) else "regression"
 
     def _fit_teacher(self, X, rng, quiet: bool, model_teacher=None) -> tuple[Any, np.ndarray]:
         """The fitted teacher and its targets for X: ``fit_transform``; ``transform`` when
@@ -440,7 +476,7 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         """
         check_is_fitted(self)
         X = validate_data(self, X, accept_sparse="csr", dtype=np.float32, reset=False)
-        scaled = predict(self.mlp_, self.input_map_.transform(X), self.n_components_)
+        scaled = scaled_output(self.mlp_, self.atoms_, self.input_map_.transform(X))
         return scaled * self.target_scale_ + self.target_mean_
 
     def exact_transform(self, X) -> np.ndarray:
@@ -490,6 +526,8 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
             "input_sparse": bool(self.input_sparse_),
             "n_epochs": int(self.n_epochs_),
             "input_noise": round(float(self.input_noise_), 6),
+            "student_head": self.student_head_,
+            **({} if self.atoms_ is None else {"n_atoms": len(self.atoms_)}),
             "seconds": {key: round(float(value), 3) for key, value in self.timings_.items()},
         }
         if method.facts is not None:

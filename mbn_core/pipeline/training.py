@@ -245,11 +245,14 @@ class TrainingEvent:
     message: str
 
 
-def check_feasible(params: TrainingParams, n_rows: int, *, sparse: bool = False) -> None:
+def check_feasible(
+    params: TrainingParams, n_rows: int, *, sparse: bool = False, n_features: int | None = None
+) -> None:
     """ValueError unless ``params`` can train on ``n_rows`` rows (``sparse``: of a sparse
-    matrix): what ``train_bundle`` would otherwise find out only after the fit (the
-    compressor needs 4 rows, the clustering head ``n_clusters``, and the method its own:
-    ``Method.check_rows``)."""
+    matrix; ``n_features``: of that many features, when known): what ``train_bundle`` would
+    otherwise find out only in the fit (the compressor needs 4 rows, the clustering head
+    ``n_clusters``, and the method its own: ``Method.check_rows`` and
+    ``Method.check_features``)."""
     minimum = 4  # rows are held out for validation and fidelity
     if n_rows < minimum:
         raise ValueError(f"training needs at least {minimum} rows, got {n_rows}")
@@ -268,6 +271,8 @@ def check_feasible(params: TrainingParams, n_rows: int, *, sparse: bool = False)
                 f"report_folds={folds} is more than the {n_rows} rows (a cross-fitted "
                 "report needs a row in every fold)"
             )
+    if n_features is not None and method.check_features is not None:
+        method.check_features(params.estimator(), n_features)
     if method.check_rows is not None:
         method.check_rows(params.estimator(), fit_shape(params, (n_rows, 1))[0])
         if method.export is None and not method.layout:
@@ -417,7 +422,7 @@ def train_bundle(
             f"into the old space, and method {method.name!r} has no exact map: "
             f"{method.no_exact_map}"
         )
-    check_feasible(params, X.shape[0], sparse=sp.issparse(X))
+    check_feasible(params, X.shape[0], sparse=sp.issparse(X), n_features=X.shape[1])
     check_memory(params, X.shape)
     estimator = params.estimator()
     scaling = choose_scaling(X, params[INPUT_SCALING.name])

@@ -86,6 +86,17 @@ def test_a_layout_trains_and_serves(server, digits, method, params):
         assert monitor["live"]["state"] == "no exact map", monitor
         assert monitor["skipped_exact_busy"] == 0 and monitor["window_sampled_rows"] > 0
         assert monitor["note"].startswith("no exact map")
+        # Prometheus: the novelty share, and no live fidelity gauge (a zero would read as a
+        # fast path that lost its way).
+        metrics = client.get("/metrics").text
+        model = f'model="{manifest["id"]}"'
+        assert any(
+            line.startswith("mbn_input_novelty_share{") and model in line
+            for line in metrics.splitlines()
+        ), metrics
+        assert not any(
+            line.startswith("mbn_live_fidelity") and model in line for line in metrics.splitlines()
+        )
 
 
 def test_bad_layout_jobs_are_refused_at_submission(server, digits):
@@ -104,10 +115,18 @@ def test_bad_layout_jobs_are_refused_at_submission(server, digits):
 def test_a_layout_that_fails_in_the_worker_names_the_method(server, digits):
     x, _ = digits
     with server.client() as client:
-        response = client.post("/train", json={"method": "trimap", "data": x[:50, :1].tolist()})
+        # Parameters within PaCMAP's ranges for which its sampling finds no neighbour.
+        response = client.post(
+            "/train",
+            json={
+                "method": "pacmap",
+                "data": x[:120].tolist(),
+                "params": {"n_neighbors": 10, "MN_ratio": 99, "FP_ratio": 99},
+            },
+        )
         assert response.status_code == 202, response.text
-        job = wait_for_job(client, response.json()["id"], {"succeeded", "failed"}, 120)
+        job = wait_for_job(client, response.json()["id"], {"succeeded", "failed"}, 300)
         assert job["status"] == "failed", job
         error = job["error"]
-        assert error.startswith("TriMap: ") and "needs at least 2 features, got 1" in error
+        assert error.startswith("PaCMAP failed in fit: ") and "neighbors" in error, error
         assert "Traceback" not in error and "/" not in error, error
