@@ -66,6 +66,8 @@ def describe(manifest: dict[str, Any], *, brief: bool) -> list[str]:
     fit.extend(own.get("training", []))
     if "n_epochs" in training:
         fit.append(f"{training['n_epochs']} MLP epochs")
+    if training.get("student_head") == "atoms":
+        fit.append(f"student classifies {training.get('n_atoms', '?')} atoms of the embedding")
     if "input_noise" in training:
         fit.append(f"input noise {training['input_noise']:.3g}")
     times = [f"{phase} {value:.1f} s" for phase, value in seconds.items()]

@@ -49,7 +49,7 @@ HEADS = ("regression", "atoms")
 # The atom head sharpens the classifier's probabilities p into p^(1/T) / sum(p^(1/T)), folded
 # into the last layer (its weights divided by T): a row the MLP is fairly sure of lands on
 # its atoms instead of between them. Chosen among 1, 0.5 and 0.25 on MNIST-10k's t-SNE layout
-# (docs/BENCHMARKS.md, "The layout students' head").
+# (docs/decisions/0032-atom-student-head.md).
 ATOM_TEMPERATURE = 0.5
 # Training rows per atom at least: fewer rows get fewer atoms, and under
 # ``MIN_ATOMS`` atoms the head is a regression (a two-class MLP has one logistic output).

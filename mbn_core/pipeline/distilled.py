@@ -126,7 +126,9 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         Smallest improvement of the validation loss (mean squared error on scaled targets)
         that counts.
     student_head : {"auto", "regression", "atoms"}, default="auto"
-        How the MLP ends. "regression": it regresses the embedding (squared error). "atoms":
+        The student's head: a regression of the embedding, or a classifier over atoms of it
+        ("auto": atoms for a layout method, a regression for any other teacher).
+        "regression": the MLP regresses the embedding (squared error). "atoms":
         k-means finds ``n_atoms`` atoms in the training rows' embedding, the MLP classifies
         each row's atom (cross-entropy), and a row's embedding is the mean of the atoms
         weighted by the MLP's sharpened probabilities; a layout's tight clusters and wide

@@ -122,3 +122,8 @@ def test_a_layout_trains_reports_and_embeds(name, digits, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "student of 5-fold cross-fitting that never saw it" in out
     assert "meaning:" in out and "student network that never saw it" in out
+    # The layout's student is the atom classifier: of 100 atoms, one per 5 of the 450 rows
+    # it is trained on (50 choose its best epoch), 90.
+    assert bundle.manifest["training"]["student_head"] == "atoms"
+    assert bundle.manifest["training"]["n_atoms"] == 90
+    assert "student classifies 90 atoms of the embedding" in out
