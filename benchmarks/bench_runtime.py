@@ -8,9 +8,9 @@
 the rows (``bench_data.load_mnist``: ``MBN_MNIST`` or the cache), none of them seen by the model.
 Each measure starts servers of its own, with the service's defaults unless said:
 
-- ``latency``: the fast path's one-row p99, alone, then while 2 clients send one-row exact
-  requests back to back, in the same round on the same server; the ratio of the two p99s
-  (target <= 1.1), median over ``--rounds``;
+- ``latency``: the fast path's one-row p99, alone and while 2 clients send one-row exact
+  requests back to back, in blocks that take turns within a round on the same server; the
+  ratio of the two p99s (target <= 1.1), median over ``--rounds``;
 - ``throughput``: exact rows/s answered to 16 concurrent one-row clients for ``--seconds``,
   against the library's one-row-at-a-time ``transform`` rate on one thread measured in the
   same run just before (target >= 3x);
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import json
 import os
 import signal
@@ -74,13 +75,17 @@ def wait(condition: Callable[[], object], timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
+# MBN_* settings of every server (--setting KEY=VALUE).
+SETTINGS: dict[str, str] = {}
+
+
 class Serving:
     """``mbn serve`` on the model, stopped on leaving."""
 
     def __init__(self, model_dir: Path, workers: int = 1, **settings: str) -> None:
         self.work = Path(tempfile.mkdtemp(prefix="bench-runtime-"))
         self.proc, self.url = start_server(
-            model_dir, self.work / "data", processes=workers, settings=settings
+            model_dir, self.work / "data", processes=workers, settings={**SETTINGS, **settings}
         )
 
     def __enter__(self) -> Serving:
@@ -115,6 +120,10 @@ class Serving:
 
 
 # ---------------------------------------------------------------------------- measures
+
+
+def _at_least(items: list[int], count: int) -> bool:
+    return len(items) >= count
 
 
 def fast_latencies(url: str, x: np.ndarray, count: int) -> list[float]:
@@ -153,27 +162,38 @@ def exact_clients(url: str, x: np.ndarray, clients: int, stop: threading.Event) 
     return statuses
 
 
-def measure_latency(model_dir: Path, x: np.ndarray, rounds: int, count: int) -> list[str]:
-    ratios, alone_p99, busy_p99, exact_done = [], [], [], []
+def measure_latency(
+    model_dir: Path, x: np.ndarray, rounds: int, count: int, blocks: int = 10
+) -> list[str]:
+    """Per round, ``blocks`` pairs of blocks of ``count / blocks`` fast requests, one alone and
+    one while 2 clients send exact requests, taking turns (a busy neighbour's load then
+    weighs on both alike); the p99 of each condition over the round."""
+    ratios, alone_p99, busy_p99 = [], [], []
+    per_block = max(1, count // blocks)
     with Serving(model_dir) as server:
         server.warm(x)
         for _ in range(rounds):
-            alone = fast_latencies(server.url, x, count)
-            stop = threading.Event()
-            statuses = exact_clients(server.url, x[5000:], 2, stop)
-            wait(lambda statuses=statuses: len(statuses) >= 2, 120, "exact answers")
-            busy = fast_latencies(server.url, x, count)
-            stop.set()
-            exact_done.append(len(statuses))
+            alone, busy, answered, refused = [], [], 0, 0
+            for block in range(2 * blocks):
+                if block % 2 == 0:
+                    alone += fast_latencies(server.url, x, per_block)
+                    continue
+                stop = threading.Event()
+                statuses = exact_clients(server.url, x[5000:], 2, stop)
+                time.sleep(0.2)  # both are sending: a request queued, one computing
+                busy += fast_latencies(server.url, x, per_block)
+                stop.set()
+                wait(functools.partial(_at_least, statuses, 2), 120, "exact answers")
+                time.sleep(0.5)  # their last requests end
+                answered += len(statuses)
+                refused += sum(s != 200 for s in statuses)
             a, b = percentile(alone, 99), percentile(busy, 99)
             alone_p99.append(a)
             busy_p99.append(b)
             ratios.append(b / a)
             print(f"  round: p99 alone {a:.2f} ms, with 2 exact clients {b:.2f} ms "
                   f"(p50 {percentile(alone, 50):.2f} / {percentile(busy, 50):.2f}); "
-                  f"{len(statuses)} exact answers, {sum(s != 200 for s in statuses)} not 200",
-                  flush=True)  # fmt: skip
-            time.sleep(1)  # the exact clients' last requests end
+                  f"{answered} exact answers, {refused} not 200", flush=True)  # fmt: skip
     return [
         "| fast one-row p99: with 2 exact clients / alone (median of rounds) | "
         f"**{statistics.median(ratios):.2f}x** ({min(ratios):.2f}-{max(ratios):.2f}); "
@@ -322,7 +342,7 @@ def measure_kill(model_dir: Path, x: np.ndarray, rounds: int) -> list[str]:
         server.warm(x)
         for _ in range(rounds):
             pid = server.runtime_pid()
-            stop, statuses = threading.Event(), []
+            stop, statuses = threading.Event(), list[int]()
 
             def fast(stop: threading.Event = stop, statuses: list[int] = statuses) -> None:
                 connection = Connection(server.url)
@@ -415,10 +435,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000, help="fast requests per p99")
     parser.add_argument("--seconds", type=float, default=30.0, help="of 16 clients")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
+                        help="an MBN_* setting of the servers (repeatable)")  # fmt: skip
     parser.add_argument("measures", nargs="+",
                         choices=["all", "latency", "throughput", "memory", "cancel", "kill",
                                  "equal"])  # fmt: skip
     args = parser.parse_args()
+    SETTINGS.update(item.split("=", 1) for item in args.setting)
     bundles = [p for p in args.model_dir.iterdir() if (p / "manifest.json").is_file()]
     if len(bundles) != 1:
         sys.exit(f"{args.model_dir} must hold exactly one bundle")

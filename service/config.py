@@ -249,7 +249,7 @@ class Settings(BaseSettings):
         le=100_000,
         description="Exact-mode requests one replica holds at once, waiting or computing, "
         "from all its API processes (the exact runtime's queue); one more is refused with "
-        "429 and Retry-After.",
+        "429 and Retry-After. Replaces MBN_MAX_CONCURRENT_EXACT, which is refused at start.",
     )
     exact_queue_rows: int = Field(
         default=65_536,

@@ -8,7 +8,7 @@
 - ``mbn_exact_*``: the replica's exact runtime (``service.exact``), as this process last heard
   from it: whether it is up, its restarts and device, its queue, the rows of its steps
   (a histogram), each request's wait and each step's compute time (histograms), requests,
-  rows, cancellations, time-outs and refusals since the replica started;
+  rows, cancellations, abandoned steps, time-outs and refusals since the replica started;
 - ``mbn_rejected_total``: requests refused for overload, by reason;
 - ``mbn_live_fidelity_r2``, ``mbn_live_fidelity_cosine`` (median), ``mbn_input_novelty_share``,
   ``mbn_input_out_of_range_share``: the live monitor's figures by model and replica
@@ -150,6 +150,7 @@ class _ExactCollector(Collector):
             "mbn_exact_requests": ("Exact requests answered", "requests"),
             "mbn_exact_rows": ("Exact rows answered", "rows"),
             "mbn_exact_cancelled": ("Exact requests dropped: their client left", "cancelled"),
+            "mbn_exact_abandoned": ("Exact steps stopped: nobody waited for them", "abandoned"),
             "mbn_exact_timed_out": ("Exact requests dropped past their deadline", "timed_out"),
             "mbn_exact_rejected": ("Exact requests refused: the queue was full", "rejected"),
         }

@@ -292,6 +292,7 @@ class RuntimeOut(BaseModel):
     rows: int
     batches: int = Field(description="Steps computed (each one transform call).")
     cancelled: int = Field(description="Requests dropped because their client left.")
+    abandoned: int = Field(description="Steps stopped mid-computation: nobody waited for them.")
     timed_out: int = Field(description="Requests dropped past MBN_EXACT_TIMEOUT_SECONDS.")
     rejected: int = Field(description="Requests refused because the queue was full (429).")
     mean_batch_rows: float | None

@@ -1,4 +1,6 @@
-"""``RandomState.choice(n, k, replace=False)`` repeated, drawn by numba without the GIL.
+"""NumPy's legacy ``RandomState`` draws that MBN makes by the thousand, in numba without the
+GIL: ``choice(n, k, replace=False)`` repeated (``choose_rows``), and ``random_sample`` compared
+with a bound (``uniform_below``).
 
 The upper layers' center draws (a permutation of the rows per clustering) run on a thread
 of their own while the layers compute (``estimator._DrawsAhead``). NumPy's legacy shuffle
@@ -65,6 +67,52 @@ def _permutation_prefixes(key: np.ndarray, pos: int, n: int, out: np.ndarray) ->
             perm[i], perm[j] = perm[j], perm[i]
         out[row, :] = perm[: out.shape[1]]
     return pos
+
+
+@njit(inline="always")
+def _next_word(key, pos):
+    """MT19937's next tempered 32-bit word and the new position (``mt19937_next32``)."""
+    if pos == _N:
+        _twist(key)
+        pos = 0
+    y = np.uint64(key[pos])
+    y ^= y >> np.uint64(11)
+    y ^= (y << np.uint64(7)) & _TEMPER_B
+    y ^= (y << np.uint64(15)) & _TEMPER_C
+    y ^= y >> np.uint64(18)
+    return y, pos + 1
+
+
+@njit(nogil=True, cache=True)
+def _uniform_below(key: np.ndarray, pos: int, bound: float, out: np.ndarray) -> int:
+    """out.flat[i] = (the i-th legacy ``random_sample`` double < bound); returns the new
+    position. A double is NumPy's ``mt19937_next_double``: 27 and 26 bits of two words."""
+    flat = out.reshape(-1)
+    for i in range(flat.shape[0]):
+        a, pos = _next_word(key, pos)
+        b, pos = _next_word(key, pos)
+        value = (np.float64(a >> np.uint64(5)) * 67108864.0 + np.float64(b >> np.uint64(6))) / (
+            9007199254740992.0
+        )
+        flat[i] = value < bound
+    return pos
+
+
+def uniform_below(rng: np.random.RandomState, shape: tuple[int, ...], bound: float) -> np.ndarray:
+    """``rng.random_sample(shape) < bound`` (bool), and the same state of ``rng`` after,
+    without the (shape) float64 temporary. Other generators go to NumPy's own call."""
+    lock = getattr(getattr(rng, "_bit_generator", None), "lock", None)
+    state = rng.get_state(legacy=False)
+    if lock is None or state.get("bit_generator") != "MT19937":
+        return rng.random_sample(shape) < bound
+    out = np.empty(shape, dtype=np.bool_)
+    with lock:
+        state = rng.get_state(legacy=False)
+        key = np.array(state["state"]["key"], dtype=np.uint32)
+        pos = _uniform_below(key, int(state["state"]["pos"]), float(bound), out)
+        state["state"] = {"key": key, "pos": pos}
+        rng.set_state(state)
+    return out
 
 
 def choose_rows(rng: np.random.RandomState, n: int, k: int, times: int) -> np.ndarray:

@@ -14,6 +14,7 @@ import numpy as np
 from numba import njit
 
 from mbn_core.mbn import keep_hash
+from mbn_core.mbn._prefetch import prefetch
 
 # splitmix64's constants (``keep_hash``), as the uint64 scalars numba compiles in.
 _GOLDEN = np.uint64(keep_hash.GOLDEN)
@@ -85,7 +86,7 @@ def locate_postings(indptr, center_codes, n_values, start, length):
 
 
 @njit(inline="always")
-def _keep_flags(seed, code_row, key_base, threshold, keep_all, keep):
+def keep_flags(seed, code_row, key_base, threshold, keep_all, keep):
     """keep[v] = 1 where the one-hot dimension (v, code_row[v]) is chosen, else 0.
 
     A loop of its own and nothing else in it, so that the hashes vectorise (a running count
@@ -115,10 +116,38 @@ def _count_and_select(points, n, count, best_count, out, j):
         count[i] = 0
 
 
+def count_scratch(n_points: int, n_clusterings: int) -> tuple[np.ndarray, np.ndarray]:
+    """Zeroed ``count`` and ``best_count`` arrays for ``upper_codes`` over ``n_points``
+    points with codes in ``n_clusterings`` clusterings. A count is at most the clusterings,
+    so below 2**16 of them it takes 16 bits: half the bytes under every increment."""
+    dtype = np.uint16 if n_clusterings < 2**16 else np.int32
+    return np.zeros(n_points, dtype), np.zeros(n_points, dtype)
+
+
+# Posting lists named to the prefetcher this many lists ahead of the one being read: enough
+# loads in flight to cover a memory round trip, few enough that they stay in cache until read.
+LISTS_AHEAD = 8
+# Entries per prefetch: a cache line of the narrowest lists (64 bytes of uint32).
+LINE_ENTRIES = 16
+
+
+@njit(inline="always")
+def _prefetch_list(rows, first, count):
+    for p in range(first, first + count, LINE_ENTRIES):
+        prefetch(rows, p)
+
+
+@njit(inline="always")
+def _prefetch_row(matrix, row):
+    width = matrix.shape[1]
+    for p in range(row * width, (row + 1) * width, LINE_ENTRIES):
+        prefetch(matrix, p)
+
+
 @njit(nogil=True, cache=True)
 def upper_codes(
-    rows, start, length, center_codes, centers, n_values, seed, threshold, keep_all, n_points,
-    out,
+    rows, start, length, center_codes, centers, n_values, seed, threshold, keep_all, count,
+    best_count, out,
 ):  # fmt: skip
     """One upper-layer clustering: each point's center with the most shared chosen codes.
 
@@ -128,15 +157,23 @@ def upper_codes(
     pairs that share a code, so the cost is k * V + (number of shared codes), never the
     dense n x k similarity matrix. Ties go to the lowest center index; a point sharing
     nothing with any center gets center 0 (all similarities are 0).
+
+    The lists lie scattered over ``rows`` (on large data, far beyond the caches), so each
+    is named to the prefetcher ``LISTS_AHEAD`` lists before it is read, and the next
+    center's rows of ``start``, ``length`` and ``center_codes`` while this one is counted.
+
+    ``count`` and ``best_count`` are zeroed scratch arrays of one entry per point
+    (``count_scratch``), ``count`` left zeroed.
     """
     n_clusterings = center_codes.shape[1]
-    best_count = np.zeros(n_points, np.int32)
-    count = np.zeros(n_points, np.int32)
+    n_points = count.shape[0]
+    best_count[:] = 0
     out[:] = 0
     range_start = np.empty(n_clusterings, np.int64)
     range_length = np.empty(n_clusterings, np.int64)
     points = np.empty(max(64, 8 * n_clusterings), np.int32)
-    for j in range(centers.shape[0]):
+    k = centers.shape[0]
+    for j in range(k):
         r = centers[j]
         n_ranges = 0
         total = 0
@@ -147,9 +184,18 @@ def upper_codes(
             keep = keep_all or _splitmix64(seed, key) < threshold
             total += range_length[n_ranges] * keep
             n_ranges += keep
+        for q in range(min(LISTS_AHEAD, n_ranges)):
+            _prefetch_list(rows, range_start[q], range_length[q])
+        if j + 1 < k:
+            _prefetch_row(start, centers[j + 1])
+            _prefetch_row(length, centers[j + 1])
+            _prefetch_row(center_codes, centers[j + 1])
         if 2 * total > n_points:
             # Long posting lists (deep layers): count, then sweep all points once.
             for q in range(n_ranges):
+                if q + LISTS_AHEAD < n_ranges:
+                    ahead = q + LISTS_AHEAD
+                    _prefetch_list(rows, range_start[ahead], range_length[ahead])
                 s = range_start[q]
                 for p in range(s, s + range_length[q]):
                     count[rows[p]] += 1
@@ -164,6 +210,9 @@ def upper_codes(
                 points = np.empty(2 * (total + ROW_PAD), np.int32)
             t = 0
             for q in range(n_ranges):
+                if q + LISTS_AHEAD < n_ranges:
+                    ahead = q + LISTS_AHEAD
+                    _prefetch_list(rows, range_start[ahead], range_length[ahead])
                 s = range_start[q]
                 for p in range(ROW_PAD):
                     points[t + p] = rows[s + p]
@@ -224,13 +273,14 @@ def upper_codes_inline(
     threshold,
     keep_all,
     skip_self,
-    n_points,
+    count,
+    best_count,
     out,
 ):
-    """``upper_codes`` over inline posting lists (``inline_postings``); same result."""
+    """``upper_codes`` over inline posting lists (``inline_postings``); same result, and
+    the same scratch arrays."""
     n_clusterings = center_codes.shape[1]
-    best_count = np.zeros(n_points, np.int32)
-    count = np.zeros(n_points, np.int32)
+    best_count[:] = 0
     out[:] = 0
     points = np.empty(max(64, 8 * n_clusterings), np.int32)
     keep = np.empty(n_clusterings, np.int64)
@@ -242,7 +292,7 @@ def upper_codes_inline(
         span = row[n_clusterings] - row[0]
         if span + ROW_PAD > points.shape[0]:
             points = np.empty(2 * (span + ROW_PAD), np.int32)
-        _keep_flags(seed, center_codes[r], key_base, threshold, keep_all, keep)
+        keep_flags(seed, center_codes[r], key_base, threshold, keep_all, keep)
         # The kept clusterings, compacted without branches: about half the lists are dropped,
         # at random, which a branch per list would mispredict.
         n_lists = 0
@@ -522,3 +572,43 @@ def _best_centers(counts, out_row):
                 best = j
             counts[w, j] = 0
         out_row[w] = best
+
+
+@njit(nogil=True, cache=True)
+def one_hot_matvec(codes_t, n_values, vector, out):
+    """out[i] = sum over clusterings w (in order) of vector[w * n_values + codes_t[w, i]]: the
+    one-hot code matrix times ``vector``, without building it. ``codes_t`` is the (V, n)
+    transpose of the codes: each clustering's pass reads its codes in a run and gathers
+    from its own n_values entries of ``vector``."""
+    n_clusterings, n_rows = codes_t.shape
+    out[:] = 0.0
+    for w in range(n_clusterings):
+        entries = vector[w * n_values : (w + 1) * n_values]
+        column = codes_t[w]
+        for i in range(n_rows):
+            out[i] += entries[column[i]]
+
+
+@njit(nogil=True, cache=True)
+def one_hot_rmatvec(codes_t, n_values, vector, out):
+    """out[w * n_values + c] = sum over the rows i whose code in w is c (in increasing i) of
+    vector[i]: the transpose of the one-hot code matrix times ``vector``."""
+    n_clusterings, n_rows = codes_t.shape
+    sums = np.zeros(n_values)
+    for w in range(n_clusterings):
+        sums[:] = 0.0
+        column = codes_t[w]
+        for i in range(n_rows):
+            sums[column[i]] += vector[i]
+        out[w * n_values : (w + 1) * n_values] = sums
+
+
+@njit(nogil=True, cache=True)
+def one_hot_counts(codes_t, n_values, out):
+    """out[w * n_values + c] = the rows whose code in clustering w is c."""
+    n_clusterings, n_rows = codes_t.shape
+    out[:] = 0
+    for w in range(n_clusterings):
+        column = codes_t[w]
+        for i in range(n_rows):
+            out[w * n_values + np.int64(column[i])] += 1

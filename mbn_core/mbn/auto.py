@@ -10,10 +10,11 @@ noise: a 1-D projection of two concentric circles cannot tell them apart.
 
 ``bottom_feature_count`` therefore measures the redundancy. It draws random subsets of the
 dimensions and scores how well the neighbourhoods on a subset are those on all dimensions
-(``sklearn.manifold.trustworthiness`` of the projection, k = 10, on a sample of rows); it
-keeps the paper's half when the subsets are faithful, and otherwise grows the subsets until
-they are. The threshold ``FAITHFUL`` lies in the gap between redundant inputs (images,
-tabular data) and low-dimensional manifolds (docs/decisions/0002-feature-fraction-auto.md).
+(scikit-learn's trustworthiness of the projection, k = 10, on a sample of rows, whose own
+ranks ``mbn_core.utils.trust`` computes once for all subsets); it keeps the paper's half
+when the subsets are faithful, and otherwise grows the subsets until they are. The threshold
+``FAITHFUL`` lies in the gap between redundant inputs (images, tabular data) and
+low-dimensional manifolds (docs/decisions/0002-feature-fraction-auto.md).
 
 Redundancy is a property of what the inputs say, not of their units, so the sample's inputs are
 scored at unit standard deviation. Scored as given, one input of a much larger scale sets every
@@ -33,10 +34,11 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 from numba import njit
-from sklearn.manifold import trustworthiness
 from sklearn.preprocessing import StandardScaler
 
+from mbn_core.mbn._draws import choose_rows, uniform_below
 from mbn_core.mbn.coassociation import expected_pairs
+from mbn_core.utils.trust import Trustworthiness
 
 # Mean trustworthiness of random subsets above which they count as faithful.
 FAITHFUL = 0.9
@@ -91,16 +93,14 @@ def bottom_feature_count(X, rng: np.random.RandomState) -> int:
         return half
     rows = local.choice(n_samples, n_rows, replace=False)
     sample = unit_scale(np.asarray(X[rows], dtype=np.float64))
+    # The sample's own neighbour ranks, once for every subset scored against them.
+    faithful = Trustworthiness(sample, N_NEIGHBORS)
     sizes = sorted({max(half, round(f * n_features)) for f in FRACTIONS})
     for size in sizes:
         if size == n_features:
             break
         scores = [
-            trustworthiness(
-                sample,
-                sample[:, local.choice(n_features, size, replace=False)],
-                n_neighbors=N_NEIGHBORS,
-            )
+            faithful.of(sample[:, local.choice(n_features, size, replace=False)])
             for _ in range(N_SUBSETS)
         ]
         if np.mean(scores) >= FAITHFUL:
@@ -146,18 +146,27 @@ def orphan_rate(
     n_samples, n_clusterings = codes.shape
     rows = rng.choice(n_samples, min(n_samples, n_rows), replace=False)
     row_codes = codes[rows]
-    clusterings = np.arange(n_clusterings)
     # held[v, c]: some center has code c in clustering v. A point shares a code with a
     # center exactly when its own code is held in a clustering where it is kept.
     held = np.zeros((n_clusterings, int(codes.max()) + 1), dtype=bool)
     orphans = 0
     for _ in range(n_trials):
-        centers = codes[rng.choice(n_samples, k, replace=False)]
-        kept = rng.random_sample(row_codes.shape) < fraction  # this point's dimensions
-        held[:] = False
-        held[clusterings, centers] = True
+        # NumPy's draws (the same numbers, in compiled code): rng.choice(n_samples, k,
+        # replace=False), then rng.random_sample(row_codes.shape) < fraction.
+        centers = choose_rows(rng, n_samples, k, 1)[0]
+        kept = uniform_below(rng, row_codes.shape, fraction)  # this point's dimensions
+        _hold(codes, centers, held)
         orphans += _count_orphans(row_codes, kept, held)
     return orphans / (n_trials * len(rows))
+
+
+@njit(nogil=True, cache=True)
+def _hold(codes, centers, held):
+    """held[v, c] = some center (a row of ``codes`` in ``centers``) has code c in v."""
+    held[:] = False
+    for j in range(centers.shape[0]):
+        for v in range(codes.shape[1]):
+            held[v, codes[centers[j], v]] = True
 
 
 @njit(nogil=True, cache=True)

@@ -23,6 +23,7 @@ from mbn_core.mbn.bottom import BottomLayer, canonical_sparse, input_row_norms
 from mbn_core.mbn.layer_draws import DrawsAhead, draw_upper, fit_upper_layer
 from mbn_core.mbn.network import MAX_LAYERS, Network
 from mbn_core.mbn.outputs import AUTO, FittedOutput, OutputProgress, get_output, output_names
+from mbn_core.mbn.phases import phase
 from mbn_core.mbn.plan import Plan, settle
 from mbn_core.mbn.upper import UpperLayer
 from mbn_core.params import CheckedParams, Interval, RealNotInt, StrOptions, check_int_items
@@ -349,16 +350,17 @@ class MBN(CheckedParams, TransformerMixin, BaseEstimator):
                 upper: list[UpperLayer] = []
                 fraction = network.upper_feature_fraction
                 draw = functools.partial(draw_upper, self.n_clusterings, plan.n_samples, rng)
-                with DrawsAhead(draw, ks[1:]) as draws:
+                with DrawsAhead(draw, ks[1:]) as draws, phase("upper"):
                     for index, drawn in enumerate(draws, start=1):
                         layer, codes = fit_upper_layer(
                             codes, ks[index - 1], drawn, fraction, backend, index
                         )
                         upper.append(layer)
-                top, embedding = get_output(output).fit(
-                    bottom_codes, codes, ks, plan.n_components, rng,
-                    _output_progress(self.callback),
-                )  # fmt: skip
+                with phase("output"):
+                    top, embedding = get_output(output).fit(
+                        bottom_codes, codes, ks, plan.n_components, rng,
+                        _output_progress(self.callback),
+                    )  # fmt: skip
         set_fitted_state(
             self,
             FittedState(

@@ -22,6 +22,7 @@ from mbn_core.mbn.bottom import BottomLayer
 from mbn_core.mbn.dtypes import compact_values, smallest_uint
 from mbn_core.mbn.encoders import UpperClusterings
 from mbn_core.mbn.network import Network
+from mbn_core.mbn.phases import current_times, phase
 from mbn_core.mbn.upper import UpperLayer
 
 # Clusterings whose center draws are made in one compiled call (``draw_upper``).
@@ -46,31 +47,33 @@ def fit_bottom_layer(
     shift_masks = np.zeros((V, packed_width), dtype=np.uint8) if shift_fraction > 0 else None
     centers = np.empty((V, k), dtype=np.int64)
     row = np.zeros(n_features, dtype=bool)
-    for v in range(V):
-        chosen = rng.choice(n_features, n_chosen, replace=False)
-        row[:] = False
-        row[chosen] = True
-        feature_masks[v] = np.packbits(row)
-        centers[v] = rng.choice(n_samples, k, replace=False)
-        if shift_masks is not None:
-            n_shift = round(shift_fraction * n_chosen)
+    with phase("draws"):
+        for v in range(V):
+            chosen = rng.choice(n_features, n_chosen, replace=False)
             row[:] = False
-            row[rng.choice(chosen, n_shift, replace=False)] = True
-            shift_masks[v] = np.packbits(row)
-    rows, local = distinct_rows(centers, n_samples)
-    if sp.issparse(X):
-        center_data = sp.csr_matrix(X[rows], dtype=np.float32)
-        center_data.sort_indices()
-    else:
-        center_data = compact_values(X[rows])
-    layer = BottomLayer(
-        feature_masks=feature_masks,
-        shift_masks=shift_masks,
-        centers=local.astype(smallest_uint(len(rows) - 1)),
-        center_data=center_data,
-        metric=network.metric,
-    )
-    return layer, backend.bottom_codes(layer, X)
+            row[chosen] = True
+            feature_masks[v] = np.packbits(row)
+            centers[v] = rng.choice(n_samples, k, replace=False)
+            if shift_masks is not None:
+                n_shift = round(shift_fraction * n_chosen)
+                row[:] = False
+                row[rng.choice(chosen, n_shift, replace=False)] = True
+                shift_masks[v] = np.packbits(row)
+    with phase("bottom"):
+        rows, local = distinct_rows(centers, n_samples)
+        if sp.issparse(X):
+            center_data = sp.csr_matrix(X[rows], dtype=np.float32)
+            center_data.sort_indices()
+        else:
+            center_data = compact_values(X[rows])
+        layer = BottomLayer(
+            feature_masks=feature_masks,
+            shift_masks=shift_masks,
+            centers=local.astype(smallest_uint(len(rows) - 1)),
+            center_data=center_data,
+            metric=network.metric,
+        )
+        return layer, backend.bottom_codes(layer, X)
 
 
 def draw_upper(
@@ -126,7 +129,13 @@ class DrawsAhead:
     def __init__(self, draw: Callable[[int, threading.Event], UpperDraws], ks: list[int]):
         self._cancelled = threading.Event()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="mbn-draws")
-        self._pending = [self._pool.submit(draw, k, self._cancelled) for k in ks]
+        times = current_times()  # the fit's record, if any, for the draws' own thread
+
+        def timed_draw(k: int) -> UpperDraws:
+            with phase("draws", times):
+                return draw(k, self._cancelled)
+
+        self._pending = [self._pool.submit(timed_draw, k) for k in ks]
 
     def __iter__(self) -> Iterator[UpperDraws]:
         return (pending.result() for pending in self._pending)

@@ -10,6 +10,7 @@ from typing import Any
 
 from mbn_core.mbn.backends.cuda import device_name
 from mbn_core.mbn.estimator import MBN
+from mbn_core.mbn.neighbour_scan import MAX_LIST_BYTES
 from mbn_core.mbn.outputs import get_output
 from mbn_core.mbn.outputs.umap import STAGES, layout_epochs
 from mbn_core.mbn.persistence import model_from_arrays, model_to_arrays
@@ -127,10 +128,13 @@ def _check_rows(mbn: MBN, n_samples: int) -> None:
 
 def _memory(mbn: MBN, shape: tuple[int, int]) -> float:
     """The fit's peak beyond its input rows, from above: two layers' codes of every row
-    (int32 at most), and every layer's centers (int64 row numbers at most)."""
+    (int32 at most), every layer's centers (int64 row numbers at most), and an upper
+    layer's neighbour lists where it scans them (``neighbour_scan.MAX_LIST_BYTES`` at most,
+    6 bytes for each other row)."""
     n = shape[0]
     V = mbn.n_clusterings
-    return 2.0 * n * V * 4 + V * float(sum(mbn.layer_sizes(n))) * 8
+    lists = min(float(MAX_LIST_BYTES), 6.0 * n * (n - 1))
+    return 2.0 * n * V * 4 + V * float(sum(mbn.layer_sizes(n))) * 8 + lists
 
 
 def _facts(mbn: MBN) -> dict[str, Any]:

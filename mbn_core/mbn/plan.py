@@ -17,6 +17,7 @@ from mbn_core.mbn.auto import choose_delta, choose_output, thin_manifold_is_meas
 from mbn_core.mbn.layer_draws import fit_bottom_layer
 from mbn_core.mbn.network import PAPER_DELTA, Network
 from mbn_core.mbn.outputs import AUTO, get_output
+from mbn_core.mbn.phases import phase
 from mbn_core.utils.blas import one_blas_thread
 
 if TYPE_CHECKING:
@@ -109,7 +110,8 @@ def settle(
     requested = network.requested_output()
     if requested is not None:
         requested.check_available()
-    n_chosen = network.bottom_features(X, rng)
+    with phase("auto"):
+        n_chosen = network.bottom_features(X, rng)
     delta_is_measured = (
         network.delta == "auto"
         and network.ks is None
@@ -126,9 +128,10 @@ def settle(
             bottom, codes = fit_bottom_layer(network, X, ks[0], n_chosen, rng, backend)
         if delta_is_measured or output_is_measured:
             assert codes is not None
-            measured_delta = choose_delta(
-                codes, ks[0], network.upper_feature_fraction, network.min_centers, rng
-            )
+            with phase("auto"):
+                measured_delta = choose_delta(
+                    codes, ks[0], network.upper_feature_fraction, network.min_centers, rng
+                )
     output = network.output
     if output == AUTO:
         output = "pca"

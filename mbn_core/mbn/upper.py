@@ -378,7 +378,7 @@ def upper_clustering_codes(
             n_values,
             *choice,
             postings.centers_are_points,
-            postings.n_points,
+            *_kernels.count_scratch(postings.n_points, center_codes.shape[1]),
             out,
         )
     else:
@@ -390,7 +390,7 @@ def upper_clustering_codes(
             centers,
             n_values,
             *choice,
-            postings.n_points,
+            *_kernels.count_scratch(postings.n_points, center_codes.shape[1]),
             out,
         )
     return out

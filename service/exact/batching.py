@@ -24,8 +24,9 @@ Which rows a step takes:
   pays for batching.
 
 Cancellation: a cancelled or expired request's waiting rows leave the queue at once and its
-share of the bounds is freed; rows already in a running step are computed (a step is short)
-and thrown away. Everything here runs under one lock; the compute thread sleeps on its
+share of the bounds is freed; a running step whose every request is gone is abandoned by the
+compute thread (``Step.wanted``), or, where the model cannot stop mid-call, computed and
+thrown away. Everything here runs under one lock; the compute thread sleeps on its
 condition.
 """
 
@@ -114,6 +115,11 @@ class Step:
     def abandoned(self) -> bool:
         """Every job with rows in this step was cancelled: its result has no taker."""
         return all(job.cancelled for job, _, _ in self.parts)
+
+    def wanted(self, now: float) -> bool:
+        """Whether any job with rows in this step still waits for them (not cancelled, not
+        past its deadline)."""
+        return any(not job.cancelled and job.deadline > now for job, _, _ in self.parts)
 
 
 class ExactQueue:

@@ -322,7 +322,7 @@ class ExactClient:
 
 
 # The Stats fields that count since the runtime's start (carried over its restarts).
-_COUNTERS = ("requests", "rows", "batches", "cancelled", "timed_out", "rejected")
+_COUNTERS = ("requests", "rows", "batches", "cancelled", "abandoned", "timed_out", "rejected")
 _SUMS = ("batch_rows_sum", "wait_sum", "compute_sum")
 _BUCKETS = ("batch_rows_buckets", "wait_buckets", "compute_buckets")
 

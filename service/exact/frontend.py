@@ -160,11 +160,11 @@ class ExactFrontend:
         bundle: Bundle,
         x: np.ndarray,
         *,
-        gone: Awaitable[object] | None = None,
+        gone: Callable[[], Awaitable[object]] | None = None,
         offload: Callable[[Callable[[], None]], Awaitable[None]] | None = None,
     ) -> ExactAnswer:
         """A client's exact request: ``x`` (checked, float32) embedded with ``bundle``'s exact
-        model. ``gone`` completes when the client leaves: the rows are dropped and
+        model. ``gone()`` completes when the client leaves: the rows are dropped and
         ``ClientGone`` raised. Domain errors otherwise (429 full, 503 down or too slow, 409
         damaged, 404 deleted, 422 rows the model cannot embed)."""
         deadline = time.monotonic() + self.timeout
@@ -263,9 +263,9 @@ class ExactFrontend:
         return Unavailable(message, retry_after=self.retry_after)
 
 
-async def _unless_gone(request: Awaitable[T], gone: Awaitable[object]) -> T:
+async def _unless_gone(request: Awaitable[T], gone: Callable[[], Awaitable[object]]) -> T:
     work = asyncio.ensure_future(request)
-    watch = asyncio.ensure_future(gone)
+    watch = asyncio.ensure_future(gone())
     try:
         await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
         if work.done():

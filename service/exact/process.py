@@ -40,6 +40,8 @@ from types import FrameType
 import msgspec
 import numpy as np
 
+from mbn_core.exceptions import TrainingStopped
+from mbn_core.mbn.backends import stop_unless
 from service.exact import segments, wire
 from service.exact.batching import ExactQueue, Job, QueueFull, Step
 from service.exact.models import HeldModel, ModelCache, ModelFailure, ModelKey
@@ -233,6 +235,7 @@ class Counters:
     rows: int = 0
     batches: int = 0
     cancelled: int = 0
+    abandoned: int = 0
     timed_out: int = 0
     rejected: int = 0
     batch_rows_sum: int = 0
@@ -345,12 +348,7 @@ class Runtime:
             step = self.queue.next_step(timeout=0.5)
             for job in self.queue.take_expired():
                 self.count("timed_out")
-                self._owner(job).fail(
-                    job.request_id,
-                    "timeout",
-                    "the exact-mode request was not computed within its deadline "
-                    "(MBN_EXACT_TIMEOUT_SECONDS); the queue is busy, retry later",
-                )
+                self._owner(job).fail(job.request_id, "timeout", _TIMED_OUT)
             if step is not None:
                 try:
                     self._compute(step)
@@ -377,7 +375,15 @@ class Runtime:
             return
         started = time.perf_counter()
         try:
-            raw = held.exact.embed_raw(step.rows)
+            # A step nobody waits for any more (its clients left, or their deadlines passed)
+            # stops as its layers' clusterings finish, and its lane takes the next one.
+            with stop_unless(lambda: step.wanted(time.monotonic())):
+                raw = held.exact.embed_raw(step.rows)
+        except TrainingStopped:
+            self.count("abandoned")
+            for job in self.queue.abort(step):  # past their deadline, not expired yet
+                self._owner(job).fail(job.request_id, "timeout", _TIMED_OUT)
+            return
         except MemoryError:
             self._fail_step(step, "unavailable", f"model {held.key.id!r}: out of memory; retry")
             return
@@ -488,6 +494,7 @@ class Runtime:
             rows=s.rows,
             batches=s.batches,
             cancelled=s.cancelled,
+            abandoned=s.abandoned,
             timed_out=s.timed_out,
             rejected=s.rejected,
             batch_rows_buckets=list(s.batch_rows),
@@ -500,6 +507,10 @@ class Runtime:
 
 
 _RESTARTING = "the exact runtime is restarting; retry (another replica may answer)"
+_TIMED_OUT = (
+    "the exact-mode request was not computed within its deadline (MBN_EXACT_TIMEOUT_SECONDS); "
+    "the queue is busy, retry later"
+)
 
 
 def _die_with_parent(parent: int) -> None:

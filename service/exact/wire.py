@@ -101,6 +101,7 @@ class Stats(msgspec.Struct, tag="stats"):
     rows: int
     batches: int
     cancelled: int
+    abandoned: int  # steps stopped mid-computation: nobody waited for their rows any more
     timed_out: int
     rejected: int
     batch_rows_buckets: list[int]  # counts, per bound of BATCH_ROWS_BOUNDS (+Inf last)

@@ -9,7 +9,7 @@ waits for the answer, or for the client to leave, which drops the request's rows
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import anyio.to_thread
@@ -97,10 +97,10 @@ class EmbedHandler:
         x: np.ndarray,
         mode: str,
         clusters: bool,
-        gone: Awaitable[object] | None = None,
+        gone: Callable[[], Awaitable[object]] | None = None,
     ) -> Embedding:
         """Embed the checked matrix ``x`` with ``bundle``; ``clusters`` asks for cluster ids
-        (ignored when the model has no clustering head). ``gone`` completes when the client
+        (ignored when the model has no clustering head). ``gone()`` completes when the client
         has left: an exact request still waiting is then dropped (``ClientGone``)."""
         want_clusters = clusters and bundle.n_clusters is not None
         if mode == "exact" and bundle.no_exact_map is not None:

@@ -32,7 +32,7 @@ class RuntimeReport:
         started, where it computes and why when that is not what was asked.
     queued_requests, queued_rows, running_rows, models_loaded, model_bytes : int
         As of its last figures (about once a second).
-    requests, rows, batches, cancelled, timed_out, rejected : int
+    requests, rows, batches, cancelled, abandoned, timed_out, rejected : int
         Since the replica started, every generation included.
     mean_batch_rows, mean_wait_ms, mean_compute_ms : float or None
         Rows per step, wait of a request before its first step, compute time of a step.
@@ -55,6 +55,7 @@ class RuntimeReport:
     rows: int
     batches: int
     cancelled: int
+    abandoned: int
     timed_out: int
     rejected: int
     mean_batch_rows: float | None
@@ -109,6 +110,7 @@ class RuntimeHandler:
             rows=count("rows"),
             batches=count("batches"),
             cancelled=count("cancelled"),
+            abandoned=count("abandoned"),
             timed_out=count("timed_out"),
             rejected=count("rejected"),
             mean_batch_rows=mean("batch_rows_sum", "batches"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import msgspec
 import numpy as np
 from fastapi import APIRouter, Depends, Request, Response
@@ -56,7 +58,8 @@ async def embed(request: Request, handler: EmbedHandlerDep) -> Response:
     x = _matrix(req, parsed, bundle, handler.max_rows_per_request)
     # An exact request may wait in the runtime's queue: if the client leaves meanwhile, its
     # rows are dropped there rather than computed for nobody.
-    gone = _disconnected(request) if req.mode == "exact" else None
+    # (A function, not a coroutine: one refused before it is awaited would leak.)
+    gone = functools.partial(_disconnected, request) if req.mode == "exact" else None
     result = await handler.embed(bundle, x, req.mode, req.return_clusters, gone)
     embeddings, clusters, compute_ms = result.embeddings, result.clusters, result.compute_ms
     novelty = await handler.novelty(bundle, x) if req.return_novelty else None

@@ -15,6 +15,7 @@ from mbn_core.mbn.backends import (
     choose_backend,
     get_backend,
     register_backend,
+    stop_unless,
     use_backend,
 )
 from mbn_core.mbn.backends.local import LocalBackend, clusterings_per_task
@@ -145,6 +146,21 @@ def test_a_backend_reports_progress_and_stops_when_told(digits, fitted):
     ):
         backend.bottom_codes(fitted.bottom_layer_, digits)
     assert seen == [(0, done, 12) for done in range(1, 6)]
+
+
+def test_a_transform_stops_once_its_rows_are_no_longer_wanted(digits, fitted):
+    # What a server does with a step whose clients have all left.
+    asked: list[int] = []
+
+    def wanted() -> bool:
+        asked.append(1)
+        return len(asked) < 3
+
+    with stop_unless(wanted), pytest.raises(TrainingStopped, match="no longer wanted"):
+        fitted.transform(digits)
+    assert len(asked) == 3  # asked as clusterings finished, and stopped at the first no
+    with stop_unless(lambda: True):  # wanted throughout: the same embedding
+        np.testing.assert_array_equal(fitted.transform(digits), fitted.transform(digits))
 
 
 def test_small_batches_encode_runs_of_clusterings_per_task(digits, fitted):

@@ -1,9 +1,10 @@
-"""The compiled center draws equal NumPy's ``RandomState.choice`` and leave the same state."""
+"""The compiled draws equal NumPy's ``RandomState.choice`` and ``random_sample`` and leave the
+same state."""
 
 import numpy as np
 import pytest
 
-from mbn_core.mbn._draws import choose_rows
+from mbn_core.mbn._draws import choose_rows, uniform_below
 
 
 def numpy_draws(rng: np.random.RandomState, n: int, k: int, times: int) -> np.ndarray:
@@ -77,3 +78,27 @@ def test_another_thread_drawing_meanwhile_is_not_overwritten():
     rest = [replay.random_sample() for _ in range(len(got) - split)]
     assert before + rest == got
     assert replay.random_sample() == after
+
+
+@pytest.mark.parametrize("shape", [(0,), (1,), (7, 3), (2000, 400), (313,)])
+@pytest.mark.parametrize("bound", [0.0, 0.3, 0.5, 1.0])
+@pytest.mark.parametrize("seed", [0, 99])
+def test_uniform_draws_equal_numpys_below_a_bound(shape, bound, seed):
+    ours, theirs = np.random.RandomState(seed), np.random.RandomState(seed)
+    ours.random_sample(seed % 700)
+    theirs.random_sample(seed % 700)
+    theirs.standard_normal(), ours.standard_normal()  # a cached second normal survives
+    got = uniform_below(ours, shape, bound)
+    expected = theirs.random_sample(shape) < bound
+    assert got.dtype == np.bool_ and got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+    assert ours.standard_normal() == theirs.standard_normal()
+    np.testing.assert_array_equal(ours.randint(0, 2**63, 50), theirs.randint(0, 2**63, 50))
+
+
+def test_uniform_draws_of_other_generators_go_to_numpy():
+    ours = np.random.RandomState(np.random.PCG64(5))
+    theirs = np.random.RandomState(np.random.PCG64(5))
+    np.testing.assert_array_equal(
+        uniform_below(ours, (40, 3), 0.5), theirs.random_sample((40, 3)) < 0.5
+    )

@@ -234,6 +234,13 @@ def test_the_runtime_panel_shows_the_exact_runtime_live(tab: Page, screenshots: 
     )
     text = page.locator("#runtime-body").inner_text()
     assert "running (process" in text and "cpu" in text
+    # The figures an operator watches: queue depth, rows per step (a
+    # histogram), wait and compute time (histograms), restarts, the device.
+    lines = dict(line.split("\t", 1) for line in text.splitlines() if "\t" in line)
+    for label in ("queued requests / rows", "restarts", "device"):
+        assert label in lines, text
+    for label in ("rows per step", "wait before the first step", "compute time of a step"):
+        assert lines[label].startswith("≤"), text  # a bucket with its count, not "—"
     assert page.locator("#runtime-panel").get_attribute("data-state") == "running"
     page.screenshot(path=screenshots / "console-runtime.png", full_page=True)
     tab.assert_clean()

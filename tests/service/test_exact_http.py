@@ -191,3 +191,37 @@ def test_a_client_that_leaves_frees_the_runtime(
         assert _figure(client, "mbn_exact_queue_rows") == 0
         text = client.get("/metrics").text
         assert 'route="/embed",status="499"' in text  # not a server error
+
+
+def test_a_step_whose_client_left_stops_mid_computation(
+    tmp_path: Path,
+    slow_bundle: Callable[[Path], Path],
+    serve: Callable[..., Server],
+    digits: Digits,
+) -> None:
+    """A client whose rows are all in the step being computed (one long step) closes its
+    connection: the step stops as its layer's next clusterings finish, instead of running
+    to its end, and a one-row request sent next is answered."""
+    slow_bundle(tmp_path / "data" / "models")
+    server = serve(MBN_DEFAULT_MODEL="m-slow", MBN_EXACT_BATCH_ROWS="8192")
+    body = json.dumps({"inputs": np.resize(digits[0], (8192, 64)).tolist(), "mode": "exact"})
+    head = (
+        f"POST /embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with server.client() as client:
+        row = {"inputs": [digits[0][0].tolist()], "mode": "exact"}
+        assert client.post("/embed", json=row).status_code == 200  # the model is read
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(head + body.encode())
+            wait_for(
+                lambda: _figure(client, "mbn_exact_running_rows") == 8192,
+                120,
+                "the large request to be computing",
+                interval=0.05,
+            )
+        wait_for(lambda: _figure(client, "mbn_exact_abandoned_total") == 1, 60, "the stop")
+        assert client.post("/embed", json=row).status_code == 200
+        wait_for(lambda: _figure(client, "mbn_exact_rows_total") == 2, 30, "the figures")
+        assert _figure(client, "mbn_exact_cancelled_total") == 1
+        assert _figure(client, "mbn_exact_running_rows") == 0

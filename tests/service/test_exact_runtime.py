@@ -221,7 +221,7 @@ def test_a_full_queue_refuses_at_once_and_a_client_that_leaves_frees_its_place(
         bundle = registry.get("m-slow")
         await exact.embed(bundle, big[:1])  # the runtime started and the model read
         left = asyncio.Event()
-        waiting = asyncio.create_task(exact.embed(bundle, big, gone=left.wait()))
+        waiting = asyncio.create_task(exact.embed(bundle, big, gone=left.wait))
         # Rows only the large request has (a figure from the one-row request's step may
         # arrive after its answer).
         await stats_after(exact, lambda s: s.queued_rows > 1000 and s.running_rows > 1)
@@ -313,15 +313,19 @@ def test_a_gpu_that_is_not_there_is_reported_and_refused(
     )
 
 
-def test_the_runtime_process_starts_without_a_web_framework() -> None:
-    """The runtime process imports what computing needs, not the API's stack."""
+@pytest.mark.parametrize(
+    "module", ["service.exact.process", "service.exact.frontend", "service.admission"]
+)
+def test_the_runtime_and_the_admission_logic_import_no_web_framework(module: str) -> None:
+    """The runtime process imports what computing needs, not the API's stack; what the API
+    processes keep of exact mode and of admission speaks domain errors, not HTTP."""
     import subprocess
     import sys
 
     probe = (
-        "import sys, service.exact.process\n"
+        f"import sys, {module}\n"
         "print(sorted(m for m in ('fastapi', 'starlette', 'uvicorn', 'sqlalchemy', "
-        "'prometheus_client', 'pydantic', 'alembic') if m in sys.modules))"
+        "'prometheus_client', 'pydantic', 'alembic', 'httpx') if m in sys.modules))"
     )
     result = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=300

@@ -170,6 +170,40 @@ def test_bad_input(
     assert client.post("/embed", json={"inputs": probe}).json() == before
 
 
+def _in_exact_mode(body: object) -> object | None:
+    """``body`` asking for exact mode, or None for a body that says something of its mode
+    already or is no JSON object."""
+    if isinstance(body, dict):
+        return None if {"mode", "mdoe"} & body.keys() else {**body, "mode": "exact"}
+    if isinstance(body, str) and body.startswith('{"inputs"'):
+        return '{"mode": "exact", ' + body[1:]
+    return None
+
+
+EXACT_BAD_BODIES = [
+    (name, exact, status, message)
+    for name, body, status, message in BAD_BODIES
+    if (exact := _in_exact_mode(body)) is not None
+] + [("unknown model", {"model": "nope", "inputs": [ROW], "mode": "exact"}, 404, "nope")]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [b[1:] for b in EXACT_BAD_BODIES],
+    ids=[b[0] for b in EXACT_BAD_BODIES],
+)
+def test_exact_mode_refuses_bad_input_as_fast_mode_does(
+    client: TestClient, body: object, status: int, message: str
+) -> None:
+    """The exact runtime changes nothing of what /embed refuses, nor of how: the same codes
+    and messages as fast mode, and no server path."""
+    content = body if isinstance(body, str) else json.dumps(body)
+    response = client.post("/embed", content=content, headers={"content-type": "application/json"})
+    error = assert_error(response, status)
+    assert message.lower() in error["message"].lower(), error
+    assert "/tmp" not in response.text and str(Path.home()) not in response.text
+
+
 def test_wrong_content_type_is_415(client: TestClient) -> None:
     response = client.post(
         "/embed", content=json.dumps({"inputs": [ROW]}), headers={"content-type": "text/plain"}

@@ -24,6 +24,7 @@ from mbn_core.mbn.backends.base import (
     get_backend,
     register_backend,
     resolve_backend,
+    stop_unless,
     use_backend,
 )
 
@@ -42,5 +43,6 @@ __all__ = [
     "get_backend",
     "register_backend",
     "resolve_backend",
+    "stop_unless",
     "use_backend",
 ]

@@ -151,6 +151,9 @@ class LayerBackend(ABC):
                 f"training stopped by the callback in layer {layer} after {done} "
                 f"of {total} clusterings"
             )
+        wanted = _still_wanted.get()
+        if wanted is not None and not wanted():
+            raise TrainingStopped(f"stopped in layer {layer}: its rows are no longer wanted")
 
 
 class BackendFactory(Protocol):
@@ -213,6 +216,8 @@ _registry: dict[str, BackendEntry] = {}
 _discovered = False
 # The backend the current context chose (``use_backend``), for the CPU.
 _context_backend: ContextVar[BackendEntry | None] = ContextVar("mbn_context_backend", default=None)
+# What ``stop_unless`` set for this context: asked as a layer's clusterings finish.
+_still_wanted: ContextVar[Callable[[], bool] | None] = ContextVar("mbn_still_wanted", default=None)
 
 
 def register_backend(
@@ -333,6 +338,19 @@ def get_backend(
 ) -> LayerBackend:
     """A backend called ``name`` for one fit or transform: use it as ``with backend:``."""
     return resolve_backend(name)(n_jobs=n_jobs, callback=callback)
+
+
+@contextlib.contextmanager
+def stop_unless(wanted: Callable[[], bool]) -> Iterator[None]:
+    """Within this context, a fit or transform computed by a backend stops with
+    ``TrainingStopped`` as soon as ``wanted()`` is False, checked as a layer's clusterings
+    finish: what a server uses to abandon work whose requester has gone. (Work on few rows
+    that no backend computes runs to its end.)"""
+    token = _still_wanted.set(wanted)
+    try:
+        yield
+    finally:
+        _still_wanted.reset(token)
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback, register_
 from mbn_core.mbn.bottom import BottomLayer
 from mbn_core.mbn.dtypes import smallest_uint
 from mbn_core.mbn.encoders import Encoder, UpperClusterings, bottom_encoder, upper_encoder
+from mbn_core.mbn.neighbour_scan import GROUP, NeighbourLists
 from mbn_core.mbn.upper import UpperLayer
 
 
@@ -43,11 +44,39 @@ class LocalBackend(LayerBackend):
     def fit_upper_codes(
         self, index: int, codes: np.ndarray, clusterings: UpperClusterings
     ) -> np.ndarray:
+        n_new = len(clusterings.centers)
+        if NeighbourLists.pays(
+            codes, clusterings.n_values, clusterings.n_centers, n_new,
+            clusterings.feature_fraction,
+        ):  # fmt: skip
+            return self.scan_upper_codes(index, codes, clusterings)
         encode = clusterings.encoder(codes, self.pool)
         n_clusterings = len(clusterings.centers)
         return self.map_clusterings(
             index, n_clusterings, encode, codes.shape[0], clusterings.n_centers
         )
+
+    def scan_upper_codes(
+        self, index: int, codes: np.ndarray, clusterings: UpperClusterings
+    ) -> np.ndarray:
+        """``fit_upper_codes`` by candidate scan (``mbn_core.mbn.neighbour_scan``): the
+        layer's neighbour lists once, then ``GROUP`` clusterings at a time, each group's
+        points split between the threads; progress is told after each group."""
+        n_points = codes.shape[0]
+        n_new, k = clusterings.centers.shape
+        lists = NeighbourLists.build(
+            codes, clusterings.n_values, NeighbourLists.size_for(n_points, k), self.pool,
+            self.n_threads,
+        )  # fmt: skip
+        out = np.empty((n_points, n_new), dtype=smallest_uint(k - 1))
+        for first in range(0, n_new, GROUP):
+            last = min(first + GROUP, n_new)
+            out[:, first:last] = lists.scan(
+                codes, clusterings.centers[first:last], clusterings.seeds[first:last],
+                clusterings.n_values, clusterings.feature_fraction, self.pool, self.n_threads,
+            )  # fmt: skip
+            self.report(index, last, n_new)
+        return out
 
     def upper_codes(self, index: int, codes: np.ndarray, layer: UpperLayer) -> np.ndarray:
         if layer.encodes_by_row(codes.shape[0]):  # a mid-size batch over the layer's index

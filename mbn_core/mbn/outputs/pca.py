@@ -3,6 +3,13 @@
 The fitted PCA is kept as a lookup table: a row's embedding is the sum over clusterings of
 the table's entry for its code there, minus an offset, so embedding costs V additions per
 dimension and never builds the one-hot matrix.
+
+Small code matrices are decomposed densely (LAPACK's SVD, scikit-learn's "full" PCA). Large
+ones by ARPACK, as scikit-learn's "arpack" PCA does, with the centred one-hot matrix as an
+operator read straight from the codes (``OneHotCodes``): a product reads the (n, V) codes,
+V bytes a row, where a sparse one-hot matrix is 12 V bytes a row, and nothing of that size is
+built. Its sums run in another order than SciPy's sparse products, so the embedding differs
+from scikit-learn's on the same codes by rounding (docs/decisions/0031-training-speed.md).
 """
 
 from __future__ import annotations
@@ -10,6 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse.linalg
+from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator
+from sklearn.utils import check_random_state
+from sklearn.utils.extmath import svd_flip
 
 from mbn_core.mbn import _kernels
 from mbn_core.mbn.coassociation import one_hot
@@ -93,14 +104,84 @@ def fit_pca_top(codes: np.ndarray, n_values: int, n_components: int, rng) -> Pca
     """PCA of the one-hot top codes, returned as a (V, k, n_components) lookup table."""
     n_samples, n_clusterings = codes.shape
     n_dims = n_clusterings * n_values
-    onehot = one_hot(codes, n_values, dtype=np.float64)
     seed = rng.randint(np.iinfo(np.int32).max)
     if n_samples * n_dims <= DENSE_PCA_MAX_ENTRIES or n_components >= min(n_samples, n_dims):
+        onehot = one_hot(codes, n_values, dtype=np.float64)
         pca = fit_pca(onehot.toarray(), n_components, svd_solver="full", random_state=seed)
+        components, mean = pca.components_, pca.mean_
+        ratio = pca.explained_variance_ratio_
     else:
-        pca = fit_pca(onehot, n_components, svd_solver="arpack", random_state=seed)
-    components = pca.components_
+        try:
+            components, mean, ratio = arpack_pca(codes, n_values, n_components, seed)
+        except ArpackNoConvergence:  # scikit-learn's routes and their fallbacks (utils.pca)
+            onehot = one_hot(codes, n_values, dtype=np.float64)
+            pca = fit_pca(onehot, n_components, svd_solver="arpack", random_state=seed)
+            components, mean = pca.components_, pca.mean_
+            ratio = pca.explained_variance_ratio_
     table = np.ascontiguousarray(components.T.reshape(n_clusterings, n_values, n_components))
-    offset = components @ pca.mean_
-    ratio = np.nan_to_num(pca.explained_variance_ratio_)
-    return PcaTop(table=table, offset=offset, variance_ratio=ratio)
+    offset = components @ mean
+    return PcaTop(table=table, offset=offset, variance_ratio=np.nan_to_num(ratio))
+
+
+class OneHotCodes(LinearOperator):
+    """The column-centred one-hot matrix of (n, V) ``codes`` (values below ``n_values``), as
+    a ``LinearOperator`` of shape (n, V * n_values), float64."""
+
+    def __init__(self, codes: np.ndarray, n_values: int) -> None:
+        n_samples, n_clusterings = codes.shape
+        super().__init__(np.dtype(np.float64), (n_samples, n_clusterings * n_values))
+        # Clustering by clustering: each product's pass over a clustering reads a run.
+        self.codes_t = np.ascontiguousarray(codes.T)
+        self.n_values = n_values
+        counts = np.empty(n_clusterings * n_values, dtype=np.int64)
+        _kernels.one_hot_counts(self.codes_t, n_values, counts)
+        self.mean = counts / n_samples
+
+    def _matvec(self, x):
+        x = np.ascontiguousarray(np.ravel(x), dtype=np.float64)
+        out = np.empty(self.shape[0], dtype=np.float64)
+        _kernels.one_hot_matvec(self.codes_t, self.n_values, x, out)
+        out -= self.mean @ x
+        return out
+
+    def _rmatvec(self, x):
+        x = np.ascontiguousarray(np.ravel(x), dtype=np.float64)
+        out = np.empty(self.shape[1], dtype=np.float64)
+        _kernels.one_hot_rmatvec(self.codes_t, self.n_values, x, out)
+        out -= self.mean * x.sum()
+        return out
+
+    def _adjoint(self):
+        return _Transposed(self)
+
+    def total_variance(self) -> float:
+        """Sum of the columns' variances (ddof=1): a one-hot column of share p has n p (1 - p)
+        / (n - 1)."""
+        n = self.shape[0]
+        return float(np.sum(self.mean * (1.0 - self.mean)) * n / (n - 1))
+
+
+class _Transposed(LinearOperator):
+    def __init__(self, operator: OneHotCodes) -> None:
+        super().__init__(operator.dtype, operator.shape[::-1])
+        self.operator = operator
+
+    def _matvec(self, x):
+        return self.operator._rmatvec(x)
+
+    def _rmatvec(self, x):
+        return self.operator._matvec(x)
+
+
+def arpack_pca(codes: np.ndarray, n_values: int, n_components: int, seed: int):
+    """(components, mean, explained variance ratio) of the one-hot ``codes``, as
+    scikit-learn's ``PCA(n_components, svd_solver="arpack", random_state=seed)`` computes
+    them from a sparse one-hot matrix: the same start vector, ARPACK to machine precision
+    (tol 0), the same signs; only the products' summation order differs."""
+    operator = OneHotCodes(codes, n_values)
+    v0 = check_random_state(seed).uniform(-1, 1, min(operator.shape))
+    _, S, Vt = scipy.sparse.linalg.svds(operator, k=n_components, tol=0.0, v0=v0)
+    S = S[::-1]
+    _, Vt = svd_flip(None, Vt[::-1], u_based_decision=False)
+    explained = S**2 / (operator.shape[0] - 1)
+    return Vt, operator.mean, explained / operator.total_variance()

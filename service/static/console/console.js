@@ -338,7 +338,9 @@
         ["rows per step", histogramText(r.batch_rows, "")],
         ["mean wait / compute", `${ms(r.mean_wait_ms)} / ${ms(r.mean_compute_ms)}`],
         ["wait before the first step", histogramText(r.wait_seconds, " ms", 1000)],
+        ["compute time of a step", histogramText(r.compute_seconds, " ms", 1000)],
         ["cancelled / timed out / refused", `${r.cancelled} / ${r.timed_out} / ${r.rejected}`],
+        ["steps abandoned (nobody waited)", r.abandoned],
       ];
       $("#runtime-body").replaceChildren(
         el("table", {}, el("tbody", {}, rows.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, String(v)))))),
