@@ -24,7 +24,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         "MBN_SHADOW_FRACTION": "1",
         "MBN_SHADOW_MAX_DELAY": "0.1",
     }
-    srv = Server(env, data_dir / "server.log").start()
+    # Up to 5 minutes: a busy machine imports the service and the layout libraries slowly.
+    srv = Server(env, data_dir / "server.log").start(wait=300.0)
     try:
         yield srv
     except BaseException:
