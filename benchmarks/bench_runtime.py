@@ -24,7 +24,10 @@ Each measure starts servers of its own, with the service's defaults unless said:
   counted, and the time until an exact request is answered again (target <= 20 s);
 - ``equal``: exact answers (base64, the float32 bits) against the library's ``transform`` of
   each request alone, sent alone and by 12 clients at once with rows of different sizes
-  (target: every bit equal).
+  (target: every bit equal);
+- ``sizes`` (not part of ``all``): the library's ``transform`` time per row for calls of 1 to
+  256 rows on one thread, what a step of that many merged rows costs each of them (no
+  server; ``--rounds`` passes, median).
 
 Prints one table per measure, with the medians and ranges over rounds.
 """
@@ -414,6 +417,9 @@ def measure_equal(model_dir: Path, path: Path, x: np.ndarray) -> list[str]:
             thread.join()
         with httpx.Client(base_url=server.url, timeout=600) as client:
             alone = [client.post("/embed", json=body(rows)).json() for rows in requests]
+    failed = [a for a in (*together, *alone) if "embeddings_b64" not in a]
+    if failed:  # an error answer (a time-out on a starved machine): said, not compared
+        sys.exit(f"exact answers that are errors: {failed}")
     differ_together = sum(
         not np.array_equal(decoded(a), e) for a, e in zip(together, expected, strict=True)
     )
@@ -424,6 +430,31 @@ def measure_equal(model_dir: Path, path: Path, x: np.ndarray) -> list[str]:
         f"| exact answers unequal to the library's transform, bit for bit: alone / 12 clients "
         f"at once ({sum(sizes)} rows in requests of 1-300) | **{differ_alone} / "
         f"{differ_together}** of {len(sizes)} | 0 / 0 |"
+    ]
+
+
+def measure_sizes(path: Path, x: np.ndarray, rounds: int) -> list[str]:
+    estimator = load_bundle(path).load_exact().estimator
+    sizes = (1, 4, 16, 17, 32, 64, 128, 256)
+    per_row: dict[int, list[float]] = {n: [] for n in sizes}
+    with threadpool_limits(limits=1):
+        estimator.transform(x[:1].astype(np.float32))
+        estimator.transform(x[:32].astype(np.float32))
+        for _ in range(rounds):
+            for n in sizes:
+                calls = max(1, 64 // n)
+                started = time.perf_counter()
+                for call in range(calls):
+                    estimator.transform(x[call * n : (call + 1) * n].astype(np.float32))
+                per_row[n].append((time.perf_counter() - started) * 1000 / (calls * n))
+            print("  round: " + ", ".join(f"{n}: {v[-1]:.0f}" for n, v in per_row.items())
+                  + " ms per row", flush=True)  # fmt: skip
+    one = statistics.median(per_row[1])
+    return [
+        f"| library transform, one thread, ms per row in a call of {n} rows (median) | "
+        f"**{statistics.median(v):.0f}** ({one / statistics.median(v):.1f}x cheaper than one "
+        "row) | |"
+        for n, v in per_row.items()
     ]
 
 
@@ -439,7 +470,7 @@ def main() -> None:
                         help="an MBN_* setting of the servers (repeatable)")  # fmt: skip
     parser.add_argument("measures", nargs="+",
                         choices=["all", "latency", "throughput", "memory", "cancel", "kill",
-                                 "equal"])  # fmt: skip
+                                 "equal", "sizes"])  # fmt: skip
     args = parser.parse_args()
     SETTINGS.update(item.split("=", 1) for item in args.setting)
     bundles = [p for p in args.model_dir.iterdir() if (p / "manifest.json").is_file()]
@@ -451,7 +482,7 @@ def main() -> None:
     if "all" in chosen:
         chosen = {"latency", "throughput", "memory", "cancel", "kill", "equal"}
     lines = []
-    for name in ("latency", "throughput", "memory", "cancel", "kill", "equal"):
+    for name in ("latency", "throughput", "memory", "cancel", "kill", "equal", "sizes"):
         if name not in chosen:
             continue
         print(f"{name}:", flush=True)
@@ -465,8 +496,10 @@ def main() -> None:
             lines += measure_cancel(args.model_dir, x, max(args.rounds, 3))
         elif name == "kill":
             lines += measure_kill(args.model_dir, x, args.rounds)
-        else:
+        elif name == "equal":
             lines += measure_equal(args.model_dir, path, x)
+        else:
+            lines += measure_sizes(path, x, args.rounds)
     print("| measure | value | target |")
     print("|---|---|---|")
     print("\n".join(lines))

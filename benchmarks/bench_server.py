@@ -18,7 +18,7 @@ def free_port() -> int:
 
 
 def wait_until_ready(
-    proc: subprocess.Popen, url: str, log: Path, what: str = "server", timeout: float = 120
+    proc: subprocess.Popen, url: str, log: Path, what: str = "server", timeout: float = 300
 ) -> None:
     """Return once ``url``'s /health/ready answers 200; exit the benchmark, with the end of
     the server's log, when the process dies or the time runs out."""

@@ -89,6 +89,10 @@ class Embedding:
         Whether each row is novel.
     model, name, mode : str
         The model that answered (its id and name) and the mode.
+    out_of_range : ndarray of shape (n,), bool, or None
+        Whether each row has a feature outside the training range (``return_novelty``).
+    novelty_unavailable : str or None
+        Why ``novelty`` (or ``out_of_range``) is None although asked for.
     """
 
     embeddings: np.ndarray
@@ -98,6 +102,8 @@ class Embedding:
     model: str
     name: str
     mode: str
+    out_of_range: np.ndarray | None = None
+    novelty_unavailable: str | None = None
 
 
 @dataclass
@@ -292,6 +298,8 @@ class Client:
             model=first.model,
             name=first.name,
             mode=first.mode,
+            out_of_range=joined("out_of_range"),
+            novelty_unavailable=first.novelty_unavailable,
         )
 
     def _embed_batch(
@@ -323,6 +331,8 @@ class Client:
             model=answer["model"],
             name=answer["name"],
             mode=answer["mode"],
+            out_of_range=array("out_of_range", bool),
+            novelty_unavailable=answer.get("novelty_unavailable"),
         )
 
     # ---------------------------------------------------------------------- training

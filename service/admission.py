@@ -275,3 +275,68 @@ class BodyBuffer:
         self._chunks = []
         held, self.held = self.held, 0
         self._budget._freed(held)
+
+
+class ReadBudget:
+    """Admission of expensive reads: a model comparison (both models' fast paths over the
+    reference rows) and a monitor report (a k-means over the window when it changed). They
+    are GETs that a console, a dashboard or a careless script may send in a loop, each
+    costing tens to hundreds of milliseconds of CPU: on the default thread pool (40
+    threads, at the event loop's priority) a flood of them ran side by side and took the
+    cores from /embed. Here at most ``max_reads`` are admitted at a time, 429 with
+    Retry-After past it, and they run on ``threads`` threads of their own at the fast pool's
+    lower priority, so the reads queue behind each other and not in front of the loop.
+
+    A read stays counted until its thread has finished, even when its client has left:
+    leaving must not make room for more work than the threads can do."""
+
+    def __init__(
+        self,
+        *,
+        max_reads: int,
+        retry_after: int,
+        on_reject: Callable[[str], None],
+        threads: int = 1,
+    ) -> None:
+        self.max_reads = max_reads
+        self.retry_after = retry_after
+        self._on_reject = on_reject
+        self._lock = threading.Lock()  # released from the pool's threads
+        self.in_flight = 0
+        self._pool = ThreadPoolExecutor(
+            max_workers=threads,
+            thread_name_prefix="mbn-read",
+            initializer=lower_thread_priority,
+            initargs=(FAST_THREAD_NICENESS,),
+        )
+
+    async def run(self, what: str, func: Callable[..., T], *args: object) -> T:
+        """``func(*args)`` on the reads' threads, or Overloaded (429) when ``max_reads``
+        reads are in flight; ``what`` names the kind of read in the refusal and the metric."""
+        with self._lock:
+            if self.in_flight >= self.max_reads:
+                full = True
+            else:
+                full = False
+                self.in_flight += 1
+        if full:
+            self._on_reject(what)
+            raise Overloaded(
+                f"{self.max_reads} expensive reads (compare, monitor) are in flight on this "
+                "process (MBN_MAX_INFLIGHT_READS); retry later",
+                retry_after=self.retry_after,
+            )
+        try:
+            future = self._pool.submit(func, *args)
+        except BaseException:
+            self._release()
+            raise
+        future.add_done_callback(lambda _: self._release())
+        return await asyncio.wrap_future(future)
+
+    def _release(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -17,7 +17,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI
@@ -26,7 +26,7 @@ from starlette.datastructures import State
 
 from mbn_core.distribution import version
 from service import json_rows, routes
-from service.admission import RowBudget
+from service.admission import ReadBudget, RowBudget
 from service.auth import ApiKeys
 from service.config import Settings
 from service.errors import Unavailable, install_error_handlers
@@ -48,6 +48,7 @@ from service.monitor import LiveMonitor
 from service.readiness import ReadinessMonitor
 from service.registry import ModelRegistry
 from service.submission import DEMO_JOB_ID, Submitter
+from service.warmup import DefaultModelWarmer
 from service.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,11 @@ class Runtime:
     # Seconds every /embed slot has been taken without a break (the row budget's).
     saturated_for: Callable[[], float] = lambda: 0.0
     initialized: bool = False
+    # Warms the default model before readiness says so (service.warmup).
+    warmer: DefaultModelWarmer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.warmer = DefaultModelWarmer(self.exact)
 
     @classmethod
     def start(cls, settings: Settings, metrics: Metrics) -> Runtime:
@@ -116,6 +122,7 @@ class Runtime:
             max_delay=settings.shadow_max_delay,
         )
         metrics.watch_monitor(monitor.gauges, monitor.replica)
+        registry.on_removed(monitor.forget)
         log.info(
             "started: models in %s, job store %s, %s",
             settings.models_path,
@@ -162,8 +169,13 @@ class Runtime:
             "models_scanned": self.initialized,
         }
         snapshot = self.registry.snapshot
-        # Ready means /embed can answer a request that names no model.
+        # Ready means /embed can answer a request that names no model, without paying for
+        # the model's first run: its fast path is warmed first (its exact model is loaded
+        # beside, and said, never waited for).
         checks["model_available"] = snapshot.default is not None
+        fast_warm, exact_loaded = self.warmer.status(snapshot.default)
+        checks["default_fast_warm"] = fast_warm
+        checks["default_exact_loaded"] = exact_loaded
         problems = store_problems + disk_problems
         # Reported, never a reason to be unready: an exact outage must not take the fast
         # path's traffic off the replica (exact requests get 503 meanwhile, which a load
@@ -355,6 +367,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         on_reject=lambda reason: metrics.rejected.labels(f"embed_{reason}").inc(),
         threads=settings.fast_threads,
         max_buffered_bytes=settings.max_buffered_body_bytes,
+    )
+    app.state.read_budget = ReadBudget(
+        max_reads=settings.max_inflight_reads,
+        retry_after=settings.retry_after_seconds,
+        on_reject=lambda what: metrics.rejected.labels(f"read_{what}").inc(),
     )
     install_error_handlers(app)
     app.add_middleware(AdmissionMiddleware, budget=app.state.row_budget)

@@ -158,6 +158,14 @@ class Settings(BaseSettings):
         description="/embed requests one process parses and computes at once (a slot is "
         "taken once the body has been read); one more is refused with 429 and Retry-After.",
     )
+    max_inflight_reads: int = Field(
+        default=4,
+        ge=1,
+        le=10_000,
+        description="Expensive reads (GET /models/{a}/compare/{b}, GET /models/{id}/monitor) "
+        "one process admits at once; they run one at a time beside the event loop and one "
+        "more is refused with 429 and Retry-After.",
+    )
     fast_threads: int = Field(
         default=2,
         ge=1,
@@ -293,9 +301,11 @@ class Settings(BaseSettings):
         default=10,
         ge=0,
         le=19,
-        description="How much lower the exact runtime's CPU priority is than the API "
-        "processes' (a nice increment): on a replica whose cores are busy, fast requests get "
-        "the CPU first and exact steps what is left. 0: the same priority.",
+        description="How much lower the CPU priority of the exact runtime's compute "
+        "threads is than the API processes' (a nice increment): on a replica whose cores are "
+        "busy, fast requests get the CPU first and exact steps what is left (the threads "
+        "that take exact requests in and answer them keep the API's priority). 0: the same "
+        "priority.",
     )
     exact_device: Literal["cpu", "cuda", "auto"] = Field(
         default="cpu",

@@ -15,6 +15,7 @@ from typing import Annotated, TypeVar
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from service.admission import ReadBudget
 from service.auth import ApiKeys
 from service.config import Settings
 from service.errors import Unavailable
@@ -82,3 +83,4 @@ MapsHandlerDep = Annotated[MapsHandler, Depends(_state("maps_handler", MapsHandl
 RuntimeHandlerDep = Annotated[RuntimeHandler, Depends(_state("runtime_handler", RuntimeHandler))]
 MetricsDep = Annotated[Metrics, Depends(_state("metrics", Metrics))]
 MonitorDep = Annotated[LiveMonitor, Depends(_state("monitor", LiveMonitor))]
+ReadBudgetDep = Annotated[ReadBudget, Depends(_state("read_budget", ReadBudget))]

@@ -6,7 +6,10 @@ the request's path waits for it. The thread takes the queue in batches: once ``b
 rows wait, or the oldest has waited ``MBN_SHADOW_MAX_DELAY`` seconds. There
 
 - every sampled row gets its novelty score and range check (``mbn_core.pipeline.novelty``),
-- and the rows are embedded exactly by the replica's exact runtime (``service.exact``) at
+- rows outside the training range are counted (the out-of-range share) and go no further:
+  a fast path's error on them says nothing about its fidelity on the input it serves, and a
+  single row of 1e30 would swamp every figure of the window;
+- and the other rows are embedded exactly by the replica's exact runtime (``service.exact``) at
   background priority: the runtime computes them only when no client's exact row waits, in
   short steps of their own. These *shadow rows*, with their fast and exact embeddings, are
   kept for the fidelity report.
@@ -24,6 +27,11 @@ very function that measures the bundle's fidelity at training time
 (``mbn_core.pipeline.fidelity.measure_fidelity``), computed when asked and cached until the
 window changes.
 
+A figure with no rows behind it is null in the report and has no sample in ``/metrics``:
+a zero would read as a failing model and raise every alert on an idle one. The state of a
+model that is deleted (here, or by another replica: the registry tells the monitor) goes
+with it, its series in ``/metrics`` included.
+
 Shadow rows never take a client's place in the runtime's queue: they have a bound of their
 own, so exact requests are never refused because of them.
 """
@@ -34,8 +42,10 @@ import logging
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -78,6 +88,7 @@ class ModelWindow:
     rows_sampled: int = 0
     shadow_rows: int = 0
     skipped_busy: int = 0  # not shadowed: the exact runtime was busy, down or refused them
+    skipped_out_of_range: int = 0  # not shadowed: outside the training range
     dropped: int = 0  # sampled while the shadow thread was behind: not processed
     pending: int = 0  # sampled and queued, not processed yet
     last_update: float | None = None  # time.time() of the last processed sample
@@ -86,7 +97,6 @@ class ModelWindow:
     fast: deque[np.ndarray] = field(init=False)
     exact: deque[np.ndarray] = field(init=False)
     centers: np.ndarray | None = None  # the clustering head's, from the exact model
-    no_exact_map: bool = False  # the model's method has none: no live fidelity to measure
     version: int = 0
     cached: tuple[int, dict[str, Any]] | None = None  # (version, live fidelity)
 
@@ -154,6 +164,9 @@ class LiveMonitor:
         self._thread: threading.Thread | None = None
         # Each model's clustering head, read from its exact file once (cluster agreement).
         self._centers: dict[str, tuple[Bundle, np.ndarray | None]] = {}
+        # Bundles deleted or replaced (``forget``): rows of theirs still in flight or queued
+        # must not bring their windows back.
+        self._retired: weakref.WeakSet[Bundle] = weakref.WeakSet()
 
     # --- the request's side (event loop) ------------------------------------------------------
     def observe(self, bundle: Bundle, rows: np.ndarray, fast: np.ndarray) -> None:
@@ -166,6 +179,8 @@ class LiveMonitor:
         n_rows = rows.shape[0]
         limit = 2 * self.batch_rows
         with self._lock:
+            if bundle in self._retired:
+                return  # a request that began before its model was deleted
             model = self._window(bundle.id)
             model.rows_seen += n_rows
             if self._countdown >= n_rows:  # the common case: no row of this request
@@ -190,9 +205,10 @@ class LiveMonitor:
             while self._queued_rows > limit:  # behind: the oldest rows go
                 old = self._queue.popleft()
                 self._queued_rows -= len(old.rows)
-                old_model = self._window(old.bundle.id)
-                old_model.pending -= len(old.rows)
-                old_model.dropped += len(old.rows)
+                old_model = self._windows.get(old.bundle.id)
+                if old_model is not None:
+                    old_model.pending -= len(old.rows)
+                    old_model.dropped += len(old.rows)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="mbn-shadow", daemon=True)
                 self._thread.start()
@@ -239,7 +255,9 @@ class LiveMonitor:
                 sample = self._queue.popleft()
                 batch.append(sample)
                 rows += len(sample.rows)
-                self._window(sample.bundle.id).pending -= len(sample.rows)
+                window = self._windows.get(sample.bundle.id)
+                if window is not None:
+                    window.pending -= len(sample.rows)
             self._queued_rows -= rows
             self._busy = True
             return batch
@@ -252,22 +270,36 @@ class LiveMonitor:
         novelty = self.novelty(bundle)
         novel = out_of_range = None
         if novelty is not None:
-            novel = novelty.is_novel(rows)
             out_of_range = novelty.out_of_range(rows)
+            if novelty.degenerate is None:
+                novel = novelty.is_novel(rows)
+        # Rows beyond the training range stay out of the fidelity window; so do rows whose
+        # fast embedding is not finite (a model without a range check: no novelty model).
+        keep = np.isfinite(fast).all(axis=1)
+        if out_of_range is not None:
+            keep &= ~out_of_range
         # A method without an exact map has no shadow rows: novelty alone is measured.
-        exact = self.exact.shadow(bundle, rows) if bundle.no_exact_map is None else None
+        shadow = keep.any() and bundle.no_exact_map is None
+        exact = self.exact.shadow(bundle, rows[keep]) if shadow else None
+        if exact is not None:
+            finite = np.isfinite(exact).all(axis=1)
+            shadowed_fast, exact = fast[keep][finite], exact[finite]
         centers = self._head_centers(bundle) if exact is not None else None
         with self._lock:
-            window = self._window(bundle.id)
-            window.no_exact_map = bundle.no_exact_map is not None
-            if novel is not None and out_of_range is not None:
-                window.novel.extend(novel.tolist())
+            window = self._windows.get(bundle.id)
+            if window is None or bundle in self._retired:
+                return  # deleted meanwhile: its state is gone and stays gone
+            if out_of_range is not None:
                 window.out_of_range.extend(out_of_range.tolist())
+            if novel is not None:
+                window.novel.extend(novel.tolist())
+            window.skipped_out_of_range += int(np.count_nonzero(~keep))
             if exact is None:
                 if bundle.no_exact_map is None:  # none to skip without an exact map
-                    window.skipped_busy += len(rows)
+                    window.skipped_busy += int(np.count_nonzero(keep))
             else:
-                window.fast.extend(fast)
+                window.skipped_out_of_range += int(np.count_nonzero(keep)) - len(exact)
+                window.fast.extend(shadowed_fast)
                 window.exact.extend(exact)
                 window.shadow_rows += len(exact)
                 window.centers = centers
@@ -303,8 +335,22 @@ class LiveMonitor:
             return cached[1]
         model = load_novelty(bundle)
         with self._lock:
-            self._novelty[bundle.id] = (bundle, model)
+            if bundle not in self._retired:
+                self._novelty[bundle.id] = (bundle, model)
         return model
+
+    def forget(self, bundle: Bundle) -> None:
+        """Drop everything held for ``bundle`` (deleted, or replaced by another version of
+        its id): its window, its novelty model, its clustering head and its queued rows.
+        Its series leave ``/metrics`` with it."""
+        with self._lock:
+            self._retired.add(bundle)
+            self._windows.pop(bundle.id, None)
+            self._novelty.pop(bundle.id, None)
+            self._centers.pop(bundle.id, None)
+            kept = deque(sample for sample in self._queue if sample.bundle.id != bundle.id)
+            self._queued_rows = sum(len(sample.rows) for sample in kept)
+            self._queue = kept
 
     def idle(self) -> bool:
         """Whether no batch is being processed and no sampled row waits."""
@@ -322,6 +368,7 @@ class LiveMonitor:
                 "rows_seen": window.rows_seen,
                 "rows_sampled": window.rows_sampled,
                 "shadow_rows": window.shadow_rows,
+                "skipped_out_of_range": window.skipped_out_of_range,
                 "skipped_exact_busy": window.skipped_busy,
                 "dropped_behind": window.dropped,
                 "pending_rows": window.pending,
@@ -348,7 +395,15 @@ class LiveMonitor:
                 current = self._windows.get(bundle.id)
                 if current is not None and current.version == version:
                     current.cached = (version, live)
-        has_novelty = NOVELTY_FILE in bundle.manifest.get("files", {})
+        unavailable = self._novelty_unavailable(bundle)
+        if self.fraction <= 0:
+            state = "off"
+        elif counters["rows_seen"] == 0:
+            state = "no_traffic"
+        elif n_shadow == 0:
+            state = "no_shadow_rows"
+        else:
+            state = "live"
         return {
             "model": bundle.id,
             "name": bundle.name,
@@ -359,19 +414,38 @@ class LiveMonitor:
             **counters,
             "window_shadow_rows": n_shadow,
             "window_sampled_rows": len(novel),
+            "state": state,
             "live": live,
             "training": bundle.manifest.get("fidelity"),
-            "novelty_available": has_novelty,
-            "novelty_threshold": bundle.manifest.get("novelty", {}).get("threshold"),
-            "novelty_share": float(np.mean(novel)) if novel.size else 0.0,
-            "out_of_range_share": float(np.mean(out_of_range)) if out_of_range.size else 0.0,
-            "last_update": last_update,
+            "novelty_available": unavailable is None,
+            "novelty_unavailable": unavailable,
+            "novelty_threshold": (bundle.manifest.get("novelty") or {}).get("threshold"),
+            "novelty_share": _share(novel),
+            "out_of_range_share": _share(out_of_range),
+            "last_update": _iso(last_update),
             "has_traffic": counters["rows_seen"] > 0,
-            "note": _note(counters, n_shadow, has_novelty, self.fraction, self.max_delay)
+            "note": _note(state, counters, n_shadow, unavailable, self.max_delay)
             if no_exact_map is None
             else f"{NO_EXACT_MAP}: live fidelity cannot be measured ({no_exact_map}); "
-            "novelty and out-of-range shares are",
+            "novelty and out-of-range shares are measured",
         }
+
+    def _novelty_unavailable(self, bundle: Bundle) -> str | None:
+        """Why ``bundle`` has no usable novelty score (None when it has one): no novelty
+        model, or one whose calibration is degenerate (known once its model was read)."""
+        if NOVELTY_FILE not in bundle.manifest.get("files", {}):
+            return (
+                f"model {bundle.id!r} has no novelty model (trained before novelty scores, "
+                "or on sparse input)"
+            )
+        section = bundle.manifest.get("novelty") or {}
+        if section.get("degenerate"):
+            return str(section.get("degenerate_reason") or "the novelty calibration is degenerate")
+        with self._lock:
+            cached = self._novelty.get(bundle.id)
+        if cached is not None and cached[0] is bundle and cached[1] is not None:
+            return cached[1].degenerate
+        return None
 
     def gauges(self) -> list[tuple[str, str, dict[str, float]]]:
         """(model id, model name, the gauges' values) of every model with a window, as of
@@ -384,21 +458,21 @@ class LiveMonitor:
                 (model_id, w, list(w.fast), list(w.exact), list(w.novel), list(w.out_of_range))
                 for model_id, w in self._windows.items()
             ]
-        for model_id, window, fast, exact, novel, out_of_range in windows:
+        for model_id, _, fast, exact, novel, out_of_range in windows:
+            # A figure without rows has no sample: no alert fires on an idle model.
             values: dict[str, float] = {}
-            if not window.no_exact_map:
-                r2 = cosine = 0.0
-                if fast:
-                    r2, cosine = r2_and_median_cosine(np.array(exact), np.array(fast))
-                values["mbn_live_fidelity_r2"] = r2
-                values["mbn_live_fidelity_cosine"] = cosine
-            values |= {
-                "mbn_input_novelty_share": float(np.mean(novel)) if novel else 0.0,
-                "mbn_input_out_of_range_share": float(np.mean(out_of_range))
-                if out_of_range
-                else 0.0,
-            }
-            out.append((model_id, "", values))
+            if fast:
+                r2, cosine = r2_and_median_cosine(np.array(exact), np.array(fast))
+                if r2 is not None:
+                    values["mbn_live_fidelity_r2"] = r2
+                if cosine is not None:
+                    values["mbn_live_fidelity_cosine"] = cosine
+            if novel:
+                values["mbn_input_novelty_share"] = float(np.mean(novel))
+            if out_of_range:
+                values["mbn_input_out_of_range_share"] = float(np.mean(out_of_range))
+            if values:
+                out.append((model_id, "", values))
         return out
 
     def wait_idle(self, timeout: float) -> bool:
@@ -444,12 +518,12 @@ def live_fidelity(
 ) -> dict[str, Any]:
     """The training report's measures of fast against exact on the shadow rows
     (``measure_fidelity``): R^2, mean and median cosine, 10-NN overlap, NMI of k-means on
-    both, and cluster agreement (same nearest head centroid). Zeros without shadow rows;
-    None for a measure the rows are too few for (R^2 of one row, 10-NN of ten)."""
+    both, and cluster agreement (same nearest head centroid). None for every measure without
+    shadow rows, and for one the rows are too few for (R^2 of one row, 10-NN of ten)."""
     if fast is None or exact is None or len(fast) == 0:
-        return {"n_holdout": 0, "r2": 0.0, "cosine": 0.0, "cosine_median": 0.0,
-                "knn_overlap": 0.0, "nmi_fast_exact": 0.0,
-                "cluster_agreement": 0.0 if n_clusters else None}  # fmt: skip
+        return {"n_holdout": 0, "r2": None, "cosine": None, "cosine_median": None,
+                "knn_overlap": None, "nmi_fast_exact": None,
+                "cluster_agreement": None}  # fmt: skip
     with warnings.catch_warnings():
         # Recent traffic may repeat rows: fewer distinct points than clusters is expected.
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -463,15 +537,18 @@ def live_fidelity(
     }
 
 
-def r2_and_median_cosine(exact: np.ndarray, fast: np.ndarray) -> tuple[float, float]:
+def r2_and_median_cosine(exact: np.ndarray, fast: np.ndarray) -> tuple[float | None, float | None]:
     """R^2 (variance weighted) and median row cosine of ``fast`` against ``exact``, as
-    ``measure_fidelity`` reports them; R^2 is 0 for a single row."""
+    ``measure_fidelity`` reports them; None for a figure the rows do not define (R^2 of a
+    single row, or of rows without variance)."""
     exact = np.asarray(exact, dtype=np.float64)
     fast = np.asarray(fast, dtype=np.float64)
-    r2 = float(r2_score(exact, fast, multioutput="variance_weighted")) if len(exact) > 1 else 0.0
+    r2 = None
+    if len(exact) > 1:
+        r2 = _finite_or_none(float(r2_score(exact, fast, multioutput="variance_weighted")))
     norms = np.linalg.norm(exact, axis=1) * np.linalg.norm(fast, axis=1)
     cosine = np.sum(exact * fast, axis=1) / np.maximum(norms, np.finfo(np.float64).tiny)
-    return _number(r2), _number(float(np.median(cosine)))
+    return r2, _finite_or_none(float(np.median(cosine)))
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -480,29 +557,40 @@ def _finite_or_none(value: Any) -> Any:
     return value
 
 
-def _number(value: Any) -> float:
-    return float(value) if isinstance(value, int | float) and np.isfinite(value) else 0.0
+def _share(flags: np.ndarray) -> float | None:
+    return float(np.mean(flags)) if flags.size else None
+
+
+def _iso(stamp: float | None) -> str | None:
+    """A ``time.time()`` as the service writes every timestamp (ISO 8601, UTC, ``Z``)."""
+    if stamp is None:
+        return None
+    moment = datetime.fromtimestamp(stamp, UTC).isoformat(timespec="milliseconds")
+    return moment.replace("+00:00", "Z")
 
 
 def _note(
+    state: str,
     counters: dict[str, int],
     n_shadow: int,
-    has_novelty: bool,
-    fraction: float,
+    novelty_unavailable: str | None,
     max_delay: float,
 ) -> str:
-    if fraction <= 0:
-        return "monitoring is off (MBN_SHADOW_FRACTION=0): every figure is zero"
-    if counters["rows_seen"] == 0:
-        return "no fast-mode traffic on this replica yet: every figure is zero"
+    if state == "off":
+        return "monitoring is off (MBN_SHADOW_FRACTION=0): no figures are measured"
+    if state == "no_traffic":
+        return "no fast-mode traffic on this replica yet: no figures until there are rows"
     parts = []
     if n_shadow == 0:
         parts.append("no shadow rows yet (none sampled, or the exact runtime was busy or "
-                     "down): live fidelity is zero")  # fmt: skip
+                     "down): no live fidelity yet")  # fmt: skip
+    if counters["skipped_out_of_range"]:
+        parts.append(f"{counters['skipped_out_of_range']} sampled rows were outside the training "
+                     "range (or gave no finite embedding) and are left out of the live "
+                     "fidelity; the out-of-range share counts them")  # fmt: skip
     if counters["pending_rows"]:
         parts.append(f"{counters['pending_rows']} sampled rows wait to be processed in a "
                      f"batch (within {max_delay:g} s, MBN_SHADOW_MAX_DELAY)")  # fmt: skip
-    if not has_novelty:
-        parts.append("the model has no novelty model (trained before them, or on sparse "
-                     "input): novelty and out-of-range shares are zero")  # fmt: skip
+    if novelty_unavailable is not None:
+        parts.append(f"no novelty share: {novelty_unavailable}")
     return "; ".join(parts) or "ok"

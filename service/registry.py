@@ -34,7 +34,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,6 +221,7 @@ class ModelRegistry:
         # scan), a loaded one when they changed under it (tampered, or replaced in place).
         self._signatures: dict[str, Signature | None] = {}
         self._damaged: dict[str, Damaged] = {}
+        self._on_removed: list[Callable[[Bundle], None]] = []
 
     # --- reading -----------------------------------------------------------------------------
     @property
@@ -425,7 +426,19 @@ class ModelRegistry:
     def _swap(self, bundles: Iterable[Bundle]) -> None:
         bundles = list(bundles)
         aliases = self._record_first_choices(bundles)
+        before = self._snapshot.by_id
         self._snapshot = Snapshot.build(bundles, aliases, self.default_ref, self._damaged)
+        after = self._snapshot.by_id
+        for model_id, bundle in before.items():
+            if after.get(model_id) is not bundle:  # deleted, damaged, or a new version of it
+                for listener in self._on_removed:
+                    listener(bundle)
+
+    def on_removed(self, listener: Callable[[Bundle], None]) -> None:
+        """Call ``listener(bundle)`` (under the registry's lock: it must be quick and never
+        call back) whenever a bundle leaves the snapshot: deleted here or by another
+        replica, found damaged, or replaced by new files under its id."""
+        self._on_removed.append(listener)
 
     def _record_first_choices(self, bundles: list[Bundle]) -> Aliases:
         """The choices on file, after recording the ones nobody made yet: each name means

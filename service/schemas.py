@@ -78,8 +78,9 @@ class EmbedRequest(_Request):
     )
     return_novelty: bool = Field(
         default=False,
-        description="Include each row's novelty score (novelty) and whether it is above "
-        "the threshold calibrated on held-out training rows (novel).",
+        description="Include each row's novelty score (novelty), whether it is above "
+        "the threshold calibrated on held-out training rows (novel), and whether it has a "
+        "feature outside the training range (out_of_range).",
     )
 
     @model_validator(mode="after")
@@ -121,8 +122,16 @@ class EmbedResponse(BaseModel):
         description="Whether each row's novelty is above the model's calibrated threshold "
         "(about 1% of rows like the training data are).",
     )
+    out_of_range: list[bool] | None = Field(
+        default=None,
+        description="Whether each row has a feature outside the training range (widened by "
+        "a margin) (return_novelty): rows scaled or shifted beyond what the model saw, which "
+        "the novelty score may miss. Null when the model has no novelty model.",
+    )
     novelty_unavailable: str | None = Field(
-        default=None, description="Why novelty is null although asked for."
+        default=None,
+        description="Why novelty (or out_of_range) is null although asked for: no novelty "
+        "model, or a degenerate calibration (then out_of_range is still given).",
     )
 
 

@@ -63,6 +63,17 @@ DEMO_PARAMS: dict[str, Any] = {
 DEMO_JOB_ID = uuid.uuid5(uuid.NAMESPACE_URL, f"mbn-demo:{sorted(DEMO_PARAMS.items())}").hex
 
 
+def server_params(params: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """A job's full parameters with the server's threads and, for methods that have one,
+    device (a full set holds "device" exactly when the method has one). Applied at
+    submission, so that a job's recorded params say what it runs with, and again by the
+    worker that runs it, whose settings are the ones that count."""
+    params = {**params, "n_jobs": settings.train_threads}
+    if "device" in params:
+        params["device"] = settings.train_device
+    return params
+
+
 def check_params(
     params: dict[str, Any], method: str | None = None, *, bound: int = 200_000
 ) -> dict[str, Any]:
@@ -298,7 +309,7 @@ class Submitter:
         from sklearn.datasets import load_digits
 
         digits = load_digits()
-        params = check_params(DEMO_PARAMS)
+        params = server_params(check_params(DEMO_PARAMS), self.settings)
         x = digits.data.astype(np.float32)
         try:
             job = self.submit_arrays(

@@ -47,6 +47,7 @@ from service.alignment import ALIGN_TO
 from service.config import Settings
 from service.domain import Unavailable
 from service.jobs import STARTING_PHASE, Job, JobFiles, JobStore
+from service.submission import server_params
 from service.trainproc import TrainSpec
 
 log = logging.getLogger(__name__)
@@ -236,7 +237,7 @@ class Worker:
                 self._fail(job, str(exc))
                 return
             # Threads and the device are the server's to give (clients may set neither).
-            params = _server_params(job.params, self.settings)
+            params = server_params(job.params, self.settings)
             # The model to align to, checked at submission (service.alignment).
             align_to = params.pop(ALIGN_TO, None)
             spec = TrainSpec(
@@ -464,13 +465,3 @@ def _move_dir(source: Path, target: Path) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(source, ignore_errors=True)
-
-
-def _server_params(params: dict, settings: Settings) -> dict:
-    """A job's parameters with the server's threads and, for methods that have one, device
-    (a job's params are the full set, every default filled in: a method has "device" when
-    they hold it)."""
-    params = {**params, "n_jobs": settings.train_threads}
-    if "device" in params:
-        params["device"] = settings.train_device
-    return params

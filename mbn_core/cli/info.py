@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from typing import Any
 
 from mbn_core.bundle import load_bundle
@@ -19,7 +20,12 @@ from mbn_core.pipeline.fidelity import (
     LAYOUT_REPORT_MEANING,
     fidelity_report,
 )
-from mbn_core.pipeline.quality import quality_summary
+from mbn_core.pipeline.quality import (
+    MEASURES,
+    clusters_summary,
+    fast_path_summary,
+    quality_summary,
+)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -83,14 +89,22 @@ def describe(manifest: dict[str, Any], *, brief: bool) -> list[str]:
         f"training:    {', '.join(fit)}",
         f"time:        {', '.join(times)}",
     ]
+    # The measures a user acts on first (clusters, then the fast path), each with what it
+    # says; then the full reports.
     fidelity = manifest.get("fidelity")
+    quality = manifest.get("quality")
+    clusters = clusters_summary(fidelity) if fidelity else None
+    if clusters:
+        lines += [f"clusters:    {clusters}", _reads(MEASURES["clusters"])]
+    fast_path = fast_path_summary(fidelity) if fidelity else None
+    if fast_path:
+        lines += [f"fast path:   {fast_path}", _reads(MEASURES["fast path"])]
     if fidelity:
         lines.append(f"fidelity:    {fidelity_report(_nan_for_none(fidelity))}")
         if fidelity.get("holdout") in (LAYOUT_CROSS_FITTED, LAYOUT_HELD_OUT):
             lines.append(f"meaning:     {LAYOUT_REPORT_MEANING}")
-    quality = manifest.get("quality")
     if quality:
-        lines.append(f"quality:     {quality_summary(quality)}")
+        lines += [f"quality:     {quality_summary(quality)}", _reads(MEASURES["neighbourhoods"])]
     alignment = manifest.get("alignment")
     if alignment:
         lines.append(
@@ -143,6 +157,13 @@ def _scaling_summary(section: dict) -> str:
     elif requested != method:
         text += f" (requested {requested})"
     return text
+
+
+def _reads(text: str) -> str:
+    """What a measure says, wrapped under its line of ``mbn info``."""
+    return textwrap.fill(
+        f"(reads: {text})", width=100, initial_indent=" " * 13, subsequent_indent=" " * 13
+    )
 
 
 def _nan_for_none(fidelity: dict[str, Any]) -> dict[str, Any]:

@@ -110,6 +110,23 @@ class Novelty:
     def n_features(self) -> int:
         return int(self.mean.shape[0])
 
+    @property
+    def degenerate(self) -> str | None:
+        """Why the score cannot tell rows apart, or None when it can.
+
+        A calibration whose parts all have a zero median (input where one feature dwarfs
+        the others, on a model without input scaling: every difference of squared norms
+        rounds to zero) scores every row 0 and flags none, however far it is. The range
+        check does not depend on the calibration and stays valid."""
+        if not np.isfinite(self.threshold) or self.threshold <= 0 or not (self.scales > 0).any():
+            return (
+                "the novelty calibration is degenerate (threshold "
+                f"{float(self.threshold):.3g}: every calibration row scored 0, as happens "
+                "when one feature is many orders of magnitude larger than the others and "
+                "the model has no input scaling); scores would flag no row"
+            )
+        return None
+
     # ----------------------------------------------------------------- fitting
 
     @classmethod
@@ -157,7 +174,10 @@ class Novelty:
             "calibration_novel_share": float(np.mean(scores > threshold)),
             "calibration_out_of_range_share": float(np.mean(model.out_of_range(calibration_rows))),
             "range_margin": RANGE_MARGIN,
+            "degenerate": model.degenerate is not None,
         }
+        if model.degenerate is not None:
+            summary["degenerate_reason"] = model.degenerate
         return model, summary
 
     # ----------------------------------------------------------------- scoring

@@ -146,6 +146,47 @@ def _pca_baseline(X_fit, X_rows, n_components: int, rng) -> tuple[np.ndarray, in
     return pca.transform(X_rows.astype(np.float64)), components
 
 
+# What each report says, in the order a user acts on them: `mbn info` prints it, the console
+# and the guide say the same.
+MEASURES = {
+    "clusters": "NMI of k-means clusters of the embedding against the labels, on rows new to "
+    "the model (1 = the classes exactly): with labels, the figure to choose a model by",
+    "fast path": "how closely the fast path follows the exact model on rows new to both (1 = "
+    "the same); where it is low, use exact mode",
+    "neighbourhoods": "trustworthiness / continuity: whether rows near each other in the input "
+    "stay near in the embedding, and the reverse (1 = every neighbour kept). PCA with as many "
+    "components is a projection of the input, so it keeps input neighbourhoods by "
+    "construction and usually scores higher; MBN gives up detail inside clusters to pull "
+    "clusters apart, so a lower score beside PCA's is no loss when clusters are what you use",
+}
+
+
+def clusters_summary(fidelity: dict[str, Any]) -> str | None:
+    """The clusters line of ``mbn info`` (None without labels): each path's NMI against the
+    labels on rows new to the model."""
+    exact, fast = fidelity.get("nmi_labels_exact"), fidelity.get("nmi_labels_fast")
+    if not isinstance(exact, int | float) or not isinstance(fast, int | float):
+        return None
+    return (
+        f"NMI with the labels, on {fidelity.get('n_holdout', '?')} rows new to the model: "
+        f"exact {exact:.3f}, fast {fast:.3f}"
+    )
+
+
+def fast_path_summary(fidelity: dict[str, Any]) -> str | None:
+    """The fast-path line of ``mbn info``: cluster agreement, R^2 and median cosine."""
+    parts = []
+    for key, label in (
+        ("cluster_agreement", "cluster agreement"),
+        ("r2", "R^2"),
+        ("cosine_median", "median cosine"),
+    ):
+        value = fidelity.get(key)
+        if isinstance(value, int | float):
+            parts.append(f"{label} {value:.3f}")
+    return f"against the exact model: {', '.join(parts)}" if parts else None
+
+
 def quality_summary(report: dict[str, Any]) -> str:
     """One line summarising a ``quality_report``, for logs and the CLI."""
     if report.get("n_neighbors") is None:

@@ -108,6 +108,10 @@ class ModelCache:
             with self._lock:
                 self._loading.pop(key, None)
 
+    def peek(self, key: ModelKey) -> HeldModel | None:
+        """The model if it is held (and its file unchanged), without reading it."""
+        return self._current(key)
+
     def _current(self, key: ModelKey) -> HeldModel | None:
         """The held model, unless its file changed on disk since it was read (then dropped)."""
         with self._lock:

@@ -7,11 +7,17 @@ wait in the socket's backlog. It imports no web framework and no job store. Thre
 - the main thread accepts connections (one per API process) and sends each a ``Hello``;
 - one reader and one writer thread per connection: the reader decodes ``Submit`` and
   ``Cancel`` and puts jobs in the queue, the writer sends answers in order;
+- a loader thread reads, verifies and warms models (their derived arrays built and their
+  kernels loaded by one row) for the lanes, at the API processes' priority: a lane doing it
+  at its own lower priority took tens of seconds on a busy replica, which a restarted runtime
+  pays before it answers again;
 - ``lanes`` compute threads each take steps from the queue (``service.exact.batching``), so
   that as many steps run side by side (the rows of one large request too), compute them with
   the model (``service.exact.models``) on their own thread and answer each request once all its
   rows are in. BLAS is held at one thread for the whole process: the lanes are the
-  parallelism;
+  parallelism. Only the lanes run at the lower CPU priority (``niceness``): the threads that
+  take requests in and send answers out keep the API processes' priority, or on a busy host
+  requests would reach the queue one at a time and no batch would form;
 - a stats thread sends the runtime's figures to every connection once a second and exits the
   process when its parent is gone.
 
@@ -33,6 +39,7 @@ import socket
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
@@ -71,7 +78,7 @@ class RuntimeConfig:
     max_payload: int  # bytes of one frame's payload
     segment_dir: str | None
     log_level: str = "info"
-    niceness: int = 0  # added to the process's nice value before any thread starts
+    niceness: int = 0  # added to each compute lane's nice value (its thread's only)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -277,6 +284,8 @@ class Runtime:
             threads=1,  # a step runs on its lane's thread; lanes run side by side
             device=device if device != "none" else "cpu",
         )
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="exact-load")
+        self._warmed: dict[ModelKey, int] = {}  # id() of the ExactModel warmed, per model
         self.stats = Counters()
         self._connections: set[Connection] = set()
         self._lock = threading.Lock()
@@ -286,6 +295,7 @@ class Runtime:
     def serve(self, listener: socket.socket) -> None:
         # One lane on a GPU: a step there takes the card's memory as its budget.
         lanes = 1 if self.device == "cuda" else self.config.lanes
+        self._loader.submit(int).result()  # its thread started here, at this priority
         for lane in range(lanes):
             threading.Thread(
                 target=self._compute_loop, name=f"exact-compute-{lane}", daemon=True
@@ -344,6 +354,7 @@ class Runtime:
 
     # --- computing --------------------------------------------------------------------------
     def _compute_loop(self) -> None:
+        lower_thread_priority(self.config.niceness)
         while not self.stopping.is_set():
             step = self.queue.next_step(timeout=0.5)
             for job in self.queue.take_expired():
@@ -361,7 +372,7 @@ class Runtime:
             self.queue.abort(step)
             return
         try:
-            held = self.models.get(step.model)  # type: ignore[arg-type]
+            held = self._model(step.model)  # type: ignore[arg-type]
         except ModelFailure as failure:
             self._fail_step(step, failure.kind, failure.message)
             for job in self.queue.cancel_model(step.model):
@@ -405,6 +416,24 @@ class Runtime:
             offset += stop - start
         for job in self.queue.finish(step, seconds):
             self._answer(job, held)
+
+    def _model(self, key: ModelKey) -> HeldModel:
+        """The model, read and warmed by the loader thread unless it is held and warm."""
+        held = self.models.peek(key)
+        if held is not None and self._warmed.get(key) == id(held.exact):
+            return held
+        return self._loader.submit(self._load_and_warm, key).result()
+
+    def _load_and_warm(self, key: ModelKey) -> HeldModel:
+        held = self.models.get(key)
+        if self._warmed.get(key) != id(held.exact):
+            try:
+                width = held.exact.estimator.n_features_in_
+                held.exact.embed_raw(np.zeros((1, width), dtype=np.float32))
+            except Exception as error:  # the step itself reports what is wrong
+                log.warning("model %s: warming it up failed: %s", key.id, error)
+            self._warmed[key] = id(held.exact)
+        return held
 
     def _answer(self, job: Job, held: HeldModel) -> None:
         connection = self._owner(job)
@@ -513,6 +542,20 @@ _TIMED_OUT = (
 )
 
 
+def lower_thread_priority(increment: int) -> None:
+    """Raise the calling thread's nice value by ``increment`` (Linux keeps one per thread;
+    threads it starts inherit it). Where the platform refuses, the thread keeps its
+    priority: answers stay the same, only the fast path's share of a busy CPU is smaller."""
+    if not increment:
+        return
+    tid = threading.get_native_id()
+    try:
+        current = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, current + increment))
+    except (AttributeError, OSError) as error:
+        log.debug("could not lower a compute lane's priority: %s", error)
+
+
 def _die_with_parent(parent: int) -> None:
     """Ask the kernel to kill this process when its parent dies (Linux), and exit now if
     that already happened."""
@@ -526,9 +569,6 @@ def _die_with_parent(parent: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     config = RuntimeConfig.from_json((argv or sys.argv[1:])[0])
     _die_with_parent(config.parent_pid)
-    if config.niceness:
-        # Before any thread starts: the compute threads and the libraries' own inherit it.
-        os.nice(config.niceness)
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
         level=config.log_level.upper(),

@@ -48,6 +48,19 @@ class Embedding:
     compute_ms: float
 
 
+@dataclass(frozen=True)
+class RowNovelty:
+    """What ``return_novelty`` answers for each row: its novelty score and whether it is
+    above the calibrated threshold, and whether it has a feature outside the training range.
+    ``unavailable`` says why the scores (and, without a novelty model, the range check) are
+    missing."""
+
+    scores: np.ndarray | None = None
+    novel: np.ndarray | None = None
+    out_of_range: np.ndarray | None = None
+    unavailable: str | None = None
+
+
 class EmbedHandler:
     """Resolves models and computes embeddings for ``POST /embed``.
 
@@ -136,19 +149,25 @@ class EmbedHandler:
                 self.monitor.observe(bundle, x, embeddings)  # a sample goes to its thread
         return Embedding(bundle, mode, embeddings, labels if want_clusters else None, compute_ms)
 
-    async def novelty(self, bundle: Bundle, x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """Novelty scores and flags of the rows of ``x``, or None when ``bundle`` has no
-        novelty model; computed beside the event loop."""
+    async def novelty(self, bundle: Bundle, x: np.ndarray) -> RowNovelty:
+        """Novelty scores, flags and range checks of the rows of ``x``, as far as
+        ``bundle``'s novelty model allows; computed beside the event loop."""
         if self.monitor is None:
-            return None
+            return RowNovelty(unavailable="monitoring is not set up on this replica")
         monitor = self.monitor
 
-        def score() -> tuple[np.ndarray, np.ndarray] | None:
+        def score() -> RowNovelty:
             model = monitor.novelty(bundle)
             if model is None:
-                return None
+                return RowNovelty(
+                    unavailable=f"model {bundle.id!r} has no novelty model (trained before "
+                    "novelty scores, or on sparse input)"
+                )
+            out_of_range = model.out_of_range(x)
+            if model.degenerate is not None:  # the range check stands on its own
+                return RowNovelty(out_of_range=out_of_range, unavailable=model.degenerate)
             scores = model.score(x)
-            return scores, scores > model.threshold
+            return RowNovelty(scores, scores > model.threshold, out_of_range)
 
         try:
             return await self.budget.run(score)

@@ -14,7 +14,7 @@ from service.arrays import check_parsed_rows, rows_to_matrix
 from service.domain import InvalidInput
 from service.jobs import Job
 from service.registry import ModelRegistry
-from service.submission import Prepare, Submitter, check_params
+from service.submission import Prepare, Submitter, check_params, server_params
 
 
 class TrainingHandler:
@@ -75,7 +75,10 @@ class TrainingHandler:
     ) -> Job:
         """Queue a job whose rows (a float32 matrix parsed from the body, or rows) and
         optional labels came inline."""
-        full_params = check_params(params, method, bound=self.submitter.settings.max_train_rows)
+        settings = self.submitter.settings
+        full_params = server_params(
+            check_params(params, method, bound=settings.max_train_rows), settings
+        )
         max_rows = self.submitter.settings.max_train_rows
         if isinstance(data, np.ndarray):
             x = check_parsed_rows(data, expected_dim=None, max_rows=max_rows, what="data")
@@ -101,7 +104,10 @@ class TrainingHandler:
     ) -> Job:
         """Queue a job whose data is an uploaded file (its type by ``filename``'s suffix),
         copying ``source`` to disk; ``choice``: a CSV's columns to train on."""
-        full_params = check_params(params, method, bound=self.submitter.settings.max_train_rows)
+        settings = self.submitter.settings
+        full_params = server_params(
+            check_params(params, method, bound=settings.max_train_rows), settings
+        )
         suffix = PurePath(filename or "").suffix.lower()
         job = self.submitter.submit_file(
             name,

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from mbn_core.bundle import Bundle
 from service.arrays import bytes_to_matrix, check_parsed_rows, matrix_to_b64
 from service.deps import EmbedHandlerDep, require_api_key
+from service.handlers.embed import RowNovelty
 from service.json_object import parse_base64, parse_rows
 from service.metrics import MODE_SCOPE_KEY
 from service.routes._body import json_body, parse_object, read_json_body
@@ -91,7 +92,7 @@ def _encode(
     bundle: Bundle,
     embeddings: np.ndarray,
     clusters: np.ndarray | None,
-    novelty: tuple[np.ndarray, np.ndarray] | None = None,
+    novelty: RowNovelty | None = None,
 ) -> bytes:
     payload: dict[str, object] = {
         "model": bundle.id,
@@ -106,17 +107,17 @@ def _encode(
         payload["embeddings"] = _json_matrix(embeddings)
     if clusters is not None:
         payload["clusters"] = clusters.tolist()
-    if req.return_novelty:
-        if novelty is None:
-            payload["novelty"] = payload["novel"] = None
-            payload["novelty_unavailable"] = (
-                f"model {bundle.id!r} has no novelty model (trained before novelty scores, "
-                "or on sparse input)"
-            )
-        else:
-            payload["novelty"] = novelty[0].tolist()
-            payload["novel"] = novelty[1].tolist()
+    if novelty is not None:
+        payload["novelty"] = _optional_list(novelty.scores)
+        payload["novel"] = _optional_list(novelty.novel)
+        payload["out_of_range"] = _optional_list(novelty.out_of_range)
+        if novelty.unavailable is not None:
+            payload["novelty_unavailable"] = novelty.unavailable
     return msgspec.json.encode(payload)
+
+
+def _optional_list(values: np.ndarray | None) -> list | None:
+    return None if values is None else values.tolist()
 
 
 # Rows per slice of a JSON answer. Each slice is one call that holds the interpreter lock

@@ -354,3 +354,22 @@ def test_train_chooses_a_csv_s_columns(workdir, monkeypatch, capsys):
     assert "did you mean 'p0'" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse: one or the other
         cli.main(["train", "table.csv", "--plan", "--columns", "p0", "--drop", "id"])
+
+
+def test_info_leads_with_the_measures_a_user_acts_on(capsys) -> None:
+    """mbn info showed PCA ahead on trustworthiness and continuity for every model and left
+    it at that, though on held-out rows MBN clusters far better: the report read as a loss.
+    It now leads with clusters (labels) and the fast path, and says what each measure
+    means, PCA's neighbourhood scores included."""
+    from pathlib import Path
+
+    golden = Path(__file__).parents[1] / "data" / "golden" / "bundles" / "mbn"
+    assert cli.main(["info", str(golden)]) == 0
+    out = capsys.readouterr().out
+    order = [out.index(f"\n{label}:") for label in ("clusters", "fast path", "fidelity", "quality")]
+    assert order == sorted(order)
+    assert "clusters:    NMI with the labels, on 300 rows new to the model: exact 0.659" in out
+    assert "fast path:   against the exact model: cluster agreement 0.470" in out
+    quality = out[out.index("\nquality:") :]
+    assert "(reads: trustworthiness / continuity" in quality
+    assert "PCA with as many" in quality and "is no loss when clusters" in " ".join(quality.split())

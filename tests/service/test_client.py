@@ -92,6 +92,9 @@ def test_embed_gives_arrays_equal_to_the_library(
     np.testing.assert_array_equal(result.embeddings, bundle.embed(x))
     np.testing.assert_array_equal(result.clusters, bundle.predict_clusters(x))
     assert (result.model, result.name, result.mode) == ("m-digits", "digits", "fast")
+    # The test bundle has no novelty model: said, and no flags.
+    assert result.novelty is None and result.out_of_range is None
+    assert "no novelty model" in (result.novelty_unavailable or "")
     exact = client.embed(x[:5], mode="exact")
     np.testing.assert_array_equal(exact.embeddings, bundle.embed(x[:5], mode="exact"))
     one = client.embed(x[0])  # one row

@@ -80,6 +80,11 @@ async def stats_after(exact: ExactFrontend, condition: Callable[[Any], bool]) ->
     raise AssertionError("the runtime's figures never got there")
 
 
+def _segments() -> set[str]:
+    """The runtime's segments in /dev/shm (other programs of the host keep files there too)."""
+    return {n for n in os.listdir(segments.DEFAULT_DIRECTORY) if n.startswith("mbn-exact-")}
+
+
 def alone(bundle: Bundle, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """The library's exact answer for these rows alone."""
     return bundle.embed_with_clusters(rows, mode="exact")
@@ -97,17 +102,21 @@ def test_concurrent_requests_of_every_size_get_what_transform_alone_gives(
     sizes = [1, 2, 1, 5, 17, 3, 1, 64, 1500, 1, 40, 9]
     starts = np.cumsum([0, *sizes[:-1]])
     requests = [x[start : start + size] for start, size in zip(starts, sizes, strict=True)]
-    before = set(os.listdir(segments.DEFAULT_DIRECTORY))
+    before = _segments()
 
     async def scenario(exact: ExactFrontend, registry: ModelRegistry) -> Any:
         bundle = registry.get("m-digits")
         await exact.embed(bundle, x[:1])  # starts the runtime and reads the model
         answers = await asyncio.gather(*(exact.embed(bundle, rows) for rows in requests))
         stats = await stats_after(exact, lambda s: s.requests == len(sizes) + 1)
-        # Exact work yields the CPU to the API processes: the runtime's own lower priority.
+        # Exact work yields the CPU to the API processes: its two compute lanes run at a
+        # lower priority; the threads that take requests in and answer them do not.
         assert exact.supervisor is not None and exact.supervisor.pid is not None
-        nice = os.getpriority(os.PRIO_PROCESS, exact.supervisor.pid)
-        assert nice == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)
+        pid, own = exact.supervisor.pid, os.getpriority(os.PRIO_PROCESS, 0)
+        nices = [os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{pid}/task")]
+        assert os.getpriority(os.PRIO_PROCESS, pid) == own
+        assert set(nices) == {own, min(19, own + 5)}
+        assert own > 14 or nices.count(own + 5) == 2  # (a test run at nice 15+ cannot tell)
         return answers, stats
 
     answers, stats = run(model_dir, scenario, niceness=5)
@@ -117,7 +126,7 @@ def test_concurrent_requests_of_every_size_get_what_transform_alone_gives(
         np.testing.assert_array_equal(answer.clusters, clusters)
     # Merged: fewer steps than requests, although the large one alone took 24.
     assert stats.batches < len(sizes) + 24 and stats.rows == sum(sizes) + 1
-    assert set(os.listdir(segments.DEFAULT_DIRECTORY)) <= before  # no segment left behind
+    assert _segments() <= before  # no segment left behind
 
 
 @pytest.mark.slow

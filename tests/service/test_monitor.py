@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -62,19 +64,108 @@ def batching(tmp_path, write_bundle, novelty_bundle) -> Iterator[TestClient]:
     )
 
 
-def test_a_model_without_traffic_answers_zeros_and_says_so(shadowing: TestClient) -> None:
+def test_a_model_without_traffic_reports_no_values_and_says_so(shadowing: TestClient) -> None:
     response = shadowing.get("/models/m-novel/monitor")
     assert response.status_code == 200
     body = response.json()
     assert body["rows_seen"] == body["shadow_rows"] == 0
     assert body["has_traffic"] is False and "no fast-mode traffic" in body["note"]
-    assert body["live"]["r2"] == body["live"]["cosine_median"] == 0.0
-    assert body["novelty_share"] == body["out_of_range_share"] == 0.0
+    assert body["state"] == "no_traffic"
+    # No rows, no value: null, never a zero that reads as a failing model.
+    live = body["live"]
+    assert live["n_holdout"] == 0
+    assert all(live[key] is None for key in ("r2", "cosine", "cosine_median", "nmi_fast_exact"))
+    assert body["novelty_share"] is None and body["out_of_range_share"] is None
+    assert body["last_update"] is None and "zero" not in body["note"]
     assert (
         body["training"]
         == load_bundle(shadowing.app.state.registry.get("m-novel").path).manifest["fidelity"]
     )
     assert shadowing.get("/models/nope/monitor").status_code == 404
+    # Nor a Prometheus sample: an idle model raises no alert on min(mbn_live_fidelity_r2).
+    metrics = shadowing.get("/metrics").text
+    assert 'model="m-novel"' not in metrics
+
+
+def test_a_window_of_sampled_rows_but_no_shadow_rows_reports_no_fidelity(
+    batching: TestClient, digits: Digits
+) -> None:
+    """Rows scored for novelty but not embedded exactly yet: shares, and no fidelity."""
+    monitor = batching.app.state.monitor
+    response = batching.post("/embed", json={"model": "novel", "inputs": digits[0][:3].tolist()})
+    assert response.status_code == 200
+    body = batching.get("/models/m-novel/monitor").json()
+    assert body["state"] == "no_shadow_rows" and body["live"]["r2"] is None
+    assert "live fidelity is zero" not in body["note"] and "no live fidelity yet" in body["note"]
+    assert monitor.wait_idle(300)
+    body = batching.get("/models/m-novel/monitor").json()
+    assert body["state"] == "live" and body["shadow_rows"] == 3
+    # One ISO 8601 timestamp, as every other one the service gives.
+    stamp = datetime.fromisoformat(body["last_update"].replace("Z", "+00:00"))
+    assert stamp.tzinfo is not None and abs(stamp.timestamp() - time.time()) < 600
+    metrics = batching.get("/metrics").text
+    assert 'mbn_live_fidelity_cosine{model="m-novel"' in metrics
+    assert 'mbn_input_novelty_share{model="m-novel"' in metrics
+
+
+def _live_figures(body: dict) -> tuple:
+    live = body["live"]
+    return live["r2"], live["nmi_fast_exact"], live["cosine_median"], live["n_holdout"]
+
+
+def test_rows_outside_the_training_range_stay_out_of_the_live_figures(
+    shadowing: TestClient, digits: Digits
+) -> None:
+    """At fraction 1.0 one row of 1e30 (a valid float32) took R^2 to -1.4e54 and
+    nmi_fast_exact from 0.97 to 0.0016: such rows are counted, flagged out of range and
+    left out of the fidelity window (they are not shadowed at all)."""
+    monitor = shadowing.app.state.monitor
+    x = digits[0][1500:1560]
+    response = shadowing.post("/embed", json={"model": "novel", "inputs": x.tolist()})
+    assert response.status_code == 200
+    assert monitor.wait_idle(300)
+    before = shadowing.get("/models/m-novel/monitor").json()
+    # The tiny test model's fast path is rough (R^2 about -0.15 here): a sane figure.
+    assert before["shadow_rows"] == 60 and -1 < before["live"]["r2"] < 1
+    extreme = np.full((1, 64), 1e30, dtype=np.float32)
+    response = shadowing.post("/embed", json={"model": "novel", "inputs": extreme.tolist()})
+    assert response.status_code == 200
+    assert monitor.wait_idle(300)
+    after = shadowing.get("/models/m-novel/monitor").json()
+    assert _live_figures(after) == _live_figures(before)
+    assert after["shadow_rows"] == 60 and after["skipped_out_of_range"] == 1
+    assert after["rows_sampled"] == 61
+    assert after["out_of_range_share"] == pytest.approx(1 / 61)
+    assert "outside the training range" in after["note"]
+    metrics = shadowing.get("/metrics").text
+    line = f'mbn_live_fidelity_r2{{model="m-novel",replica="{after["replica"]}"}}'
+    assert float(metrics.split(line)[1].split()[0]) == pytest.approx(before["live"]["r2"])
+
+
+def test_a_large_request_of_extreme_rows_at_the_default_fraction(
+    tmp_path, write_bundle, novelty_bundle, digits: Digits
+) -> None:
+    """One 8,192-row request of 1e30 at the default fraction took live R^2 from -0.01 to
+    -8.9e29."""
+    for client in _app(tmp_path, write_bundle, novelty_bundle, shadow_max_delay=0.0):
+        monitor = client.app.state.monitor
+        assert monitor.fraction == 0.01  # the default
+        normal = np.tile(digits[0], (5, 1))[:8192]
+        assert (
+            client.post("/embed", json={"model": "novel", "inputs": normal.tolist()}).status_code
+            == 200
+        )
+        assert monitor.wait_idle(300)
+        before = client.get("/models/m-novel/monitor").json()
+        assert before["shadow_rows"] > 20, before
+        extreme = np.full((8192, 64), 1e30, dtype=np.float32)
+        payload = {"model": "novel", "inputs": extreme.tolist()}
+        assert client.post("/embed", json=payload).status_code == 200
+        assert monitor.wait_idle(300)
+        after = client.get("/models/m-novel/monitor").json()
+        assert _live_figures(after) == _live_figures(before)
+        assert after["skipped_out_of_range"] > 20 and after["shadow_rows"] == before["shadow_rows"]
+        assert after["out_of_range_share"] > 0.2
 
 
 def test_return_novelty(shadowing: TestClient, digits: Digits) -> None:
@@ -87,6 +178,13 @@ def test_return_novelty(shadowing: TestClient, digits: Digits) -> None:
     model = Novelty.fit(digits[0][:1500], random_state=0)[0]
     np.testing.assert_allclose(body["novelty"], model.score(np.vstack([x, shifted])))
     assert sum(body["novel"][:20]) <= 2 and all(body["novel"][20:])
+    assert body["out_of_range"] == model.out_of_range(np.vstack([x, shifted])).tolist()
+    # Rows beyond the training range are flagged row by row: a user's digits multiplied by 3
+    # were "novel" only 14% of the time (the score sees their direction, not their scale).
+    tripled = shadowing.post(
+        "/embed", json={"model": "novel", "inputs": (3 * x).tolist(), "return_novelty": True}
+    ).json()
+    assert all(tripled["out_of_range"]) and sum(tripled["novel"]) < 10
     # A bundle saved without one reports it as unavailable.
     old = shadowing.post(
         "/embed", json={"model": "digits", "inputs": x.tolist(), "return_novelty": True}
@@ -94,15 +192,106 @@ def test_return_novelty(shadowing: TestClient, digits: Digits) -> None:
     assert (
         old["novelty"] is None
         and old["novel"] is None
+        and old["out_of_range"] is None
         and "no novelty model" in old["novelty_unavailable"]
     )
     plain = shadowing.post("/embed", json={"model": "novel", "inputs": x.tolist()}).json()
     assert "novelty" not in plain
 
 
+def test_a_degenerate_novelty_calibration_is_said(
+    tmp_path, write_bundle, novelty_bundle, tiny_model: CompressiveMBN, digits: Digits
+) -> None:
+    """Scaling "none" and one column 1e13 times the others: every calibration row scored 0,
+    the threshold was 0.0, rows of 1e30 scored 0.0 ("not novel"), and the monitor said
+    novelty_available true. The calibration is found degenerate and said so; the range
+    check, which does not depend on it, still flags such rows."""
+    rng = np.random.default_rng(0)
+    x = rng.random((1500, 64), dtype=np.float32)
+    x[:, 0] = rng.integers(0, 4, len(x)) * 1e13  # a code column, in units 1e13 times larger
+    model, summary = Novelty.fit(x, random_state=0)
+    # The calibration the user met: every difference of squared norms rounds to zero.
+    assert model.threshold == 0.0 and not model.scales.any()
+    assert model.score(np.full((1, 64), 1e30, dtype=np.float32)).tolist() == [0.0]
+    assert summary["degenerate"] is True and "degenerate" in summary["degenerate_reason"]
+    assert model.degenerate is not None
+    healthy = Novelty.fit(digits[0][:1500], random_state=0)
+    assert healthy[0].degenerate is None and healthy[1]["degenerate"] is False
+    settings = make_settings(
+        tmp_path, embedded_worker=False, shadow_fraction=1.0, shadow_max_delay=0.0
+    )
+    settings.models_path.mkdir(parents=True, exist_ok=True)
+    save_bundle(
+        tiny_model,
+        settings.models_path / "m-flat",
+        name="flat",
+        extra_files={NOVELTY_FILE: model.to_bytes()},
+        manifest_sections={"novelty": summary},
+    )
+    with running_app(settings, write_bundle) as client:
+        rows = np.vstack([x[:10], np.full((1, 64), 1e30, dtype=np.float32)])
+        body = client.post(
+            "/embed", json={"model": "flat", "inputs": rows.tolist(), "return_novelty": True}
+        ).json()
+        assert body["novelty"] is None and body["novel"] is None
+        assert "degenerate" in body["novelty_unavailable"]
+        assert body["out_of_range"] == [False] * 10 + [True]
+        assert client.app.state.monitor.wait_idle(300)
+        monitor = client.get("/models/m-flat/monitor").json()
+        assert monitor["novelty_available"] is False
+        assert "degenerate" in monitor["novelty_unavailable"]
+        assert monitor["novelty_share"] is None
+        assert monitor["out_of_range_share"] == pytest.approx(1 / 11)
+        metrics = client.get("/metrics").text
+        assert 'mbn_input_novelty_share{model="m-flat"' not in metrics
+        assert 'mbn_input_out_of_range_share{model="m-flat"' in metrics
+
+
+def test_a_deleted_model_leaves_no_monitor_state(shadowing: TestClient, digits: Digits) -> None:
+    """Its window, its novelty model and its series in /metrics go with it."""
+    monitor = shadowing.app.state.monitor
+    response = shadowing.post(
+        "/embed", json={"model": "novel", "inputs": digits[0][:12].tolist(), "return_novelty": True}
+    )
+    assert response.status_code == 200
+    assert monitor.wait_idle(300)
+    assert 'mbn_live_fidelity_r2{model="m-novel"' in shadowing.get("/metrics").text
+    assert "m-novel" in monitor._windows and "m-novel" in monitor._novelty
+    assert shadowing.delete("/models/m-novel").status_code == 204
+    assert "m-novel" not in monitor._windows
+    assert "m-novel" not in monitor._novelty and "m-novel" not in monitor._centers
+    assert 'model="m-novel"' not in shadowing.get("/metrics").text
+    # The other models' state stays.
+    response = shadowing.post("/embed", json={"model": "digits", "inputs": digits[0][:2].tolist()})
+    assert response.status_code == 200
+    assert monitor.wait_idle(300)
+    assert set(monitor._windows) == {"m-digits"}
+
+
+def test_a_model_another_replica_deleted_leaves_no_monitor_state(
+    shadowing: TestClient, digits: Digits
+) -> None:
+    """Deleted beside this replica (its directory gone): the next rescan drops it here."""
+    import shutil
+
+    monitor = shadowing.app.state.monitor
+    registry = shadowing.app.state.registry
+    response = shadowing.post("/embed", json={"model": "novel", "inputs": digits[0][:4].tolist()})
+    assert response.status_code == 200
+    assert monitor.wait_idle(300)
+    shutil.rmtree(registry.get("m-novel").path)
+    registry.rescan()
+    assert "m-novel" not in monitor._windows
+    assert 'model="m-novel"' not in shadowing.get("/metrics").text
+
+
 def test_monitor_equals_a_brute_force_recomputation(shadowing: TestClient, digits: Digits) -> None:
     monitor = shadowing.app.state.monitor
     x = np.vstack([digits[0][1500:1560], 16.0 - digits[0][1560:1570]])
+    novelty = Novelty.fit(digits[0][:1500], random_state=0)[0]
+    # The inverted rows set pixels no training row set: out of range, never shadowed.
+    in_range = ~novelty.out_of_range(x)
+    assert 0 < in_range.sum() < len(x)
     for start in range(0, len(x), 7):
         response = shadowing.post(
             "/embed", json={"model": "novel", "inputs": x[start : start + 7].tolist()}
@@ -112,22 +301,24 @@ def test_monitor_equals_a_brute_force_recomputation(shadowing: TestClient, digit
         # first waits for the exact model's read: minutes on a loaded machine.)
         assert monitor.wait_idle(300)
     body = shadowing.get("/models/m-novel/monitor").json()
-    assert body["rows_seen"] == body["shadow_rows"] == len(x)
+    assert body["rows_seen"] == body["rows_sampled"] == len(x)
+    assert body["shadow_rows"] == in_range.sum()
+    assert body["skipped_out_of_range"] == len(x) - in_range.sum()
     assert body["skipped_exact_busy"] == body["dropped_behind"] == 0
 
     bundle = load_bundle(shadowing.app.state.registry.get("m-novel").path)
-    exact = bundle.embed(x, mode="exact").astype(np.float64)
-    fast = bundle.embed(x, mode="fast").astype(np.float64)
+    shadowed = x[in_range]
+    exact = bundle.embed(shadowed, mode="exact").astype(np.float64)
+    fast = bundle.embed(shadowed, mode="fast").astype(np.float64)
     cosine = np.sum(exact * fast, axis=1) / (
         np.linalg.norm(exact, axis=1) * np.linalg.norm(fast, axis=1)
     )
     live = body["live"]
-    assert live["n_holdout"] == len(x)
+    assert live["n_holdout"] == len(shadowed)
     assert live["r2"] == pytest.approx(r2_score(exact, fast, multioutput="variance_weighted"))
     assert live["cosine_median"] == pytest.approx(np.median(cosine))
-    agree = bundle.predict_clusters(x, "exact") == bundle.predict_clusters(x, "fast")
+    agree = bundle.predict_clusters(shadowed, "exact") == bundle.predict_clusters(shadowed, "fast")
     assert live["cluster_agreement"] == pytest.approx(np.mean(agree))
-    novelty = Novelty.fit(digits[0][:1500], random_state=0)[0]
     assert body["novelty_share"] == pytest.approx(np.mean(novelty.is_novel(x)))
     assert body["out_of_range_share"] == pytest.approx(np.mean(novelty.out_of_range(x)))
     assert body["novelty_share"] >= 10 / 70  # the inverted rows
@@ -315,3 +506,55 @@ def test_rows_are_sampled_at_the_fraction() -> None:
         assert window.pending == window.rows_sampled
     finally:
         monitor.shutdown()
+
+
+@pytest.fixture
+def two_reads(tmp_path, write_bundle, novelty_bundle) -> Iterator[TestClient]:
+    """At most two expensive reads in flight (MBN_MAX_INFLIGHT_READS=2)."""
+    yield from _app(tmp_path, write_bundle, novelty_bundle, max_inflight_reads=2)
+
+
+def test_expensive_reads_are_admitted_and_refused_past_their_bound(
+    two_reads: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """30 clients flooding compare and /monitor never got a 429 (each ran on the default
+    pool of 40 threads) while /embed's p99 went from 19.5 ms to 408 ms."""
+    client = two_reads
+    monitor, reads = client.app.state.monitor, client.app.state.read_budget
+    release, entered = threading.Event(), threading.Semaphore(0)
+    report = monitor.report
+
+    def slow_report(bundle):
+        entered.release()
+        release.wait(60)
+        return report(bundle)
+
+    monkeypatch.setattr(monitor, "report", slow_report)
+    answers: list = []
+
+    def get_monitor() -> None:
+        answers.append(client.get("/models/m-novel/monitor"))
+
+    threads = [threading.Thread(target=get_monitor) for _ in range(2)]
+    try:
+        for thread in threads:
+            thread.start()
+        assert entered.acquire(timeout=60)  # one runs, the other waits for the thread
+        wait_for(lambda: reads.in_flight == 2 or None, 60, "two reads admitted")
+        for path in ("/models/m-novel/monitor", "/models/m-novel/compare/m-digits"):
+            refused = client.get(path)
+            assert "MBN_MAX_INFLIGHT_READS" in assert_error(refused, 429)["message"]
+            assert refused.headers["retry-after"]
+        # Other routes and /embed are not held up by the reads.
+        assert client.get("/health/live").status_code == 200
+        assert client.post("/embed", json={"inputs": [[0.0] * 64]}).status_code == 200
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(60)
+    assert [answer.status_code for answer in answers] == [200, 200]
+    assert reads.in_flight == 0
+    assert client.get("/models/m-novel/compare/m-digits").status_code in (200, 409)
+    metrics = client.get("/metrics").text
+    assert 'mbn_rejected_total{reason="read_monitor"} 1.0' in metrics
+    assert 'mbn_rejected_total{reason="read_compare"} 1.0' in metrics

@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 from servicetest import assert_error, wait_for
 
@@ -20,6 +21,10 @@ def test_live_and_ready(api: Callable[..., TestClient]) -> None:
         "disk": True,
         "models_scanned": True,
         "model_available": True,
+        # Ready means warm: the default model's fast path has run (the first request paid
+        # for it, seconds, after ready said 200).
+        "default_fast_warm": True,
+        "default_exact_loaded": False,
         "exact_runtime": True,
         "embed_capacity": True,
     }
@@ -27,6 +32,42 @@ def test_live_and_ready(api: Callable[..., TestClient]) -> None:
     assert ready.json()["exact_runtime"].startswith("not started")
     assert client.post("/embed", json={"inputs": [[0.0] * 64], "mode": "exact"}).status_code == 200
     assert client.get("/health/ready").json()["exact_runtime"].startswith("running (process")
+
+
+@pytest.mark.slow
+def test_a_real_server_is_warm_when_ready(
+    tmp_path: Path, write_bundle: Callable[..., Path], processes: list
+) -> None:
+    """After /health/ready said 200 the first fast request took 3.9 s and the first exact
+    one 12.5 s. Ready now means the default's fast path has run, and readiness says when the
+    exact runtime has loaded the default's exact model (from then on, the first exact
+    request does not pay for its read)."""
+    from servicetest import FAST_JOBS_ENV, Server
+
+    data_dir = tmp_path / "data"
+    write_bundle(data_dir / "models", "m-digits", "digits")
+    env = {**FAST_JOBS_ENV, "MBN_DATA_DIR": str(data_dir), "MBN_DEMO_MODEL": "false",
+           "MBN_EMBEDDED_WORKER": "false"}  # fmt: skip
+    server = Server(env, tmp_path / "server.log")
+    processes.append(server)
+    server.start(wait=180)
+    with server.client() as client:
+        wait_for(lambda: client.get("/health/ready").status_code == 200, 120, "readiness")
+        assert client.get("/health/ready").json()["checks"]["default_fast_warm"] is True
+        wait_for(
+            lambda: client.get("/health/ready").json()["checks"]["default_exact_loaded"],
+            300,
+            "the default's exact model loaded",
+        )
+        runtime = wait_for(
+            lambda: (r := client.get("/exact/runtime").json())["models_loaded"] == 1 and r,
+            30,
+            "the runtime's figures",
+        )
+        assert runtime["requests"] == 1  # the warm-up's one row, at background priority
+        exact = client.post("/embed", json={"inputs": [[0.0] * 64], "mode": "exact"})
+        assert exact.status_code == 200
+    assert "model m-digits: fast path warm" in (tmp_path / "server.log").read_text()
 
 
 def test_head_probes_get_the_status_without_a_body(api: Callable[..., TestClient]) -> None:

@@ -99,6 +99,18 @@ def test_an_unknown_parameter_gets_the_nearest_and_the_list_without_the_servers(
     assert "'device' is set by the server" in assert_error(answer, 422)["message"]
 
 
+def test_a_job_records_the_device_and_threads_the_server_gives_it(
+    api: Callable[..., TestClient],
+) -> None:
+    """A job started under MBN_TRAIN_DEVICE=cuda recorded device "cpu" (the default) in its
+    params: GET /jobs said it ran on the CPU."""
+    client = api(train_device="cuda", train_threads=2)
+    answer = client.post("/train", json={"data": [[0.5, 1.0], [1, 2], [3, 1], [2, 2]] * 10})
+    assert answer.status_code == 202, answer.text
+    job = client.get(f"/jobs/{answer.json()['id']}").json()
+    assert job["params"]["device"] == "cuda" and job["params"]["n_jobs"] == 2
+
+
 LAYOUTS = ("tsne", "umap", "densmap", "pacmap", "trimap")
 # Values at and beyond the edges of the layout methods' and the student head's parameters,
 # of every JSON type: each must be accepted or refused with a message, never crash.

@@ -220,6 +220,22 @@
     );
   }
 
+  // What each report says (mbn info and the guide say the same): the quality report's
+  // neighbourhood scores favour PCA by construction, and read alone they looked like a loss.
+  const REPORT_READS = {
+    fidelity:
+      "Rows new to the model. nmi_labels_exact / _fast (with labels): how well the embedding's " +
+      "clusters match the classes, 1 = exactly: the figure to choose a model by. " +
+      "cluster_agreement, r2, cosine: how closely the fast path follows the exact model; " +
+      "where they are low, use exact mode.",
+    quality:
+      "Trustworthiness / continuity: whether rows near each other in the input stay near in " +
+      "the embedding (1 = every neighbour kept). PCA with as many components is a projection " +
+      "of the input, so it keeps input neighbourhoods by construction and usually scores " +
+      "higher; MBN gives up detail inside clusters to pull clusters apart, so a lower score " +
+      "beside PCA's is no loss when clusters are what you use.",
+  };
+
   // What a layout method's report measured (mbn_core.pipeline.fidelity: LAYOUT_REPORT_MEANING).
   const LAYOUT_REPORTS = ["cross-fitted students", "held out of the student"];
   const LAYOUT_MEANING =
@@ -229,6 +245,7 @@
     "the student): the fidelity a new row gets from the fast path.";
 
   function reportDetails(name, report) {
+    const reads = REPORT_READS[name];
     const meaning =
       name === "fidelity" && LAYOUT_REPORTS.includes(report.holdout)
         ? el("p", { className: "report-meaning" }, LAYOUT_MEANING)
@@ -246,6 +263,7 @@
       { className: `report report-${name}` },
       el("summary", {}, name),
       meaning,
+      reads ? el("p", { className: "report-reads" }, reads) : null,
       el("table", {}, el("tbody", {}, rows)),
     );
   }
@@ -273,6 +291,7 @@
         const liveOf = (key) => (live.state ? live.state : num(live[key]));
         const rows = [
           ["replica", monitor.replica],
+          ["state", monitor.state],
           ["rows seen", monitor.rows_seen],
           ["shadow rows (window)", `${monitor.shadow_rows} (${monitor.window_shadow_rows})`],
           ["waiting for a batch", monitor.pending_rows],
@@ -285,9 +304,10 @@
             "cluster agreement live / training",
             `${liveOf("cluster_agreement")} / ${num((monitor.training || {}).cluster_agreement)}`,
           ],
-          ["novel share", num(monitor.novelty_share)],
+          ["novel share", monitor.novelty_available ? num(monitor.novelty_share) : `— (${monitor.novelty_unavailable})`],
           ["out of range share", num(monitor.out_of_range_share)],
-          ["last update", monitor.last_update ? new Date(monitor.last_update * 1000).toISOString() : "—"],
+          ["out of range, not shadowed", monitor.skipped_out_of_range],
+          ["last update", monitor.last_update || "—"],
           ["note", monitor.note],
         ];
         body.replaceChildren(
