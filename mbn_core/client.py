@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from mbn_core.utils.npz import npz_bytes
+
 try:
     import httpx
 except ImportError as error:  # pragma: no cover - depends on the environment
@@ -372,15 +374,14 @@ class Client:
                 raise ValueError("labels go with rows; a file brings its own (an .npz's y)")
             content, filename = path.read_bytes(), path.name
         else:
-            buffer = io.BytesIO()
             rows = np.asarray(data, dtype=np.float32)
             if labels is None:
-                np.save(buffer, rows)
-                filename = "data.npy"
+                buffer = io.BytesIO()
+                np.save(buffer, rows, allow_pickle=False)
+                content, filename = buffer.getvalue(), "data.npy"
             else:
-                np.savez(buffer, x=rows, y=np.asarray(labels))
+                content = npz_bytes({"x": rows, "y": np.asarray(labels)})
                 filename = "data.npz"
-            content = buffer.getvalue()
         answer = self._request(
             "POST", "/train", data=form, files={"file": (filename, content)}
         ).json()

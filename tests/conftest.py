@@ -3,6 +3,7 @@
 import re
 from pathlib import Path
 
+import digits_data
 import pytest
 
 # A module whose every test is slow says so in one line (``pytestmark = pytest.mark.slow``).
@@ -18,6 +19,12 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
         return None
     return True if _WHOLLY_SLOW.search(collection_path.read_text(encoding="utf-8")) else None
+
+
+@pytest.fixture(scope="session")
+def digits() -> digits_data.Digits:
+    """The digits, whole (``tests/digits_data.py``): every test module's data unless it says."""
+    return digits_data.digits()
 
 
 @pytest.fixture(scope="session")

@@ -96,3 +96,17 @@ def test_the_private_import_check_sees_them(tmp_path):
         "mbn_core.b:1 imports mbn_core.sub._kernels.run",
         "mbn_core.sub.a:2 imports mbn_core.other._helper",
     ]
+
+
+# A module longer than this does several jobs (STYLE: small modules with one job).
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_is_over_the_line_limit():
+    long = {
+        str(path.relative_to(REPO)): lines
+        for package in ("mbn_core", "service")
+        for path in sorted((REPO / package).rglob("*.py"))
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}, f"over {MAX_MODULE_LINES} lines: cut by job"

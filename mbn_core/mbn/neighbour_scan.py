@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mbn_core.mbn import _kernels, _scan_kernels
+from mbn_core.mbn import _kernels, _one_hot_kernels, _scan_kernels
 from mbn_core.mbn.keep_hash import keep_threshold
 
 # Clusterings scanned together: one bit each in a 64-bit word.
@@ -117,7 +117,7 @@ class NeighbourLists:
             return False
         # Codes a point shares with all points, itself included: sum of its lists' lengths.
         sizes = np.empty(n_clusterings * n_values, dtype=np.int64)
-        _kernels.one_hot_counts(np.ascontiguousarray(codes.T), n_values, sizes)
+        _one_hot_kernels.one_hot_counts(np.ascontiguousarray(codes.T), n_values, sizes)
         per_point = float(np.sum(sizes.astype(np.float64) ** 2)) / n_points
         walk = n_new * n_centers * fraction * per_point * WALK_INCREMENT
         depth = SCAN_DEPTH * n_points / n_centers

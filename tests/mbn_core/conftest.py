@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import scipy.linalg
 import sklearn.decomposition._pca
-from sklearn.datasets import load_digits
 
 from mbn_core import MBN
 
@@ -31,9 +30,9 @@ def svds_fails(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def digits_split():
+def digits_split(digits):
     """500 digits to fit and 200 new ones: (X, y, X_new, y_new)."""
-    X, y = load_digits(return_X_y=True)
+    X, y = digits
     return X[:500], y[:500], X[500:700], y[500:700]
 
 

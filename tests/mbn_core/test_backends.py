@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 
 from mbn_core import MBN, TrainingStopped, model_to_arrays
 from mbn_core.mbn.backends import (
@@ -24,14 +23,14 @@ PARAMS = {"n_clusterings": 12, "delta": 0.5, "random_state": 3}
 
 
 @pytest.fixture(scope="module")
-def digits():
-    X, _ = load_digits(return_X_y=True)
-    return X[:300]
+def rows(digits):
+    """The first 300 digits."""
+    return digits.X[:300]
 
 
 @pytest.fixture(scope="module")
-def fitted(digits):
-    return MBN(**PARAMS, n_jobs=2).fit(digits)
+def fitted(rows):
+    return MBN(**PARAMS, n_jobs=2).fit(rows)
 
 
 class RecordingBackend(LocalBackend):
@@ -95,7 +94,7 @@ def test_auto_cannot_be_registered():
         register_backend("auto", RecordingBackend)
 
 
-def test_every_layer_of_fit_and_transform_runs_on_the_context_backend(digits, fitted):
+def test_every_layer_of_fit_and_transform_runs_on_the_context_backend(rows, fitted):
     backends: list[RecordingBackend] = []
 
     def factory(**options):
@@ -104,8 +103,8 @@ def test_every_layer_of_fit_and_transform_runs_on_the_context_backend(digits, fi
 
     model = MBN(**PARAMS, n_jobs=2)
     with use_backend(factory):
-        embedding = model.fit_transform(digits)
-        new_rows = model.transform(digits[:40])
+        embedding = model.fit_transform(rows)
+        new_rows = model.transform(rows[:40])
     n_upper = len(model.ks_) - 1
     assert n_upper >= 1
     fit_backend, transform_backend = backends
@@ -119,12 +118,12 @@ def test_every_layer_of_fit_and_transform_runs_on_the_context_backend(digits, fi
     # The same model, bit for bit, as outside the context.
     for name, array in model_to_arrays(fitted).items():
         np.testing.assert_array_equal(model_to_arrays(model)[name], array, err_msg=name)
-    np.testing.assert_array_equal(embedding, fitted.transform(digits))
+    np.testing.assert_array_equal(embedding, fitted.transform(rows))
     np.testing.assert_array_equal(new_rows, embedding[:40])
 
 
-def test_local_backend_layer_methods_give_the_models_codes(digits, fitted):
-    X = digits[:50].astype(np.float64)
+def test_local_backend_layer_methods_give_the_models_codes(rows, fitted):
+    X = rows[:50].astype(np.float64)
     with get_backend("local", n_jobs=2) as backend:
         bottom = backend.bottom_codes(fitted.bottom_layer_, X)
         upper = backend.upper_codes(1, bottom, fitted.upper_layers_[0])
@@ -133,7 +132,7 @@ def test_local_backend_layer_methods_give_the_models_codes(digits, fitted):
     np.testing.assert_array_equal(upper, fitted.encode(X, layer=1))
 
 
-def test_a_backend_reports_progress_and_stops_when_told(digits, fitted):
+def test_a_backend_reports_progress_and_stops_when_told(rows, fitted):
     seen: list[tuple[int, int, int]] = []
 
     def stop_at_five(layer, done, total):
@@ -144,11 +143,11 @@ def test_a_backend_reports_progress_and_stops_when_told(digits, fitted):
         LocalBackend(n_jobs=2, callback=stop_at_five) as backend,
         pytest.raises(TrainingStopped, match="layer 0 after 5 of 12 clusterings"),
     ):
-        backend.bottom_codes(fitted.bottom_layer_, digits)
+        backend.bottom_codes(fitted.bottom_layer_, rows)
     assert seen == [(0, done, 12) for done in range(1, 6)]
 
 
-def test_a_transform_stops_once_its_rows_are_no_longer_wanted(digits, fitted):
+def test_a_transform_stops_once_its_rows_are_no_longer_wanted(rows, fitted):
     # What a server does with a step whose clients have all left.
     asked: list[int] = []
 
@@ -157,19 +156,19 @@ def test_a_transform_stops_once_its_rows_are_no_longer_wanted(digits, fitted):
         return len(asked) < 3
 
     with stop_unless(wanted), pytest.raises(TrainingStopped, match="no longer wanted"):
-        fitted.transform(digits)
+        fitted.transform(rows)
     assert len(asked) == 3  # asked as clusterings finished, and stopped at the first no
     with stop_unless(lambda: True):  # wanted throughout: the same embedding
-        np.testing.assert_array_equal(fitted.transform(digits), fitted.transform(digits))
+        np.testing.assert_array_equal(fitted.transform(rows), fitted.transform(rows))
 
 
-def test_small_batches_encode_runs_of_clusterings_per_task(digits, fitted):
+def test_small_batches_encode_runs_of_clusterings_per_task(rows, fitted):
     assert clusterings_per_task(5_000, 400, 2) == 1  # fit: progress stays per clustering
     assert clusterings_per_task(256, 100, 1) == 16
     assert clusterings_per_task(20, 12, 2) == 6  # never fewer tasks than threads
     assert clusterings_per_task(0, 12, 1) == 12
     # Every column is still its own clustering's codes, whatever the runs.
-    X = digits[:40].astype(np.float64)
+    X = rows[:40].astype(np.float64)
     with get_backend("local", n_jobs=3) as backend:
         grouped = backend.bottom_codes(fitted.bottom_layer_, X)
     layer = fitted.bottom_layer_
@@ -189,7 +188,7 @@ def test_an_incomplete_backend_cannot_be_built():
         BottomOnly()  # type: ignore[abstract]
 
 
-def test_a_backend_for_fitting_only_leaves_transform_to_the_local_backend(digits, fitted):
+def test_a_backend_for_fitting_only_leaves_transform_to_the_local_backend(rows, fitted):
     class FitOnly(RecordingBackend):
         purposes = frozenset({FIT})
 
@@ -202,12 +201,12 @@ def test_a_backend_for_fitting_only_leaves_transform_to_the_local_backend(digits
     with use_backend(factory, purposes=FitOnly.purposes):
         assert choose_backend(TRANSFORM).name == "local"
         assert choose_backend(FIT).factory is factory
-        embedding = fitted.transform(digits[:40])
+        embedding = fitted.transform(rows[:40])
         assert backends == []  # never built for new rows
-        MBN(**PARAMS, n_jobs=2).fit(digits)
+        MBN(**PARAMS, n_jobs=2).fit(rows)
     [fit_backend] = backends
     assert fit_backend.calls[0] == ("bottom_codes", 0) and fit_backend.closed
-    np.testing.assert_array_equal(embedding, fitted.transform(digits[:40]))
+    np.testing.assert_array_equal(embedding, fitted.transform(rows[:40]))
     with use_backend(FitOnly):  # a backend class says its own purposes
         assert choose_backend(TRANSFORM).name == "local"
 

@@ -7,7 +7,6 @@ import shutil
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 
 import mbn_core.bundle.manifest as manifest_module
 import mbn_core.bundle.save as save_module
@@ -26,11 +25,6 @@ from mbn_core.bundle import (
     validate_model_id,
     write_manifest,
 )
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load_digits(return_X_y=True)
 
 
 @pytest.fixture(scope="module")

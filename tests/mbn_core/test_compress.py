@@ -5,7 +5,6 @@ import itertools
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from sklearn.datasets import load_digits
 from sklearn.exceptions import NotFittedError
 from sklearn.metrics import r2_score
 from sklearn.neural_network import MLPRegressor
@@ -31,12 +30,6 @@ def small_model(**params):
         "report_folds": None,
     }
     return CompressiveMBN(**{"teacher": small_mbn(), **defaults, **params})
-
-
-@pytest.fixture(scope="module")
-def digits():
-    X, y = load_digits(return_X_y=True)
-    return X, y
 
 
 @pytest.fixture(scope="module")

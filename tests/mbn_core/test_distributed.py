@@ -27,9 +27,9 @@ PARAMS = {"n_clusterings": 24, "random_state": 7}
 
 
 @pytest.fixture(scope="module")
-def digits():
-    X, _ = load_digits(return_X_y=True)
-    return X[:500]
+def rows(digits):
+    """The first 500 digits."""
+    return digits.X[:500]
 
 
 @pytest.fixture
@@ -60,11 +60,9 @@ def assert_same_model(a: MBN, b: MBN) -> None:
 
 
 @pytest.mark.parametrize("kind", ["whole-numbers", "floats", "sparse-cosine"])
-def test_fit_on_cluster_is_bit_identical_to_local_fit(client, digits, kind):
+def test_fit_on_cluster_is_bit_identical_to_local_fit(client, rows, kind):
     # Whole numbers travel as uint8, floats as float32, sparse input as float32 CSR.
-    X = {"whole-numbers": digits, "floats": digits / 7.3, "sparse-cosine": sp.csr_matrix(digits)}[
-        kind
-    ]
+    X = {"whole-numbers": rows, "floats": rows / 7.3, "sparse-cosine": sp.csr_matrix(rows)}[kind]
     params = {**PARAMS, "metric": "cosine" if kind == "sparse-cosine" else "euclidean"}
     local = MBN(**params, n_jobs=2)
     expected = local.fit_transform(X)
@@ -76,12 +74,10 @@ def test_fit_on_cluster_is_bit_identical_to_local_fit(client, digits, kind):
     np.testing.assert_array_equal(remote.transform(X[:50]), expected[:50])
 
 
-def test_each_worker_gets_a_layer_once_and_codes_come_back_compact(
-    client, digits, dask_layer_builds
-):
+def test_each_worker_gets_a_layer_once_and_codes_come_back_compact(client, rows, dask_layer_builds):
     model = MBN(**PARAMS)
     with recorded_dask(client, clusterings_per_task=3) as built:
-        model.fit(digits)
+        model.fit(rows)
     [backend] = built
     transfers = backend.transfers
     assert [t.layer for t in transfers] == list(range(len(model.ks_)))
@@ -89,10 +85,10 @@ def test_each_worker_gets_a_layer_once_and_codes_come_back_compact(
         assert transfer.n_tasks == 8  # 24 clusterings, 3 per task, on 2 workers
         # Codes: one byte per point and clustering (k <= 256), nothing else.
         assert k <= 256
-        assert transfer.gathered_bytes == len(digits) * PARAMS["n_clusterings"]
+        assert transfer.gathered_bytes == len(rows) * PARAMS["n_clusterings"]
     # The bottom layer ships the digits as uint8 (they are whole numbers), not float64.
     # (in float32 alone they would be digits.nbytes / 2; the centers and norms ride along)
-    assert transfers[0].scattered_bytes < digits.nbytes / 2
+    assert transfers[0].scattered_bytes < rows.nbytes / 2
     # Every worker built each layer's shared arrays once, though it ran several tasks.
     builds = dask_layer_builds()
     for counts in builds.values():
@@ -102,10 +98,10 @@ def test_each_worker_gets_a_layer_once_and_codes_come_back_compact(
     assert len(layers_built) == len(model.ks_)
 
 
-def test_callback_stops_a_distributed_fit_and_its_tasks(client, digits):
+def test_callback_stops_a_distributed_fit_and_its_tasks(client, rows):
     model = MBN(**PARAMS, callback=lambda layer, done, total: layer == 1 and done == 2)
     with use_dask(client, clusterings_per_task=1), pytest.raises(TrainingStopped, match="layer 1"):
-        model.fit(digits)
+        model.fit(rows)
     assert not hasattr(model, "top_")
 
     def tasks_left(dask_scheduler) -> int:
@@ -138,7 +134,7 @@ def test_missing_dask_names_the_extra_to_install(monkeypatch):
         mbn_distributed.connect("tcp://127.0.0.1:8786")
 
 
-def test_killed_worker_mid_layer_does_not_change_the_model(client, digits):
+def test_killed_worker_mid_layer_does_not_change_the_model(client, rows):
     # The nanny restarts the killed worker; later tests wait for it (wait_for_workers).
     pids = client.run(os.getpid)
     victim = sorted(pids.values())[0]
@@ -149,10 +145,10 @@ def test_killed_worker_mid_layer_does_not_change_the_model(client, digits):
             os.kill(victim, signal.SIGKILL)
             killed_at.append((layer, done, total))
 
-    expected = MBN(**PARAMS, n_jobs=2).fit(digits)
+    expected = MBN(**PARAMS, n_jobs=2).fit(rows)
     model = MBN(**PARAMS, callback=kill_once)
     with use_dask(client, clusterings_per_task=1):
-        model.fit(digits)
+        model.fit(rows)
     _, done, total = killed_at[0]
     assert done < total  # the layer still had clusterings to run when the worker died
     with pytest.raises(ProcessLookupError):
@@ -212,9 +208,9 @@ def test_a_scheduler_without_workers_is_refused_before_any_work():
         mbn_distributed.connect(empty.scheduler_address, timeout=0.5)
 
 
-def test_the_dask_backend_encodes_new_rows_as_the_local_one(client, digits):
-    model = MBN(**PARAMS, n_jobs=2).fit(digits)
-    new_rows = digits[::7] / 3.0
+def test_the_dask_backend_encodes_new_rows_as_the_local_one(client, rows):
+    model = MBN(**PARAMS, n_jobs=2).fit(rows)
+    new_rows = rows[::7] / 3.0
     with get_backend("local", n_jobs=2) as local:
         expected = [local.bottom_codes(model.bottom_layer_, new_rows)]
         for index, layer in enumerate(model.upper_layers_, start=1):
@@ -229,14 +225,14 @@ def test_the_dask_backend_encodes_new_rows_as_the_local_one(client, digits):
         np.testing.assert_array_equal(got, want)
 
 
-def test_transform_inside_use_dask_stays_on_local_threads(client, digits):
-    model = MBN(**PARAMS, n_jobs=2).fit(digits)
-    expected = model.transform(digits[::7])
+def test_transform_inside_use_dask_stays_on_local_threads(client, rows):
+    model = MBN(**PARAMS, n_jobs=2).fit(rows)
+    expected = model.transform(rows[::7])
     with recorded_dask(client) as built:
-        model.fit(digits)  # the fit runs on the cluster ...
+        model.fit(rows)  # the fit runs on the cluster ...
         [backend] = built
         fit_transfers = list(backend.transfers)
-        embedding = model.transform(digits[::7])  # ... its embedding of new rows does not
+        embedding = model.transform(rows[::7])  # ... its embedding of new rows does not
     assert len(built) == 1 and backend.transfers == fit_transfers
     assert [t.layer for t in fit_transfers] == list(range(len(model.ks_)))
     np.testing.assert_array_equal(embedding, expected)

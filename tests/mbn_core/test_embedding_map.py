@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits, make_blobs
+from sklearn.datasets import make_blobs
 from sklearn.manifold import TSNE
 
 from mbn_core.bundle import (
@@ -220,11 +220,6 @@ def test_malformed_bytes_are_refused(blob_map):
 
 
 # ---------------------------------------------------------------------- in training and bundles
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load_digits(return_X_y=True)
 
 
 @pytest.fixture(scope="module")

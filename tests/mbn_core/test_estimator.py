@@ -30,14 +30,15 @@ from mbn_core.mbn.upper import INDEXED_ROWS
 
 
 @pytest.fixture(scope="module")
-def digits():
-    X, y = load_digits(return_X_y=True)
+def sample(digits):
+    """The first 600 digits and their labels."""
+    X, y = digits
     return X[:600], y[:600]
 
 
 @pytest.fixture(scope="module")
-def fitted(digits):
-    X, _ = digits
+def fitted(sample):
+    X, _ = sample
     # delta fixed: with 30 clusterings (not 400) "auto" sees many points without a
     # code-sharing center and shrinks slower, which this small ensemble does not repay.
     model = MBN(n_clusterings=30, delta=0.5, random_state=0)
@@ -71,15 +72,15 @@ def test_layers_are_bounded_in_number():
         MBN(ks=[2] * 100_000)._validate_params()
 
 
-def test_fit_transform_equals_transform_bit_for_bit(digits, fitted):
-    X, _ = digits
+def test_fit_transform_equals_transform_bit_for_bit(sample, fitted):
+    X, _ = sample
     model, embedding = fitted
     np.testing.assert_array_equal(model.transform(X), embedding)
 
 
 @pytest.mark.slow
-def test_transform_is_batch_independent(digits, fitted):
-    X, _ = digits
+def test_transform_is_batch_independent(sample, fitted):
+    X, _ = sample
     model, embedding = fitted
     singles = np.vstack([model.transform(X[i : i + 1]) for i in range(0, 600, 37)])
     np.testing.assert_array_equal(singles, embedding[::37])
@@ -87,12 +88,12 @@ def test_transform_is_batch_independent(digits, fitted):
     np.testing.assert_array_equal(model.transform(X[shuffled]), embedding[shuffled])
 
 
-def test_few_row_requests_give_the_batch_codes_at_every_layer(digits, fitted):
+def test_few_row_requests_give_the_batch_codes_at_every_layer(sample, fitted):
     # Requests of up to FEW_ROWS rows take the row-by-row path (index of center rows,
     # one pass over the bottom centers); up to INDEXED_ROWS, the bottom layer's GEMMs and the
     # index row by row; the whole batch the GEMM and posting-list path: every layer's codes
     # must agree bit for bit, whatever the grouping.
-    X, _ = digits
+    X, _ = sample
     model, embedding = fitted
     assert FEW_ROWS < 100 < INDEXED_ROWS < 600
     assert any(layer.index is not None for layer in model.upper_layers_)
@@ -111,8 +112,8 @@ def test_few_row_requests_give_the_batch_codes_at_every_layer(digits, fitted):
 
 
 @pytest.mark.slow
-def test_same_seed_same_model_any_thread_count(digits, fitted):
-    X, _ = digits
+def test_same_seed_same_model_any_thread_count(sample, fitted):
+    X, _ = sample
     model, embedding = fitted
     again = MBN(n_clusterings=30, delta=0.5, random_state=0, n_jobs=1).fit(X)
     for name, array in model_to_arrays(model).items():
@@ -123,18 +124,18 @@ def test_same_seed_same_model_any_thread_count(digits, fitted):
     other = MBN(n_clusterings=30, delta=0.5, random_state=1).fit_transform(X)
     assert not np.array_equal(other, embedding)
     labels = KMeans(10, n_init=10, random_state=0).fit_predict(other)
-    assert normalized_mutual_info_score(digits[1], labels) > 0.7
+    assert normalized_mutual_info_score(sample[1], labels) > 0.7
 
 
-def test_embedding_clusters_digits(digits, fitted):
-    _, y = digits
+def test_embedding_clusters_digits(sample, fitted):
+    _, y = sample
     _, embedding = fitted
     labels = KMeans(10, n_init=10, random_state=0).fit_predict(embedding)
     assert normalized_mutual_info_score(y, labels) > 0.75
 
 
-def test_encode_returns_each_layers_codes(digits, fitted):
-    X, _ = digits
+def test_encode_returns_each_layers_codes(sample, fitted):
+    X, _ = sample
     model, _ = fitted
     assert model.ks_ == [300, 150, 75, 37, 18]
     for layer, k in enumerate(model.ks_):
@@ -147,7 +148,7 @@ def test_encode_returns_each_layers_codes(digits, fitted):
         model.encode(X, layer=5)
 
 
-def test_model_keeps_compact_arrays(digits, fitted):
+def test_model_keeps_compact_arrays(sample, fitted):
     model, _ = fitted
     bottom = model.layers_[0]
     assert bottom.center_data.dtype == np.uint8  # digits are whole numbers 0..16
@@ -162,8 +163,8 @@ def test_model_keeps_compact_arrays(digits, fitted):
     assert 0.95 * stored < model.nbytes - extra <= stored
 
 
-def test_arrays_round_trip(digits, fitted):
-    X, _ = digits
+def test_arrays_round_trip(sample, fitted):
+    X, _ = sample
     model, embedding = fitted
     params = {k: v for k, v in model.get_params().items() if k != "callback"}
     restored = model_from_arrays(model_to_arrays(model), params)
@@ -180,8 +181,8 @@ def test_arrays_round_trip(digits, fitted):
         ({"output": "umap-bottom", "k1": 0.3}, None),  # the bottom layer alone
     ],
 )
-def test_a_loaded_model_is_the_fitted_one_whole(digits, params, delta):
-    X, _ = digits
+def test_a_loaded_model_is_the_fitted_one_whole(sample, params, delta):
+    X, _ = sample
     model = MBN(n_clusterings=10, random_state=1, **params).fit(X[:300])
     assert model.delta_ == delta
     restored = model_from_arrays(model_to_arrays(model), model.get_params())
@@ -208,8 +209,8 @@ def test_corrupted_arrays_are_named(fitted):
         model_from_arrays(dict(arrays, **{"fit.fallbacks": np.zeros(2)}), params)
 
 
-def test_sparse_input_gives_the_dense_embedding(digits):
-    X, _ = digits
+def test_sparse_input_gives_the_dense_embedding(sample):
+    X, _ = sample
     X = X[:200]
     dense = MBN(n_clusterings=15, random_state=0).fit(X)
     sparse = MBN(n_clusterings=15, random_state=0).fit(sp.csr_matrix(X))
@@ -242,8 +243,8 @@ def _auto_features(X, seed=0):
     return MBN(feature_fraction="auto").network().bottom_features(X, np.random.RandomState(seed))
 
 
-def test_auto_feature_fraction_measures_whether_half_the_inputs_suffice(digits):
-    X, _ = digits
+def test_auto_feature_fraction_measures_whether_half_the_inputs_suffice(sample):
+    X, _ = sample
     # Redundant inputs (pixels; iris's four correlated measurements): the paper's half.
     assert _auto_features(X) == 32
     assert _auto_features(load_iris().data) == 2
@@ -269,11 +270,11 @@ def test_auto_feature_fraction_does_not_depend_on_the_inputs_units():
     rescaled = X * np.array([1000.0, 1.0, 0.001])
     assert _auto_features(rescaled) == _auto_features(X) == 3
     # An input constant up to rounding, or far from zero, is not made to outweigh the rest.
-    digits = load_digits().data
-    ones = np.ones((len(digits), 1))
-    assert _auto_features(np.hstack([digits, 0.7 * ones])) == 32
-    offset = 1.7e9 + np.random.RandomState(0).standard_normal((len(digits), 1))
-    assert _auto_features(np.hstack([digits, offset])) == 32
+    sample = load_digits().data
+    ones = np.ones((len(sample), 1))
+    assert _auto_features(np.hstack([sample, 0.7 * ones])) == 32
+    offset = 1.7e9 + np.random.RandomState(0).standard_normal((len(sample), 1))
+    assert _auto_features(np.hstack([sample, offset])) == 32
 
 
 def _stretched_blobs():
@@ -326,8 +327,8 @@ def test_auto_feature_fraction_handles_low_dimensional_manifolds():
     assert _nmi_of_embedding(X, y, feature_fraction=0.5, **moons) < 0.1
 
 
-def test_random_reconstruction_codes_against_shifted_centers(digits):
-    X = digits[0][:200]
+def test_random_reconstruction_codes_against_shifted_centers(sample):
+    X = sample[0][:200]
     shifted = MBN(n_clusterings=10, random_state=0, shift_fraction=0.5).fit(X)
     bottom = shifted.layers_[0]
     assert bottom.shift_masks is not None
@@ -354,8 +355,8 @@ def test_random_reconstruction_codes_against_shifted_centers(digits):
 
 
 @pytest.mark.slow
-def test_callback_reports_progress_and_can_stop(digits, fitted):
-    X, _ = digits
+def test_callback_reports_progress_and_can_stop(sample, fitted):
+    X, _ = sample
     calls = []
     MBN(n_clusterings=5, ks=[100, 40], random_state=0, callback=lambda *a: calls.append(a)).fit(X)
     assert calls[:5] == [(0, 1, 5), (0, 2, 5), (0, 3, 5), (0, 4, 5), (0, 5, 5)]

@@ -5,27 +5,27 @@ import warnings
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from sklearn.datasets import load_digits
 from sklearn.decomposition import PCA
 
 from mbn_core.distill.input_map import InputMap, projected_width
 
 
 @pytest.fixture(scope="module")
-def digits():
-    return load_digits().data.astype(np.float32)
+def rows(digits):
+    """Every digit, as float32."""
+    return digits.X.astype(np.float32)
 
 
-def test_wide_dense_input_is_projected_onto_its_principal_directions(digits):
-    input_map = InputMap.fit(digits, 10)
-    projected = input_map.transform(digits)
-    assert projected.shape == (len(digits), 10) and projected.dtype == np.float32
+def test_wide_dense_input_is_projected_onto_its_principal_directions(rows):
+    input_map = InputMap.fit(rows, 10)
+    projected = input_map.transform(rows)
+    assert projected.shape == (len(rows), 10) and projected.dtype == np.float32
     assert input_map.projection is not None and input_map.scale is None
     # Orthogonal directions of one common length (1 / spread), spanning PCA's subspace.
     gram = input_map.projection.T @ input_map.projection
     spread = 1 / np.sqrt(gram[0, 0])
     np.testing.assert_allclose(gram * spread**2, np.eye(10), atol=1e-5)
-    reference = PCA(10).fit(digits)
+    reference = PCA(10).fit(rows)
     directions = input_map.projection * spread
     overlap = np.abs(directions.T @ reference.components_.T)
     np.testing.assert_allclose(overlap, np.eye(10), atol=1e-3)
@@ -33,14 +33,14 @@ def test_wide_dense_input_is_projected_onto_its_principal_directions(digits):
     # unit variance.
     np.testing.assert_allclose(np.mean(projected.var(axis=0, ddof=1)), 1.0, rtol=1e-4)
     pairs = np.linalg.norm(projected[:50, None] - projected[None, :50], axis=2)
-    within = reference.transform(digits[:50])
+    within = reference.transform(rows[:50])
     expected = np.linalg.norm(within[:, None] - within[None, :], axis=2) / spread
     np.testing.assert_allclose(pairs, expected, rtol=1e-3, atol=1e-3)
 
 
-def test_a_new_row_is_mapped_by_the_training_rows_map(digits):
-    input_map = InputMap.fit(digits[:1000], 10)
-    row = digits[1500:1501]
+def test_a_new_row_is_mapped_by_the_training_rows_map(rows):
+    input_map = InputMap.fit(rows[:1000], 10)
+    row = rows[1500:1501]
     assert input_map.projection is not None and input_map.mean is not None
     expected = (row - input_map.mean) @ input_map.projection
     np.testing.assert_allclose(input_map.transform(row), expected, rtol=1e-4, atol=1e-5)
@@ -49,15 +49,15 @@ def test_a_new_row_is_mapped_by_the_training_rows_map(digits):
     # A row maps the same alone and among others, to float32 rounding (BLAS may sum a batch
     # in another order, as it does in the MLP's own layers).
     np.testing.assert_allclose(
-        input_map.transform(digits[1500:1600])[:1], input_map.transform(row), rtol=1e-5, atol=1e-6
+        input_map.transform(rows[1500:1600])[:1], input_map.transform(row), rtol=1e-5, atol=1e-6
     )
 
 
-def test_narrow_input_and_none_are_standardised_feature_by_feature(digits):
-    for input_map in (InputMap.fit(digits, 64), InputMap.fit(digits, None)):
+def test_narrow_input_and_none_are_standardised_feature_by_feature(rows):
+    for input_map in (InputMap.fit(rows, 64), InputMap.fit(rows, None)):
         assert input_map.projection is None and input_map.scale is not None
         assert input_map.n_outputs == 64
-        std = digits.std(axis=0)
+        std = rows.std(axis=0)
         typical = np.median(std[std > 0])
         # Rare pixels are not blown up: no feature is scaled by under a tenth of the median.
         assert input_map.scale.min() >= 0.1 * typical - 1e-6
@@ -67,10 +67,10 @@ def test_narrow_input_and_none_are_standardised_feature_by_feature(digits):
     assert projected_width(65, 64) == 64
 
 
-def test_wide_sparse_input_is_projected_without_being_made_dense(digits, monkeypatch):
-    sparse = sp.csr_matrix(digits)
+def test_wide_sparse_input_is_projected_without_being_made_dense(rows, monkeypatch):
+    sparse = sp.csr_matrix(rows)
     input_map = InputMap.fit(sparse, 10)
-    dense_map = InputMap.fit(digits, 10)
+    dense_map = InputMap.fit(rows, 10)
     assert input_map.projection is not None and input_map.mean is not None
     np.testing.assert_allclose(
         np.abs(input_map.projection), np.abs(dense_map.projection), atol=1e-4
@@ -81,8 +81,8 @@ def test_wide_sparse_input_is_projected_without_being_made_dense(digits, monkeyp
 
     monkeypatch.setattr(sp.csr_matrix, "toarray", no_dense)
     mapped = input_map.transform(sparse)
-    assert isinstance(mapped, np.ndarray) and mapped.shape == (len(digits), 10)
-    np.testing.assert_allclose(mapped, input_map.transform(digits), rtol=1e-4, atol=1e-4)
+    assert isinstance(mapped, np.ndarray) and mapped.shape == (len(rows), 10)
+    np.testing.assert_allclose(mapped, input_map.transform(rows), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.slow
@@ -110,30 +110,30 @@ def test_wide_sparse_input_beyond_the_covariance_route_is_projected():
     assert np.all(cosines > 0.999)
 
 
-def test_narrow_sparse_input_is_scaled_not_centred_and_stays_sparse(digits):
-    sparse = sp.csr_matrix(digits)
+def test_narrow_sparse_input_is_scaled_not_centred_and_stays_sparse(rows):
+    sparse = sp.csr_matrix(rows)
     input_map = InputMap.fit(sparse, None)
     assert input_map.mean is None and input_map.projection is None
     mapped = input_map.transform(sparse)
     assert sp.issparse(mapped) and mapped.nnz == sparse.nnz
-    np.testing.assert_allclose(mapped.toarray(), input_map.transform(digits), rtol=1e-6)
+    np.testing.assert_allclose(mapped.toarray(), input_map.transform(rows), rtol=1e-6)
     # A map fitted on dense rows takes sparse rows as the dense rows they are (as ONNX does);
     # a projecting one projects them without making them dense (the same numbers, rounded
     # in another order).
-    dense_map = InputMap.fit(digits, None)
-    np.testing.assert_array_equal(dense_map.transform(sparse[:5]), dense_map.transform(digits[:5]))
-    projecting = InputMap.fit(digits, 10)
+    dense_map = InputMap.fit(rows, None)
+    np.testing.assert_array_equal(dense_map.transform(sparse[:5]), dense_map.transform(rows[:5]))
+    projecting = InputMap.fit(rows, 10)
     np.testing.assert_allclose(
-        projecting.transform(sparse[:5]), projecting.transform(digits[:5]), atol=1e-4
+        projecting.transform(sparse[:5]), projecting.transform(rows[:5]), atol=1e-4
     )
 
 
-def test_few_rows_and_low_rank_input_keep_only_directions_with_variance(digits):
+def test_few_rows_and_low_rank_input_keep_only_directions_with_variance(rows):
     # 7 rows span 6 directions once centred; a seventh would be arbitrary on new rows.
-    few = InputMap.fit(digits[:7], 32)
+    few = InputMap.fit(rows[:7], 32)
     assert few.n_outputs == 6
-    assert np.all(few.transform(digits[:7]).var(axis=0) > 1e-3)
-    assert np.all(np.isfinite(few.transform(digits[:20])))
+    assert np.all(few.transform(rows[:7]).var(axis=0) > 1e-3)
+    assert np.all(np.isfinite(few.transform(rows[:20])))
     # One varying pixel among 64: one direction, and the scale is that pixel's spread.
     low_rank = np.zeros((100, 64), dtype=np.float32)
     low_rank[:, 10] = np.arange(100) % 7

@@ -22,9 +22,10 @@ from mbn_core.pipeline.training import TrainingParams, train_bundle
 
 
 @pytest.fixture(scope="module")
-def digits():
-    X, y = load_digits(return_X_y=True)
-    return X[:1200], y[:1200], X[1200:]  # the last 597 rows are new to every model
+def split(digits):
+    """1,200 digits to fit and the last 597, new to every model: (X, y, X_new)."""
+    X, y = digits
+    return X[:1200], y[:1200], X[1200:]
 
 
 def test_registered_methods_are_listed():
@@ -112,8 +113,8 @@ def test_a_clashing_or_misnamed_method_is_refused():
 
 
 @pytest.mark.slow
-def test_exported_method_trains_bundles_and_serves_both_paths(digits, tmp_path):
-    X, y, new = digits
+def test_exported_method_trains_bundles_and_serves_both_paths(split, tmp_path):
+    X, y, new = split
     path = train_bundle(
         X, tmp_path / "toy", name="toy", y=y,
         params={"method": "toy-exported", "n_components": 4, "n_clusters": 5},
@@ -136,8 +137,8 @@ def test_exported_method_trains_bundles_and_serves_both_paths(digits, tmp_path):
 
 
 @pytest.mark.slow
-def test_distilled_method_gets_a_compressor(digits, tmp_path):
-    X, y, new = digits
+def test_distilled_method_gets_a_compressor(split, tmp_path):
+    X, y, new = split
     path = train_bundle(
         X, tmp_path / "toy", name="toy", y=y,
         params={"method": "toy-distilled", "hidden_layer_sizes": [32], "max_epochs": 30},
@@ -157,8 +158,8 @@ def test_distilled_method_gets_a_compressor(digits, tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_trains_and_embeds_with_a_registered_method(digits, tmp_path, monkeypatch, capsys):
-    X, y, new = digits
+def test_cli_trains_and_embeds_with_a_registered_method(split, tmp_path, monkeypatch, capsys):
+    X, y, new = split
     monkeypatch.chdir(tmp_path)
     np.savez("train.npz", x=X, y=y)
     np.save("new.npy", new)

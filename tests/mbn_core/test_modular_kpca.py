@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 from sklearn.metrics.pairwise import euclidean_distances
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
@@ -23,14 +22,15 @@ SMALL = {"n_modules": 3, "module_dim": 4, "n_landmarks": 60, "random_state": 0}
 
 
 @pytest.fixture(scope="module")
-def digits():
-    X, y = load_digits(return_X_y=True)
+def sample(digits):
+    """The first 400 digits scaled to [0, 1], and their labels."""
+    X, y = digits
     return X[:400] / 16.0, y[:400]
 
 
 @pytest.fixture(scope="module")
-def fitted(digits):
-    return ModularKPCA(**SMALL, max_epochs=30).fit(digits[0][:300])
+def fitted(sample):
+    return ModularKPCA(**SMALL, max_epochs=30).fit(sample[0][:300])
 
 
 @parametrize_with_checks(
@@ -43,25 +43,25 @@ def test_sklearn_compatible_estimator(estimator, check):
     check(estimator)
 
 
-def test_kwok_tsang_gamma_is_one_over_the_mean_squared_distance(digits):
-    X = digits[0][:100]
+def test_kwok_tsang_gamma_is_one_over_the_mean_squared_distance(sample):
+    X = sample[0][:100]
     mean_sq = np.mean(euclidean_distances(X, squared=True))
     np.testing.assert_allclose(kwok_tsang_gamma(X), 1.0 / mean_sq, rtol=1e-10)
     assert kwok_tsang_gamma(np.ones((5, 3))) == 1.0
 
 
-def test_transform_is_batch_independent_bit_for_bit(fitted, digits):
-    X = digits[0][300:]
+def test_transform_is_batch_independent_bit_for_bit(fitted, sample):
+    X = sample[0][300:]
     batch = fitted.transform(X)
     alone = np.vstack([fitted.transform(X[i : i + 1]) for i in range(len(X))])
     assert np.array_equal(batch, alone)
     assert np.array_equal(fitted.transform(X[::-1])[::-1], batch)
 
 
-def test_transform_of_training_rows_reproduces_the_training_loss(fitted, digits):
+def test_transform_of_training_rows_reproduces_the_training_loss(fitted, sample):
     # A6.9, in sample space and independent of the compressed problem: the inner products of
     # transform(X_train) against the centred Nyström kernel give loss_curve_[-1].
-    X = digits[0][:300]
+    X = sample[0][:300]
     features = fit_kernel_features(X, SMALL["n_landmarks"], "auto", np.random.RandomState(0))
     psi = features.centred(X)
     K = psi @ psi.T
@@ -99,8 +99,8 @@ def loss_against_kernel(model, X, seed):
 
 
 @pytest.mark.slow
-def test_same_seed_same_model_and_different_seed_differs(digits):
-    X = digits[0][:150]
+def test_same_seed_same_model_and_different_seed_differs(sample):
+    X = sample[0][:150]
     a = ModularKPCA(**SMALL, max_epochs=5).fit(X).transform(X)
     b = ModularKPCA(**SMALL, max_epochs=5).fit(X).transform(X)
     other = ModularKPCA(**{**SMALL, "random_state": 1}, max_epochs=5).fit(X)
@@ -114,8 +114,8 @@ def test_same_seed_same_model_and_different_seed_differs(digits):
 
 
 @pytest.mark.slow
-def test_callback_sees_every_module_and_can_stop(digits):
-    X = digits[0][:100]
+def test_callback_sees_every_module_and_can_stop(sample):
+    X = sample[0][:100]
     seen = []
     model = ModularKPCA(**SMALL, max_epochs=2, tol=0.0, callback=lambda *a: seen.append(a))
     model.fit(X)
@@ -146,25 +146,25 @@ def test_callback_sees_every_module_and_can_stop(digits):
         ({"callback": 3}, "callback"),
     ],
 )
-def test_bad_parameters_raise_value_error_naming_them(digits, params, name):
+def test_bad_parameters_raise_value_error_naming_them(sample, params, name):
     with pytest.raises(ValueError, match=name):
-        ModularKPCA(**{**SMALL, **params}).fit(digits[0][:50])
+        ModularKPCA(**{**SMALL, **params}).fit(sample[0][:50])
 
 
-def test_bad_input_raises_value_error(fitted, digits):
+def test_bad_input_raises_value_error(fitted, sample):
     with pytest.raises(ValueError, match="features"):
-        fitted.transform(digits[0][:2, :10])
-    bad = digits[0][:2].copy()
+        fitted.transform(sample[0][:2, :10])
+    bad = sample[0][:2].copy()
     bad[0, 0] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         fitted.transform(bad)
     with pytest.raises(ValueError, match="12 samples"):
-        ModularKPCA(**SMALL, diversity="validate").fit(digits[0][:10])
+        ModularKPCA(**SMALL, diversity="validate").fit(sample[0][:10])
 
 
 @pytest.mark.slow
-def test_validate_picks_a_diversity_from_the_grid_by_retrieval(digits):
-    model = ModularKPCA(**SMALL, diversity="validate", max_epochs=10).fit(digits[0][:200])
+def test_validate_picks_a_diversity_from_the_grid_by_retrieval(sample):
+    model = ModularKPCA(**SMALL, diversity="validate", max_epochs=10).fit(sample[0][:200])
     scores = model.validation_scores_
     assert set(scores) == {0.0, 0.2, 0.5, 0.8, 0.9, 0.95, 0.99, 0.999, 1.0}
     assert model.diversity_ in scores
@@ -174,8 +174,8 @@ def test_validate_picks_a_diversity_from_the_grid_by_retrieval(digits):
 
 
 @pytest.mark.slow
-def test_baselines_share_the_landmarks_and_have_their_structure(digits):
-    X = digits[0][:200]
+def test_baselines_share_the_landmarks_and_have_their_structure(sample):
+    X = sample[0][:200]
     mbm = ModularKPCA(**SMALL, max_epochs=3).fit(X)
     maps = {
         name: ModularBaseline(name, **SMALL).fit(X).map_
@@ -200,9 +200,9 @@ def test_baselines_share_the_landmarks_and_have_their_structure(digits):
 
 
 @pytest.mark.slow
-def test_mbm_retrieves_better_than_the_modular_baselines(digits):
+def test_mbm_retrieves_better_than_the_modular_baselines(sample):
     # The ranking of Table 2 (retrieval) at a small scale: digits, 300 train / 100 queries.
-    X, _ = digits
+    X, _ = sample
     train, queries = X[:300], X[300:]
     truth = input_neighbours(train, queries, 10)
     params = {"n_modules": 5, "module_dim": 4, "n_landmarks": 150, "random_state": 0}

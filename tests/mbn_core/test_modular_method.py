@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 
 from mbn_core import ModularKPCA, cli
 from mbn_core.bundle import load_bundle
@@ -17,8 +16,9 @@ PARAMS = {"n_modules": 3, "module_dim": 4, "n_landmarks": 80, "max_epochs": 15}
 
 
 @pytest.fixture(scope="module")
-def digits():
-    X, y = load_digits(return_X_y=True)
+def split(digits):
+    """Rows fitted (the first 600) and new ones (the next 100): (X, y, X_new)."""
+    X, y = digits
     return X[:600], y[:600], X[600:700]
 
 
@@ -32,8 +32,8 @@ def test_registered_with_an_exported_fast_path_and_its_options():
 
 
 @pytest.mark.slow
-def test_bundle_stores_plain_arrays_and_serves_both_paths(digits, tmp_path):
-    X, y, new = digits
+def test_bundle_stores_plain_arrays_and_serves_both_paths(split, tmp_path):
+    X, y, new = split
     path = train_bundle(
         X, tmp_path / "mkpca", name="mkpca", y=y,
         params={"method": "modular_kpca", **PARAMS, "n_clusters": 10},
@@ -57,8 +57,8 @@ def test_bundle_stores_plain_arrays_and_serves_both_paths(digits, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_tampered_array_is_refused(digits, tmp_path):
-    X, _, _ = digits
+def test_a_tampered_array_is_refused(split, tmp_path):
+    X, _, _ = split
     path = train_bundle(X, tmp_path / "m", name="m", params={"method": "modular_kpca", **PARAMS})
     target = next(p for p in path.iterdir() if p.suffix == ".npz")
     data = bytearray(target.read_bytes())
@@ -69,8 +69,8 @@ def test_a_tampered_array_is_refused(digits, tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_trains_with_method_modular_kpca(digits, tmp_path, monkeypatch, capsys):
-    X, y, new = digits
+def test_cli_trains_with_method_modular_kpca(split, tmp_path, monkeypatch, capsys):
+    X, y, new = split
     monkeypatch.chdir(tmp_path)
     np.savez("train.npz", x=X, y=y)
     np.save("new.npy", new)

@@ -3,7 +3,6 @@ served through the method-agnostic pipeline (fast path distilled, exact path the
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 
 from mbn_core import cli
 from mbn_core.bundle import OutOfRangeInput, load_bundle
@@ -13,14 +12,16 @@ from mbn_core.pipeline.training import TrainingParams, train_bundle
 
 
 @pytest.fixture(scope="module")
-def digits():
-    X, y = load_digits(return_X_y=True)
-    return X[:1200].astype(np.float32), y[:1200], X[1200:].astype(np.float32)
+def split(digits):
+    """1,200 digits to fit and the last 597 new ones, as float32: (X, y, X_new)."""
+    X, y = digits
+    X = X.astype(np.float32)
+    return X[:1200], y[:1200], X[1200:]
 
 
 @pytest.fixture(scope="module")
-def bundle(digits, tmp_path_factory):
-    X, y, _ = digits
+def bundle(split, tmp_path_factory):
+    X, y, _ = split
     params = {
         "method": "multilevel",
         "coarse_method": "isomap",
@@ -44,8 +45,8 @@ def test_registered_with_its_options_and_a_distilled_fast_path():
 
 
 @pytest.mark.slow
-def test_bundle_exact_mode_is_the_knn_refinement(bundle, digits):
-    _, _, new = digits
+def test_bundle_exact_mode_is_the_knn_refinement(bundle, split):
+    _, _, new = split
     manifest = bundle.manifest
     assert (manifest["method"], manifest["fast_path"]) == ("multilevel", "distilled")
     assert manifest["hyperparameters"]["multilevel"]["coarse_method"] == "isomap"
@@ -63,8 +64,8 @@ def test_bundle_exact_mode_is_the_knn_refinement(bundle, digits):
 
 
 @pytest.mark.slow
-def test_fast_path_reports_fidelity_on_unseen_rows(bundle, digits):
-    _, _, new = digits
+def test_fast_path_reports_fidelity_on_unseen_rows(bundle, split):
+    _, _, new = split
     fidelity = bundle.manifest["fidelity"]
     assert fidelity["n_holdout"] > 0
     assert fidelity["r2"] > 0.5
@@ -75,8 +76,8 @@ def test_fast_path_reports_fidelity_on_unseen_rows(bundle, digits):
 
 
 @pytest.mark.slow
-def test_rows_whose_embedding_overflows_are_refused_by_name(bundle, digits):
-    _, _, new = digits
+def test_rows_whose_embedding_overflows_are_refused_by_name(bundle, split):
+    _, _, new = split
     extreme = np.vstack([new[:2], np.full((1, new.shape[1]), 3.4e38, np.float32)])
     # Finite float32 input, but the distilled MLP extrapolates it past float32's range.
     with pytest.raises(OutOfRangeInput, match=r"^1 row\(s\) \(2\) embed to NaN .* fast mode"):
@@ -88,8 +89,8 @@ def test_rows_whose_embedding_overflows_are_refused_by_name(bundle, digits):
 
 
 @pytest.mark.slow
-def test_cli_trains_a_multilevel_model(digits, tmp_path, monkeypatch, capsys):
-    X, y, new = digits
+def test_cli_trains_a_multilevel_model(split, tmp_path, monkeypatch, capsys):
+    X, y, new = split
     monkeypatch.chdir(tmp_path)
     np.savez("train.npz", x=X[:600], y=y[:600])
     np.save("new.npy", new[:20])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 
 from mbn_core.bundle import NOVELTY_FILE, load_bundle
 from mbn_core.pipeline.novelty import QUANTILE, Novelty, load_novelty
@@ -12,11 +11,12 @@ from mbn_core.pipeline.training import train_bundle
 
 
 @pytest.fixture(scope="module")
-def digits():
-    X, _ = load_digits(return_X_y=True)
+def split(digits):
+    """1,400 digits drawn at random to fit and the other 397, as float32."""
     rng = np.random.default_rng(0)
-    order = rng.permutation(len(X))
-    return X[order[:1400]].astype(np.float32), X[order[1400:]].astype(np.float32)
+    order = rng.permutation(len(digits.X))
+    X = digits.X.astype(np.float32)
+    return X[order[:1400]], X[order[1400:]]
 
 
 def _shifted(X: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -33,8 +33,8 @@ def _shifted(X: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
     }
 
 
-def test_held_out_rows_stay_near_the_calibrated_rate(digits):
-    train, held_out = digits
+def test_held_out_rows_stay_near_the_calibrated_rate(split):
+    train, held_out = split
     model, summary = Novelty.fit(train, random_state=0)
     assert summary["quantile"] == QUANTILE
     assert summary["calibration_novel_share"] == pytest.approx(1 - QUANTILE, abs=0.01)
@@ -43,8 +43,8 @@ def test_held_out_rows_stay_near_the_calibrated_rate(digits):
     assert np.mean(model.out_of_range(held_out)) <= 0.05
 
 
-def test_shifted_rows_are_flagged(digits):
-    train, held_out = digits
+def test_shifted_rows_are_flagged(split):
+    train, held_out = split
     model, _ = Novelty.fit(train, random_state=0)
     rng = np.random.default_rng(1)
     for name, rows in _shifted(held_out, rng).items():
@@ -55,16 +55,16 @@ def test_shifted_rows_are_flagged(digits):
     assert np.mean(model.out_of_range(far)) > 0.9
 
 
-def test_scores_are_per_row(digits):
-    train, held_out = digits
+def test_scores_are_per_row(split):
+    train, held_out = split
     model, _ = Novelty.fit(train, random_state=0)
     batch = model.score(held_out[:50])
     alone = np.array([model.score(row[None])[0] for row in held_out[:50]])
     np.testing.assert_allclose(batch, alone, rtol=1e-9, atol=1e-9)
 
 
-def test_round_trip_and_malformed_bytes(digits):
-    train, held_out = digits
+def test_round_trip_and_malformed_bytes(split):
+    train, held_out = split
     model, _ = Novelty.fit(train, random_state=0)
     again = Novelty.from_bytes(model.to_bytes())
     np.testing.assert_array_equal(model.score(held_out), again.score(held_out))
@@ -76,8 +76,8 @@ def test_round_trip_and_malformed_bytes(digits):
 
 
 @pytest.mark.slow
-def test_bundles_store_the_novelty_model(digits, tmp_path):
-    train, held_out = digits
+def test_bundles_store_the_novelty_model(split, tmp_path):
+    train, held_out = split
     params = {
         "n_clusterings": 20,
         "k1": 0.1,

@@ -8,7 +8,6 @@ of a digits model with SciPy 1.17.1's OpenBLAS and one thread), so it is injecte
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from sklearn.datasets import load_digits
 from sklearn.decomposition import PCA
 
 from mbn_core import MBN
@@ -16,8 +15,9 @@ from mbn_core.utils.pca import MAX_COVARIANCE_FEATURES, fit_pca
 
 
 @pytest.fixture(scope="module")
-def digits():
-    return load_digits().data[:600]
+def rows(digits):
+    """The first 600 digits."""
+    return digits.X[:600]
 
 
 @pytest.fixture(scope="module")
@@ -33,24 +33,24 @@ def _same_subspace(a: PCA, b: PCA) -> None:
     np.testing.assert_allclose(a.components_, b.components_, atol=1e-6)
 
 
-def test_without_a_fault_it_is_scikit_learns_pca(digits):
-    _same_subspace(fit_pca(digits, 5, svd_solver="full"), PCA(5, svd_solver="full").fit(digits))
+def test_without_a_fault_it_is_scikit_learns_pca(rows):
+    _same_subspace(fit_pca(rows, 5, svd_solver="full"), PCA(5, svd_solver="full").fit(rows))
 
 
 @pytest.mark.parametrize("solver", ["full", "auto"])
-def test_an_svd_that_does_not_converge_falls_back_to_the_covariance(digits, svd_fails, solver):
+def test_an_svd_that_does_not_converge_falls_back_to_the_covariance(rows, svd_fails, solver):
     with pytest.raises(np.linalg.LinAlgError):
-        PCA(5, svd_solver=solver).fit(digits)  # the fault is real for scikit-learn's PCA
-    fitted = fit_pca(digits, 5, svd_solver=solver)
-    _same_subspace(fitted, PCA(5, svd_solver="covariance_eigh").fit(digits))
+        PCA(5, svd_solver=solver).fit(rows)  # the fault is real for scikit-learn's PCA
+    fitted = fit_pca(rows, 5, svd_solver=solver)
+    _same_subspace(fitted, PCA(5, svd_solver="covariance_eigh").fit(rows))
 
 
-def test_sparse_input_falls_back_to_the_covariance(digits, svds_fails):
-    sparse = sp.csr_matrix(digits)
+def test_sparse_input_falls_back_to_the_covariance(rows, svds_fails):
+    sparse = sp.csr_matrix(rows)
     with pytest.raises(np.linalg.LinAlgError):
         PCA(5, svd_solver="arpack").fit(sparse)
     fitted = fit_pca(sparse, 5, svd_solver="arpack", random_state=0)
-    _same_subspace(fitted, PCA(5, svd_solver="covariance_eigh").fit(digits))
+    _same_subspace(fitted, PCA(5, svd_solver="covariance_eigh").fit(rows))
 
 
 def test_input_too_wide_for_the_covariance_falls_back_to_arpack(wide, svd_fails):
@@ -76,14 +76,14 @@ def test_without_another_route_the_error_stands(wide, svd_fails, svds_fails):
 
 
 @pytest.fixture(scope="module")
-def unfaulted_mbn(digits):
+def unfaulted_mbn(rows):
     """An MBN and its embedding of digits, fitted before any fault is injected."""
     mbn = MBN(n_clusterings=10, k1=0.2, n_components=3, random_state=0, n_jobs=1)
-    return mbn, mbn.fit_transform(digits)
+    return mbn, mbn.fit_transform(rows)
 
 
 @pytest.mark.slow
-def test_an_mbn_fit_survives_the_fault_in_its_top_layer(digits, unfaulted_mbn, svd_fails):
+def test_an_mbn_fit_survives_the_fault_in_its_top_layer(rows, unfaulted_mbn, svd_fails):
     mbn, expected = unfaulted_mbn
-    embedded = mbn.fit_transform(digits)
+    embedded = mbn.fit_transform(rows)
     np.testing.assert_allclose(embedded, expected, atol=1e-6)

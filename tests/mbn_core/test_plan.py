@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits, make_moons
+from sklearn.datasets import make_moons
 
 from mbn_core import MBN
 from mbn_core.mbn.backends import use_backend
@@ -11,8 +11,9 @@ from mbn_core.mbn.plan import Plan
 
 
 @pytest.fixture(scope="module")
-def digits():
-    return load_digits().data[:400]
+def rows(digits):
+    """The first 400 digits."""
+    return digits.X[:400]
 
 
 def assert_plan_is_the_fit(plan: Plan, model: MBN, X) -> None:
@@ -38,11 +39,11 @@ def assert_plan_is_the_fit(plan: Plan, model: MBN, X) -> None:
     ],
     ids=["auto", "given", "explicit-ks", "bottom-only"],
 )
-def test_plan_is_what_fit_then_does(digits, params):
+def test_plan_is_what_fit_then_does(rows, params):
     model = MBN(random_state=2, **params)
-    plan = model.plan(digits)
-    model.fit(digits)
-    assert_plan_is_the_fit(plan, model, digits)
+    plan = model.plan(rows)
+    model.fit(rows)
+    assert_plan_is_the_fit(plan, model, rows)
 
 
 @pytest.mark.slow
@@ -58,18 +59,18 @@ def test_plan_of_a_thin_manifold_measures_the_output_as_fit_does():
 
 
 @pytest.mark.slow  # over a second; the full suite runs it
-def test_plan_leaves_the_estimator_as_it_was(digits):
+def test_plan_leaves_the_estimator_as_it_was(rows):
     state = np.random.RandomState(5)
     model = MBN(n_clusterings=20, random_state=state)
     params = model.get_params()
     before = state.get_state()[1].copy()
-    first = model.plan(digits)
+    first = model.plan(rows)
     assert not hasattr(model, "n_features_in_") and not hasattr(model, "ks_")
     assert model.get_params() == params
     np.testing.assert_array_equal(state.get_state()[1], before)  # copied, not advanced
-    assert model.plan(digits) == first
-    fitted = MBN(n_clusterings=20, random_state=np.random.RandomState(5)).fit(digits)
-    assert_plan_is_the_fit(first, fitted, digits)
+    assert model.plan(rows) == first
+    fitted = MBN(n_clusterings=20, random_state=np.random.RandomState(5)).fit(rows)
+    assert_plan_is_the_fit(first, fitted, rows)
 
 
 class CountingBackend(LocalBackend):
@@ -80,19 +81,19 @@ class CountingBackend(LocalBackend):
         return super().bottom_codes(layer, X)
 
 
-def test_plan_fits_the_bottom_layer_only_to_measure_on_its_codes(digits):
+def test_plan_fits_the_bottom_layer_only_to_measure_on_its_codes(rows):
     CountingBackend.layers = []
     with use_backend(CountingBackend):
-        given = MBN(n_clusterings=20, delta=0.5, feature_fraction=0.5).plan(digits)
+        given = MBN(n_clusterings=20, delta=0.5, feature_fraction=0.5).plan(rows)
         assert CountingBackend.layers == []  # nothing to measure: nothing fitted
         assert given.measured == ()
-        measured = MBN(n_clusterings=20, random_state=0).plan(digits)
+        measured = MBN(n_clusterings=20, random_state=0).plan(rows)
         assert CountingBackend.layers == ["bottom"]  # delta="auto" reads its codes
         assert measured.measured == ("feature_fraction", "delta")
 
 
-def test_plan_reads_as_a_report(digits):
-    plan = MBN(n_clusterings=20, delta=0.5, feature_fraction=0.5, random_state=0).plan(digits)
+def test_plan_reads_as_a_report(rows):
+    plan = MBN(n_clusterings=20, delta=0.5, feature_fraction=0.5, random_state=0).plan(rows)
     text = str(plan)
     assert text.splitlines()[0] == "MBN plan for 400 rows x 64 features"
     assert f"centers per layer {list(plan.ks)}" in text
@@ -101,10 +102,10 @@ def test_plan_reads_as_a_report(digits):
     assert "embedding:         10 dimensions" in text
 
 
-def test_plan_refuses_what_fit_refuses(digits):
+def test_plan_refuses_what_fit_refuses(rows):
     with pytest.raises(ValueError, match="n_components=500"):
-        MBN(n_clusterings=20, n_components=500).plan(digits)
+        MBN(n_clusterings=20, n_components=500).plan(rows)
     with pytest.raises(ValueError, match="bottom layer alone"):
-        MBN(output="umap-bottom", delta=0.5).plan(digits)
+        MBN(output="umap-bottom", delta=0.5).plan(rows)
     with pytest.raises(ValueError, match="minimum of 2 is required"):
-        MBN().plan(digits[:1])
+        MBN().plan(rows[:1])

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from sklearn.datasets import load_digits, make_circles
+from sklearn.datasets import make_circles
 
 from mbn_core import MBN, TrainingStopped
 from mbn_core.bundle import load_bundle
@@ -29,11 +29,6 @@ SMALL = {
     "n_clusters": 5,
     "map_points": 200,
 }
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load_digits(return_X_y=True)
 
 
 # ---------------------------------------------------------------------- parameters

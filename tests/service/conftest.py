@@ -19,11 +19,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import digits_data
 import numpy as np
 import pytest
 import sqlalchemy as sa
+from digits_data import Digits
 from servicetest import MAP_POINTS, REPO, Process, make_settings, running_app
-from sklearn.datasets import load_digits
 
 from mbn_core import MBN, CompressiveMBN
 from mbn_core.bundle import save_bundle, write_manifest
@@ -37,9 +38,10 @@ with warnings.catch_warnings():
 
 
 @pytest.fixture(scope="session")
-def digits() -> tuple[np.ndarray, np.ndarray]:
-    data = load_digits()
-    return data.data.astype(np.float32), data.target.astype(np.int64)
+def digits() -> Digits:
+    """The digits (``tests/digits_data.py``) as float32 rows, as the service's clients send
+    them."""
+    return digits_data.digits(np.float32)
 
 
 @pytest.fixture(scope="session")

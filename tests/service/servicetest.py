@@ -122,7 +122,8 @@ class Server(Process):
 
     def start(self, wait: float = 60.0) -> Server:
         super().start()
-        deadline = time.monotonic() + wait
+        # A hang detector: a busy machine takes minutes to import and start a server.
+        deadline = time.monotonic() + max(wait, BUSY_MACHINE_SECONDS)
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:

@@ -36,15 +36,15 @@ def test_row_budget_admits_until_full_then_refuses_at_once() -> None:
 def test_a_request_waiting_on_the_exact_runtime_leaves_its_slot_to_others() -> None:
     budget = RowBudget(max_rows=100, max_requests=1, retry_after=1, on_reject=lambda _: None)
     with budget.request():
-        assert budget.saturated_for() >= 0 and budget.full_since is not None
+        assert budget.full_since is not None  # every slot taken, since then
         with budget.waiting_elsewhere():
-            assert budget.full_since is None
+            assert budget.full_since is None and budget.saturated_for() == 0.0
             with budget.request():  # another request takes the slot meanwhile
                 pass
         assert budget.requests_in_flight == 1 and budget.full_since is not None
         with pytest.raises(Overloaded), budget.request():
             pass
-    assert budget.requests_in_flight == 0
+    assert budget.requests_in_flight == 0 and budget.saturated_for() == 0.0
 
 
 def _budget(max_buffered_bytes: int) -> RowBudget:

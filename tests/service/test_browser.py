@@ -230,7 +230,6 @@ def test_the_runtime_panel_shows_the_exact_runtime_live(tab: Page, screenshots: 
     page.wait_for_function(
         "/requests \\/ rows answered\\s+[1-9]/.test("
         "document.querySelector('#runtime-body').innerText)",
-        timeout=60_000,
     )
     text = page.locator("#runtime-body").inner_text()
     assert "running (process" in text and "cpu" in text
@@ -355,7 +354,7 @@ def submitted_job(tab: Page, server: Server) -> str:
         page.wait_for_selector("#train-result:has-text('queued'), #train-error:not(:empty)")
     except sync_api.TimeoutError:
         pytest.fail(
-            f"no answer to the form in 90 s; page errors {tab.errors}; "
+            f"no answer to the form in {WAIT_MS // 1000} s; page errors {tab.errors}; "
             f"last requests {tab.requests[-5:]}\nserver log:\n{server.log_tail()}"
         )
     error = page.inner_text("#train-error")

@@ -18,16 +18,8 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from service.jobs import (
-    MIGRATIONS,
-    VERSION_TABLE,
-    JobStore,
-    _create_sqlite_file,
-    _make_engine,
-    _sqlite_path,
-    jobs_table,
-    new_job_id,
-)
+from service.jobs import MIGRATIONS, VERSION_TABLE, JobStore, jobs_table, new_job_id
+from service.jobs.database import create_sqlite_file, make_engine, sqlite_path
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -43,10 +35,10 @@ ADDED_AFTER = {"0001": "method", "0002": "promote"}
 
 def at_revision(url: str, revision: str, *, drop_version_table: bool = False) -> None:
     """The schema of ``revision``, with two jobs in it, as a deployment of that time had."""
-    path = _sqlite_path(url)
+    path = sqlite_path(url)
     if path is not None:
-        _create_sqlite_file(path)
-    engine = _make_engine(url)
+        create_sqlite_file(path)
+    engine = make_engine(url)
     try:
         with engine.begin() as conn:
             config = Config()

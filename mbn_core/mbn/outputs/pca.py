@@ -22,7 +22,7 @@ from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator
 from sklearn.utils import check_random_state
 from sklearn.utils.extmath import svd_flip
 
-from mbn_core.mbn import _kernels
+from mbn_core.mbn import _kernels, _one_hot_kernels
 from mbn_core.mbn.coassociation import one_hot
 from mbn_core.mbn.outputs.base import (
     FittedOutput,
@@ -134,20 +134,20 @@ class OneHotCodes(LinearOperator):
         self.codes_t = np.ascontiguousarray(codes.T)
         self.n_values = n_values
         counts = np.empty(n_clusterings * n_values, dtype=np.int64)
-        _kernels.one_hot_counts(self.codes_t, n_values, counts)
+        _one_hot_kernels.one_hot_counts(self.codes_t, n_values, counts)
         self.mean = counts / n_samples
 
     def _matvec(self, x):
         x = np.ascontiguousarray(np.ravel(x), dtype=np.float64)
         out = np.empty(self.shape[0], dtype=np.float64)
-        _kernels.one_hot_matvec(self.codes_t, self.n_values, x, out)
+        _one_hot_kernels.one_hot_matvec(self.codes_t, self.n_values, x, out)
         out -= self.mean @ x
         return out
 
     def _rmatvec(self, x):
         x = np.ascontiguousarray(np.ravel(x), dtype=np.float64)
         out = np.empty(self.shape[1], dtype=np.float64)
-        _kernels.one_hot_rmatvec(self.codes_t, self.n_values, x, out)
+        _one_hot_kernels.one_hot_rmatvec(self.codes_t, self.n_values, x, out)
         out -= self.mean * x.sum()
         return out
 

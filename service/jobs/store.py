@@ -16,36 +16,20 @@ makes each job run, and its result land, exactly once.
   that start does not count as an attempt.
 - Cancel: a queued or running job becomes ``cancelled`` at once; the worker running it sees
   that at its next heartbeat and stops the training process.
-
-Training data lives next to the store, on disk, by job id (``JobFiles``); never at a path a
-client chose.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
-import os
-import re
-import shutil
-import tempfile
 import threading
-import urllib.parse
-import uuid
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any
 
-import numpy as np
 import sqlalchemy as sa
-from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.functions import FunctionElement
 
 from mbn_core.methods import DEFAULT_METHOD
 from service.domain import (
@@ -56,73 +40,19 @@ from service.domain import (
     Unavailable,
     shortened,
 )
-
-JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
-JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
-TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+from service.jobs.database import (
+    create_sqlite_file,
+    disk_full,
+    file_identity,
+    immutable_engine,
+    make_engine,
+    sqlite_path,
+    writable,
+)
+from service.jobs.model import STARTING_PHASE, TERMINAL_STATUSES, Job, is_job_id
+from service.jobs.schema import NOTIFY_CHANNEL, db_now, jobs_table, migrate
 
 log = logging.getLogger(__name__)
-
-metadata = sa.MetaData()
-
-jobs_table = sa.Table(
-    "mbn_jobs",
-    metadata,
-    sa.Column("id", sa.String(32), primary_key=True),
-    sa.Column("name", sa.String(64), nullable=False),
-    sa.Column("status", sa.String(16), nullable=False),
-    sa.Column("progress", sa.Double, nullable=False, default=0.0),
-    sa.Column("phase", sa.String(32)),
-    sa.Column("params", sa.Text, nullable=False),
-    sa.Column("data_file", sa.String(64), nullable=False),
-    sa.Column("n_rows", sa.Integer, nullable=False),
-    sa.Column("n_features", sa.Integer, nullable=False),
-    sa.Column("model_id", sa.String(128)),
-    sa.Column("error", sa.Text),
-    sa.Column("attempts", sa.Integer, nullable=False, default=0),
-    sa.Column("worker_id", sa.String(128)),
-    # Seconds since the epoch (UTC): portable across both databases, no time zone surprises.
-    sa.Column("created_at", sa.Double, nullable=False),
-    sa.Column("started_at", sa.Double),
-    sa.Column("finished_at", sa.Double),
-    sa.Column("heartbeat_at", sa.Double),
-    # Rows from before the column were all MBN jobs: the migration's default is that fact, not
-    # the registry's default method.
-    sa.Column("method", sa.String(32), nullable=False, server_default="mbn"),
-    # Whether the job asked for its model to become the default and its name's version.
-    sa.Column("promote", sa.Boolean, nullable=False, server_default=sa.false()),
-    sa.Index("ix_mbn_jobs_status_created", "status", "created_at"),
-)
-# The table is made and changed by the Alembic migrations in service/migrations (the
-# definition above must match their head; tests/service/test_migrations.py checks it).
-MIGRATIONS = Path(__file__).parent / "migrations"
-# The revision that is the table deployments made before migrations existed.
-BASELINE_REVISION = "0001"
-VERSION_TABLE = "mbn_alembic_version"
-# PostgreSQL channel on which a job entering the queue is announced (LISTEN/NOTIFY), so idle
-# stand-alone workers wake at once instead of at their next poll.
-NOTIFY_CHANNEL = "mbn_jobs_queued"
-
-
-class db_now(FunctionElement[float]):
-    """The database's clock, in seconds since the epoch: every time the store records or
-    compares (heartbeats, staleness, claims, submissions) is the database's, so workers on
-    hosts whose clocks disagree still agree on which job is stale."""
-
-    type = sa.Double()
-    inherit_cache = True
-
-
-@compiles(db_now, "postgresql")
-def _now_postgresql(element: db_now, compiler: Any, **kw: Any) -> str:
-    # clock_timestamp(), not now(): now() is the start of the transaction.
-    return "EXTRACT(EPOCH FROM clock_timestamp())"
-
-
-@compiles(db_now, "sqlite")
-def _now_sqlite(element: db_now, compiler: Any, **kw: Any) -> str:
-    return "((julianday('now') - 2440587.5) * 86400.0)"
-
 
 # Arbitrary constant naming the PostgreSQL advisory lock that serialises schema creation and
 # the queue-length check of submit.
@@ -132,57 +62,6 @@ _ERROR_MAX_CHARS = 4000
 # before reconnecting after losing its connection.
 _LISTEN_TIMEOUT = 1.0
 _LISTEN_RETRY = 5.0
-# A SQLite store's disk with less free space than this counts as full (SQLite's own errors
-# on a full disk are often "disk I/O error").
-_FULL_BELOW_BYTES = 1 << 20
-
-T = TypeVar("T")
-
-# The phase of a running job before its training process reports one.
-STARTING_PHASE = "starting"
-
-
-@dataclass(frozen=True)
-class Job:
-    """One row of the store."""
-
-    id: str
-    name: str
-    status: str
-    progress: float
-    phase: str | None
-    params: dict[str, Any]
-    data_file: str
-    n_rows: int
-    n_features: int
-    model_id: str | None
-    error: str | None
-    attempts: int
-    worker_id: str | None
-    created_at: float
-    started_at: float | None
-    finished_at: float | None
-    heartbeat_at: float | None
-    method: str = DEFAULT_METHOD
-    promote: bool = False
-
-    @property
-    def finished(self) -> bool:
-        return self.status in TERMINAL_STATUSES
-
-    @classmethod
-    def from_row(cls, row: sa.RowMapping) -> Job:
-        values = dict(row)
-        values["params"] = json.loads(values["params"])
-        return cls(**values)
-
-
-def new_job_id() -> str:
-    return uuid.uuid4().hex
-
-
-def is_job_id(value: str) -> bool:
-    return re.fullmatch(JOB_ID_PATTERN, value) is not None
 
 
 class JobStore:
@@ -208,8 +87,8 @@ class JobStore:
         self.url = url
         self.retry_after = retry_after
         self.clock = clock
-        self.sqlite_path = _sqlite_path(url)
-        self.engine = _make_engine(url)
+        self.sqlite_path = sqlite_path(url)
+        self.engine = make_engine(url)
         self.is_postgres = self.engine.dialect.name == "postgresql"
         # The SQLite file's identity (device, inode) when the schema was made: a store file
         # deleted or replaced under the running service is noticed on the next operation,
@@ -224,15 +103,15 @@ class JobStore:
         start at once. A table made before migrations existed is taken as the baseline
         revision and upgraded: its jobs are kept."""
         if self.sqlite_path is not None:
-            _create_sqlite_file(self.sqlite_path)
+            create_sqlite_file(self.sqlite_path)
         with self._translate(), self.engine.connect() as conn:
             conn.execution_options(mbn_immediate=True)
             with conn.begin():
                 if self.is_postgres:
                     conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_LOCK_KEY)))
-                _migrate(conn)
+                migrate(conn)
         if self.sqlite_path is not None:
-            self._identity = _file_identity(self.sqlite_path)
+            self._identity = file_identity(self.sqlite_path)
             self._file_lost = False
 
     def ping(self) -> bool:
@@ -252,7 +131,7 @@ class JobStore:
             return [exc.message]
         except sa.exc.SQLAlchemyError as exc:
             return [f"job store unreachable ({type(exc).__name__})"]
-        if self.sqlite_path is not None and not _writable(self.sqlite_path):
+        if self.sqlite_path is not None and not writable(self.sqlite_path):
             return ["job store is read-only (its file or directory cannot be written)"]
         return []
 
@@ -567,12 +446,7 @@ class JobStore:
     def _immutable_engine(self) -> Engine:
         assert self.sqlite_path is not None
         if self._immutable is None:
-            path = urllib.parse.quote(str(self.sqlite_path))
-            self._immutable = sa.create_engine(
-                f"sqlite:///file:{path}?immutable=1&uri=true",
-                connect_args={"check_same_thread": False},
-                poolclass=sa.pool.NullPool,
-            )
+            self._immutable = immutable_engine(self.sqlite_path)
         return self._immutable
 
     @contextmanager
@@ -587,13 +461,7 @@ class JobStore:
                 yield conn
 
     def _disk_full(self) -> bool:
-        if self.sqlite_path is None:
-            return False
-        try:
-            stats = os.statvfs(self.sqlite_path.parent)
-        except OSError:
-            return False
-        return stats.f_bavail * stats.f_frsize < _FULL_BELOW_BYTES
+        return disk_full(self.sqlite_path)
 
     def _check_file(self) -> None:
         """Unavailable when the SQLite file is not the one the store was opened on.
@@ -603,7 +471,7 @@ class JobStore:
         restored from a backup): reconnected, the schema made if missing."""
         if self.sqlite_path is None or self._identity is None:
             return
-        identity = _file_identity(self.sqlite_path)
+        identity = file_identity(self.sqlite_path)
         if identity == self._identity:
             return
         self.engine.dispose()
@@ -644,174 +512,3 @@ class JobStore:
             raise Unavailable(
                 "the job store is unavailable; retry later", retry_after=self.retry_after
             ) from exc
-
-
-def _migrate(conn: Connection) -> None:
-    """Bring the schema to the newest migration, on ``conn`` and inside its transaction."""
-    from alembic import command
-    from alembic.config import Config
-
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    config.attributes["connection"] = conn
-    inspector = sa.inspect(conn)
-    if inspector.has_table(jobs_table.name) and not inspector.has_table(VERSION_TABLE):
-        command.stamp(config, BASELINE_REVISION)  # made before migrations: the baseline
-    command.upgrade(config, "head")
-
-
-def _sqlite_path(url: str) -> Path | None:
-    if not url.startswith("sqlite"):
-        return None
-    path = sa.engine.make_url(url).database
-    if not path or path == ":memory:" or path.startswith("file:"):
-        return None
-    return Path(path).absolute()
-
-
-def _create_sqlite_file(path: Path) -> None:
-    """Create an empty SQLite file if there is none: the engine itself never creates one
-    (``mode=rw``), so a deleted store is an error, not a silent new empty store."""
-    import sqlite3
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        sqlite3.connect(path).close()
-
-
-def _file_identity(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
-
-
-def _writable(path: Path) -> bool:
-    """Whether the file and its directory (journal files) can be written, read-only mounts
-    included (``os.access`` reports those even for root)."""
-    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
-
-
-def _make_engine(url: str) -> Engine:
-    if url.startswith("sqlite"):
-        path = _sqlite_path(url)
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # mode=rw: connecting never creates the file (see _create_sqlite_file).
-            url = f"sqlite:///file:{urllib.parse.quote(str(path))}?mode=rw&uri=true"
-        # No pool: a connection per operation, so no file descriptor outlives it. A store
-        # file deleted or replaced is never written through a stale descriptor, and the
-        # file system can be remounted read-only by an operator.
-        engine = sa.create_engine(
-            url,
-            connect_args={"check_same_thread": False, "timeout": 30},
-            poolclass=sa.pool.NullPool,
-        )
-
-        @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-            # Let SQLAlchemy emit BEGIN itself (below), WAL so readers never block writers.
-            dbapi_conn.isolation_level = None
-            cursor = dbapi_conn.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA busy_timeout=30000")
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.close()
-
-        @event.listens_for(engine, "begin")
-        def _on_begin(conn: Connection) -> None:
-            # Writers take the write lock up front: read-then-update is then atomic.
-            immediate = conn.get_execution_options().get("mbn_immediate", False)
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
-
-        return engine
-    return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
-
-
-class JobFiles:
-    """Training data on disk, ``<root>/<job_id>/<file>``; written atomically before the job
-    is queued, removed when it finishes."""
-
-    ALLOWED_SUFFIXES = (".npy", ".npz", ".csv")
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def path(self, job_id: str, data_file: str) -> Path:
-        if not is_job_id(job_id) or data_file not in self._allowed_names():
-            raise ValueError(f"bad job data reference {job_id}/{data_file}")
-        return self.root / job_id / data_file
-
-    @classmethod
-    def _allowed_names(cls) -> tuple[str, ...]:
-        return tuple(f"data{suffix}" for suffix in cls.ALLOWED_SUFFIXES)
-
-    def write_arrays(self, job_id: str, x: np.ndarray, y: np.ndarray | None) -> str:
-        """Store rows (and labels) as ``data.npz``; returns the file name."""
-
-        def write(handle: BinaryIO) -> None:
-            arrays = {"x": x} if y is None else {"x": x, "y": y}
-            np.savez(handle, **arrays)  # type: ignore[arg-type]
-
-        return self._write(job_id, "data.npz", write)
-
-    def write_stream(self, job_id: str, suffix: str, source: BinaryIO, *, max_bytes: int) -> str:
-        """Copy an upload into ``data<suffix>``; returns the file name."""
-        if suffix not in self.ALLOWED_SUFFIXES:
-            raise ValueError(f"unsupported data file type {suffix!r}")
-
-        def write(handle: BinaryIO) -> None:
-            copied = 0
-            while chunk := source.read(1 << 20):
-                copied += len(chunk)
-                if copied > max_bytes:
-                    raise OverflowError
-                handle.write(chunk)
-
-        return self._write(job_id, f"data{suffix}", write)
-
-    def write_with(self, job_id: str, name: str, write: Callable[[BinaryIO], None]) -> str:
-        """Write ``name`` (one of the allowed data files) with ``write(handle)``, atomically
-        and flushed to disk; returns the name. ``write`` may use the job's directory."""
-        return self._write(job_id, name, write)
-
-    def remove(self, job_id: str) -> None:
-        if is_job_id(job_id):
-            shutil.rmtree(self.root / job_id, ignore_errors=True)
-
-    def _write(self, job_id: str, name: str, write: Callable[[BinaryIO], None]) -> str:
-        target = self.path(job_id, name)
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".upload-", dir=target.parent)
-        except OSError as exc:
-            self.remove(job_id)
-            raise _storage_error(exc) from None
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                write(handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, target)
-        except BaseException as exc:
-            Path(tmp).unlink(missing_ok=True)
-            self.remove(job_id)
-            if isinstance(exc, OSError):
-                raise _storage_error(exc) from None
-            raise
-        return name
-
-
-def _storage_error(exc: OSError) -> Exception:
-    """A clear ``InsufficientStorage`` or ``Unavailable`` for what the disk refused (the
-    server log gets the details)."""
-    log.error("cannot store training data: %s", exc)
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return InsufficientStorage(
-            "no space left to store the training data; free disk space or retry later"
-        )
-    return Unavailable(
-        f"cannot store the training data ({os.strerror(exc.errno or 0)}); retry later",
-        retry_after=5,
-    )
