@@ -33,7 +33,15 @@ from collections.abc import Callable
 import numpy as np
 import scipy.sparse as sp
 
-METHODS = ("mbn", "modular_kpca", "multilevel")
+METHODS = ("mbn", "modular_kpca", "multilevel", "tsne", "umap", "densmap", "pacmap", "trimap")
+# The layout methods' fits, shortened for the fuzz (a case is about the edges, not the layout).
+SHORT_LAYOUTS = {
+    "tsne": {"early_exaggeration_iter": 20, "n_iter": 30},
+    "umap": {"n_epochs": 20},
+    "densmap": {"n_epochs": 20},
+    "pacmap": {"num_iters": 210},
+    "trimap": {"n_iters": 20},
+}
 CASE_TIMEOUT_SECONDS = 300
 
 
@@ -116,6 +124,22 @@ EDGE_VALUES: dict[str, list] = {
     "epsilon": [0.0, 1e6], "coarse_method": ["lle", "eigenmaps"], "n_neighbors": [1, 2, 3],
     "n_levels": [1, 5], "max_coarse_size": [1, 2, 3], "order": ["fixed"],
     "weights": ["simple"],
+    # The layout methods' (t-SNE, UMAP, densMAP, PaCMAP, TriMap) and the student's head.
+    "perplexity": [1e-3, 1.0, 5.0, 9999.0], "early_exaggeration": [1e-3, 9999.0],
+    "early_exaggeration_iter": [0, 1], "n_iter": [1, 2], "exaggeration": [1e-3, 9999.0, None],
+    "dof": [1e-3, 99.0], "layout_learning_rate": [1e-9, 9999.0, "auto"],
+    "initialization": ["pca", "spectral", "random"],
+    "neighbors": ["exact", "annoy", "pynndescent", "auto"],
+    "transform_perplexity": [1e-3, 9999.0], "transform_iter": [0, 1],
+    "min_dist": [0.0, 5.0, 1e9], "spread": [1e-9, 1e9], "n_epochs": [1, None],
+    "init": ["pca", "spectral", "random"], "repulsion_strength": [1e-9, 9999.0],
+    "negative_sample_rate": [1, 1000], "local_connectivity": [1e-9, 9999.0],
+    "set_op_mix_ratio": [0.0, 1.0], "dens_lambda": [0.0, 9999.0], "dens_frac": [0.0, 1.0],
+    "dens_var_shift": [0.0, 9999.0], "MN_ratio": [0.0, 99.0], "FP_ratio": [0.0, 99.0],
+    "distance": ["angular", "manhattan"], "num_iters": [201, 202], "apply_pca": [True, False],
+    "n_inliers": [1, 1000], "n_outliers": [1, 1000], "n_random": [0, 1000],
+    "opt_method": ["sd", "momentum", "dbd"], "n_iters": [1, 2],
+    "student_head": ["regression", "atoms", "auto"], "n_atoms": [3, 10**6],
 }  # fmt: skip
 
 
@@ -134,6 +158,7 @@ def params_case(method: str, seed: int) -> tuple[np.ndarray, dict]:
     params: dict = {"method": method, "max_epochs": 2, "map_points": 20}
     if method == "mbn":  # small enough to be quick, and past the default 10 components
         params.update(n_clusterings=20, n_classes=2)
+    params.update(SHORT_LAYOUTS.get(method, {}))
     for name in chosen:
         values = EDGE_VALUES[str(name)]
         params[str(name)] = values[int(rng.integers(len(values)))]
@@ -165,7 +190,13 @@ def run_case(X, params: dict) -> str:
 def child(argv: list[str]) -> None:
     kind, method, key = argv
     if kind == "data":
-        X, params = DEGENERATE_SETS[key](), {"method": method, "max_epochs": 2, "map_points": 30}
+        X = DEGENERATE_SETS[key]()
+        params = {
+            "method": method,
+            "max_epochs": 2,
+            "map_points": 30,
+            **SHORT_LAYOUTS.get(method, {}),
+        }
     else:
         X, params = params_case(method, int(key))
     print(json.dumps({"params": params, "shape": list(X.shape), "result": run_case(X, params)}))

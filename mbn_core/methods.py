@@ -56,6 +56,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "mbn_core.mbn.method",
     "mbn_core.multilevel.method",
     "mbn_core.modular.method",
+    "mbn_core.layouts.method",
 )
 # Parameters of the pipeline around every method (held-out fidelity rows, the clustering
 # head, the seed, threads). They are declared once, by DistilledEmbedding
@@ -118,6 +119,10 @@ class Method:
     check_rows : callable or None
         ``check_rows(estimator, n_samples)``: ValueError at once when the parameters cannot
         work for that many rows (before a job is queued).
+    check_features : callable or None
+        ``check_features(estimator, n_features)``: ValueError at once, naming the parameter
+        and the minimum, when the parameters cannot work on rows of that many features
+        (before a job is queued).
     memory : callable or None
         ``memory(estimator, shape) -> float``: the bytes the fit holds at its peak beyond
         its input rows, an upper estimate, checked against the host's memory before a job
@@ -132,6 +137,19 @@ class Method:
         describes the fit (its layers, its device). None: the pipeline's facts alone.
     sparse : bool
         Whether the estimator accepts scipy CSR input.
+    layout : bool
+        The method lays out the rows it is fitted on (t-SNE, UMAP, ...): it is fitted once,
+        on every row, and its report measures students cross-fitted against that one layout
+        (``mbn_core.pipeline.layouts``) instead of refitting the method without the rows
+        that measure it. Distilled methods only.
+    no_exact_map : str or None
+        Why exact mode is refused, naming the fast path instead: the method has no map of
+        its own for new rows (its ``transform`` raises ``NoExactMap``). None: exact mode
+        runs ``transform``.
+    missing : callable or None
+        ``missing() -> str | None``: why the method cannot train on this install (its library
+        is not installed; the message gives the install line), or None. Such a method is
+        still listed; a training asking for it is refused before it is queued.
     batch_independent_exact : bool
         Whether the fitted estimator's ``transform`` gives each row the same bits whatever
         other rows share the call (MBN's does). Only then may a server compute several
@@ -151,10 +169,14 @@ class Method:
     track: Callable[[Any, tuple[int, int], Reporter], None] | None = None
     cost: Callable[[Any, tuple[int, int]], float] | None = None
     check_rows: Callable[[Any, int], None] | None = None
+    check_features: Callable[[Any, int], None] | None = None
     memory: Callable[[Any, tuple[int, int]], float] | None = None
     facts: Callable[[Any], dict[str, Any]] | None = None
     describe: Callable[[Mapping[str, Any]], dict[str, list[str]]] | None = None
     sparse: bool = False
+    layout: bool = False
+    no_exact_map: str | None = None
+    missing: Callable[[], str | None] | None = None
     batch_independent_exact: bool = True
     module: str = ""
 
@@ -162,6 +184,11 @@ class Method:
     def constraints(self) -> dict[str, list[Any]]:
         """The estimator's ``_parameter_constraints``."""
         return self.estimator._parameter_constraints  # type: ignore[attr-defined]
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why the method cannot train on this install, or None (``missing``)."""
+        return None if self.missing is None else self.missing()
 
     @property
     def fast_path(self) -> Literal["exported", "distilled"]:
@@ -201,6 +228,8 @@ def register(method: Method, *, replace: bool = False) -> Method:
     """
     if not _NAME.fullmatch(method.name):
         raise ValueError(f"method name {method.name!r} must match {_NAME.pattern}")
+    if method.layout and method.export is not None:
+        raise ValueError(f"method {method.name!r}: a layout method is distilled (export=None)")
     if not method.module:
         # The module that registers is the one a fresh process must import to know it.
         caller = sys._getframe(1).f_globals.get("__name__", "")

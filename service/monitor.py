@@ -61,6 +61,8 @@ from service.exact.frontend import ExactFrontend
 
 log = logging.getLogger(__name__)
 
+# The live fidelity's state for a method with no exact map to compare the fast path with.
+NO_EXACT_MAP = "no exact map"
 # Clusters of the window's k-means comparison when the model has no clustering head.
 _DEFAULT_REPORT_CLUSTERS = 10
 # Rows the shadow thread embeds together. A few hundred rows make the bottom layer a matrix
@@ -276,7 +278,9 @@ class LiveMonitor:
         keep = np.isfinite(fast).all(axis=1)
         if out_of_range is not None:
             keep &= ~out_of_range
-        exact = self.exact.shadow(bundle, rows[keep]) if keep.any() else None
+        # A method without an exact map has no shadow rows: novelty alone is measured.
+        shadow = keep.any() and bundle.no_exact_map is None
+        exact = self.exact.shadow(bundle, rows[keep]) if shadow else None
         if exact is not None:
             finite = np.isfinite(exact).all(axis=1)
             shadowed_fast, exact = fast[keep][finite], exact[finite]
@@ -291,7 +295,8 @@ class LiveMonitor:
                 window.novel.extend(novel.tolist())
             window.skipped_out_of_range += int(np.count_nonzero(~keep))
             if exact is None:
-                window.skipped_busy += int(np.count_nonzero(keep))
+                if bundle.no_exact_map is None:  # none to skip without an exact map
+                    window.skipped_busy += int(np.count_nonzero(keep))
             else:
                 window.skipped_out_of_range += int(np.count_nonzero(keep)) - len(exact)
                 window.fast.extend(shadowed_fast)
@@ -379,7 +384,10 @@ class LiveMonitor:
             out_of_range = np.array(window.out_of_range, dtype=bool)
             last_update = window.last_update
             centers = window.centers
-        if cached is not None:
+        no_exact_map = bundle.no_exact_map
+        if no_exact_map is not None:
+            live = {"state": NO_EXACT_MAP, "reason": no_exact_map}
+        elif cached is not None:
             live = cached[1]
         else:
             live = live_fidelity(fast, exact, centers, bundle.n_clusters)
@@ -416,7 +424,10 @@ class LiveMonitor:
             "out_of_range_share": _share(out_of_range),
             "last_update": _iso(last_update),
             "has_traffic": counters["rows_seen"] > 0,
-            "note": _note(state, counters, n_shadow, unavailable, self.max_delay),
+            "note": _note(state, counters, n_shadow, unavailable, self.max_delay)
+            if no_exact_map is None
+            else f"{NO_EXACT_MAP}: live fidelity cannot be measured ({no_exact_map}); "
+            "novelty and out-of-range shares are measured",
         }
 
     def _novelty_unavailable(self, bundle: Bundle) -> str | None:
@@ -439,7 +450,8 @@ class LiveMonitor:
     def gauges(self) -> list[tuple[str, str, dict[str, float]]]:
         """(model id, model name, the gauges' values) of every model with a window, as of
         now: R^2 and median cosine as ``measure_fidelity`` computes them (without its k-means,
-        so a scrape stays cheap), and the shares."""
+        so a scrape stays cheap), and the shares. A model whose method has no exact map has
+        no live fidelity gauges at all (a zero would read as a broken fast path)."""
         out = []
         with self._lock:
             windows = [

@@ -121,14 +121,15 @@ def check_data(
     memory_limit: int | None = None,
 ) -> None:
     """Refuse data the training would fail on by its size (too few rows for the layers,
-    the compressor, the embedding or the clustering head; more memory than ``memory_limit``
+    the compressor, the embedding or the clustering head; too few features for the method;
+    more memory than ``memory_limit``
     bytes, None: this host's) or kind (sparse input for a method or a scaling that cannot
     take it)."""
     kind = "sparse " if sparse else ""
     n_rows = shape[0]
     try:
         training = TrainingParams.from_dict(params)
-        check_feasible(training, n_rows, sparse=sparse)
+        check_feasible(training, n_rows, sparse=sparse, n_features=shape[1])
         check_memory(training, shape, memory_limit)
     except ValueError as exc:
         raise InvalidInput(f"params do not fit {n_rows} {kind}rows: {exc}") from None

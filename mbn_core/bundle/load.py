@@ -33,6 +33,7 @@ from mbn_core.bundle.manifest import (
 from mbn_core.bundle.mapped_npz import map_npz
 from mbn_core.data.scaling import SCALING_FILE, InputScaling
 from mbn_core.distill.onnx import OnnxEmbedder
+from mbn_core.exceptions import NoExactMap
 from mbn_core.methods import MODES, Method, get_method
 from mbn_core.utils.npz import arrays_from_npz
 
@@ -195,6 +196,7 @@ class Bundle:
         if mode == "fast":
             result = self._embedder.run(X)
         else:
+            self.check_exact()
             if exact is None:
                 exact = self._kept_exact()
             elif exact.bundle_id != self.id:
@@ -214,13 +216,24 @@ class Bundle:
         with self._exact_lock:
             self._exact = None
 
+    @property
+    def no_exact_map(self) -> str | None:
+        """Why exact mode is refused (the method has no map for new rows), or None."""
+        return _no_exact_map(self.method)
+
+    def check_exact(self) -> None:
+        """``NoExactMap`` (a ValueError) when exact mode is refused for this model: before an
+        exact request takes a slot or reads the exact model."""
+        _check_exact(self.id, self.method)
+
     def load_exact(self, *, mapped: bool = False) -> ExactModel:
         """Read the exact model from the bundle's arrays, verifying their SHA-256 again.
 
         Every call reads the file: keep the result to reuse it. With ``mapped``, the arrays
         stored uncompressed are mapped from the file instead of read (``mapped_npz``): every
         process mapping the same bundle shares their pages. Raises ``BundleError`` when the
-        file changed since the bundle was loaded.
+        file changed since the bundle was loaded, ``NoExactMap`` when the method has no
+        exact map.
         """
         return _exact_model(self.path, self.manifest, self.threads, self.input_scaling, mapped)
 
@@ -463,9 +476,23 @@ def load_exact(
     return _exact_model(path, manifest, threads, scaling, mapped)
 
 
+def _no_exact_map(method_name: str) -> str | None:
+    try:
+        return get_method(method_name).no_exact_map
+    except ValueError:  # a method this install does not know: _load_exact says so
+        return None
+
+
+def _check_exact(model_id: str, method_name: str) -> None:
+    reason = _no_exact_map(method_name)
+    if reason is not None:
+        raise NoExactMap(f"model {model_id!r} ({method_name}) has no exact mode: {reason}")
+
+
 def _exact_model(
     path: Path, manifest: dict[str, Any], threads: int, scaling: InputScaling, mapped: bool
 ) -> ExactModel:
+    _check_exact(manifest["id"], manifest["method"])
     estimator, centers = _load_exact(path, manifest, threads, mapped)
     return ExactModel(
         bundle_id=manifest["id"],
@@ -495,7 +522,7 @@ def _load_exact(
             data = _verified_bytes(path, manifest, name)
             try:
                 arrays = arrays_from_npz(data, str(file), "array archive")
-            except ValueError as error:
+            except ValueError as error:  # it names the file already
                 raise BundleError(str(error)) from None
     except BundleError:
         raise

@@ -14,7 +14,12 @@ from typing import Any
 from mbn_core.bundle import load_bundle
 from mbn_core.cli.common import say
 from mbn_core.methods import get_method
-from mbn_core.pipeline.fidelity import fidelity_report
+from mbn_core.pipeline.fidelity import (
+    LAYOUT_CROSS_FITTED,
+    LAYOUT_HELD_OUT,
+    LAYOUT_REPORT_MEANING,
+    fidelity_report,
+)
 from mbn_core.pipeline.quality import (
     MEASURES,
     clusters_summary,
@@ -67,6 +72,8 @@ def describe(manifest: dict[str, Any], *, brief: bool) -> list[str]:
     fit.extend(own.get("training", []))
     if "n_epochs" in training:
         fit.append(f"{training['n_epochs']} MLP epochs")
+    if training.get("student_head") == "atoms":
+        fit.append(f"student classifies {training.get('n_atoms', '?')} atoms of the embedding")
     if "input_noise" in training:
         fit.append(f"input noise {training['input_noise']:.3g}")
     times = [f"{phase} {value:.1f} s" for phase, value in seconds.items()]
@@ -94,6 +101,8 @@ def describe(manifest: dict[str, Any], *, brief: bool) -> list[str]:
         lines += [f"fast path:   {fast_path}", _reads(MEASURES["fast path"])]
     if fidelity:
         lines.append(f"fidelity:    {fidelity_report(_nan_for_none(fidelity))}")
+        if fidelity.get("holdout") in (LAYOUT_CROSS_FITTED, LAYOUT_HELD_OUT):
+            lines.append(f"meaning:     {LAYOUT_REPORT_MEANING}")
     if quality:
         lines += [f"quality:     {quality_summary(quality)}", _reads(MEASURES["neighbourhoods"])]
     alignment = manifest.get("alignment")

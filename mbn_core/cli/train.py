@@ -29,6 +29,13 @@ def method_in(argv: Sequence[str]) -> str:
     return DEFAULT_METHOD
 
 
+def _unavailable_note(names: list[str]) -> str:
+    """The methods this install cannot train, with what to install (none: "")."""
+    missing = {name: get_method(name).unavailable for name in names}
+    notes = [f"{name} ({reason})" for name, reason in missing.items() if reason]
+    return f"; not installed here: {'; '.join(notes)}" if notes else ""
+
+
 def add_parser(subparsers: Any, method: str) -> None:
     """The ``train`` command, with the training options of ``method``."""
     names = method_names()
@@ -54,7 +61,8 @@ def add_parser(subparsers: Any, method: str) -> None:
         "--method",
         default=DEFAULT_METHOD,
         choices=names,
-        help=f"embedding method (default: {DEFAULT_METHOD}; one of {', '.join(names)})",
+        help=f"embedding method (default: {DEFAULT_METHOD}; one of {', '.join(names)})"
+        + _unavailable_note(names),
     )
     train.add_argument("--name", help="model name (default: the data file's name)")
     train.add_argument("--model-id", help="model id (default: DIR's name)")

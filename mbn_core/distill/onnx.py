@@ -3,9 +3,10 @@
 The graph takes ``input`` (float32, n x d) and answers ``embedding`` (float32, n x c) and,
 with a clustering head, ``cluster`` (int64, n): input centring, the projection of wide input
 (``DistilledEmbedding.input_components``), the MLP as skl2onnx converts it (the input scale
-folded into the projection or the MLP's first layer), then the inverse target scaling and the
-nearest k-means centroid. The input's and the embedding's names are the method contract's
-(``mbn_core.methods.INPUT`` and ``EMBEDDING``).
+folded into the projection or the MLP's first layer; with the atom head, its softmax output
+times the atoms), then the inverse target scaling and the nearest k-means centroid. The
+input's and the embedding's names are the method contract's (``mbn_core.methods.INPUT`` and
+``EMBEDDING``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import onnx
 import onnxruntime as ort
 import scipy.sparse as sp
 from onnx import TensorProto, helper, numpy_helper
-from sklearn.neural_network import MLPRegressor
+from sklearn.neural_network import MLPClassifier, MLPRegressor
 from sklearn.utils.validation import check_is_fitted
 
 from mbn_core.distill.input_map import InputMap
@@ -44,7 +45,8 @@ class DistilledPath(Protocol):
     n_features_in_: int
     n_components_: int
     input_map_: InputMap
-    mlp_: MLPRegressor
+    mlp_: MLPRegressor | MLPClassifier
+    atoms_: np.ndarray | None
     target_mean_: np.ndarray
     target_scale_: np.ndarray
     cluster_centers_: np.ndarray | None
@@ -72,7 +74,10 @@ def to_onnx(model: DistilledPath) -> onnx.ModelProto:
     check_is_fitted(model)
     n_in, n_out = int(model.n_features_in_), int(model.n_components_)
     input_map = model.input_map_
-    mlp = _fold_input_scale(input_map, model.mlp_)
+    atoms = getattr(model, "atoms_", None)
+    network = model.mlp_ if atoms is None else _softmax_network(model.mlp_)
+    mlp = _fold_input_scale(input_map, network)
+    n_mlp_out = n_out if atoms is None else len(atoms)
     proto = convert_sklearn(
         mlp,
         initial_types=[(INPUT, FloatTensorType([None, input_map.n_outputs]))],
@@ -105,13 +110,25 @@ def to_onnx(model: DistilledPath) -> onnx.ModelProto:
     # skl2onnx reshapes every MLPRegressor output to (-1, 1), which flattens a multi-output
     # regressor row by row (onnx/sklearn-onnx#474); reshaping back to (-1, n_out) undoes it
     # exactly and stays correct once the converter is fixed.
+    shape = constant("mbn_output_shape", np.array([-1, n_mlp_out], dtype=np.int64))
     nodes = [
         helper.make_node(
             "Reshape",
-            [mlp_output, constant("mbn_output_shape", np.array([-1, n_out], dtype=np.int64))],
-            ["mbn_scaled"],
+            [mlp_output, shape],
+            ["mbn_scaled" if atoms is None else "mbn_atom_probabilities"],
             name="mbn_unflatten",
-        ),
+        )
+    ]
+    if atoms is not None:
+        nodes.append(
+            helper.make_node(
+                "MatMul",
+                ["mbn_atom_probabilities", constant("mbn_atoms", atoms.astype(np.float32))],
+                ["mbn_scaled"],
+                name="mbn_atoms",
+            )
+        )
+    nodes += [
         helper.make_node(
             "Mul",
             ["mbn_scaled", constant("mbn_target_scale", model.target_scale_)],
@@ -308,6 +325,24 @@ class OnnxEmbedder:
         if not np.isfinite(values).all():
             raise ValueError("X contains NaN or infinity")
         return X
+
+
+def _softmax_network(classifier: MLPClassifier) -> MLPRegressor:
+    """The atom head's classifier as a network skl2onnx converts to a plain tensor: a regressor
+    with the same layers and a softmax output (its class probabilities; the classifier's own
+    converter adds labels and a map of them)."""
+    if classifier.out_activation_ != "softmax":
+        raise ValueError("the atom head needs a classifier of three atoms or more")
+    network = MLPRegressor(
+        hidden_layer_sizes=classifier.hidden_layer_sizes, activation=classifier.activation
+    )
+    network.coefs_ = list(classifier.coefs_)
+    network.intercepts_ = list(classifier.intercepts_)
+    network.n_layers_ = classifier.n_layers_
+    network.n_outputs_ = classifier.n_outputs_
+    network.n_features_in_ = classifier.n_features_in_
+    network.out_activation_ = "softmax"
+    return network
 
 
 def _fold_input_scale(input_map: InputMap, mlp: MLPRegressor) -> MLPRegressor:

@@ -1,8 +1,19 @@
-"""The student: an MLP regressor from input rows to a teacher's embedding of them.
+"""The student: an MLP from input rows to a teacher's embedding of them.
 
 Appendix D of Zhang's "Multilayer bootstrap networks": train a neural network from the raw
 input to the exact embedding, then predict with the network. Nothing here knows the teacher:
 ``Distiller.distil`` takes rows and their target embedding and returns a ``Student``.
+
+Two heads end the MLP (``HEADS``):
+
+- ``"regression"``: the MLP regresses the embedding (squared error), as the paper's does. Right
+  for an embedding that varies smoothly over the input (MBN's PCA output).
+- ``"atoms"``: k-means finds atoms in the training rows' embedding; the MLP classifies which
+  atom a row belongs to (cross-entropy), and its embedding is the mean of the atoms weighted
+  by the sharpened probabilities (``ATOM_TEMPERATURE``). Right for a layout (t-SNE, UMAP, ...),
+  made of tight clusters and wide gaps: a regressor unsure between two clusters puts a row
+  in the gap between them, where the layout puts no row, while the classifier commits to
+  one cluster's atoms.
 """
 
 from __future__ import annotations
@@ -13,10 +24,12 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.neural_network import MLPRegressor
+from sklearn.cluster import KMeans
+from sklearn.neural_network import MLPClassifier, MLPRegressor
 from threadpoolctl import threadpool_limits
 
 from mbn_core.distill.input_map import InputMap
@@ -31,18 +44,37 @@ EpochCallback = Callable[[int, int, float], object]
 FINAL_STEP = 0.02
 # sklearn's MLP swallows Ctrl-C inside an epoch and warns with this message instead.
 _MLP_INTERRUPTED = "Training interrupted by user."
+# The student's heads (``DistilledEmbedding.student_head``; see the module's docstring).
+HEADS = ("regression", "atoms")
+# The atom head sharpens the classifier's probabilities p into p^(1/T) / sum(p^(1/T)), folded
+# into the last layer (its weights divided by T): a row the MLP is fairly sure of lands on
+# its atoms instead of between them. Chosen among 1, 0.5 and 0.25 on MNIST-10k's t-SNE layout
+# (docs/decisions/0034-atom-student-head.md).
+ATOM_TEMPERATURE = 0.5
+# Training rows per atom at least: fewer rows get fewer atoms, and under
+# ``MIN_ATOMS`` atoms the head is a regression (a two-class MLP has one logistic output).
+ROWS_PER_ATOM = 5
+MIN_ATOMS = 3
+# k-means restarts of the atoms (the lowest inertia is kept).
+_ATOM_RESTARTS = 3
+
+Network: TypeAlias = MLPRegressor | MLPClassifier
 
 
 @dataclass(frozen=True)
 class Student:
-    """A trained student: embedding = MLP(input_map(X)) * target_scale + target_mean.
+    """A trained student: embedding = head(MLP(input_map(X))) * target_scale + target_mean.
 
     Attributes
     ----------
     input_map : InputMap
         From an input row to the MLP's input: standardised, or projected.
-    mlp : MLPRegressor
-        The network from the mapped input to the scaled embedding.
+    mlp : MLPRegressor or MLPClassifier
+        The network from the mapped input to the scaled embedding (a regressor), or to the
+        probabilities of the atoms (a classifier, the temperature folded into its last
+        layer).
+    atoms : ndarray of shape (n_atoms, n_components), float32, or None
+        The atom head's atoms in scaled units (None: the regression head).
     target_mean, target_scale : ndarray of shape (n_components,), float32
     n_epochs : int
         Epochs run.
@@ -55,7 +87,8 @@ class Student:
     """
 
     input_map: InputMap
-    mlp: MLPRegressor
+    mlp: Network
+    atoms: np.ndarray | None
     target_mean: np.ndarray
     target_scale: np.ndarray
     n_epochs: int
@@ -65,8 +98,13 @@ class Student:
 
     def embed(self, X) -> np.ndarray:
         """The MLP's embedding of checked rows X, float32."""
-        scaled = predict(self.mlp, self.input_map.transform(X), len(self.target_mean))
+        scaled = scaled_output(self.mlp, self.atoms, self.input_map.transform(X))
         return scaled * self.target_scale + self.target_mean
+
+    @property
+    def head(self) -> str:
+        """The head trained (``HEADS``)."""
+        return "regression" if self.atoms is None else "atoms"
 
 
 @dataclass(frozen=True)
@@ -83,6 +121,8 @@ class Distiller:
     input_components: int | None
     tol: float
     threads: int
+    head: str = "regression"
+    n_atoms: int = 100
 
     def distil(
         self,
@@ -100,17 +140,24 @@ class Distiller:
         with threadpool_limits(limits=self.threads, user_api="blas"):
             input_map = InputMap.fit(X[train], self.input_components)
         target_mean, target_scale = target_scaling(embedding[train])
+        Y_train = ((embedding[train] - target_mean) / target_scale).astype(np.float32)
+        atoms = atom_of = None
+        if self.head == "atoms":
+            atoms, atom_of = self._atoms(Y_train, rng)
         mlp, n_epochs, input_noise = self._fit_mlp(
             input_map.transform(X[train]),
-            ((embedding[train] - target_mean) / target_scale).astype(np.float32),
+            Y_train,
             input_map.transform(X[validation]) if len(validation) else None,
             ((embedding[validation] - target_mean) / target_scale).astype(np.float32),
             rng,
             callback,
+            atoms,
+            atom_of,
         )
         return Student(
             input_map=input_map,
             mlp=mlp,
+            atoms=atoms,
             target_mean=target_mean.astype(np.float32),
             target_scale=target_scale.astype(np.float32),
             n_epochs=n_epochs,
@@ -119,10 +166,31 @@ class Distiller:
             seconds=time.perf_counter() - started,
         )
 
+    def _atoms(self, Y_train: np.ndarray, rng) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The atom head's atoms (k-means centroids of the scaled targets, float32) and each
+        training row's atom; (None, None) when the rows are too few for ``MIN_ATOMS``."""
+        n_atoms = min(int(self.n_atoms), len(Y_train) // ROWS_PER_ATOM)
+        if n_atoms < MIN_ATOMS:
+            log.info("%d training rows: too few for atoms, the student regresses", len(Y_train))
+            return None, None
+        with threadpool_limits(limits=self.threads):
+            kmeans = KMeans(n_atoms, n_init=_ATOM_RESTARTS, random_state=draw_seed(rng))
+            atom_of = kmeans.fit_predict(Y_train)
+        return kmeans.cluster_centers_.astype(np.float32), atom_of.astype(np.int64)
+
     def _fit_mlp(
-        self, X_train, Y_train, X_val, Y_val, rng, callback: EpochCallback | None
-    ) -> tuple[MLPRegressor, int, float]:
-        mlp = MLPRegressor(
+        self,
+        X_train,
+        Y_train,
+        X_val,
+        Y_val,
+        rng,
+        callback: EpochCallback | None,
+        atoms: np.ndarray | None = None,
+        atom_of: np.ndarray | None = None,
+    ) -> tuple[Network, int, float]:
+        network = MLPRegressor if atoms is None else MLPClassifier
+        mlp = network(
             hidden_layer_sizes=tuple(int(h) for h in self.hidden_layer_sizes),
             activation="relu",
             solver="adam",
@@ -132,6 +200,9 @@ class Distiller:
             shuffle=True,
             random_state=draw_seed(rng),
         )
+        # The regressor learns the targets; the classifier each row's atom.
+        fit_target = Y_train if atoms is None else atom_of
+        classes = None if atoms is None else np.arange(len(atoms))
         best_loss, best_weights, stale = np.inf, None, 0
         input_noise = self._input_noise(X_train)
         # Drawn only when used, so that the other seeds stay those of a noiseless fit.
@@ -146,10 +217,10 @@ class Distiller:
                     X_epoch = X_train + noise.normal(0.0, input_noise, X_train.shape).astype(
                         X_train.dtype
                     )
-                _partial_fit(mlp, X_epoch, Y_train)
+                _partial_fit(mlp, X_epoch, fit_target, classes)
                 loss = np.nan
                 if X_val is not None:
-                    residual = predict(mlp, X_val, Y_val.shape[1]) - Y_val
+                    residual = _output(mlp, atoms, X_val, ATOM_TEMPERATURE) - Y_val
                     loss = float(np.mean(residual.astype(np.float64) ** 2))
                     if loss < best_loss - self.tol:
                         stale = 0
@@ -171,6 +242,8 @@ class Distiller:
                     break
         if best_weights is not None:
             mlp.coefs_, mlp.intercepts_ = best_weights
+        if atoms is not None:
+            sharpen(mlp, ATOM_TEMPERATURE)
         return mlp, epoch, input_noise
 
     def _input_noise(self, X_train) -> float:
@@ -206,19 +279,47 @@ def predict(mlp: MLPRegressor, X, n_outputs: int) -> np.ndarray:
     return np.asarray(mlp.predict(X), dtype=np.float32).reshape(-1, n_outputs)
 
 
-def _partial_fit(mlp: MLPRegressor, X, Y) -> None:
+def scaled_output(mlp: Network, atoms: np.ndarray | None, X) -> np.ndarray:
+    """The student's scaled embedding of mapped rows ``X``, float32: the regressor's output,
+    or the atoms weighted by the classifier's probabilities (its temperature folded in)."""
+    return _output(mlp, atoms, X, 1.0)
+
+
+def _output(mlp: Network, atoms: np.ndarray | None, X, temperature: float) -> np.ndarray:
+    if atoms is None:
+        assert isinstance(mlp, MLPRegressor)
+        return predict(mlp, X, mlp.n_outputs_)
+    assert isinstance(mlp, MLPClassifier)
+    probabilities = np.asarray(mlp.predict_proba(X), dtype=np.float64)
+    if temperature != 1.0:
+        probabilities = probabilities ** (1.0 / temperature)
+        probabilities /= probabilities.sum(axis=1, keepdims=True)
+    return (probabilities @ atoms).astype(np.float32)
+
+
+def sharpen(classifier: MLPClassifier, temperature: float) -> None:
+    """Fold the temperature into the classifier's last layer: softmax(z / T) is p^(1/T)
+    renormalised."""
+    for layers in (classifier.coefs_, classifier.intercepts_):
+        layers[-1] = (layers[-1] / temperature).astype(layers[-1].dtype)
+
+
+def _partial_fit(mlp: Network, X, Y, classes: np.ndarray | None = None) -> None:
     """One epoch of Adam; a Ctrl-C inside it is raised, not swallowed as sklearn does."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        # A single output goes in 1-D: sklearn warns about a column vector otherwise.
-        mlp.partial_fit(X, Y.ravel() if Y.shape[1] == 1 else Y)
+        if classes is not None:  # the classifier: every atom a class from the first epoch
+            mlp.partial_fit(X, Y, classes=classes)
+        else:
+            # A single output goes in 1-D: sklearn warns about a column vector otherwise.
+            mlp.partial_fit(X, Y.ravel() if Y.shape[1] == 1 else Y)
     for warning in caught:
         if str(warning.message) == _MLP_INTERRUPTED:
             raise KeyboardInterrupt
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
-def _set_step(mlp: MLPRegressor, step: float) -> None:
+def _set_step(mlp: Network, step: float) -> None:
     # MLPRegressor has no schedule for Adam; its optimizer reads learning_rate_init at each
     # update (tests/mbn_core/test_compress.py checks that the step really changes).
     mlp._optimizer.learning_rate_init = step

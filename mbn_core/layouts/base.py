@@ -122,6 +122,11 @@ class LayoutMethod(CheckedParams, TransformerMixin, BaseEstimator):
                 f"{self.title}: {reason} needs at least {needed} rows, got {n_samples}"
             )
 
+    def check_features(self, n_features: int) -> None:
+        """ValueError naming the parameter and the minimum when rows of ``n_features``
+        features are too narrow for these parameters."""
+        self._check_features(n_features)
+
     def _rows_needed(self) -> tuple[int, str]:
         """(fewest rows, which parameter asks for them)."""
         return 2, "a layout"
@@ -133,9 +138,9 @@ class LayoutMethod(CheckedParams, TransformerMixin, BaseEstimator):
         """A start from principal components needs as many features as components."""
         if n_features < self.n_components:
             raise ValueError(
-                f"{self.title}: {parameter} starts the layout from {self.n_components} "
-                f"principal components, which needs at least {self.n_components} features, "
-                f"got {n_features}"
+                f"{self.title}: {parameter} starts the layout from "
+                f"n_components={self.n_components} principal components, which needs at "
+                f"least {self.n_components} features, got {n_features}"
             )
 
     def _fit_layout(self, module: ModuleType, X: np.ndarray) -> np.ndarray:
@@ -231,10 +236,15 @@ class LayoutMethod(CheckedParams, TransformerMixin, BaseEstimator):
         try:
             return importlib.import_module(cls.library)
         except ImportError as error:
-            raise MethodUnavailable(
-                f"{cls.title} needs the Python package {cls.distribution!r}, which is not "
-                f"installed: {INSTALL_LINE}"
-            ) from error
+            raise MethodUnavailable(cls.unavailable_reason()) from error
+
+    @classmethod
+    def unavailable_reason(cls) -> str:
+        """What to install for the method's library."""
+        return (
+            f"{cls.title} needs the Python package {cls.distribution!r}, which is not "
+            f"installed: {INSTALL_LINE}"
+        )
 
     @classmethod
     def available(cls) -> bool:

@@ -210,10 +210,22 @@ def reference_files(
         }
         rows, embedding = reference.rows, alignment.apply(new)
     else:
-        rows = sample_reference_rows(X, model.training_rows, random_state)
-        embedding = _exact(model, rows)
+        rows, embedding = _training_reference(X, model, random_state)
     files = {REFERENCE_FILE: ReferenceRows(rows, embedding).to_bytes()}
     return files, sections
+
+
+def _training_reference(X, model: TrainedModel, random_state) -> tuple[np.ndarray, np.ndarray]:
+    """Reference rows sampled from the training rows, and their exact embedding: a layout
+    method's own layout of them (it places only the rows it laid out), else ``transform``."""
+    if not model.method.layout or model.training_embedding is None:
+        rows = sample_reference_rows(X, model.training_rows, random_state)
+        return rows, _exact(model, rows)
+    fitted = np.arange(X.shape[0]) if model.training_rows is None else model.training_rows
+    chosen = np.sort(check_random_state(random_state).permutation(fitted)[:REFERENCE_ROWS])
+    embedding = model.training_embedding[np.searchsorted(fitted, chosen)]
+    rows = np.asarray(X[chosen], dtype=np.float32)
+    return rows, np.asarray(embedding, dtype=np.float64)
 
 
 def _exact(model: TrainedModel, rows: np.ndarray) -> np.ndarray:

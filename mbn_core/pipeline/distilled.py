@@ -16,19 +16,17 @@ split or cross-fitting, the clustering head and the fidelity and quality report.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
-from sklearn.base import BaseEstimator, TransformerMixin, clone
+from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 
 from mbn_core.bundle.trained import TrainedModel, estimator_hyperparameters
-from mbn_core.distill.student import Distiller, EpochCallback, Student, predict
+from mbn_core.distill.student import HEADS, Distiller, EpochCallback, Student, scaled_output
 from mbn_core.methods import (
     DEFAULT_METHOD,
     MODES,
@@ -38,10 +36,12 @@ from mbn_core.methods import (
     method_of,
 )
 from mbn_core.params import CheckedParams, HasMethods, Interval, StrOptions, check_int_items
+from mbn_core.pipeline.distillation import Distillation, fresh_copy, lays_out
 from mbn_core.pipeline.fidelity import fidelity_report
 from mbn_core.pipeline.head import nearest
-from mbn_core.pipeline.report import FittedPath, as_embedding
-from mbn_core.pipeline.run import run_pipeline
+from mbn_core.pipeline.layouts import run_layout_pipeline
+from mbn_core.pipeline.report import as_embedding
+from mbn_core.pipeline.run import PipelineResult, run_pipeline
 from mbn_core.pipeline.split import Split, measured_fold_count, report_fold_count
 from mbn_core.utils.seeds import draw_seed
 
@@ -53,11 +53,14 @@ MAX_HIDDEN_LAYERS = 16
 # What the MLP learns for a training row: the teacher's in-sample embedding. (Leave-self-out
 # targets were measured and removed: bundles trained with them are refused on load.)
 TARGETS = ("in-sample",)
+# ``student_head``: a head of ``HEADS``, or "auto": atoms for a layout method's layout
+# (``Method.layout``), a regression for every other teacher.
+STUDENT_HEADS = ("auto", *HEADS)
 
 
 class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
-    """Any embedding method distilled into an MLP regressor: a fast embedding plus an optional
-    cluster head (``CompressiveMBN`` is the same class, named after the paper).
+    """Any embedding method distilled into an MLP: a fast embedding plus an optional cluster
+    head (``CompressiveMBN`` is the same class, named after the paper).
 
     ``fit`` keeps a random ``holdout_fraction`` of the rows aside, trains the teacher (the
     default method, an MBN, unless told otherwise, or uses a fitted one) on the others, then a
@@ -121,6 +124,19 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
     tol : float, default=1e-4
         Smallest improvement of the validation loss (mean squared error on scaled targets)
         that counts.
+    student_head : {"auto", "regression", "atoms"}, default="auto"
+        The student's head: a regression of the embedding, or a classifier over atoms of it
+        ("auto": atoms for a layout method, a regression for any other teacher).
+        "regression": the MLP regresses the embedding (squared error). "atoms":
+        k-means finds ``n_atoms`` atoms in the training rows' embedding, the MLP classifies
+        each row's atom (cross-entropy), and a row's embedding is the mean of the atoms
+        weighted by the MLP's sharpened probabilities; a layout's tight clusters and wide
+        gaps call for it, since a regressor unsure between two clusters puts a row in the
+        gap between them. "auto": "atoms" for a layout method (t-SNE, UMAP, densMAP,
+        PaCMAP, TriMap), "regression" for every other teacher (MBN's smooth PCA output).
+    n_atoms : int >= 3, default=100
+        Atoms of the "atoms" head (fewer on small data: at most one per 5 training rows;
+        under 3 the student regresses).
     validation_fraction : float in [0, 0.5), default=0.1
         Fraction of the non-held-out points on which the best epoch is chosen (and early
         stopping decided). 0 keeps the last epoch's weights.
@@ -169,8 +185,14 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         The fitted exact embedding (the MBN).
     input_map_ : InputMap
         From an input row to the MLP's input: standardised, or projected (``input_components``).
-    mlp_ : MLPRegressor
-        The network from the mapped input to the scaled embedding, float32.
+    mlp_ : MLPRegressor or MLPClassifier
+        The network from the mapped input to the scaled embedding, float32; with the atom
+        head, to the atoms' probabilities.
+    atoms_ : ndarray of shape (n_atoms, n_components_), float32, or None
+        The atom head's atoms in scaled units (embedding = probabilities @ atoms_ *
+        target_scale_ + target_mean_); None with the regression head.
+    student_head_ : str
+        The head trained: "regression" or "atoms".
     target_mean_, target_scale_ : ndarray of shape (n_components_,), float32
         Embedding = MLP output * target_scale_ + target_mean_.
     cluster_centers_ : ndarray of shape (n_clusters, n_components_), float32, or None
@@ -232,6 +254,8 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         "input_noise": [Interval(Real, 0, None, closed="left"), StrOptions({"auto"})],
         "input_components": [Interval(Integral, 1, None, closed="left"), None],
         "tol": [Interval(Real, 0, None, closed="left")],
+        "student_head": [StrOptions(set(STUDENT_HEADS))],
+        "n_atoms": [Interval(Integral, 3, None, closed="left")],
         "validation_fraction": [Interval(Real, 0, 0.5, closed="left")],
         "holdout_fraction": [Interval(Real, 0, 0.5, closed="right")],
         "report_folds": [Interval(Integral, 2, None, closed="left"), StrOptions({"auto"}), None],
@@ -256,6 +280,8 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         input_noise: float | str = "auto",
         input_components: int | None = 32,
         tol: float = 1e-4,
+        student_head: str = "auto",
+        n_atoms: int = 100,
         validation_fraction: float = 0.1,
         holdout_fraction: float = 0.1,
         report_folds: int | str | None = "auto",
@@ -276,6 +302,8 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         self.input_noise = input_noise
         self.input_components = input_components
         self.tol = tol
+        self.student_head = student_head
+        self.n_atoms = n_atoms
         self.validation_fraction = validation_fraction
         self.holdout_fraction = holdout_fraction
         self.report_folds = report_folds
@@ -319,25 +347,37 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         labels = None if y is None else column_or_1d(y, warn=True)
         if labels is not None and len(labels) != n_samples:
             raise ValueError(f"y has {len(labels)} labels but X has {n_samples} rows")
-        n_folds = self._n_folds(n_samples)
-        result = run_pipeline(
-            X,
-            labels,
-            _Distillation(self),
-            holdout_fraction=self.holdout_fraction,
-            n_folds=n_folds,
-            n_clusters=self.n_clusters,
-            rng=check_random_state(self.random_state),
-            fold_done=getattr(self.callback, "fold_done", None),
-            n_measured=None
-            if n_folds is None
-            else measured_fold_count(n_samples, n_folds, self.report_folds),
-        )
+        fold_done = getattr(self.callback, "fold_done", None)
+        if lays_out(self.teacher):
+            result = self._fit_layout(X, labels, fold_done)
+        else:
+            n_folds = self._n_folds(n_samples)
+            result = run_pipeline(
+                X,
+                labels,
+                Distillation(
+                    fit_teacher=self._fit_teacher,
+                    distiller=self._distiller,
+                    validation_fraction=float(self.validation_fraction),
+                    prefit=bool(self.prefit),
+                    callback=self.callback,
+                ),
+                holdout_fraction=self.holdout_fraction,
+                n_folds=n_folds,
+                n_clusters=self.n_clusters,
+                rng=check_random_state(self.random_state),
+                fold_done=fold_done,
+                n_measured=None
+                if n_folds is None
+                else measured_fold_count(n_samples, n_folds, self.report_folds),
+            )
         fitted = result.fitted
         student: Student = fitted.parts
         self.teacher_ = fitted.estimator
         self.input_map_ = student.input_map
         self.mlp_ = student.mlp
+        self.atoms_ = student.atoms
+        self.student_head_ = student.head
         self.target_mean_ = student.target_mean
         self.target_scale_ = student.target_scale
         self.n_components_ = int(fitted.embedding.shape[1])
@@ -353,6 +393,35 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         self.timings_ = {**fitted.seconds, "evaluation": result.evaluation_seconds}
         log.info("distilled embedding fitted: %s", fidelity_report(self.fidelity_))
         return self
+
+    def _fit_layout(self, X, labels, fold_done) -> PipelineResult:
+        """A layout method's pipeline: the teacher fitted once on every row, students
+        cross-fitted against its layout (``mbn_core.pipeline.layouts``)."""
+        if self.prefit:
+            raise ValueError(
+                f"{type(self.teacher).__name__} lays out only the rows it is fitted on, so a "
+                "prefit one has no targets for these rows: give it unfitted (prefit=False)"
+            )
+        distiller = self._distiller()
+
+        def fit_student(rows, layout, split: Split, rng, own: bool):
+            student = distiller.distil(
+                rows, layout, split.validation, split.train, rng, self.callback if own else None
+            )
+            return student.embed, student
+
+        return run_layout_pipeline(
+            X,
+            labels,
+            fresh_copy(self.teacher),
+            fit_student,
+            holdout_fraction=self.holdout_fraction,
+            n_folds=self._n_folds(X.shape[0]),
+            validation_fraction=self.validation_fraction,
+            n_clusters=self.n_clusters,
+            rng=check_random_state(self.random_state),
+            fold_done=fold_done,
+        )
 
     def _n_folds(self, n_samples: int) -> int | None:
         """Folds of the cross-fitted report, or None for a single held-out set."""
@@ -372,7 +441,15 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
             input_components=self.input_components,
             tol=self.tol,
             threads=self._blas_threads(),
+            head=self._resolved_head(),
+            n_atoms=self.n_atoms,
         )
+
+    def _resolved_head(self) -> str:
+        """The head ``student_head`` asks for: "auto" resolved by the teacher."""
+        if self.student_head != "auto":
+            return str(self.student_head)
+        return "atoms" if lays_out(self.teacher) else "regression"
 
     def _fit_teacher(self, X, rng, quiet: bool, model_teacher=None) -> tuple[Any, np.ndarray]:
         """The fitted teacher and its targets for X: ``fit_transform``; ``transform`` when
@@ -391,7 +468,7 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         if self.teacher is None:
             teacher = get_method(DEFAULT_METHOD).estimator(random_state=draw_seed(rng))
         else:
-            teacher = _fresh_copy(self.teacher)
+            teacher = fresh_copy(self.teacher)
         if quiet and "callback" in teacher.get_params(deep=False):
             teacher.set_params(callback=None)
         if model_teacher is not None and teacher.get_params(deep=False).get("output") == "auto":
@@ -415,7 +492,7 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         """
         check_is_fitted(self)
         X = validate_data(self, X, accept_sparse="csr", dtype=np.float32, reset=False)
-        scaled = predict(self.mlp_, self.input_map_.transform(X), self.n_components_)
+        scaled = scaled_output(self.mlp_, self.atoms_, self.input_map_.transform(X))
         return scaled * self.target_scale_ + self.target_mean_
 
     def exact_transform(self, X) -> np.ndarray:
@@ -465,6 +542,8 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
             "input_sparse": bool(self.input_sparse_),
             "n_epochs": int(self.n_epochs_),
             "input_noise": round(float(self.input_noise_), 6),
+            "student_head": self.student_head_,
+            **({} if self.atoms_ is None else {"n_atoms": len(self.atoms_)}),
             "seconds": {key: round(float(value), 3) for key, value in self.timings_.items()},
         }
         if method.facts is not None:
@@ -508,67 +587,6 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         )
         if self.prefit and self.teacher is None:
             raise ValueError("prefit=True needs a fitted teacher")
-
-
-@dataclass(frozen=True)
-class _Distillation:
-    """The pipeline's method-specific step for a ``DistilledEmbedding``: fit the teacher, then
-    distil it into a student (``mbn_core.pipeline.run.FastPathMaker``)."""
-
-    owner: DistilledEmbedding
-
-    @property
-    def validation_fraction(self) -> float:
-        return float(self.owner.validation_fraction)
-
-    # The head clusters the exact embedding as new rows get it: held-out rows too.
-    head_on_heldout = True
-
-    @property
-    def holdout_label(self) -> str:
-        return "prefit teacher" if self.owner.prefit else "outside the teacher's fit"
-
-    def fit(self, X, split: Split, rng, *, model: Any = None) -> FittedPath:
-        """Teacher on X, then the student on its ``split.train`` rows (best epoch on
-        ``split.validation``). ``model``: the model's teacher, given for a fold of the
-        report, which reports no progress."""
-        owner = self.owner
-        started = time.perf_counter()
-        teacher, embedding = owner._fit_teacher(
-            X, rng, quiet=model is not None, model_teacher=model
-        )
-        teacher_seconds = time.perf_counter() - started
-        callback = owner.callback if model is None else None
-        # The model's own embedding is known now: a caller may start work on it (the
-        # training job's map) beside the MLP and the report.
-        teacher_fitted = getattr(callback, "teacher_fitted", None)
-        if teacher_fitted is not None:
-            teacher_fitted(embedding)
-        student = owner._distiller().distil(
-            X, embedding, split.validation, split.train, rng, callback
-        )
-        return FittedPath(
-            estimator=teacher,
-            embedding=embedding,
-            fast=student.embed,
-            seconds={"teacher": teacher_seconds, "compressor": student.seconds},
-            parts=student,
-        )
-
-
-def _fresh_copy(teacher: Any) -> Any:
-    """An unfitted clone that shares the callback instead of deep-copying it.
-
-    ``sklearn.base.clone`` deep-copies parameters; a bound-method callback (a progress bar's
-    update) would be copied together with its object and report to nobody.
-    """
-    params = teacher.get_params(deep=False)
-    if "callback" not in params:
-        return clone(teacher)
-    callback = params.pop("callback")
-    fresh = clone(type(teacher)(**params))
-    fresh.set_params(callback=callback)
-    return fresh
 
 
 # The paper's name for a distilled MBN, kept for the code and the documentation that use it.

@@ -33,6 +33,16 @@ FIGURES = (
     "nmi_labels_fast",
     "cluster_agreement",
 )
+# What a layout method's report (mbn_core.pipeline.layouts) says its rows were new to.
+LAYOUT_CROSS_FITTED = "cross-fitted students"
+LAYOUT_HELD_OUT = "held out of the student"
+# What such a report means, for ``mbn info`` and the console.
+LAYOUT_REPORT_MEANING = (
+    "the method laid out every training row and has no map of its own that a new row could "
+    "be compared with, so each measured row was placed by a student network that never saw "
+    "it and compared with where the method put it (exact = the method's layout of those "
+    "rows, fast = the student): the fidelity a new row gets from the fast path"
+)
 
 
 def measure_fidelity(
@@ -133,6 +143,13 @@ def fidelity_report(fidelity: dict[str, Any]) -> str:
         measured = fidelity.get("folds_measured", folds)
         of = f"{folds}-fold" if measured == folds else f"{measured} of {folds} folds'"
         where = f"points, each new to the fit of {of} cross-fitting"
+    elif fidelity.get("holdout") == LAYOUT_CROSS_FITTED:
+        where = (
+            f"points, each placed by a student of {fidelity['folds']}-fold cross-fitting that "
+            "never saw it, against where the method laid it out"
+        )
+    elif fidelity.get("holdout") == LAYOUT_HELD_OUT:
+        where = "points held out of the student, against where the method laid them out"
     line = f"{', '.join(parts)} (on {fidelity['n_holdout']} {where}"
     return line + ("; ± standard errors over the folds)" if errors else ")")
 

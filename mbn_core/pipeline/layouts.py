@@ -30,6 +30,7 @@ import numpy as np
 from sklearn.model_selection import KFold
 
 from mbn_core.exceptions import TrainingStopped
+from mbn_core.pipeline.fidelity import LAYOUT_CROSS_FITTED, LAYOUT_HELD_OUT
 from mbn_core.pipeline.head import fit_head
 from mbn_core.pipeline.report import FittedPath, FoldCallback, fidelity_of, quality_of
 from mbn_core.pipeline.run import PipelineResult
@@ -37,8 +38,8 @@ from mbn_core.pipeline.split import Split, split_rows
 from mbn_core.utils.seeds import draw_seed
 
 # What the report's ``holdout`` says the rows were new to.
-CROSS_FITTED = "cross-fitted students"
-HELD_OUT = "held out of the student"
+CROSS_FITTED = LAYOUT_CROSS_FITTED
+HELD_OUT = LAYOUT_HELD_OUT
 
 # (rows, their layout, the split of those rows into validation and train, generator,
 # whether this is the model's own student: it reports progress) -> the student's

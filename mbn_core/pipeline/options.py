@@ -131,6 +131,9 @@ class TrainingParams:
         if not isinstance(name, str):
             raise ValueError(f"method must be a string, got {name!r}")
         method = get_method(name)
+        unavailable = method.unavailable
+        if unavailable is not None:
+            raise ValueError(f"method {name!r} is not available on this install: {unavailable}")
         known = {param.name: param for param in options(method)}
         for key in values:
             if key in elsewhere:

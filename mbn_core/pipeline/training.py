@@ -94,11 +94,14 @@ class TrainingEvent:
     message: str
 
 
-def check_feasible(params: TrainingParams, n_rows: int, *, sparse: bool = False) -> None:
+def check_feasible(
+    params: TrainingParams, n_rows: int, *, sparse: bool = False, n_features: int | None = None
+) -> None:
     """ValueError unless ``params`` can train on ``n_rows`` rows (``sparse``: of a sparse
-    matrix): what ``train_bundle`` would otherwise find out only after the fit (the
-    compressor needs 4 rows, the clustering head ``n_clusters``, and the method its own:
-    ``Method.check_rows``)."""
+    matrix; ``n_features``: of that many features, when known): what ``train_bundle`` would
+    otherwise find out only in the fit (the compressor needs 4 rows, the clustering head
+    ``n_clusters``, and the method its own: ``Method.check_rows`` and
+    ``Method.check_features``)."""
     minimum = 4  # rows are held out for validation and fidelity
     if n_rows < minimum:
         raise ValueError(f"training needs at least {minimum} rows, got {n_rows}")
@@ -117,9 +120,11 @@ def check_feasible(params: TrainingParams, n_rows: int, *, sparse: bool = False)
                 f"report_folds={folds} is more than the {n_rows} rows (a cross-fitted "
                 "report needs a row in every fold)"
             )
+    if n_features is not None and method.check_features is not None:
+        method.check_features(params.estimator(), n_features)
     if method.check_rows is not None:
         method.check_rows(params.estimator(), fit_shape(params, (n_rows, 1))[0])
-        if method.export is None:
+        if method.export is None and not method.layout:
             # A cross-fitted report fits the method on fewer rows, once per fold.
             smallest = fold_fit_rows(n_rows, params["holdout_fraction"], params["report_folds"])
             method.check_rows(params.estimator(), smallest)
@@ -260,7 +265,13 @@ def train_bundle(
     check_spread(X)
     labels = check_labels(y, X.shape[0], "y")
     method = params.spec
-    check_feasible(params, X.shape[0], sparse=sp.issparse(X))
+    if old is not None and method.no_exact_map is not None:
+        raise ValueError(
+            f"align_to maps the new model's exact embedding of the old model's reference rows "
+            f"into the old space, and method {method.name!r} has no exact map: "
+            f"{method.no_exact_map}"
+        )
+    check_feasible(params, X.shape[0], sparse=sp.issparse(X), n_features=X.shape[1])
     check_memory(params, X.shape)
     estimator = params.estimator()
     scaling = choose_scaling(X, params[INPUT_SCALING.name])
@@ -443,7 +454,10 @@ def fit_shape(params: TrainingParams, shape: tuple[int, int]) -> tuple[int, int]
     """The shape of the data ``params``' method is fitted on: all rows but the held-out ones
     (kept for the fidelity report), or all rows when a distilled method's report is
     cross-fitted (``report_folds``)."""
-    folds = params["report_folds"] if params.spec.export is None else None
+    method = params.spec
+    if method.layout:  # laid out once, on every row (mbn_core.pipeline.layouts)
+        return shape
+    folds = params["report_folds"] if method.export is None else None
     return teacher_fit_rows(shape[0], params["holdout_fraction"], folds), shape[1]
 
 
@@ -482,6 +496,11 @@ class _Tracker:
         # squared (k1 grows with them): 0.64 model fits per fold of 5, a little more than
         # measured.
         report = 0.0 if folds is None else measured * ((folds - 1) / folds) ** 2 * (fit + mlp)
+        if method.layout:
+            # A layout's report trains students only (the method is fitted once): one per
+            # fold on (folds - 1) / folds of the rows, or one on all but the held-out share.
+            share = 1 - params["holdout_fraction"] if folds is None else folds - 1
+            report = share * mlp
         total = fit + mlp + report
         costs = (fit, mlp, report) if total > 0 else (1.0, 0.0, 0.0)
         scale = (1 - _EXPORT_SHARE) / sum(costs)

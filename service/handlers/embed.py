@@ -116,6 +116,11 @@ class EmbedHandler:
         (ignored when the model has no clustering head). ``gone()`` completes when the client
         has left: an exact request still waiting is then dropped (``ClientGone``)."""
         want_clusters = clusters and bundle.n_clusters is not None
+        if mode == "exact" and bundle.no_exact_map is not None:
+            # Refused before it takes an exact slot: the method has no map for new rows.
+            raise InvalidInput(
+                f"model {bundle.id!r} ({bundle.method}) has no exact mode: {bundle.no_exact_map}"
+            )
         started = time.perf_counter()
         if mode == "exact":
             try:  # refused here alike on both paths, before anything is queued

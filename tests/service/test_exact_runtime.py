@@ -129,6 +129,52 @@ def test_concurrent_requests_of_every_size_get_what_transform_alone_gives(
     assert _segments() <= before  # no segment left behind
 
 
+@pytest.mark.slow
+def test_a_batch_dependent_method_computes_each_request_alone(
+    tmp_path: Path, digits: Digits
+) -> None:
+    """umap-learn's transform places a row differently beside other rows
+    (``Method.batch_independent_exact`` is False for ``umap``): the runtime never merges its
+    requests nor splits one over steps, so every answer is, bit for bit, ``transform`` of
+    that request alone, and the steps are as many as the requests."""
+    from mbn_core import CompressiveMBN
+    from mbn_core.bundle import save_bundle
+    from mbn_core.layouts import UMAP
+    from mbn_core.methods import get_method
+
+    assert not get_method("umap").batch_independent_exact
+    x, y = digits
+    model = CompressiveMBN(
+        UMAP(n_epochs=30, n_neighbors=10, random_state=0),
+        hidden_layer_sizes=(16,),
+        max_epochs=2,
+        report_folds=None,
+        random_state=0,
+    ).fit(x[:400], y[:400])
+    model_dir = tmp_path / "models"
+    model_dir.mkdir()
+    bundle = load_bundle(save_bundle(model, model_dir / "m-umap", name="umap"))
+    sizes = [1, 7, 3, 90, 30, 1]  # 90: more than a step's 64 rows, computed whole
+    starts = np.cumsum([0, *sizes[:-1]]) + 500
+    requests = [x[start : start + size] for start, size in zip(starts, sizes, strict=True)]
+
+    async def scenario(exact: ExactFrontend, registry: ModelRegistry) -> Any:
+        served = registry.get("m-umap")
+        await exact.embed(served, x[:1])  # starts the runtime and reads the model
+        answers = await asyncio.gather(*(exact.embed(served, rows) for rows in requests))
+        stats = await stats_after(exact, lambda s: s.requests == len(sizes) + 1)
+        return answers, stats
+
+    # umap-learn compiles its transform in the runtime's first call: minutes on a busy machine.
+    answers, stats = run(model_dir, scenario, timeout=900.0)
+    for rows, answer in zip(requests, answers, strict=True):
+        np.testing.assert_array_equal(answer.embedding, alone(bundle, rows)[0])
+    assert stats.batches == len(sizes) + 1 and stats.rows == sum(sizes) + 1
+    # Merged, they would not have been: transform of the rows together places them apart.
+    together = bundle.embed(np.concatenate(requests[:3]), mode="exact")
+    assert not np.array_equal(together[:1], answers[0].embedding)
+
+
 def test_refusals_name_the_model_and_never_a_server_path(
     tmp_path: Path, write_bundle: Callable[..., Path], digits: Digits
 ) -> None:

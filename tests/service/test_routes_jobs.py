@@ -272,6 +272,10 @@ def test_sparse_uploads_are_sized_by_their_arrays(api: Callable[..., TestClient]
     [
         ({"input_scaling": "standard"}, "input_scaling='standard'"),
         ({"method": "modular_kpca"}, "does not take sparse input"),
+        *(
+            ({"method": method}, f"method {method!r} does not take sparse input")
+            for method in ("tsne", "umap", "densmap", "pacmap", "trimap")
+        ),
     ],
 )
 def test_sparse_uploads_a_training_cannot_take_are_refused_at_submission(
@@ -287,6 +291,32 @@ def test_sparse_uploads_a_training_cannot_take_are_refused_at_submission(
     )
     error = assert_error(response, 422)
     assert reason in error["message"] and "sparse rows" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("params", "n_rows", "n_features", "reason"),
+    [
+        ({"method": "tsne"}, 50, 8, "perplexity=30 needs at least 91 rows, got 50"),
+        ({"method": "pacmap", "n_neighbors": 30}, 20, 8, "n_neighbors=30 needs at least 32 rows"),
+        ({"method": "umap", "n_neighbors": 40}, 30, 8, "n_neighbors=40 (and n_components=2)"),
+        ({"method": "trimap"}, 60, 1, "n_components=2 principal components, which needs at "
+         "least 2 features, got 1"),
+        ({"method": "pacmap"}, 60, 1, "needs at least 2 features, got 1"),
+        ({"method": "tsne", "initialization": "pca", "n_components": 3}, 120, 2,
+         'initialization="pca" starts the layout from n_components=3 principal components'),
+    ],
+)  # fmt: skip
+def test_layout_jobs_too_small_for_their_parameters_are_refused_at_submission(
+    shared: TestClient, params: dict, n_rows: int, n_features: int, reason: str
+) -> None:
+    # Too few rows for the neighbourhood, too few features for the start: a 422 naming the
+    # parameter and the minimum before a job exists, not a job failed in the worker.
+    x = np.random.RandomState(0).rand(n_rows, n_features).round(3)
+    options = {key: value for key, value in params.items() if key != "method"}
+    response = shared.post(
+        "/train", json={"method": params["method"], "data": x.tolist(), "params": options}
+    )
+    assert reason in assert_error(response, 422)["message"]
 
 
 def test_json_training_data_is_bounded_by_the_body_limit(client: TestClient) -> None:

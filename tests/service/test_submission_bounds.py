@@ -109,3 +109,43 @@ def test_a_job_records_the_device_and_threads_the_server_gives_it(
     assert answer.status_code == 202, answer.text
     job = client.get(f"/jobs/{answer.json()['id']}").json()
     assert job["params"]["device"] == "cuda" and job["params"]["n_jobs"] == 2
+
+
+LAYOUTS = ("tsne", "umap", "densmap", "pacmap", "trimap")
+# Values at and beyond the edges of the layout methods' and the student head's parameters,
+# of every JSON type: each must be accepted or refused with a message, never crash.
+_EDGES: list[object] = [
+    0, 1, 2, -1, 3, 10**6, 10**40, 0.0, 1e-300, 1e300, -0.5, 0.5, 9999.0, True, False, None,
+    "auto", "pca", "atoms", "", "x" * 300, [], [1], {"a": 1},
+]  # fmt: skip
+
+
+@pytest.mark.slow  # every case builds the estimators: minutes on a busy machine
+@pytest.mark.parametrize("method", LAYOUTS)
+def test_mutated_layout_parameters_are_accepted_or_refused_by_name(method: str) -> None:
+    """Submission checks (service.submission.check_params, then check_data on a small and a
+    narrow data set) of random edge values for the method's own options and the student's:
+    a clear InvalidInput naming the key, or parameters training may take."""
+    import random
+
+    from mbn_core.methods import get_method
+    from mbn_core.pipeline.options import options
+    from service.domain import InvalidInput
+    from service.submission import check_data, check_params
+
+    names = [param.name for param in options(get_method(method))]
+    assert {"student_head", "n_atoms"} <= set(names)
+    rng = random.Random(method)
+    accepted = refused = 0
+    for _ in range(120):
+        params = {name: rng.choice(_EDGES) for name in rng.sample(names, rng.randint(1, 3))}
+        for shape in ((400, 8), (30, 1)):
+            try:
+                check_data(shape, check_params(params, method, bound=100_000), memory_limit=1 << 30)
+            except InvalidInput as error:
+                refused += 1
+                assert error.message and len(error.message) < 600, error.message
+                assert "Traceback" not in error.message
+            else:
+                accepted += 1
+    assert accepted and refused  # the edges hold both kinds

@@ -236,8 +236,20 @@
       "beside PCA's is no loss when clusters are what you use.",
   };
 
+  // What a layout method's report measured (mbn_core.pipeline.fidelity: LAYOUT_REPORT_MEANING).
+  const LAYOUT_REPORTS = ["cross-fitted students", "held out of the student"];
+  const LAYOUT_MEANING =
+    "The method laid out every training row and has no map of its own that a new row could be " +
+    "compared with, so each measured row was placed by a student network that never saw it and " +
+    "compared with where the method put it (exact = the method's layout of those rows, fast = " +
+    "the student): the fidelity a new row gets from the fast path.";
+
   function reportDetails(name, report) {
     const reads = REPORT_READS[name];
+    const meaning =
+      name === "fidelity" && LAYOUT_REPORTS.includes(report.holdout)
+        ? el("p", { className: "report-meaning" }, LAYOUT_MEANING)
+        : null;
     const rows = Object.entries(report).map(([key, value]) =>
       el(
         "tr",
@@ -250,6 +262,7 @@
       "details",
       { className: `report report-${name}` },
       el("summary", {}, name),
+      meaning,
       reads ? el("p", { className: "report-reads" }, reads) : null,
       el("table", {}, el("tbody", {}, rows)),
     );
@@ -273,20 +286,23 @@
       try {
         const monitor = await api(`/models/${encodeURIComponent(model.id)}/monitor`);
         const live = monitor.live || {};
+        // A method with no exact map (densMAP, TriMap) has nothing to compare the fast path
+        // with: the panel says so instead of showing zeros.
+        const liveOf = (key) => (live.state ? live.state : num(live[key]));
         const rows = [
           ["replica", monitor.replica],
           ["state", monitor.state],
           ["rows seen", monitor.rows_seen],
           ["shadow rows (window)", `${monitor.shadow_rows} (${monitor.window_shadow_rows})`],
           ["waiting for a batch", monitor.pending_rows],
-          ["R² live / training", `${num(live.r2)} / ${num((monitor.training || {}).r2)}`],
+          ["R² live / training", `${liveOf("r2")} / ${num((monitor.training || {}).r2)}`],
           [
             "median cosine live / training",
-            `${num(live.cosine_median)} / ${num((monitor.training || {}).cosine_median)}`,
+            `${liveOf("cosine_median")} / ${num((monitor.training || {}).cosine_median)}`,
           ],
           [
             "cluster agreement live / training",
-            `${num(live.cluster_agreement)} / ${num((monitor.training || {}).cluster_agreement)}`,
+            `${liveOf("cluster_agreement")} / ${num((monitor.training || {}).cluster_agreement)}`,
           ],
           ["novel share", monitor.novelty_available ? num(monitor.novelty_share) : `— (${monitor.novelty_unavailable})`],
           ["out of range share", num(monitor.out_of_range_share)],
