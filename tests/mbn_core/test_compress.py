@@ -468,8 +468,8 @@ def test_each_epoch_updates_at_its_scheduled_step(monkeypatch, digits):
 
     used = []
 
-    def recording(mlp, X_epoch, Y):
-        _partial_fit(mlp, X_epoch, Y)
+    def recording(mlp, X_epoch, Y, classes=None):
+        _partial_fit(mlp, X_epoch, Y, classes)
         # Adam's last update used learning_rate_init times its bias correction.
         optimizer = mlp._optimizer
         t = optimizer.t
@@ -487,9 +487,9 @@ def _epoch_inputs(monkeypatch, model, X) -> list:
 
     seen = []
 
-    def recording(mlp, X_epoch, Y):
+    def recording(mlp, X_epoch, Y, classes=None):
         seen.append(X_epoch.toarray() if sp.issparse(X_epoch) else np.array(X_epoch))
-        _partial_fit(mlp, X_epoch, Y)  # the real one, imported above
+        _partial_fit(mlp, X_epoch, Y, classes)  # the real one, imported above
 
     monkeypatch.setattr(student, "_partial_fit", recording)
     model.fit(X)
