@@ -396,16 +396,21 @@ def load_bundle(directory: str | os.PathLike[str], *, threads: int = 1) -> Bundl
         )
     if embedder.has_clusters != (manifest["n_clusters"] is not None):
         raise BundleError(f"{path / ONNX_FILE}: clustering head disagrees with the manifest")
+    scaling = _input_scaling(path, manifest)
+    return Bundle(path, manifest, embedder, threads, scaling)
+
+
+def _input_scaling(path: Path, manifest: dict[str, Any]) -> InputScaling:
+    """The bundle's input scaling, its file (if any) verified against the manifest."""
     scaling_bytes = None
     if SCALING_FILE in manifest["files"]:
         scaling_bytes = _verified_bytes(path, manifest, SCALING_FILE)
     try:
-        scaling = InputScaling.from_manifest(
+        return InputScaling.from_manifest(
             manifest["input_scaling"], scaling_bytes, manifest["input_dim"]
         )
     except ValueError as error:
         raise BundleError(f"{path / SCALING_FILE}: {error}") from None
-    return Bundle(path, manifest, embedder, threads, scaling)
 
 
 def _verified_bytes(path: Path, manifest: dict[str, Any], file_name: str, keep: bool = True):
@@ -464,15 +469,7 @@ def load_exact(
     """
     path = Path(directory)
     manifest = read_manifest(path)
-    scaling_bytes = None
-    if SCALING_FILE in manifest["files"]:
-        scaling_bytes = _verified_bytes(path, manifest, SCALING_FILE)
-    try:
-        scaling = InputScaling.from_manifest(
-            manifest["input_scaling"], scaling_bytes, manifest["input_dim"]
-        )
-    except ValueError as error:
-        raise BundleError(f"{path / SCALING_FILE}: {error}") from None
+    scaling = _input_scaling(path, manifest)
     return _exact_model(path, manifest, threads, scaling, mapped)
 
 
