@@ -28,9 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -40,7 +37,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from bench_server import free_port, wait_until_ready
+from bench_server import start_serve, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE_SECONDS = 0.02
@@ -107,23 +104,18 @@ def rss(pid: int) -> int:
 
 def run_case(case: str, source: Path, data_dir: Path) -> dict:
     path, payloads = bodies(case)
-    port = free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(source),
-        "MBN_DATA_DIR": str(data_dir / case),
-        "MBN_MODEL_DIR": str(data_dir / "models"),
-        "MBN_DEMO_MODEL": "false",
-        "MBN_EMBEDDED_WORKER": "false",
-        "MBN_MAX_QUEUED_JOBS": "100",
-    }
     log = data_dir / f"{case}.log"
-    with log.open("w") as handle:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "service", "serve", "--host", "127.0.0.1", "--port", str(port)],
-            env=env, cwd=source, stdout=handle, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_serve(
+        source,
+        {
+            "MBN_DATA_DIR": str(data_dir / case),
+            "MBN_MODEL_DIR": str(data_dir / "models"),
+            "MBN_DEMO_MODEL": "false",
+            "MBN_EMBEDDED_WORKER": "false",
+            "MBN_MAX_QUEUED_JOBS": "100",
+        },
+        log,
+    )
     try:
         wait_until_ready(proc, url, log, case)
         # Warm: the model's first batch and the parsers' first use allocate what every later

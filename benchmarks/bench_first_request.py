@@ -17,9 +17,7 @@ checkout's code (e.g. a commit before the warm-up) with the same model.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,26 +25,21 @@ from pathlib import Path
 
 import httpx
 from bench_bounded_json import write_model
-from bench_server import free_port, wait_until_ready
+from bench_server import start_serve, wait_until_ready
 
 
 def one_run(source: Path, data_dir: Path, models: Path, when: str, run: int) -> dict[str, float]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(source),
-        "MBN_DATA_DIR": str(data_dir / f"run{run}"),
-        "MBN_MODEL_DIR": str(models),
-        "MBN_DEMO_MODEL": "false",
-        "MBN_EMBEDDED_WORKER": "false",
-    }
     log = data_dir / f"run{run}.log"
-    with log.open("w") as handle:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "service", "serve", "--host", "127.0.0.1", "--port", str(port)],
-            env=env, cwd=source, stdout=handle, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_serve(
+        source,
+        {
+            "MBN_DATA_DIR": str(data_dir / f"run{run}"),
+            "MBN_MODEL_DIR": str(models),
+            "MBN_DEMO_MODEL": "false",
+            "MBN_EMBEDDED_WORKER": "false",
+        },
+        log,
+    )
     figures: dict[str, float] = {}
     try:
         wait_until_ready(proc, url, log, f"run {run}", timeout=300)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -34,3 +35,16 @@ def wait_until_ready(
         time.sleep(0.2)
     proc.kill()
     sys.exit(f"{what} did not become ready in {timeout:.0f} s")
+
+
+def start_serve(source: Path, settings: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
+    """``mbn serve`` from the checkout at ``source`` on a free loopback port, with the
+    environment plus ``settings``, its output in ``log``: (the process, its base URL)."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(source), **settings}
+    with log.open("w") as handle:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service", "serve", "--host", "127.0.0.1", "--port", str(port)],
+            env=env, cwd=source, stdout=handle, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    return proc, f"http://127.0.0.1:{port}"
