@@ -99,6 +99,10 @@ def test_umap_outputs_are_unchanged(name):
 
 EXPECTED = np.load(GOLDEN / "bundles" / "expected.npz")
 ROWS = np.load(GOLDEN / "bundles" / "rows.npy")
+# What a model retrained today embeds, where it differs from the saved bundle's: modular
+# KPCA's fit has since run at one BLAS thread, because the saved model's last bits depended
+# on the thread count it was trained with (docs/decisions/0035-modular-kpca-one-blas-thread.md).
+RETRAINED = np.load(GOLDEN / "bundles" / "retrained.npz")
 
 
 @pytest.mark.parametrize("name", ["mbn", "modular_kpca", "multilevel"])
@@ -143,9 +147,9 @@ def test_bundles_trained_now_embed_as_those_saved_before(name, tmp_path):
     )
     bundle = load_bundle(path)
     for mode in ("fast", "exact"):
-        np.testing.assert_array_equal(
-            bundle.embed(ROWS, mode=mode), EXPECTED[f"{name}/{mode}"], err_msg=mode
-        )
+        key = f"{name}/{mode}"
+        expected = RETRAINED[key] if key in RETRAINED else EXPECTED[key]
+        np.testing.assert_array_equal(bundle.embed(ROWS, mode=mode), expected, err_msg=mode)
     # And the same report: held-out rows, clustering head and measurements. A cross-fitted
     # report (MBN's here: every one of its 5 folds measured on 300 rows) has since added
     # how many folds it measured and each figure's standard error over them.
@@ -164,7 +168,16 @@ def test_bundles_trained_now_embed_as_those_saved_before(name, tmp_path):
     if saved["fidelity"].get("holdout") == "cross-fitted":
         assert fidelity.pop("folds_measured") == saved["fidelity"]["folds"]
         assert set(fidelity.pop("standard_error")) >= {"r2", "cosine", "nmi_fast_exact"}
-    assert fidelity == saved["fidelity"]
+    if f"{name}/exact" in RETRAINED:
+        # The same figures of a model a few float64 steps away: equal to within rounding.
+        assert fidelity.keys() == saved["fidelity"].keys()
+        for key, value in saved["fidelity"].items():
+            if isinstance(value, float):
+                assert fidelity[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+            else:
+                assert fidelity[key] == value, key
+    else:
+        assert fidelity == saved["fidelity"]
 
 
 def _state_differences(a, b, path: str, *, values: bool) -> list[str]:
