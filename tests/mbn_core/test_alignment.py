@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from sklearn.datasets import load_digits
 from sklearn.metrics import r2_score
 
 from mbn_core.bundle import REFERENCE_FILE, BundleError, load_bundle
@@ -53,8 +52,8 @@ def test_matched_agreement_ignores_label_names() -> None:
 
 
 @pytest.fixture(scope="module")
-def versions(tmp_path_factory):
-    X, _ = load_digits(return_X_y=True)
+def versions(tmp_path_factory, digits):
+    X, _ = digits
     X = X.astype(np.float32)
     train, held_out = X[:1500], X[1500:]
     root = tmp_path_factory.mktemp("versions")

@@ -41,14 +41,12 @@ def test_bench_gpu_runs_on_the_cpu(tmp_path):
 
 
 @pytest.fixture
-def tiny_bundle_dir(tmp_path):
+def tiny_bundle_dir(tmp_path, digits):
     """A model directory holding one small digits bundle."""
-    from sklearn.datasets import load_digits
-
     from mbn_core import CompressiveMBN
     from mbn_core.bundle import save_bundle
 
-    x = load_digits().data.astype(np.float32)
+    x = digits.X.astype(np.float32)
     model = CompressiveMBN(
         MBN(n_clusterings=10, random_state=0, n_jobs=1),
         hidden_layer_sizes=(8,),
