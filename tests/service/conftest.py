@@ -91,6 +91,21 @@ def write_bundle(tiny_model: CompressiveMBN) -> Callable[..., Path]:
 
 
 @pytest.fixture(scope="session")
+def digits_data_dir(
+    tmp_path_factory: pytest.TempPathFactory, write_bundle: Callable[..., Path]
+) -> Callable[[str], Path]:
+    """``digits_data_dir(prefix)``: a new data directory for a server, holding ``tiny_model``
+    as ``m-digits`` (named "digits")."""
+
+    def make(prefix: str) -> Path:
+        data_dir = tmp_path_factory.mktemp(prefix)
+        write_bundle(data_dir / "models", "m-digits", "digits")
+        return data_dir
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def slow_bundle(digits: tuple[np.ndarray, np.ndarray]) -> Callable[[Path], Path]:
     """Write a digits model whose exact mode is slow enough to be caught computing, as
     ``m-slow``: V = 100 clusterings (the tiny model has 10), so 8,192 rows of exact MBN take

@@ -17,14 +17,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from digits_data import Digits
 
 from mbn_core.bundle import Bundle, load_bundle
 from service.domain import ClientGone, Conflict, NotFound, Overloaded, Unavailable
 from service.exact import segments
 from service.exact.frontend import ExactFrontend, runtime_config
 from service.registry import ModelRegistry
-
-Digits = tuple[np.ndarray, np.ndarray]
 
 
 def frontend(model_dir: Path, **overrides: Any) -> tuple[ExactFrontend, ModelRegistry]:

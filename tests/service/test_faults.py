@@ -23,6 +23,7 @@ import pytest
 from digits_data import Digits
 from servicetest import (
     FAST_JOBS_ENV,
+    LONG_PARAMS,
     Server,
     assert_error,
     wait_for,
@@ -36,7 +37,6 @@ pytestmark = pytest.mark.slow
 
 ROWS = [[float(i), float(i % 7)] for i in range(40)]
 SMALL_JOB = {"data": ROWS, "params": {"n_clusterings": 5, "n_components": 2}}
-LONG_PARAMS = {"n_clusterings": 3000, "hidden_layer_sizes": [16], "max_epochs": 2}
 MIB = 1 << 20
 
 

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from servicetest import FAST_JOBS_ENV, Server, assert_error, wait_for_job
+from servicetest import FAST_JOBS_ENV, assert_error, serving, wait_for_job
 
 # Slow: an mbn serve process training layout methods.
 pytestmark = pytest.mark.slow
@@ -25,14 +25,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         "MBN_SHADOW_MAX_DELAY": "0.1",
     }
     # Up to 5 minutes: a busy machine imports the service and the layout libraries slowly.
-    srv = Server(env, data_dir / "server.log").start(wait=300.0)
-    try:
+    with serving(env, data_dir / "server.log", ready=False, wait=300.0) as srv:
         yield srv
-    except BaseException:
-        print(srv.log_tail())  # noqa: T201 - shown by pytest on failure
-        raise
-    finally:
-        srv.stop()
 
 
 def train(client, method: str, x, y, params: dict) -> dict:

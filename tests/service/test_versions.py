@@ -9,10 +9,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from digits_data import Digits
 from fastapi.testclient import TestClient
 from servicetest import assert_error, wait_for_job
 
-Digits = tuple[np.ndarray, np.ndarray]
 # A small model whose fast path follows its exact one (R^2 about 0.9 on digits).
 PARAMS = {
     "n_clusterings": 20,
