@@ -129,17 +129,13 @@ def test_bundles_saved_before_embed_identically_when_mapped(name: str, tmp_path:
 
 
 def test_a_new_bundle_maps_its_exact_model(tmp_path: Path, digits: Digits) -> None:
-    from mbn_core import MBN, CompressiveMBN
+    from small_models import small_student
+
+    from mbn_core import MBN
     from mbn_core.bundle import save_bundle
 
     x = digits.X[:300].astype(np.float32)
-    model = CompressiveMBN(
-        MBN(n_clusterings=5, random_state=0, n_jobs=1),
-        hidden_layer_sizes=(8,),
-        max_epochs=2,
-        report_folds=None,
-        random_state=0,
-    ).fit(x)
+    model = small_student(MBN(n_clusterings=5, random_state=0, n_jobs=1), x)
     path = save_bundle(model, tmp_path / "m", name="m")
     bundle = load_bundle(path)
     exact = load_exact(path, mapped=True)

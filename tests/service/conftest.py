@@ -25,6 +25,7 @@ import pytest
 import sqlalchemy as sa
 from digits_data import Digits
 from servicetest import MAP_POINTS, REPO, Process, make_settings, running_app
+from small_models import small_student
 
 from mbn_core import MBN, CompressiveMBN
 from mbn_core.bundle import save_bundle, write_manifest
@@ -111,13 +112,9 @@ def slow_bundle(digits: tuple[np.ndarray, np.ndarray]) -> Callable[[Path], Path]
     ``m-slow``: V = 100 clusterings (the tiny model has 10), so 8,192 rows of exact MBN take
     seconds however fast the machine."""
     x, y = digits
-    slow = CompressiveMBN(
-        MBN(n_clusterings=100, random_state=0, n_jobs=1),
-        hidden_layer_sizes=(16,),
-        max_epochs=2,
-        report_folds=None,  # five fits for a report no test reads
-        random_state=0,
-    ).fit(x, y)
+    slow = small_student(
+        MBN(n_clusterings=100, random_state=0, n_jobs=1), x, y, hidden_layer_sizes=(16,)
+    )
 
     def write(model_dir: Path) -> Path:
         model_dir.mkdir(parents=True, exist_ok=True)
