@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 
 from mbn_core import MBN, model_from_arrays
 from mbn_core.bundle import BundleError, load_bundle
@@ -133,15 +132,13 @@ def test_spectral_model_arrays_are_refused_naming_the_output():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mbn", "modular_kpca", "multilevel"])
-def test_bundles_trained_now_embed_as_those_saved_before(name, tmp_path):
+def test_bundles_trained_now_embed_as_those_saved_before(name, tmp_path, digits):
     # The whole training pipeline (split, fit, fast path, head) must make the same model as
     # before: retrained with the generator's parameters on its rows, each mode embeds the
     # saved rows bit for bit as the saved bundle did.
-    from sklearn.datasets import load_digits
-
     from mbn_core.pipeline.training import train_bundle
 
-    X, y = load_digits(return_X_y=True)
+    X, y = digits
     path = train_bundle(
         X[:300], tmp_path / name, name=name, params=GEN.BUNDLE_PARAMS[name], y=y[:300]
     )
@@ -214,13 +211,13 @@ REFITTED_WHOLE = {"mbn", "multilevel"}
 
 
 @pytest.mark.parametrize("name", ["mbn", "modular_kpca", "multilevel"])
-def test_a_loaded_model_has_every_fitted_attribute_of_a_fresh_fit(name):
+def test_a_loaded_model_has_every_fitted_attribute_of_a_fresh_fit(name, digits):
     bundle = load_bundle(GOLDEN / "bundles" / name)
     loaded = bundle.load_exact().estimator
     method = get_method(bundle.manifest["method"])
     params = bundle.manifest["hyperparameters"][method.name]
     fresh = method.estimator(**{**params, "n_jobs": 1} if "n_jobs" in params else params)
-    fresh.fit(load_digits().data[:300])
+    fresh.fit(digits.X[:300])
     assert vars(loaded).keys() == vars(fresh).keys()
     differences = _state_differences(vars(loaded), vars(fresh), name, values=name in REFITTED_WHOLE)
     assert differences == []
