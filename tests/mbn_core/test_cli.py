@@ -245,6 +245,25 @@ def test_the_library_and_the_cli_import_nothing_of_the_service():
 
 
 @pytest.mark.slow
+def test_train_help_lists_the_layout_methods_without_importing_their_libraries():
+    # `mbn train` builds this parser on every run: importing TriMap there compiled its numba
+    # kernels (seconds) before any training started.
+    libraries = {"trimap", "pacmap", "openTSNE", "umap", "pynndescent"}
+    code = (
+        "import contextlib, io, sys; from mbn_core import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out, "
+        "contextlib.suppress(SystemExit): cli.main(['train', '--help'])\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:])))\n"
+        "print('trimap' in out.getvalue() and 'not installed here' not in out.getvalue())"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, *libraries], capture_output=True, text=True, check=True,
+        timeout=DEADLINE,
+    )  # fmt: skip
+    assert result.stdout.split("\n")[:2] == ["[]", "True"], result.stdout
+
+
+@pytest.mark.slow
 def test_the_service_commands_parse(tmp_path):
     # The service's commands as `mbn` gets them from its entry points (python -m service uses
     # the same functions): options and help, without starting anything.
