@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import itertools
 import re
 import shutil
 from pathlib import Path
@@ -88,6 +89,27 @@ def test_codes_and_embeddings_are_unchanged(name):
 def test_one_thread_encodes_as_the_saved_codes(name):
     # A one-thread backend encodes on the caller's thread, without its pool.
     _check_config(name, n_jobs=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["digits_pca", "digits_cosine", "digits_float"])
+def test_small_batches_of_any_size_encode_as_the_saved_codes(name):
+    # Requests of a few rows take their own kernels (one row, then several rows per pass over
+    # each center); cut into batches of 1-64 rows, the unseen rows get the saved codes at
+    # every layer and the saved embedding.
+    params, source = GEN.CONFIGS[name]
+    fit_rows, new_rows = GEN.data(source)
+    model = MBN(**params).fit(fit_rows)
+    rng = np.random.default_rng(52)
+    sizes = np.concatenate([[1, 2, 3, 1], rng.integers(1, 65, size=len(new_rows))])
+    cuts = np.cumsum(sizes)
+    cuts = np.concatenate([[0], cuts[cuts < len(new_rows)], [len(new_rows)]])
+    batches = [new_rows[a:b] for a, b in itertools.pairwise(cuts)]
+    for layer in range(len(model.ks_)):
+        codes = np.vstack([model.encode(rows, layer=layer) for rows in batches])
+        np.testing.assert_array_equal(codes, SAVED[f"{name}/new_codes_{layer}"])
+    embedding = np.vstack([model.transform(rows) for rows in batches])
+    np.testing.assert_array_equal(embedding, SAVED[f"{name}/new_embedding"])
 
 
 @pytest.mark.slow
