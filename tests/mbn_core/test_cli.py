@@ -10,7 +10,6 @@ from importlib import metadata
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from sklearn.datasets import load_digits
 
 from mbn_core import cli
 from mbn_core.bundle import load_bundle
@@ -47,9 +46,9 @@ def assert_user_error(result, *fragments):
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
+def workdir(tmp_path_factory, digits):
     path = tmp_path_factory.mktemp("cli")
-    X, y = load_digits(return_X_y=True)
+    X, y = digits
     np.savez(path / "digits.npz", x=X, y=y)
     np.save(path / "queries.npy", X[:25])
     np.save(path / "narrow.npy", X[:5, :10])
@@ -291,7 +290,9 @@ def test_train_aligned_to_an_earlier_bundle(trained, workdir):
     assert_user_error(bad, "64 features")
 
 
-def test_train_plan_prints_what_the_fit_will_build_and_writes_nothing(workdir, monkeypatch, capsys):
+def test_train_plan_prints_what_the_fit_will_build_and_writes_nothing(
+    workdir, monkeypatch, capsys, digits
+):
     from mbn_core.pipeline.training import TrainingParams, fit_shape
 
     monkeypatch.chdir(workdir)
@@ -302,7 +303,7 @@ def test_train_plan_prints_what_the_fit_will_build_and_writes_nothing(workdir, m
     params = TrainingParams.from_dict(
         {"method": "mbn", "n_clusterings": 20, "k1": 0.1, "random_state": 3}
     )
-    X = load_digits().data
+    X = digits.X
     n_fit = fit_shape(params, X.shape)[0]
     assert str(params.estimator().plan(X[:n_fit])) in out
     assert f"MBN plan for {n_fit} rows x 64 features" in out
@@ -353,10 +354,10 @@ def test_embed_refuses_an_unknown_output_suffix(trained, workdir):
     assert_user_error(result, "emb.txt", ".npy, .csv, .zarr")
 
 
-def test_train_chooses_a_csv_s_columns(workdir, monkeypatch, capsys):
+def test_train_chooses_a_csv_s_columns(workdir, monkeypatch, capsys, digits):
     """A pandas CSV's index column was a feature; other columns could not be left out."""
     monkeypatch.chdir(workdir)
-    X = load_digits().data[:400, :6]
+    X = digits.X[:400, :6]
     header = ",id,name," + ",".join(f"p{i}" for i in range(6))
     lines = [f"{i},{100 + i},row{i}," + ",".join(f"{v:g}" for v in row) for i, row in enumerate(X)]
     (workdir / "table.csv").write_text("\n".join([header, *lines]) + "\n")
