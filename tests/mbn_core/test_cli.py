@@ -245,6 +245,34 @@ def test_the_library_and_the_cli_import_nothing_of_the_service():
 
 
 @pytest.mark.slow
+def test_only_train_s_help_imports_the_method_libraries(tmp_path):
+    """Which methods this install cannot train is found by importing each library (TriMap
+    compiles its kernels on import: seconds): only ``mbn train --help`` shows it, so no other
+    use of ``mbn`` pays for it."""
+    libraries = ["umap", "openTSNE", "pacmap", "trimap"]
+    code = (
+        "import sys\n"
+        "from mbn_core import cli\n"
+        "try:\n"
+        "    cli.main(sys.argv[1:])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        f"print(sorted(m for m in {libraries!r} if m in sys.modules), file=sys.stderr)"
+    )
+
+    def imported(*args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-c", code, *args],
+            capture_output=True, text=True, cwd=tmp_path, timeout=DEADLINE,
+        )  # fmt: skip
+        return result.stderr.strip().splitlines()[-1]
+
+    assert imported("--version") == "[]"
+    assert imported("info", "no-such-bundle") == "[]"
+    assert imported("train", "--help") == str(sorted(libraries))
+
+
+@pytest.mark.slow
 def test_the_service_commands_parse(tmp_path):
     # The service's commands as `mbn` gets them from its entry points (python -m service uses
     # the same functions): options and help, without starting anything.
