@@ -30,11 +30,16 @@ def test_every_layout_is_registered_as_a_distilled_layout():
         assert name in method_names()
         assert method.layout and method.fast_path == "distilled"
         assert (method.no_exact_map is None) == (name in ("tsne", "umap", "pacmap")), name
-        assert method.unavailable is None  # the dev install has the extra
         # Measured in test_layouts: openTSNE's and PaCMAP's maps place each row alone,
         # umap-learn's depends on the rows sharing the call; no map, nothing to merge.
         assert method.batch_independent_exact == (name in ("tsne", "pacmap")), name
     assert "fast path" in get_method("trimap").no_exact_map
+
+
+@pytest.mark.slow  # imports every layout library (TriMap compiles its kernels): seconds
+def test_the_dev_install_has_every_layout_library():
+    for name in LAYOUTS:
+        assert get_method(name).unavailable is None, name
 
 
 def test_layouts_are_fitted_on_every_row_and_checked_at_submission():
