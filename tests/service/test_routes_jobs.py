@@ -303,8 +303,11 @@ def test_sparse_uploads_a_training_cannot_take_are_refused_at_submission(
         ({"method": "tsne"}, 50, 8, "perplexity=30 needs at least 91 rows, got 50"),
         ({"method": "pacmap", "n_neighbors": 30}, 20, 8, "n_neighbors=30 needs at least 32 rows"),
         ({"method": "umap", "n_neighbors": 40}, 30, 8, "n_neighbors=40 (and n_components=2)"),
-        ({"method": "trimap"}, 60, 1, "n_components=2 principal components, which needs at "
-         "least 2 features, got 1"),
+        pytest.param(
+            {"method": "trimap"}, 60, 1, "n_components=2 principal components, which needs "
+            "at least 2 features, got 1",
+            marks=pytest.mark.slow,  # checking it imports TriMap (kernels compiled): seconds
+        ),
         ({"method": "pacmap"}, 60, 1, "needs at least 2 features, got 1"),
         ({"method": "tsne", "initialization": "pca", "n_components": 3}, 120, 2,
          'initialization="pca" starts the layout from n_components=3 principal components'),
