@@ -36,38 +36,11 @@ def _unavailable_note(names: list[str]) -> str:
     return f"; not installed here: {'; '.join(notes)}" if notes else ""
 
 
-class _HelpWithAvailability(argparse.Action):
-    """``-h/--help`` of ``mbn train``: adds to ``--method``'s help the methods this install
-    cannot train before printing it. Only then: finding out imports every method's library,
-    seconds each (TriMap compiles its kernels on import), which no other use of ``mbn``
-    should pay."""
-
-    method: argparse.Action | None = None  # ``--method``, set once it is added
-
-    def __init__(self, option_strings: Sequence[str], dest: str) -> None:
-        super().__init__(
-            option_strings,
-            dest=argparse.SUPPRESS,
-            default=argparse.SUPPRESS,
-            nargs=0,
-            help="show this help message and exit",
-        )
-
-    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
-        if self.method is not None:
-            note = _unavailable_note(list(self.method.choices or ()))
-            # Escaped: argparse formats help strings with %.
-            self.method.help = f"{self.method.help}{note.replace('%', '%%')}"
-        parser.print_help()
-        parser.exit()
-
-
 def add_parser(subparsers: Any, method: str) -> None:
     """The ``train`` command, with the training options of ``method``."""
     names = method_names()
     train = subparsers.add_parser(
         "train",
-        add_help=False,  # its own -h/--help, below
         help="train an embedding method and its fast path, write a model bundle",
         description="Train METHOD on DATA, make its fast path (a distilled MLP or the "
         "method's own exported map), and write the bundle directory DIR (manifest.json, "
@@ -76,7 +49,6 @@ def add_parser(subparsers: Any, method: str) -> None:
         "below are those of --method " + method + "; `mbn train --method NAME --help` "
         "lists another's.",
     )
-    help_action = train.add_argument("-h", "--help", action=_HelpWithAvailability)
     train.add_argument("data", metavar="DATA", help="training data file")
     train.add_argument("--out", metavar="DIR", help="bundle directory to create (required)")
     train.add_argument(
@@ -85,13 +57,13 @@ def add_parser(subparsers: Any, method: str) -> None:
         help="print what the fit will build (the 'auto' choices settled) and stop; "
         "delta and output 'auto' are measured on the bottom layer, which costs its fit",
     )
-    method_option = train.add_argument(
+    train.add_argument(
         "--method",
         default=DEFAULT_METHOD,
         choices=names,
-        help=f"embedding method (default: {DEFAULT_METHOD}; one of {', '.join(names)})",
+        help=f"embedding method (default: {DEFAULT_METHOD}; one of {', '.join(names)})"
+        + _unavailable_note(names),
     )
-    help_action.method = method_option
     train.add_argument("--name", help="model name (default: the data file's name)")
     train.add_argument("--model-id", help="model id (default: DIR's name)")
     train.add_argument("--force", action="store_true", help="replace an existing bundle at DIR")

@@ -218,3 +218,136 @@ def bottom_codes_few(
                 close += np.int64(scores[v, j] >= floor)
             codes[i, v] = first
             near_tie[i, v] = close > 1
+
+
+# Rows and centers scored together in ``bottom_codes_batch``'s register tile: each pass over
+# a dimension loads 4 row values and 2 center values for 8 products.
+TILE_ROWS = 4
+
+
+@njit(nogil=True, cache=True)
+def _grown(array):
+    """``array`` with twice its rows, the first rows copied (a growing output buffer)."""
+    return np.concatenate((array, np.empty_like(array)))
+
+
+# Reassociation lets the dot products vectorise. The rounding-error bound holds for any
+# summation order, and near ties are re-ranked exactly, so the codes do not change.
+@njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+def bottom_codes_batch(
+    X, center_data, centers, masks, sq_norms, cosine, tolerance_scale, row_norms, codes, ties,
+    candidates,
+):  # fmt: skip
+    """Nearest center of a small batch of rows in every bottom clustering, clustering by
+    clustering, several rows per pass over each center.
+
+    ``X`` is the dense input (n, d); ``masks[v]`` is 1 on clustering v's chosen dimensions
+    and 0 elsewhere; ``sq_norms`` comes from ``bottom_center_norms``. For each clustering the
+    rows are masked once, then each center's stored row is converted once and scored against
+    ``TILE_ROWS`` rows at a time (two centers per tile), so a row costs a fraction of what
+    ``bottom_codes_few`` costs it alone, which reads a masked copy of the row per center.
+    Scores are ``bottom_codes_few``'s (float32, any summation order: the error bound holds
+    for all), and so are the tolerances.
+
+    Near ties (a runner-up within the rounding-error bound times ``tolerance_scale``) are
+    listed for the caller to re-rank exactly: tie t is row ``ties[t, 0]`` in clustering
+    ``ties[t, 1]``, with candidate centers ``candidates[ties[t, 2]:ties[t, 3]]`` (every
+    center scoring within the tolerance of the best). ``codes`` holds the float32 best
+    meanwhile. Returns (number of ties, ties, candidates): the buffers grow when full, so
+    the caller reads the returned ones.
+    """
+    n_points, d = X.shape
+    V, k = centers.shape
+    unit = np.float64(np.finfo(np.float32).eps) / 2
+    padded = (n_points + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
+    x = np.zeros((padded, d), np.float32)  # the padding rows stay zero
+    first_values = np.empty(d, np.float32)
+    second_values = np.empty(d, np.float32)
+    scores = np.empty((padded, k), np.float32)
+    n_ties = 0
+    n_candidates = 0
+    for v in range(V):
+        n_chosen = np.int64(0)
+        for f in range(d):
+            n_chosen += np.int64(masks[v, f])
+        for i in range(n_points):
+            for f in range(d):
+                x[i, f] = X[i, f] * np.float32(masks[v, f])
+        w_max = 0.0
+        for j in range(k):
+            w_max = max(w_max, np.float64(sq_norms[v, j]))
+        w_max = np.sqrt(w_max)
+        for j in range(0, k, 2):
+            other = min(j + 1, k - 1)  # an odd k scores its last center twice
+            first_row = np.int64(centers[v, j])
+            second_row = np.int64(centers[v, other])
+            for f in range(d):
+                first_values[f] = np.float32(center_data[first_row, f])
+                second_values[f] = np.float32(center_data[second_row, f])
+            for i in range(0, padded, TILE_ROWS):
+                a0 = b0 = a1 = b1 = a2 = b2 = a3 = b3 = np.float32(0.0)
+                for f in range(d):
+                    p = first_values[f]
+                    q = second_values[f]
+                    a0 += x[i, f] * p
+                    b0 += x[i, f] * q
+                    a1 += x[i + 1, f] * p
+                    b1 += x[i + 1, f] * q
+                    a2 += x[i + 2, f] * p
+                    b2 += x[i + 2, f] * q
+                    a3 += x[i + 3, f] * p
+                    b3 += x[i + 3, f] * q
+                scores[i, j] = a0
+                scores[i + 1, j] = a1
+                scores[i + 2, j] = a2
+                scores[i + 3, j] = a3
+                scores[i, other] = b0
+                scores[i + 1, other] = b1
+                scores[i + 2, other] = b2
+                scores[i + 3, other] = b3
+        gamma = (n_chosen + 1) * unit / (1 - (n_chosen + 1) * unit)
+        if cosine:
+            per_norm = gamma + 2 * unit
+            const = 0.0
+        else:
+            per_norm = (gamma + unit) * w_max
+            const = (gamma + unit) * 0.5 * w_max * w_max
+        for j in range(k):
+            sq = np.float64(sq_norms[v, j])
+            if cosine:
+                safe = np.sqrt(sq) if sq > 0 else 1.0
+                for i in range(n_points):
+                    scores[i, j] = np.float32(scores[i, j] / safe)
+            else:
+                bias = np.float32(-0.5 * sq)
+                for i in range(n_points):
+                    scores[i, j] = scores[i, j] + bias
+        for i in range(n_points):
+            tolerance = np.float32(tolerance_scale * (per_norm * row_norms[i] + const))
+            row = scores[i]
+            top = row[0]
+            best = 0
+            for j in range(1, k):
+                if row[j] > top:
+                    top = row[j]
+                    best = j
+            floor = top - tolerance
+            close = np.int64(0)
+            for j in range(k):
+                close += np.int64(row[j] >= floor)
+            codes[i, v] = best
+            if close > 1:
+                if n_ties == ties.shape[0]:
+                    ties = _grown(ties)
+                while n_candidates + close > candidates.shape[0]:
+                    candidates = _grown(candidates)
+                ties[n_ties, 0] = i
+                ties[n_ties, 1] = v
+                ties[n_ties, 2] = n_candidates
+                for j in range(k):
+                    if row[j] >= floor:
+                        candidates[n_candidates] = j
+                        n_candidates += 1
+                ties[n_ties, 3] = n_candidates
+                n_ties += 1
+    return n_ties, ties, candidates

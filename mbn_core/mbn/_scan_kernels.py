@@ -23,14 +23,17 @@ CODES_AHEAD = 4
 
 
 @njit(nogil=True, cache=True)
-def neighbour_lists(codes, indptr, rows, n_values, first, last, neighbours, shared, left_out):
+def neighbour_lists(
+    codes, indptr, rows, n_values, first, last, base, neighbours, shared, left_out
+):  # fmt: skip
     """Each point's neighbours (points sharing at least one code), most shared codes first.
 
-    For points ``first:last``: ``neighbours[i, :m]`` are the first m = min(P, all) of them by
-    decreasing shared codes (ties in the order the posting lists meet them), ``shared[i, :m]``
-    their shared codes, the rest -1 and 0; ``left_out[i]`` is the most codes shared by a
-    neighbour not listed, -1 when every neighbour is. ``indptr``/``rows`` are the posting
-    lists of ``codes`` (``_kernels.build_postings``).
+    For points i in ``first:last``, in row ``i - base`` of the lists (which may hold a block
+    of the points): ``neighbours[i - base, :m]`` are the first m = min(P, all) of them by
+    decreasing shared codes (ties in the order the posting lists meet them),
+    ``shared[i - base, :m]`` their shared codes, the rest -1 and 0; ``left_out[i - base]`` is
+    the most codes shared by a neighbour not listed, -1 when every neighbour is.
+    ``indptr``/``rows`` are the posting lists of ``codes`` (``_kernels.build_postings``).
     """
     n_points, n_clusterings = codes.shape
     capacity = neighbours.shape[1]
@@ -65,6 +68,7 @@ def neighbour_lists(codes, indptr, rows, n_values, first, last, neighbours, shar
             at_count[c + 1] += at_count[c]
         listed = min(capacity, n_met)
         left = -1
+        row = i - base
         for q in range(n_met):
             r = met[q]
             codes_shared = count[r]
@@ -72,14 +76,14 @@ def neighbour_lists(codes, indptr, rows, n_values, first, last, neighbours, shar
             place = at_count[n_clusterings - codes_shared]
             at_count[n_clusterings - codes_shared] += 1
             if place < listed:
-                neighbours[i, place] = r
-                shared[i, place] = codes_shared
+                neighbours[row, place] = r
+                shared[row, place] = codes_shared
             elif place == listed:
                 left = codes_shared
         for q in range(listed, capacity):
-            neighbours[i, q] = -1
-            shared[i, q] = 0
-        left_out[i] = left
+            neighbours[row, q] = -1
+            shared[row, q] = 0
+        left_out[row] = left
 
 
 @njit(nogil=True, cache=True)
@@ -159,9 +163,10 @@ def _kept_shared(match, mask):
 @njit(nogil=True, cache=True)
 def scan_points(
     codes, neighbours, shared, left_out, center_rows, masks, member, row_start, pairs, first,
-    last, out,
+    last, base, out,
 ):  # fmt: skip
-    """Each point's center in every clustering of a group, for points ``first:last``.
+    """Each point's center in every clustering of a group, for points ``first:last``, whose
+    lists and ``out`` rows are rows ``i - base`` (a block of the points).
 
     A point's center is the one with the most kept shared codes, the lowest index on ties,
     0 when it shares none. The point is a candidate of its own when it is a center; then its
@@ -169,7 +174,7 @@ def scan_points(
     still undecided, and a clustering is decided once the next neighbour shares fewer codes
     than its best: no later center can reach or tie it. A clustering still undecided where
     the list ends, with an unlisted neighbour that might, counts every center directly.
-    ``out[i, g]`` for the group's clustering g.
+    ``out[i - base, g]`` for the group's clustering g.
     """
     n_groups, k = center_rows.shape
     n_words = masks.shape[2]
@@ -179,6 +184,7 @@ def scan_points(
     best_at = np.zeros(n_groups, np.int64)
     match = np.empty(n_words, np.uint64)
     for i in range(first, last):
+        row = i - base
         best[:] = 0
         best_at[:] = 0
         for e in range(row_start[i], row_start[i + 1]):  # the point itself, as a center
@@ -193,10 +199,10 @@ def scan_points(
         undecided = every
         bound = np.int64(1) << 40
         for q in range(capacity):
-            r = neighbours[i, q]
+            r = neighbours[row, q]
             if r < 0:
                 break
-            codes_shared = np.int64(shared[i, q])
+            codes_shared = np.int64(shared[row, q])
             if codes_shared < bound:  # decide the clusterings this bound settles
                 bound = codes_shared
                 for g in range(n_groups):
@@ -205,7 +211,7 @@ def scan_points(
                 if undecided == np.uint64(0):
                     break
             if q + CODES_AHEAD < capacity:
-                upcoming = neighbours[i, q + CODES_AHEAD]
+                upcoming = neighbours[row, q + CODES_AHEAD]
                 if upcoming >= 0 and member[upcoming] & undecided:
                     _prefetch_row(codes, upcoming)
             if member[r] & undecided:
@@ -220,7 +226,7 @@ def scan_points(
                             best_at[g] = j
         for g in range(n_groups):
             undecided_g = (undecided >> np.uint64(g)) & np.uint64(1)
-            if undecided_g and left_out[i] >= best[g]:
+            if undecided_g and left_out[row] >= best[g]:
                 top = 0
                 top_at = 0
                 for j in range(k):
@@ -230,4 +236,4 @@ def scan_points(
                         top = c
                         top_at = j
                 best_at[g] = top_at
-            out[i, g] = best_at[g]
+            out[row, g] = best_at[g]

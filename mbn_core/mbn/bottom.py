@@ -465,10 +465,13 @@ class BottomLayer:
         return row_start, pairs
 
     def codes_few(self, X: np.ndarray, row_norms: np.ndarray) -> np.ndarray:
-        """Codes of a few dense rows in all V clusterings, in one pass over the centers.
+        """Codes of a few dense rows in all V clusterings, straight from the stored rows.
 
         Same codes as ``clustering_codes`` for every clustering (near ties are re-ranked
-        exactly by ``bottom_codes_direct``); needs ``few_rows_supported``.
+        exactly); needs ``few_rows_supported``. One row is scored in one pass over the
+        stored rows (``bottom_codes_few``); several rows clustering by clustering, a few rows
+        per pass over each center (``bottom_codes_batch``), so that each costs less than
+        alone.
 
         Parameters
         ----------
@@ -481,13 +484,22 @@ class BottomLayer:
         -------
         codes : ndarray of shape (n, V), smallest unsigned dtype for k
         """
+        X = np.ascontiguousarray(X[:, : self.n_features], dtype=np.float32)
+        row_norms = np.asarray(row_norms, dtype=np.float64)
+        if len(X) == 1:
+            codes = self._one_row_codes(X, row_norms)
+        else:
+            codes = self._batch_codes(X, row_norms)
+        return codes.astype(smallest_uint(self.n_centers - 1))
+
+    def _one_row_codes(self, X: np.ndarray, row_norms: np.ndarray) -> np.ndarray:
         n_points = X.shape[0]
         V = self.centers.shape[0]
         codes = np.empty((n_points, V), dtype=np.int32)
         near_tie = np.empty((n_points, V), dtype=np.bool_)
         row_start, pairs = self._row_pairs
         _bottom_kernels.bottom_codes_few(
-            np.ascontiguousarray(X[:, : self.n_features], dtype=np.float32),
+            X,
             self.center_data,
             row_start,
             pairs,
@@ -495,13 +507,36 @@ class BottomLayer:
             self._center_sq_norms,
             self.metric == "cosine",
             TIE_MARGIN,
-            np.asarray(row_norms, dtype=np.float64),
+            row_norms,
             codes,
             near_tie,
         )
         for i, v in zip(*np.nonzero(near_tie), strict=True):
             codes[i, v] = bottom_codes_direct(X[i : i + 1], self, int(v), row_norms[i : i + 1])[0]
-        return codes.astype(smallest_uint(self.n_centers - 1))
+        return codes
+
+    def _batch_codes(self, X: np.ndarray, row_norms: np.ndarray) -> np.ndarray:
+        codes = np.empty((X.shape[0], self.centers.shape[0]), dtype=np.int32)
+        n_ties, ties, candidates = _bottom_kernels.bottom_codes_batch(
+            X,
+            self.center_data,
+            self.centers,
+            self._masks,
+            self._center_sq_norms,
+            self.metric == "cosine",
+            TIE_MARGIN,
+            row_norms,
+            codes,
+            np.empty((16, 4), dtype=np.int64),
+            np.empty(256, dtype=np.int64),
+        )
+        # Near ties, re-ranked exactly as ``_pick_centers`` re-ranks them.
+        for i, v, start, stop in ties[:n_ties].tolist():
+            near = candidates[start:stop]
+            values = self.center_values(v, near).astype(np.float64)
+            chosen = X[i, self.features(v)].astype(np.float64)
+            codes[i, v] = near[exact_best(chosen, values, self.metric)]
+        return codes
 
     def clustering_codes(
         self, X: np.ndarray | sp.csr_matrix | IntegerRows, clustering: int, row_norms: np.ndarray

@@ -21,12 +21,14 @@ most kept shared codes, 0 where a point shares none. A point whose list was cut 
 that clustering directly.
 
 It pays where a clustering's centers are a large share of the points (the scan stops after
-a few neighbours, since one of the first is a center); where they are few, or the lists would
-not fit in memory, the walk serves (``NeighbourLists.pays``).
+a few neighbours, since one of the first is a center); where they are few, the walk serves
+(``NeighbourLists.pays``). Lists too large for memory are built and scanned a block of points
+at a time (``ScanPlan``): a point's list is the same in any block, and so are its codes.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -38,7 +40,9 @@ from mbn_core.mbn.keep_hash import keep_threshold
 
 # Clusterings scanned together: one bit each in a 64-bit word.
 GROUP = 64
-# Most bytes of neighbour lists a layer may hold (6 bytes a neighbour).
+# Most bytes a layer's scan holds beside the codes: its neighbour lists (6 bytes a neighbour)
+# and its groups' centers (``GroupCenters``). Lists that would not fit are built and scanned
+# a block of points at a time; each point's list, and so its codes, do not depend on the block.
 MAX_LIST_BYTES = 64 << 20
 # A point's scan reads about SCAN_DEPTH * n / k neighbours before one of them is a center and
 # its best count closes the scan (measured on MNIST's layers: 6.8 n / k for a group of 64
@@ -55,25 +59,120 @@ PAIR_COUNT = 85e-9
 HASH = 1.0e-9
 # Counts per point and clustering (about 1.5 on MNIST's layers).
 COUNTS_PER_POINT = 2.0
+# Bytes a listed neighbour takes (int32 row, uint16 shared codes).
+ENTRY_BYTES = 6
+
+
+@dataclass(frozen=True)
+class GroupCenters:
+    """What a scan needs of a group of up to ``GROUP`` clusterings, whatever points it scans.
+
+    Attributes
+    ----------
+    center_rows : ndarray of shape (G, k), int64
+        The rows of the codes that are each clustering's centers.
+    masks : ndarray of shape (G, k, words), uint64
+        The one-hot dimensions each clustering keeps among each center's, 64 clusterings of
+        the layer below a word.
+    member, row_start, pairs : ndarray
+        Which clusterings have each point as a center (``_scan_kernels.group_members``).
+    """
+
+    center_rows: np.ndarray
+    masks: np.ndarray
+    member: np.ndarray
+    row_start: np.ndarray
+    pairs: np.ndarray
+
+    @classmethod
+    def prepare(
+        cls, codes: np.ndarray, center_rows: np.ndarray, seeds: np.ndarray, n_values: int,
+        fraction: float,
+    ) -> GroupCenters:  # fmt: skip
+        """The group of clusterings whose centers are the rows ``center_rows`` (G, k) of
+        ``codes``, with ``seeds`` (G,) of their dimension choices, keeping each one-hot
+        dimension with probability ``fraction``."""
+        n_points, n_clusterings = codes.shape
+        n_groups, k = center_rows.shape
+        center_rows = np.ascontiguousarray(center_rows, dtype=np.int64)
+        masks = np.empty((n_groups, k, (n_clusterings + 63) // 64), dtype=np.uint64)
+        _scan_kernels.keep_masks(
+            codes, center_rows, np.asarray(seeds, dtype=np.uint64), n_values,
+            keep_threshold(fraction), fraction >= 1.0, masks,
+        )  # fmt: skip
+        member = np.empty(n_points, dtype=np.uint64)
+        row_start = np.empty(n_points + 1, dtype=np.int64)
+        pairs = np.empty(n_groups * k, dtype=np.int64)
+        _scan_kernels.group_members(center_rows, n_points, member, row_start, pairs)
+        return cls(center_rows, masks, member, row_start, pairs)
+
+    @staticmethod
+    def nbytes_for(n_points: int, n_clusterings: int, n_groups: int, k: int) -> int:
+        """Bytes of a group of ``n_groups`` clusterings of ``k`` centers over ``n_points``
+        rows of ``n_clusterings`` codes."""
+        words = (n_clusterings + 63) // 64
+        return n_groups * k * (words + 2) * 8 + (2 * n_points + 1) * 8
+
+
+@dataclass(frozen=True)
+class ScanPlan:
+    """How a layer's scan is laid out in memory: the points in ``blocks`` (one list build
+    each), and whether the groups' centers are kept across blocks or made again for each."""
+
+    width: int
+    blocks: list[tuple[int, int]]
+    keep_groups: bool
+
+    @classmethod
+    def for_layer(cls, n_points: int, n_clusterings: int, k: int, n_new: int) -> ScanPlan | None:
+        """The plan for ``n_new`` clusterings of ``k`` centers over ``n_points`` rows of
+        ``n_clusterings`` codes within ``MAX_LIST_BYTES``; None where not even one point's
+        list fits beside one group's centers."""
+        width = max(1, min(NeighbourLists.size_for(n_points, k), n_points - 1))
+        one_group = GroupCenters.nbytes_for(n_points, n_clusterings, min(GROUP, n_new), k)
+        every_group = sum(
+            GroupCenters.nbytes_for(n_points, n_clusterings, min(GROUP, n_new - first), k)
+            for first in range(0, n_new, GROUP)
+        )
+        all_lists = n_points * width * ENTRY_BYTES
+        if all_lists + one_group <= MAX_LIST_BYTES:  # one block: a group at a time
+            return cls(width, [(0, n_points)], keep_groups=False)
+        keep_groups = every_group <= MAX_LIST_BYTES // 2
+        room = MAX_LIST_BYTES - (every_group if keep_groups else one_group)
+        per_block = room // (width * ENTRY_BYTES)
+        if per_block < 1:
+            return None
+        n_blocks = -(-n_points // per_block)
+        cuts = np.linspace(0, n_points, n_blocks + 1).astype(int).tolist()
+        return cls(width, list(itertools.pairwise(cuts)), keep_groups)
+
+    @property
+    def group_builds(self) -> int:
+        """How many times each group's centers are made."""
+        return 1 if self.keep_groups else len(self.blocks)
 
 
 @dataclass(frozen=True)
 class NeighbourLists:
-    """Each point's neighbours in one layer's codes, most shared codes first.
+    """Some points' neighbours in one layer's codes, most shared codes first.
 
     Attributes
     ----------
-    neighbours : ndarray of shape (n, P), int32
-        The first P (or all) neighbours of each point; -1 past its last.
-    shared : ndarray of shape (n, P), uint16 or int32
+    neighbours : ndarray of shape (m, P), int32
+        The first P (or all) neighbours of each of the points ``first:first + m``; -1 past
+        its last.
+    shared : ndarray of shape (m, P), uint16 or int32
         The codes each listed neighbour shares with the point.
-    left_out : ndarray of shape (n,), int32
+    left_out : ndarray of shape (m,), int32
         The most codes an unlisted neighbour shares with the point, -1 when none is unlisted.
+    first : int
+        The point of row 0 (the lists may be of a block of the points).
     """
 
     neighbours: np.ndarray
     shared: np.ndarray
     left_out: np.ndarray
+    first: int = 0
 
     @classmethod
     def build(
@@ -83,23 +182,29 @@ class NeighbourLists:
         max_neighbours: int,
         pool: Executor | None = None,
         n_threads: int = 1,
+        *,
+        rows: tuple[int, int] | None = None,
+        postings: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> NeighbourLists:
         """The lists of ``codes`` (n, V), values in [0, n_values), at most ``max_neighbours``
-        a point; rows split between ``n_threads`` of ``pool``."""
+        a point, for the points ``rows`` (first, last; default all of them), split between
+        ``n_threads`` of ``pool``. ``postings``: ``_kernels.build_postings(codes,
+        n_values)``, made here when not given (the blocks of a layer share them)."""
         n_points, n_clusterings = codes.shape
-        indptr, rows = _kernels.build_postings(codes, n_values)
+        first, last = (0, n_points) if rows is None else rows
+        indptr, posted = _kernels.build_postings(codes, n_values) if postings is None else postings
         width = max(1, min(max_neighbours, n_points - 1))
-        neighbours = np.empty((n_points, width), dtype=np.int32)
-        shared = np.empty((n_points, width), np.uint16 if n_clusterings < 2**16 else np.int32)
-        left_out = np.empty(n_points, dtype=np.int32)
+        neighbours = np.empty((last - first, width), dtype=np.int32)
+        shared = np.empty((last - first, width), np.uint16 if n_clusterings < 2**16 else np.int32)
+        left_out = np.empty(last - first, dtype=np.int32)
 
         def fill(part: tuple[int, int]) -> None:
             _scan_kernels.neighbour_lists(
-                codes, indptr, rows, n_values, *part, neighbours, shared, left_out
+                codes, indptr, posted, n_values, *part, first, neighbours, shared, left_out
             )
 
-        _in_parts(fill, n_points, pool, n_threads)
-        return cls(neighbours=neighbours, shared=shared, left_out=left_out)
+        _in_parts(fill, first, last, pool, n_threads)
+        return cls(neighbours=neighbours, shared=shared, left_out=left_out, first=first)
 
     @staticmethod
     def size_for(n_points: int, n_centers: int) -> int:
@@ -109,11 +214,14 @@ class NeighbourLists:
     @staticmethod
     def pays(codes: np.ndarray, n_values: int, n_centers: int, n_new: int, fraction: float) -> bool:
         """Whether scanning beats the walk for a layer of ``n_new`` clusterings of
-        ``n_centers`` centers over ``codes`` (values below ``n_values``): the lists must fit
-        in ``MAX_LIST_BYTES``, and the estimated seconds (the constants above) be fewer."""
+        ``n_centers`` centers over ``codes`` (values below ``n_values``): the scan must fit
+        in ``MAX_LIST_BYTES`` (in blocks of points: ``ScanPlan``), and the estimated seconds
+        (the constants above) be fewer."""
         n_points, n_clusterings = codes.shape
-        width = min(NeighbourLists.size_for(n_points, n_centers), n_points - 1)
-        if n_points < 2 or n_points * width * 6 > MAX_LIST_BYTES:
+        if n_points < 2:
+            return False
+        plan = ScanPlan.for_layer(n_points, n_clusterings, n_centers, n_new)
+        if plan is None:
             return False
         # Codes a point shares with all points, itself included: sum of its lists' lengths.
         sizes = np.empty(n_clusterings * n_values, dtype=np.int64)
@@ -123,7 +231,7 @@ class NeighbourLists:
         depth = SCAN_DEPTH * n_points / n_centers
         scan = (
             n_points * per_point * LIST_ENTRY
-            + n_new * n_centers * n_clusterings * HASH
+            + plan.group_builds * n_new * n_centers * n_clusterings * HASH
             + n_new * n_points * (COUNTS_PER_POINT * PAIR_COUNT + depth / GROUP * SCAN_STEP)
         )
         return scan < walk
@@ -138,30 +246,31 @@ class NeighbourLists:
         pool: Executor | None = None,
         n_threads: int = 1,
     ) -> np.ndarray:
-        """(n, G) codes of the points in G <= ``GROUP`` clusterings whose centers are the
-        rows ``center_rows`` (G, k) of ``codes``, with ``seeds`` (G,) of their dimension
+        """(m, G) codes of the listed points in G <= ``GROUP`` clusterings whose centers are
+        the rows ``center_rows`` (G, k) of ``codes``, with ``seeds`` (G,) of their dimension
         choices, keeping each one-hot dimension with probability ``fraction``."""
-        n_points, n_clusterings = codes.shape
-        n_groups, k = center_rows.shape
-        center_rows = np.ascontiguousarray(center_rows, dtype=np.int64)
-        masks = np.empty((n_groups, k, (n_clusterings + 63) // 64), dtype=np.uint64)
-        _scan_kernels.keep_masks(
-            codes, center_rows, np.asarray(seeds, dtype=np.uint64), n_values,
-            keep_threshold(fraction), fraction >= 1.0, masks,
-        )  # fmt: skip
-        member = np.empty(n_points, dtype=np.uint64)
-        row_start = np.empty(n_points + 1, dtype=np.int64)
-        pairs = np.empty(n_groups * k, dtype=np.int64)
-        _scan_kernels.group_members(center_rows, n_points, member, row_start, pairs)
-        out = np.empty((n_points, n_groups), dtype=np.int32)
+        group = GroupCenters.prepare(codes, center_rows, seeds, n_values, fraction)
+        return self.scan_group(codes, group, pool, n_threads)
+
+    def scan_group(
+        self,
+        codes: np.ndarray,
+        group: GroupCenters,
+        pool: Executor | None = None,
+        n_threads: int = 1,
+    ) -> np.ndarray:
+        """(m, G) codes of the listed points in the clusterings of ``group``."""
+        n_listed = len(self.left_out)
+        out = np.empty((n_listed, group.center_rows.shape[0]), dtype=np.int32)
 
         def fill(part: tuple[int, int]) -> None:
             _scan_kernels.scan_points(
-                codes, self.neighbours, self.shared, self.left_out, center_rows, masks,
-                member, row_start, pairs, *part, out,
+                codes, self.neighbours, self.shared, self.left_out, group.center_rows,
+                group.masks, group.member, group.row_start, group.pairs, *part, self.first,
+                out,
             )  # fmt: skip
 
-        _in_parts(fill, n_points, pool, n_threads)
+        _in_parts(fill, self.first, self.first + n_listed, pool, n_threads)
         return out
 
     @property
@@ -170,12 +279,18 @@ class NeighbourLists:
 
 
 def _in_parts(
-    fill: Callable[[tuple[int, int]], None], n_rows: int, pool: Executor | None, n_threads: int
+    fill: Callable[[tuple[int, int]], None],
+    first: int,
+    last: int,
+    pool: Executor | None,
+    n_threads: int,
 ) -> None:
-    """``fill`` over ``n_threads`` contiguous row ranges, on ``pool`` when there is one."""
+    """``fill`` over ``n_threads`` contiguous ranges of the rows ``first:last``, on ``pool``
+    when there is one."""
+    n_rows = last - first
     parts = max(1, min(n_threads if pool is not None else 1, n_rows))
-    cuts = np.linspace(0, n_rows, parts + 1).astype(int)
-    ranges = list(zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True))
+    cuts = (first + np.linspace(0, n_rows, parts + 1).astype(int)).tolist()
+    ranges = list(itertools.pairwise(cuts))
     if pool is None or parts == 1:
         for part in ranges:
             fill(part)

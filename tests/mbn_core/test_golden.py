@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import itertools
 import re
 import shutil
 from pathlib import Path
@@ -91,6 +92,27 @@ def test_one_thread_encodes_as_the_saved_codes(name):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["digits_pca", "digits_cosine", "digits_float"])
+def test_small_batches_of_any_size_encode_as_the_saved_codes(name):
+    # Requests of a few rows take their own kernels (one row, then several rows per pass over
+    # each center); cut into batches of 1-64 rows, the unseen rows get the saved codes at
+    # every layer and the saved embedding.
+    params, source = GEN.CONFIGS[name]
+    fit_rows, new_rows = GEN.data(source)
+    model = MBN(**params).fit(fit_rows)
+    rng = np.random.default_rng(52)
+    sizes = np.concatenate([[1, 2, 3, 1], rng.integers(1, 65, size=len(new_rows))])
+    cuts = np.cumsum(sizes)
+    cuts = np.concatenate([[0], cuts[cuts < len(new_rows)], [len(new_rows)]])
+    batches = [new_rows[a:b] for a, b in itertools.pairwise(cuts)]
+    for layer in range(len(model.ks_)):
+        codes = np.vstack([model.encode(rows, layer=layer) for rows in batches])
+        np.testing.assert_array_equal(codes, SAVED[f"{name}/new_codes_{layer}"])
+    embedding = np.vstack([model.transform(rows) for rows in batches])
+    np.testing.assert_array_equal(embedding, SAVED[f"{name}/new_embedding"])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SLOW_CONFIGS)
 def test_umap_outputs_are_unchanged(name):
     _check_config(name, layout_on_any_cpu=True)
@@ -98,6 +120,10 @@ def test_umap_outputs_are_unchanged(name):
 
 EXPECTED = np.load(GOLDEN / "bundles" / "expected.npz")
 ROWS = np.load(GOLDEN / "bundles" / "rows.npy")
+# What a model retrained today embeds, where it differs from the saved bundle's: modular
+# KPCA's fit has since run at one BLAS thread, because the saved model's last bits depended
+# on the thread count it was trained with (docs/decisions/0035-modular-kpca-one-blas-thread.md).
+RETRAINED = np.load(GOLDEN / "bundles" / "retrained.npz")
 
 
 @pytest.mark.parametrize("name", ["mbn", "modular_kpca", "multilevel"])
@@ -140,9 +166,9 @@ def test_bundles_trained_now_embed_as_those_saved_before(name, tmp_path, digits)
     )
     bundle = load_bundle(path)
     for mode in ("fast", "exact"):
-        np.testing.assert_array_equal(
-            bundle.embed(ROWS, mode=mode), EXPECTED[f"{name}/{mode}"], err_msg=mode
-        )
+        key = f"{name}/{mode}"
+        expected = RETRAINED[key] if key in RETRAINED else EXPECTED[key]
+        np.testing.assert_array_equal(bundle.embed(ROWS, mode=mode), expected, err_msg=mode)
     # And the same report: held-out rows, clustering head and measurements. A cross-fitted
     # report (MBN's here: every one of its 5 folds measured on 300 rows) has since added
     # how many folds it measured and each figure's standard error over them.
@@ -161,7 +187,16 @@ def test_bundles_trained_now_embed_as_those_saved_before(name, tmp_path, digits)
     if saved["fidelity"].get("holdout") == "cross-fitted":
         assert fidelity.pop("folds_measured") == saved["fidelity"]["folds"]
         assert set(fidelity.pop("standard_error")) >= {"r2", "cosine", "nmi_fast_exact"}
-    assert fidelity == saved["fidelity"]
+    if f"{name}/exact" in RETRAINED:
+        # The same figures of a model a few float64 steps away: equal to within rounding.
+        assert fidelity.keys() == saved["fidelity"].keys()
+        for key, value in saved["fidelity"].items():
+            if isinstance(value, float):
+                assert fidelity[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+            else:
+                assert fidelity[key] == value, key
+    else:
+        assert fidelity == saved["fidelity"]
 
 
 def _state_differences(a, b, path: str, *, values: bool) -> list[str]:

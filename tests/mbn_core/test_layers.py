@@ -10,6 +10,7 @@ from mbn_core import MBN
 from mbn_core.mbn import _bottom_kernels, _kernels
 from mbn_core.mbn.bottom import (
     DIRECT_MAX_ROWS,
+    TIE_MARGIN,
     bottom_clustering_codes,
     bottom_codes_direct,
     bottom_codes_sparse,
@@ -408,3 +409,49 @@ def test_bottom_codes_few_equal_the_gemm_path(metric, integer_data):
         rows = slice(start, start + 7)
         got = layer.codes_few(X[rows].astype(np.float32), norms[rows])
         np.testing.assert_array_equal(got, want[rows])
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+@pytest.mark.parametrize("integer_data", [True, False])
+def test_bottom_small_batches_of_any_size_equal_every_other_path(metric, integer_data):
+    # ``codes_few`` scores one row in one pass over the stored rows and 2 or more clustering
+    # by clustering in register tiles of several rows; both must give the GEMM path's codes
+    # and each other's, whatever the batch size, near ties included. Midpoints of two stored
+    # rows are equidistant from both on every choice of dimensions: exact ties in real
+    # arithmetic, which float32 scores see as near ties (the float data nudges some of them
+    # off by less than the tolerance). A zero row ties every center in cosine similarity.
+    rng = np.random.default_rng(52)
+    fit_rows = rng.integers(0, 6, size=(300, 40)).astype(np.float64)
+    if not integer_data:
+        fit_rows += rng.normal(scale=0.4, size=fit_rows.shape)
+    model = MBN(n_clusterings=24, ks=[101, 20], metric=metric, random_state=0).fit(fit_rows)
+    layer = model.bottom_layer_
+    assert layer.few_rows_supported
+    stored = np.asarray(layer.center_data, dtype=np.float64)
+    pairs = rng.integers(0, len(stored), size=(150, 2))
+    midpoints = (stored[pairs[:, 0]] + stored[pairs[:, 1]]) / 2
+    if not integer_data:
+        midpoints[::3] += rng.normal(scale=1e-6, size=midpoints[::3].shape)
+    others = rng.integers(0, 6, size=(150, 40)).astype(np.float64)
+    new_rows = np.vstack([midpoints, others, np.zeros((6, 40))])
+    X = rng.permutation(new_rows).astype(np.float32)
+    norms = input_row_norms(X)
+    want = np.stack(
+        [layer.clustering_codes(with_ones_column(X), v, norms) for v in range(24)], axis=1
+    )
+    singles = np.vstack([layer.codes_few(X[i : i + 1], norms[i : i + 1]) for i in range(len(X))])
+    np.testing.assert_array_equal(singles, want)
+    start = 0
+    while start < len(X):
+        stop = start + int(rng.integers(1, 65))
+        got = layer.codes_few(X[start:stop], norms[start:stop])
+        np.testing.assert_array_equal(got, want[start:stop])
+        start = stop
+    # The batch kernel met near ties and handed them back for exact re-ranking.
+    codes = np.empty((64, 24), dtype=np.int32)
+    n_ties, _, _ = _bottom_kernels.bottom_codes_batch(
+        X[:64], layer.center_data, layer.centers, layer._masks, layer._center_sq_norms,
+        metric == "cosine", TIE_MARGIN, norms[:64], codes, np.empty((1, 4), np.int64),
+        np.empty(1, np.int64),
+    )  # fmt: skip
+    assert n_ties > 10

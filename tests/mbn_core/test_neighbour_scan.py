@@ -10,7 +10,7 @@ from mbn_core.exceptions import TrainingStopped
 from mbn_core.mbn import neighbour_scan
 from mbn_core.mbn.backends.local import LocalBackend
 from mbn_core.mbn.encoders import UpperClusterings
-from mbn_core.mbn.neighbour_scan import GROUP, NeighbourLists
+from mbn_core.mbn.neighbour_scan import GROUP, GroupCenters, NeighbourLists, ScanPlan
 from mbn_core.mbn.upper import Postings, upper_clustering_codes
 
 
@@ -78,12 +78,51 @@ def test_lists_rank_neighbours_by_shared_codes():
     assert lists.left_out.tolist() == [-1, 1, 1, -1]
 
 
-def test_the_walk_serves_where_centers_are_few_or_lists_too_large(monkeypatch):
+def test_the_walk_serves_where_centers_are_few_or_nothing_fits(monkeypatch):
     codes, _, _ = random_layer(400, 40, 20, 10, 1, seed=1)
     assert NeighbourLists.pays(codes, 20, 200, 400, 0.5)
     assert not NeighbourLists.pays(codes, 20, 2, 400, 0.5)
+    # Lists larger than the budget are scanned in blocks of points ...
+    monkeypatch.setattr(neighbour_scan, "MAX_LIST_BYTES", 400_000)
+    assert len(ScanPlan.for_layer(400, 40, 200, 400).blocks) > 1
+    assert NeighbourLists.pays(codes, 20, 200, 400, 0.5)
+    # ... until not even one group's centers fit beside one point's list.
     monkeypatch.setattr(neighbour_scan, "MAX_LIST_BYTES", 1000)
+    assert ScanPlan.for_layer(400, 40, 200, 400) is None
     assert not NeighbourLists.pays(codes, 20, 200, 400, 0.5)
+
+
+@pytest.mark.parametrize("budget", [300_000, 500_000])  # groups made per block / kept
+def test_lists_in_blocks_give_the_walks_codes(monkeypatch, budget):
+    codes, centers, seeds = random_layer(500, 30, 12, 60, 2 * GROUP + 9, seed=5)
+    monkeypatch.setattr(neighbour_scan, "MAX_LIST_BYTES", budget)
+    plan = ScanPlan.for_layer(500, 30, 60, len(centers))
+    assert len(plan.blocks) > 1 and plan.keep_groups == (budget > 400_000)
+    heard = []
+    clusterings = UpperClusterings(centers.astype(np.int32), seeds, 12, 0.5)
+    with LocalBackend(n_jobs=2, callback=lambda *told: heard.append(told)) as backend:
+        got = backend.scan_upper_codes(1, codes, clusterings)
+    np.testing.assert_array_equal(got, walked(codes, 12, centers, seeds, 0.5))
+    # Told after each group of each block, as the layer's share done, up to all of it.
+    done = [d for _, d, _ in heard]
+    assert len(heard) == 3 * len(plan.blocks) and done == sorted(done)
+    assert heard[-1] == (1, len(centers), len(centers))
+
+
+def test_a_fit_with_its_lists_in_blocks_gives_the_same_codes(monkeypatch, digits):
+    X = digits.X[:400]
+    expected = MBN(n_clusterings=70, random_state=0, n_jobs=2).fit(X)
+    monkeypatch.setattr(NeighbourLists, "pays", staticmethod(lambda *args: True))
+    # Half of the first upper layer's lists fit, beside one group's centers.
+    k = expected.ks_[0]
+    lists = 400 * NeighbourLists.size_for(400, k) * neighbour_scan.ENTRY_BYTES
+    budget = lists // 2 + GroupCenters.nbytes_for(400, 70, GROUP, k)
+    monkeypatch.setattr(neighbour_scan, "MAX_LIST_BYTES", budget)
+    assert len(ScanPlan.for_layer(400, 70, k, 70).blocks) == 2
+    model = MBN(n_clusterings=70, random_state=0, n_jobs=2).fit(X)
+    for layer in range(len(model.ks_)):
+        np.testing.assert_array_equal(model.encode(X, layer=layer), expected.encode(X, layer=layer))
+    np.testing.assert_array_equal(model.transform(X), expected.transform(X))
 
 
 def test_a_fit_scans_its_upper_layers_with_the_saved_models_codes(monkeypatch, digits):

@@ -272,13 +272,7 @@ def test_sparse_uploads_are_sized_by_their_arrays(api: Callable[..., TestClient]
         ({"method": "modular_kpca"}, "does not take sparse input"),
         *(
             ({"method": method}, f"method {method!r} does not take sparse input")
-            for method in ("tsne", "umap", "densmap", "pacmap")
-        ),
-        pytest.param(
-            {"method": "trimap"},
-            "method 'trimap' does not take sparse input",
-            # Checking it imports TriMap, which compiles its kernels on import: seconds.
-            marks=pytest.mark.slow,
+            for method in ("tsne", "umap", "densmap", "pacmap", "trimap")
         ),
     ],
 )
@@ -303,11 +297,8 @@ def test_sparse_uploads_a_training_cannot_take_are_refused_at_submission(
         ({"method": "tsne"}, 50, 8, "perplexity=30 needs at least 91 rows, got 50"),
         ({"method": "pacmap", "n_neighbors": 30}, 20, 8, "n_neighbors=30 needs at least 32 rows"),
         ({"method": "umap", "n_neighbors": 40}, 30, 8, "n_neighbors=40 (and n_components=2)"),
-        pytest.param(
-            {"method": "trimap"}, 60, 1, "n_components=2 principal components, which needs "
-            "at least 2 features, got 1",
-            marks=pytest.mark.slow,  # checking it imports TriMap (kernels compiled): seconds
-        ),
+        ({"method": "trimap"}, 60, 1, "n_components=2 principal components, which needs at "
+         "least 2 features, got 1"),
         ({"method": "pacmap"}, 60, 1, "needs at least 2 features, got 1"),
         ({"method": "tsne", "initialization": "pca", "n_components": 3}, 120, 2,
          'initialization="pca" starts the layout from n_components=3 principal components'),

@@ -11,11 +11,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from mbn_core.mbn import _kernels
 from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback, register_backend
 from mbn_core.mbn.bottom import BottomLayer
 from mbn_core.mbn.dtypes import smallest_uint
 from mbn_core.mbn.encoders import Encoder, UpperClusterings, bottom_encoder, upper_encoder
-from mbn_core.mbn.neighbour_scan import GROUP, NeighbourLists
+from mbn_core.mbn.neighbour_scan import GROUP, GroupCenters, NeighbourLists, ScanPlan
 from mbn_core.mbn.upper import UpperLayer
 
 
@@ -60,22 +61,39 @@ class LocalBackend(LayerBackend):
         self, index: int, codes: np.ndarray, clusterings: UpperClusterings
     ) -> np.ndarray:
         """``fit_upper_codes`` by candidate scan (``mbn_core.mbn.neighbour_scan``): the
-        layer's neighbour lists once, then ``GROUP`` clusterings at a time, each group's
-        points split between the threads; progress is told after each group."""
-        n_points = codes.shape[0]
+        layer's neighbour lists once (a block of points at a time where they would not fit
+        in memory: ``ScanPlan``), then ``GROUP`` clusterings at a time, each group's points
+        split between the threads; progress is told after each group (of each block, as the
+        share of the layer's work done, in clusterings)."""
+        n_points, n_clusterings = codes.shape
         n_new, k = clusterings.centers.shape
-        lists = NeighbourLists.build(
-            codes, clusterings.n_values, NeighbourLists.size_for(n_points, k), self.pool,
-            self.n_threads,
-        )  # fmt: skip
+        n_values, fraction = clusterings.n_values, clusterings.feature_fraction
+        plan = ScanPlan.for_layer(n_points, n_clusterings, k, n_new)
+        if plan is None:  # pays() refuses such a layer; a direct call walks it
+            encode = clusterings.encoder(codes, self.pool)
+            return self.map_clusterings(index, n_new, encode, n_points, k)
+        postings = _kernels.build_postings(codes, n_values)
+        groups = [(first, min(first + GROUP, n_new)) for first in range(0, n_new, GROUP)]
+        kept: dict[int, GroupCenters] = {}
         out = np.empty((n_points, n_new), dtype=smallest_uint(k - 1))
-        for first in range(0, n_new, GROUP):
-            last = min(first + GROUP, n_new)
-            out[:, first:last] = lists.scan(
-                codes, clusterings.centers[first:last], clusterings.seeds[first:last],
-                clusterings.n_values, clusterings.feature_fraction, self.pool, self.n_threads,
+        for block, rows in enumerate(plan.blocks):
+            lists = NeighbourLists.build(
+                codes, n_values, plan.width, self.pool, self.n_threads, rows=rows,
+                postings=postings,
             )  # fmt: skip
-            self.report(index, last, n_new)
+            for first, last in groups:
+                group = kept.get(first)
+                if group is None:
+                    group = GroupCenters.prepare(
+                        codes, clusterings.centers[first:last], clusterings.seeds[first:last],
+                        n_values, fraction,
+                    )  # fmt: skip
+                    if plan.keep_groups:
+                        kept[first] = group
+                out[rows[0] : rows[1], first:last] = lists.scan_group(
+                    codes, group, self.pool, self.n_threads
+                )
+                self.report(index, (block * n_new + last) // len(plan.blocks), n_new)
         return out
 
     def upper_codes(self, index: int, codes: np.ndarray, layer: UpperLayer) -> np.ndarray:
