@@ -131,6 +131,7 @@ else:
 """
 
 
+@pytest.mark.slow  # starts the exact runtime (a process): seconds; the full suite runs it
 def test_a_model_that_does_not_fit_in_memory_is_unavailable_not_damaged(
     model_dir: Path, write_bundle: Callable[..., Path]
 ) -> None:

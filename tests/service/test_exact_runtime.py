@@ -92,6 +92,7 @@ def alone(bundle: Bundle, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | No
     return bundle.embed_with_clusters(rows, mode="exact")
 
 
+@pytest.mark.slow  # starts the exact runtime (a process): seconds; the full suite runs it
 def test_concurrent_requests_of_every_size_get_what_transform_alone_gives(
     tmp_path: Path, write_bundle: Callable[..., Path], digits: Digits
 ) -> None:
@@ -173,6 +174,7 @@ def test_a_batch_dependent_method_computes_each_request_alone(
     assert not np.array_equal(together[:1], answers[0].embedding)
 
 
+@pytest.mark.slow  # starts the exact runtime (a process): seconds; the full suite runs it
 def test_refusals_name_the_model_and_never_a_server_path(
     tmp_path: Path, write_bundle: Callable[..., Path], digits: Digits
 ) -> None:
@@ -286,6 +288,7 @@ def test_a_killed_runtime_fails_its_requests_with_503_and_is_started_again(
     assert "m-slow" in down.message and "down" in down.message
 
 
+@pytest.mark.slow  # starts the exact runtime (a process): seconds; the full suite runs it
 def test_a_gpu_that_is_not_there_is_reported_and_refused(
     tmp_path: Path, write_bundle: Callable[..., Path], digits: Digits
 ) -> None:
@@ -320,6 +323,7 @@ def test_a_gpu_that_is_not_there_is_reported_and_refused(
     )
 
 
+@pytest.mark.slow  # a fresh interpreter per module: seconds; the full suite runs it
 @pytest.mark.parametrize(
     "module", ["service.exact.process", "service.exact.frontend", "service.admission"]
 )

@@ -86,6 +86,7 @@ def test_a_model_without_traffic_reports_no_values_and_says_so(shadowing: TestCl
     assert 'model="m-novel"' not in metrics
 
 
+@pytest.mark.slow  # the exact runtime computes the shadow rows: seconds; the full suite runs it
 def test_a_window_of_sampled_rows_but_no_shadow_rows_reports_no_fidelity(
     batching: TestClient, digits: Digits
 ) -> None:
@@ -112,6 +113,7 @@ def _live_figures(body: dict) -> tuple:
     return live["r2"], live["nmi_fast_exact"], live["cosine_median"], live["n_holdout"]
 
 
+@pytest.mark.slow  # the exact runtime computes the shadow rows: seconds; the full suite runs it
 def test_rows_outside_the_training_range_stay_out_of_the_live_figures(
     shadowing: TestClient, digits: Digits
 ) -> None:
@@ -141,6 +143,7 @@ def test_rows_outside_the_training_range_stay_out_of_the_live_figures(
     assert float(metrics.split(line)[1].split()[0]) == pytest.approx(before["live"]["r2"])
 
 
+@pytest.mark.slow  # the exact runtime computes the shadow rows: seconds; the full suite runs it
 def test_a_large_request_of_extreme_rows_at_the_default_fraction(
     tmp_path, write_bundle, novelty_bundle, digits: Digits
 ) -> None:
@@ -198,6 +201,7 @@ def test_return_novelty(shadowing: TestClient, digits: Digits) -> None:
     assert "novelty" not in plain
 
 
+@pytest.mark.slow  # the exact runtime computes the shadow rows: seconds; the full suite runs it
 def test_a_degenerate_novelty_calibration_is_said(
     tmp_path, write_bundle, novelty_bundle, tiny_model: CompressiveMBN, digits: Digits
 ) -> None:
@@ -246,6 +250,7 @@ def test_a_degenerate_novelty_calibration_is_said(
         assert 'mbn_input_out_of_range_share{model="m-flat"' in metrics
 
 
+@pytest.mark.slow  # the exact runtime computes the shadow rows: seconds; the full suite runs it
 def test_a_deleted_model_leaves_no_monitor_state(shadowing: TestClient, digits: Digits) -> None:
     """Its window, its novelty model and its series in /metrics go with it."""
     monitor = shadowing.app.state.monitor
@@ -267,6 +272,7 @@ def test_a_deleted_model_leaves_no_monitor_state(shadowing: TestClient, digits: 
     assert set(monitor._windows) == {"m-digits"}
 
 
+@pytest.mark.slow  # the exact runtime computes the shadow rows: seconds; the full suite runs it
 def test_a_model_another_replica_deleted_leaves_no_monitor_state(
     shadowing: TestClient, digits: Digits
 ) -> None:
@@ -284,6 +290,7 @@ def test_a_model_another_replica_deleted_leaves_no_monitor_state(
     assert 'model="m-novel"' not in shadowing.get("/metrics").text
 
 
+@pytest.mark.slow  # the exact runtime computes the shadow rows: seconds; the full suite runs it
 def test_monitor_equals_a_brute_force_recomputation(shadowing: TestClient, digits: Digits) -> None:
     monitor = shadowing.app.state.monitor
     x = np.vstack([digits[0][1500:1560], 16.0 - digits[0][1560:1570]])
@@ -330,6 +337,7 @@ def test_monitor_equals_a_brute_force_recomputation(shadowing: TestClient, digit
     assert value == pytest.approx(live["r2"])
 
 
+@pytest.mark.slow  # the exact runtime computes the shadow rows: seconds; the full suite runs it
 def test_shadow_rows_never_delay_fast_requests(
     shadowing: TestClient, digits: Digits, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -371,6 +379,7 @@ def test_shadow_rows_never_delay_fast_requests(
     assert body["shadow_rows"] == 25 and body["dropped_behind"] == 30
 
 
+@pytest.mark.slow  # the exact runtime computes the shadow rows: seconds; the full suite runs it
 def test_sampled_rows_wait_for_a_batch(batching: TestClient, digits: Digits) -> None:
     monitor = batching.app.state.monitor
     monitor.batch_rows = 8
@@ -401,6 +410,7 @@ def test_sampled_rows_wait_for_a_batch(batching: TestClient, digits: Digits) -> 
     np.testing.assert_allclose(np.array(monitor._windows["m-novel"].exact), exact, rtol=1e-5)
 
 
+@pytest.mark.slow  # the exact runtime computes the shadow rows: seconds; the full suite runs it
 def test_shadow_rows_the_runtime_cannot_compute_are_counted_as_skipped(
     tmp_path, write_bundle, novelty_bundle, digits: Digits
 ) -> None:

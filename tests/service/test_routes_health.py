@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from servicetest import assert_error, wait_for
 
 
+@pytest.mark.slow  # starts the exact runtime (a process): seconds; the full suite runs it
 def test_live_and_ready(api: Callable[..., TestClient]) -> None:
     client = api()
     assert client.get("/health/live").json() == {"status": "ok", "checks": {}}
@@ -128,6 +129,7 @@ def test_not_ready_when_the_store_is_down(api: Callable[..., TestClient]) -> Non
     wait_for(lambda: client.get("/health/ready").status_code == 200, 10, "ready again")
 
 
+@pytest.mark.slow  # starts the exact runtime (a process): seconds; the full suite runs it
 def test_metrics(api: Callable[..., TestClient]) -> None:
     client = api()
     row = [[0.0] * 64]

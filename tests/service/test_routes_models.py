@@ -100,6 +100,7 @@ def test_promote_and_forced_delete_over_http(
     assert listing["default"] == "m-digits" and listing["default_source"] == "auto"
 
 
+@pytest.mark.slow  # starts the exact runtime (a process): seconds; the full suite runs it
 def test_a_tampered_exact_model_is_a_clear_409_and_shows_in_models(
     api: Callable[..., TestClient], caplog: pytest.LogCaptureFixture
 ) -> None:

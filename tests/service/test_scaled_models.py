@@ -50,6 +50,7 @@ def client(
     return client
 
 
+@pytest.mark.slow  # starts the exact runtime (a process): seconds; the full suite runs it
 def test_rows_scaled_beyond_float32_are_a_422_in_both_modes(client: TestClient) -> None:
     hostile = [[3e38] * 64]
     messages = []
