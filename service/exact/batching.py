@@ -152,7 +152,7 @@ class ExactQueue:
         batch_rows: int,
         background_rows: int = 32,
         max_background: int = 4,
-        max_wait: float = 0.005,
+        max_wait: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_requests = max_requests
