@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 
 REPO = Path(__file__).resolve().parents[1]
 SERVICE_ONLY = ["fastapi", "uvicorn", "sqlalchemy", "psycopg", "msgspec", "pybase64"]
@@ -49,7 +48,7 @@ def _wheelhouse(requirements: list[str]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def base_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def base_env(tmp_path_factory: pytest.TempPathFactory, digits) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("install")
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     requirements = [*project["build-system"]["requires"], *project["project"]["dependencies"]]
@@ -81,7 +80,7 @@ def base_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     assert installed.returncode == 0, installed.stderr
     work = root / "work"
     work.mkdir()
-    X, y = load_digits(return_X_y=True)
+    X, y = digits
     np.savez(work / "digits.npz", x=X, y=y)
     np.save(work / "queries.npy", X[:7])
     return {"venv": venv, "work": work}

@@ -21,6 +21,7 @@ that was fitted.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -248,12 +249,14 @@ class LayoutMethod(CheckedParams, TransformerMixin, BaseEstimator):
 
     @classmethod
     def available(cls) -> bool:
-        """Whether the library imports."""
+        """Whether the library is installed. Found, not imported: importing some of them
+        compiles their numba kernels (TriMap's take seconds), and ``mbn --help`` and a
+        server's method list ask about every method. A library that is installed but does
+        not import is refused by the fit (``load_library``)."""
         try:
-            cls.load_library()
-        except MethodUnavailable:
+            return importlib.util.find_spec(cls.library) is not None
+        except (ImportError, ValueError):  # a parent package missing; a module set to None
             return False
-        return True
 
     @classmethod
     def _init_names(cls) -> set[str]:

@@ -27,14 +27,24 @@ _TEMPER_C = np.uint64(0xEFC60000)
 _WORD_BOUND = 2**32
 
 
+@njit(inline="always")
+def _twist_one(key, i, following, ahead):
+    y = (np.uint64(key[i]) & _UPPER) | (np.uint64(key[following]) & _LOWER)
+    mixed = np.uint64(key[ahead]) ^ (y >> np.uint64(1))
+    if y & np.uint64(1):
+        mixed ^= _MATRIX_A
+    key[i] = np.uint32(mixed)
+
+
 @njit(nogil=True, cache=True)
 def _twist(key: np.ndarray) -> None:
-    for i in range(_N):
-        y = (np.uint64(key[i]) & _UPPER) | (np.uint64(key[(i + 1) % _N]) & _LOWER)
-        mixed = np.uint64(key[(i + _M) % _N]) ^ (y >> np.uint64(1))
-        if y & np.uint64(1):
-            mixed ^= _MATRIX_A
-        key[i] = np.uint32(mixed)
+    # Word i from words i, i + 1 and i + M (indices mod N), in order: the three runs below
+    # are the ranges where those indices wrap alike, so no index needs a division.
+    for i in range(_N - _M):
+        _twist_one(key, i, i + 1, i + _M)
+    for i in range(_N - _M, _N - 1):
+        _twist_one(key, i, i + 1, i + _M - _N)
+    _twist_one(key, _N - 1, 0, _M - 1)
 
 
 @njit(nogil=True, cache=True)

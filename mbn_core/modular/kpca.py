@@ -24,6 +24,7 @@ from mbn_core.modular.kernel_map import (
     map_to_arrays,
 )
 from mbn_core.params import Interval, StrOptions, fit_context
+from mbn_core.utils.blas import one_blas_thread
 
 ProgressCallback = Callable[[int, int, int], object]
 
@@ -206,15 +207,19 @@ class ModularKPCA(LandmarkMapTransformer):
         X = validate_data(self, X, dtype=np.float64, order="C", ensure_min_samples=2)
         rng = check_random_state(self.random_state)
         scores: dict[float, float] | None = None
-        if self.diversity == "validate":
-            diversity, scores = self._validate_diversity(X, rng)
-        else:
-            diversity = float(self.diversity)
-        features = fit_kernel_features(X, self.n_landmarks, self.gamma, rng)
-        factors, losses = self._optimise(features, diversity, rng)
+        # One BLAS thread for the whole fit: OpenBLAS splits some reductions (dot products,
+        # LAPACK's inner steps) by its thread count, so the same rows gave a model that
+        # differed in the last bits between one, two and three threads; one thread is the
+        # count every machine has, and the MBM epochs already ran on it.
+        with one_blas_thread():
+            if self.diversity == "validate":
+                diversity, scores = self._validate_diversity(X, rng)
+            else:
+                diversity = float(self.diversity)
+            features = fit_kernel_features(X, self.n_landmarks, self.gamma, rng)
+            factors, losses = self._optimise(features, diversity, rng)
+            self.map_ = module_map(features, factors)
         n_pairs = float(features.n_samples) ** 2
-
-        self.map_ = module_map(features, factors)
         self.gamma_ = features.gamma
         self.diversity_ = diversity
         self.validation_scores_ = scores

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from sklearn.datasets import load_digits
 from sklearn.metrics import r2_score
+from small_models import FOLLOWING_PARAMS
 
 from mbn_core.bundle import REFERENCE_FILE, BundleError, load_bundle
 from mbn_core.pipeline.alignment import (
@@ -18,16 +18,6 @@ from mbn_core.pipeline.alignment import (
     matched_agreement,
 )
 from mbn_core.pipeline.training import train_bundle
-
-SMALL = {
-    "n_clusterings": 20,
-    "k1": 0.1,
-    "delta": 0.5,
-    "hidden_layer_sizes": [32],
-    "max_epochs": 8,
-    "n_clusters": 5,
-    "map_points": 0,
-}
 
 
 def test_procrustes_recovers_a_similarity() -> None:
@@ -53,16 +43,20 @@ def test_matched_agreement_ignores_label_names() -> None:
 
 
 @pytest.fixture(scope="module")
-def versions(tmp_path_factory):
-    X, _ = load_digits(return_X_y=True)
+def versions(tmp_path_factory, digits):
+    X, _ = digits
     X = X.astype(np.float32)
     train, held_out = X[:1500], X[1500:]
     root = tmp_path_factory.mktemp("versions")
-    old = train_bundle(train, root / "old", name="d", params={**SMALL, "random_state": 0})
-    new = train_bundle(
-        train, root / "new", name="d", params={**SMALL, "random_state": 1}, align_to=old
+    old = train_bundle(
+        train, root / "old", name="d", params={**FOLLOWING_PARAMS, "random_state": 0}
     )
-    plain = train_bundle(train, root / "plain", name="d", params={**SMALL, "random_state": 1})
+    new = train_bundle(
+        train, root / "new", name="d", params={**FOLLOWING_PARAMS, "random_state": 1}, align_to=old
+    )
+    plain = train_bundle(
+        train, root / "plain", name="d", params={**FOLLOWING_PARAMS, "random_state": 1}
+    )
     return load_bundle(old), load_bundle(new), load_bundle(plain), held_out
 
 
@@ -109,14 +103,14 @@ def test_incompatible_models_are_refused_before_training(versions, tmp_path) -> 
     old = versions[0]
     with pytest.raises(ValueError, match="takes 64 features"):
         train_bundle(np.ones((50, 3)) * np.arange(50)[:, None], tmp_path / "x", name="x",
-                     params=SMALL, align_to=old)  # fmt: skip
+                     params=FOLLOWING_PARAMS, align_to=old)  # fmt: skip
     with pytest.raises(ValueError, match="dimensions"):
         train_bundle(versions[3], tmp_path / "y", name="y",
-                     params={**SMALL, "n_components": 3}, align_to=old)  # fmt: skip
+                     params={**FOLLOWING_PARAMS, "n_components": 3}, align_to=old)  # fmt: skip
     # Sparse input keeps no reference rows: refused before the fit, not after it.
     sparse = sp.random(300, 64, density=0.2, random_state=0, format="csr", dtype=np.float32)
     with pytest.raises(ValueError, match="sparse input is not supported"):
-        train_bundle(sparse, tmp_path / "z", name="z", params=SMALL, align_to=old,
+        train_bundle(sparse, tmp_path / "z", name="z", params=FOLLOWING_PARAMS, align_to=old,
                      progress=lambda phase, fraction: pytest.fail("the fit started"))  # fmt: skip
     assert not any((tmp_path / name).exists() for name in ("x", "y", "z"))
 

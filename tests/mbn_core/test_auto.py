@@ -4,7 +4,7 @@ import itertools
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits, make_circles, make_moons
+from sklearn.datasets import make_circles, make_moons
 
 from mbn_core import MBN
 from mbn_core.mbn.auto import (
@@ -52,15 +52,15 @@ def test_auto_is_the_default_and_never_reads_y(circles):
 
 
 @pytest.mark.slow
-def test_thin_manifolds_shrink_slower_and_images_keep_half(circles):
+def test_thin_manifolds_shrink_slower_and_images_keep_half(circles, digits):
     # Two rings: halving the centers leaves points with no code-sharing center.
     rings = MBN(n_classes=2, n_clusterings=40, random_state=0).fit(circles)
     assert rings.delta_ > 0.5
     assert rings.ks_ == MBN(n_classes=2, delta=rings.delta_).layer_sizes(300)
     # With the default V = 400 clusterings (fewer share fewer codes, and orphan more).
-    digits = MBN(random_state=0).fit(load_digits().data[:500])
-    assert digits.delta_ == 0.5
-    assert digits.ks_ == MBN().layer_sizes(500)
+    images = MBN(random_state=0).fit(digits.X[:500])
+    assert images.delta_ == 0.5
+    assert images.ks_ == MBN().layer_sizes(500)
 
 
 def test_orphan_rate_counts_points_without_a_shared_code():
@@ -158,7 +158,7 @@ def test_choose_delta_leaves_the_callers_stream_alone():
 
 
 @pytest.mark.slow
-def test_thin_manifolds_get_the_bottom_umap_output_and_images_the_pca_output(circles):
+def test_thin_manifolds_get_the_bottom_umap_output_and_images_the_pca_output(circles, digits):
     # The measurement behind delta, at the V = 400 it was calibrated at: on two rings it
     # leaves orphans at 0.5, on digits none.
     rings = MBN(n_classes=2, random_state=0)
@@ -170,8 +170,8 @@ def test_thin_manifolds_get_the_bottom_umap_output_and_images_the_pca_output(cir
     chosen = MBN(n_classes=2, output="umap-bottom", random_state=0)
     np.testing.assert_array_equal(embedding, chosen.fit_transform(circles))
     assert chosen.ks_ == [150] and chosen.layer_sizes(300) == [150]
-    digits = MBN(random_state=0).fit(load_digits().data[:500])
-    assert digits.output_ == "pca" and digits.explained_variance_ratio_ is not None
+    images = MBN(random_state=0).fit(digits.X[:500])
+    assert images.output_ == "pca" and images.explained_variance_ratio_ is not None
 
 
 @pytest.mark.slow
@@ -221,8 +221,8 @@ def test_every_row_a_center_keeps_the_pca_output(circles):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("shape", ["rings", "digits"])
-def test_a_stored_auto_model_keeps_its_output(circles, shape):
-    X = circles if shape == "rings" else load_digits().data[:300]
+def test_a_stored_auto_model_keeps_its_output(circles, shape, digits):
+    X = circles if shape == "rings" else digits.X[:300]
     model = MBN(n_classes=2, random_state=0).fit(X)
     assert model.output_ == ("umap-bottom" if shape == "rings" else "pca")
     params = {key: value for key, value in model.get_params().items() if key != "callback"}

@@ -41,21 +41,15 @@ def test_bench_gpu_runs_on_the_cpu(tmp_path):
 
 
 @pytest.fixture
-def tiny_bundle_dir(tmp_path):
+def tiny_bundle_dir(tmp_path, digits):
     """A model directory holding one small digits bundle."""
-    from sklearn.datasets import load_digits
+    from small_models import small_student
 
-    from mbn_core import CompressiveMBN
     from mbn_core.bundle import save_bundle
 
-    x = load_digits().data.astype(np.float32)
-    model = CompressiveMBN(
-        MBN(n_clusterings=10, random_state=0, n_jobs=1),
-        hidden_layer_sizes=(8,),
-        max_epochs=2,
-        report_folds=None,
-        random_state=0,
-    ).fit(x)
+    model = small_student(
+        MBN(n_clusterings=10, random_state=0, n_jobs=1), digits.X.astype(np.float32)
+    )
     (tmp_path / "models").mkdir()
     save_bundle(model, tmp_path / "models" / "m-digits", name="digits")
     return tmp_path / "models"

@@ -5,7 +5,6 @@ import warnings
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 
 pytest.importorskip("dask.array")
 zarr = pytest.importorskip("zarr")
@@ -22,9 +21,9 @@ SMALL = {
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
+def workdir(tmp_path_factory, digits):
     path = tmp_path_factory.mktemp("bulk")
-    X, y = load_digits(return_X_y=True)
+    X, y = digits
     train_bundle(X, path / "model", name="digits", params=SMALL, y=y)
     np.save(path / "rows.npy", X[:700].astype(np.uint8))
     return path

@@ -10,7 +10,6 @@ from importlib import metadata
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from sklearn.datasets import load_digits
 
 from mbn_core import cli
 from mbn_core.bundle import load_bundle
@@ -47,9 +46,9 @@ def assert_user_error(result, *fragments):
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
+def workdir(tmp_path_factory, digits):
     path = tmp_path_factory.mktemp("cli")
-    X, y = load_digits(return_X_y=True)
+    X, y = digits
     np.savez(path / "digits.npz", x=X, y=y)
     np.save(path / "queries.npy", X[:25])
     np.save(path / "narrow.npy", X[:5, :10])
@@ -246,6 +245,25 @@ def test_the_library_and_the_cli_import_nothing_of_the_service():
 
 
 @pytest.mark.slow
+def test_train_help_lists_the_layout_methods_without_importing_their_libraries():
+    # `mbn train` builds this parser on every run: importing TriMap there compiled its numba
+    # kernels (seconds) before any training started.
+    libraries = {"trimap", "pacmap", "openTSNE", "umap", "pynndescent"}
+    code = (
+        "import contextlib, io, sys; from mbn_core import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out, "
+        "contextlib.suppress(SystemExit): cli.main(['train', '--help'])\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:])))\n"
+        "print('trimap' in out.getvalue() and 'not installed here' not in out.getvalue())"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, *libraries], capture_output=True, text=True, check=True,
+        timeout=DEADLINE,
+    )  # fmt: skip
+    assert result.stdout.split("\n")[:2] == ["[]", "True"], result.stdout
+
+
+@pytest.mark.slow
 def test_the_service_commands_parse(tmp_path):
     # The service's commands as `mbn` gets them from its entry points (python -m service uses
     # the same functions): options and help, without starting anything.
@@ -272,7 +290,9 @@ def test_train_aligned_to_an_earlier_bundle(trained, workdir):
     assert_user_error(bad, "64 features")
 
 
-def test_train_plan_prints_what_the_fit_will_build_and_writes_nothing(workdir, monkeypatch, capsys):
+def test_train_plan_prints_what_the_fit_will_build_and_writes_nothing(
+    workdir, monkeypatch, capsys, digits
+):
     from mbn_core.pipeline.training import TrainingParams, fit_shape
 
     monkeypatch.chdir(workdir)
@@ -283,7 +303,7 @@ def test_train_plan_prints_what_the_fit_will_build_and_writes_nothing(workdir, m
     params = TrainingParams.from_dict(
         {"method": "mbn", "n_clusterings": 20, "k1": 0.1, "random_state": 3}
     )
-    X = load_digits().data
+    X = digits.X
     n_fit = fit_shape(params, X.shape)[0]
     assert str(params.estimator().plan(X[:n_fit])) in out
     assert f"MBN plan for {n_fit} rows x 64 features" in out
@@ -334,10 +354,10 @@ def test_embed_refuses_an_unknown_output_suffix(trained, workdir):
     assert_user_error(result, "emb.txt", ".npy, .csv, .zarr")
 
 
-def test_train_chooses_a_csv_s_columns(workdir, monkeypatch, capsys):
+def test_train_chooses_a_csv_s_columns(workdir, monkeypatch, capsys, digits):
     """A pandas CSV's index column was a feature; other columns could not be left out."""
     monkeypatch.chdir(workdir)
-    X = load_digits().data[:400, :6]
+    X = digits.X[:400, :6]
     header = ",id,name," + ",".join(f"p{i}" for i in range(6))
     lines = [f"{i},{100 + i},row{i}," + ",".join(f"{v:g}" for v in row) for i, row in enumerate(X)]
     (workdir / "table.csv").write_text("\n".join([header, *lines]) + "\n")

@@ -10,7 +10,6 @@ import threading
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from sklearn.datasets import load_digits
 
 distributed = pytest.importorskip("distributed")
 
@@ -166,8 +165,10 @@ TRAIN_SMALL = [
 ]  # fmt: skip
 
 
-def test_mbn_train_on_the_cluster_writes_the_local_model(client, tmp_path, monkeypatch, capsys):
-    X, y = load_digits(return_X_y=True)
+def test_mbn_train_on_the_cluster_writes_the_local_model(
+    client, tmp_path, monkeypatch, capsys, digits
+):
+    X, y = digits
     np.savez(tmp_path / "digits.npz", x=X[:400], y=y[:400])
     monkeypatch.chdir(tmp_path)
     assert cli.main(["train", "digits.npz", "--out", "local", *TRAIN_SMALL]) == 0
@@ -181,8 +182,10 @@ def test_mbn_train_on_the_cluster_writes_the_local_model(client, tmp_path, monke
             np.testing.assert_array_equal(local[name], remote[name], err_msg=name)
 
 
-def test_mbn_train_with_an_unreachable_scheduler_fails_before_work(tmp_path, monkeypatch, capsys):
-    X, _ = load_digits(return_X_y=True)
+def test_mbn_train_with_an_unreachable_scheduler_fails_before_work(
+    tmp_path, monkeypatch, capsys, digits
+):
+    X, _ = digits
     np.save(tmp_path / "digits.npy", X)
     monkeypatch.chdir(tmp_path)
     with socket.socket() as probe:

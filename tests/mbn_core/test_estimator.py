@@ -8,7 +8,6 @@ import pytest
 import scipy.sparse as sp
 from sklearn.cluster import KMeans
 from sklearn.datasets import (
-    load_digits,
     load_iris,
     load_wine,
     make_blobs,
@@ -261,7 +260,7 @@ def test_auto_feature_fraction_measures_whether_half_the_inputs_suffice(sample):
 
 
 @pytest.mark.slow
-def test_auto_feature_fraction_does_not_depend_on_the_inputs_units():
+def test_auto_feature_fraction_does_not_depend_on_the_inputs_units(digits):
     # Raw wine: one input's scale sets every neighbourhood, so the choice followed the seed's
     # subsets on raw units (docs/decisions/0002-feature-fraction-auto.md).
     wine = load_wine().data
@@ -270,7 +269,7 @@ def test_auto_feature_fraction_does_not_depend_on_the_inputs_units():
     rescaled = X * np.array([1000.0, 1.0, 0.001])
     assert _auto_features(rescaled) == _auto_features(X) == 3
     # An input constant up to rounding, or far from zero, is not made to outweigh the rest.
-    sample = load_digits().data
+    sample = digits.X
     ones = np.ones((len(sample), 1))
     assert _auto_features(np.hstack([sample, 0.7 * ones])) == 32
     offset = 1.7e9 + np.random.RandomState(0).standard_normal((len(sample), 1))
@@ -537,10 +536,10 @@ def test_distinct_center_rows_are_numpy_unique():
 
 
 @pytest.mark.slow  # over a second; the full suite runs it
-def test_a_fit_stopped_in_the_upper_layers_draws_no_further():
+def test_a_fit_stopped_in_the_upper_layers_draws_no_further(digits):
     """The upper layers' draws run ahead on a thread of their own: a fit stopped in an upper
     layer leaves the estimator as it was and no drawing thread behind."""
-    X = load_digits().data[:300]
+    X = digits.X[:300]
 
     def stop_in_layer_two(layer, done, total):
         return layer == 2

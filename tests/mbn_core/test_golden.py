@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 
 from mbn_core import MBN, model_from_arrays
 from mbn_core.bundle import BundleError, load_bundle
@@ -121,6 +120,10 @@ def test_umap_outputs_are_unchanged(name):
 
 EXPECTED = np.load(GOLDEN / "bundles" / "expected.npz")
 ROWS = np.load(GOLDEN / "bundles" / "rows.npy")
+# What a model retrained today embeds, where it differs from the saved bundle's: modular
+# KPCA's fit has since run at one BLAS thread, because the saved model's last bits depended
+# on the thread count it was trained with (docs/decisions/0035-modular-kpca-one-blas-thread.md).
+RETRAINED = np.load(GOLDEN / "bundles" / "retrained.npz")
 
 
 @pytest.mark.parametrize("name", ["mbn", "modular_kpca", "multilevel"])
@@ -151,23 +154,21 @@ def test_spectral_model_arrays_are_refused_naming_the_output():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mbn", "modular_kpca", "multilevel"])
-def test_bundles_trained_now_embed_as_those_saved_before(name, tmp_path):
+def test_bundles_trained_now_embed_as_those_saved_before(name, tmp_path, digits):
     # The whole training pipeline (split, fit, fast path, head) must make the same model as
     # before: retrained with the generator's parameters on its rows, each mode embeds the
     # saved rows bit for bit as the saved bundle did.
-    from sklearn.datasets import load_digits
-
     from mbn_core.pipeline.training import train_bundle
 
-    X, y = load_digits(return_X_y=True)
+    X, y = digits
     path = train_bundle(
         X[:300], tmp_path / name, name=name, params=GEN.BUNDLE_PARAMS[name], y=y[:300]
     )
     bundle = load_bundle(path)
     for mode in ("fast", "exact"):
-        np.testing.assert_array_equal(
-            bundle.embed(ROWS, mode=mode), EXPECTED[f"{name}/{mode}"], err_msg=mode
-        )
+        key = f"{name}/{mode}"
+        expected = RETRAINED[key] if key in RETRAINED else EXPECTED[key]
+        np.testing.assert_array_equal(bundle.embed(ROWS, mode=mode), expected, err_msg=mode)
     # And the same report: held-out rows, clustering head and measurements. A cross-fitted
     # report (MBN's here: every one of its 5 folds measured on 300 rows) has since added
     # how many folds it measured and each figure's standard error over them.
@@ -186,7 +187,16 @@ def test_bundles_trained_now_embed_as_those_saved_before(name, tmp_path):
     if saved["fidelity"].get("holdout") == "cross-fitted":
         assert fidelity.pop("folds_measured") == saved["fidelity"]["folds"]
         assert set(fidelity.pop("standard_error")) >= {"r2", "cosine", "nmi_fast_exact"}
-    assert fidelity == saved["fidelity"]
+    if f"{name}/exact" in RETRAINED:
+        # The same figures of a model a few float64 steps away: equal to within rounding.
+        assert fidelity.keys() == saved["fidelity"].keys()
+        for key, value in saved["fidelity"].items():
+            if isinstance(value, float):
+                assert fidelity[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+            else:
+                assert fidelity[key] == value, key
+    else:
+        assert fidelity == saved["fidelity"]
 
 
 def _state_differences(a, b, path: str, *, values: bool) -> list[str]:
@@ -223,13 +233,13 @@ REFITTED_WHOLE = {"mbn", "multilevel"}
 
 
 @pytest.mark.parametrize("name", ["mbn", "modular_kpca", "multilevel"])
-def test_a_loaded_model_has_every_fitted_attribute_of_a_fresh_fit(name):
+def test_a_loaded_model_has_every_fitted_attribute_of_a_fresh_fit(name, digits):
     bundle = load_bundle(GOLDEN / "bundles" / name)
     loaded = bundle.load_exact().estimator
     method = get_method(bundle.manifest["method"])
     params = bundle.manifest["hyperparameters"][method.name]
     fresh = method.estimator(**{**params, "n_jobs": 1} if "n_jobs" in params else params)
-    fresh.fit(load_digits().data[:300])
+    fresh.fit(digits.X[:300])
     assert vars(loaded).keys() == vars(fresh).keys()
     differences = _state_differences(vars(loaded), vars(fresh), name, values=name in REFITTED_WHOLE)
     assert differences == []

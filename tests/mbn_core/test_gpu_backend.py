@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from sklearn.datasets import load_digits
 
 from mbn_core import MBN
 from mbn_core.mbn.backends import cuda, use_backend
@@ -48,9 +47,9 @@ def _images(n=360, seed=3):
         ("duplicated", {}),
     ],
 )
-def test_device_code_gives_the_cpu_model(data, params):
+def test_device_code_gives_the_cpu_model(data, params, digits):
     if data == "digits":
-        X = load_digits().data[:400]
+        X = digits.X[:400]
     elif data == "images":
         X = _images()
     elif data == "offset images":
@@ -58,7 +57,7 @@ def test_device_code_gives_the_cpu_model(data, params):
     elif data == "scaled":
         X = _images().astype(np.float32) / 255
     else:
-        X = np.repeat(load_digits().data[:120], 3, axis=0)
+        X = np.repeat(digits.X[:120], 3, axis=0)
     device, embedding = _fit_on(cuda.numpy_backend, X, **params)
     cpu, cpu_embedding = _fit_on("local", X, **params)
     np.testing.assert_array_equal(embedding, cpu_embedding)
@@ -131,9 +130,9 @@ def test_upper_layers_in_groups_give_the_same_codes(monkeypatch):
     np.testing.assert_array_equal(layer(7), alone)
 
 
-def test_cuda_without_a_gpu_is_refused(monkeypatch):
+def test_cuda_without_a_gpu_is_refused(monkeypatch, digits):
     monkeypatch.setattr(cuda_device, "gpu_count", lambda: 0)
-    X = load_digits().data[:100]
+    X = digits.X[:100]
     with pytest.raises(ValueError, match="device"):
         MBN(n_clusterings=4, k_max=20, device="cuda").fit(X)
     model = MBN(n_clusterings=4, k_max=20, device="auto", random_state=0).fit(X)
@@ -142,11 +141,11 @@ def test_cuda_without_a_gpu_is_refused(monkeypatch):
         MBN(device="tpu").fit(X)
 
 
-def test_sparse_input_on_the_device_backend_falls_back_on_the_record():
+def test_sparse_input_on_the_device_backend_falls_back_on_the_record(digits):
     from mbn_core.mbn.method import METHOD
     from mbn_core.mbn.persistence import model_from_arrays, model_to_arrays
 
-    X = sp.csr_matrix(load_digits().data[:200])
+    X = sp.csr_matrix(digits.X[:200])
     model, embedding = _fit_on(cuda.numpy_backend, X, metric="cosine")
     cpu, cpu_embedding = _fit_on("local", X, metric="cosine")
     np.testing.assert_array_equal(embedding, cpu_embedding)
@@ -158,20 +157,20 @@ def test_sparse_input_on_the_device_backend_falls_back_on_the_record():
     assert loaded.fallbacks_ == model.fallbacks_ and loaded.device_ == model.device_
 
 
-def test_bad_input_is_refused_on_the_device_runner():
-    X = load_digits().data[:100].copy()
+def test_bad_input_is_refused_on_the_device_runner(digits):
+    X = digits.X[:100].copy()
     X[3, 4] = np.nan
     with use_backend(cuda.numpy_backend), pytest.raises(ValueError, match="NaN"):
         MBN(n_clusterings=4, k_max=20).fit(X)
 
 
 @pytest.mark.slow  # over a second; the full suite runs it
-def test_the_device_is_recorded_in_the_bundle(tmp_path):
+def test_the_device_is_recorded_in_the_bundle(tmp_path, digits):
     from mbn_core.bundle import load_bundle
     from mbn_core.cli import main
     from mbn_core.pipeline.training import train_bundle
 
-    X = load_digits().data[:200]
+    X = digits.X[:200]
     params = {"n_clusterings": 4, "k_max": 20, "max_epochs": 2, "device": "auto"}
     path = train_bundle(X, tmp_path / "m", name="m", params=params)
     expected = f"cuda ({cuda.device_name()})" if cuda.gpu_present() else "cpu"

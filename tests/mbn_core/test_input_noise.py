@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits, make_moons
+from sklearn.datasets import make_moons
 from sklearn.metrics import pairwise_distances
 
 from mbn_core.distill.input_map import InputMap
@@ -14,9 +14,9 @@ def mlp_input(X):
     return np.asarray(InputMap.fit(X, 32).transform(X), dtype=np.float64)
 
 
-def test_wide_data_keep_the_calibrated_noise():
+def test_wide_data_keep_the_calibrated_noise(digits):
     # Digits projected onto 32 directions: 0.3 stays within half a neighbourhood.
-    assert auto_input_noise(mlp_input(load_digits().data)) == MAX_INPUT_NOISE
+    assert auto_input_noise(mlp_input(digits.X)) == MAX_INPUT_NOISE
 
 
 def test_a_thin_manifold_gets_noise_within_a_neighbourhood():

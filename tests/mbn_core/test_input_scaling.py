@@ -10,7 +10,7 @@ import onnx
 import pytest
 import scipy.sparse as sp
 from onnx import TensorProto, helper
-from sklearn.datasets import load_breast_cancer, load_digits, load_iris, load_wine
+from sklearn.datasets import load_breast_cancer, load_iris, load_wine
 
 from mbn_core.bundle import BundleError, OutOfRangeInput, load_bundle
 from mbn_core.bundle.load import check_scaled_range
@@ -35,11 +35,11 @@ from mbn_core.pipeline.training import TrainingParams, train_bundle
         (load_wine, "standard"),  # proline in the hundreds, hue near 1
         (load_breast_cancer, "standard"),  # areas in the thousands, fractal dimensions 0.06
         (load_iris, "none"),  # four lengths in centimetres
-        (load_digits, "none"),  # 8x8 images, 0..16
+        ("digits", "none"),  # 8x8 images, 0..16 (the digits fixture)
     ],
 )
-def test_auto_standardises_mixed_units_and_leaves_one_unit_alone(loader, expected):
-    X = loader().data
+def test_auto_standardises_mixed_units_and_leaves_one_unit_alone(loader, expected, digits):
+    X = digits.X if loader == "digits" else loader().data
     assert choose_scaling(X, "auto").method == expected
 
 
@@ -62,10 +62,10 @@ def test_auto_keeps_sparse_input_sparse_and_standard_refuses_it():
         choose_scaling(X, "standard")
 
 
-def test_explicit_choices_override_auto():
+def test_explicit_choices_override_auto(digits):
     X = load_wine().data
     assert choose_scaling(X, "none").method == "none"
-    assert choose_scaling(load_digits().data, "standard").method == "standard"
+    assert choose_scaling(digits.X, "standard").method == "standard"
     with pytest.raises(ValueError, match="input_scaling"):
         choose_scaling(X, "minmax")
 

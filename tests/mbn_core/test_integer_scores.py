@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from sklearn.datasets import load_digits
 
 from mbn_core import MBN
 from mbn_core.mbn import _integer_scores, bottom
@@ -159,13 +158,13 @@ def _fit(X, **params):
         ("duplicated", {}),
     ],
 )
-def test_networks_are_identical_to_the_float_path(name, params, float_path):
+def test_networks_are_identical_to_the_float_path(name, params, float_path, digits):
     if name == "digits":
-        X = load_digits().data[:500]  # whole numbers 0..16, float64
+        X = digits.X[:500]  # whole numbers 0..16, float64
     elif name == "images":
         X = _generated_images()
     else:  # every row three times: centers tie exactly at distance 0
-        X = np.repeat(load_digits().data[:150], 3, axis=0)
+        X = np.repeat(digits.X[:150], 3, axis=0)
     assert isinstance(bottom_input(np.asarray(X, np.float64), _bottom(X)), IntegerRows)
     model, embedding = _fit(X, **params)
     codes = _codes(model, X)
@@ -191,8 +190,8 @@ def test_scaled_floats_take_the_float_path():
 
 
 @pytest.mark.slow  # over a second; the full suite runs it
-def test_sparse_counts_match_the_dense_integer_path():
-    X = load_digits().data[:500]
+def test_sparse_counts_match_the_dense_integer_path(digits):
+    X = digits.X[:500]
     params = {"n_clusterings": 12, "k_max": 150, "random_state": 0, "n_jobs": 2}
     dense = MBN(**params).fit(X)
     sparse = MBN(**params).fit(sp.csr_matrix(X))

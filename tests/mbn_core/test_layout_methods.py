@@ -6,7 +6,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 from toy_method import ToyProjection
 
 from mbn_core.bundle import load_bundle
@@ -79,16 +78,10 @@ def test_a_layout_cannot_be_exported():
         register(dataclasses.replace(get_method("umap"), name="umap-exported", export=len))
 
 
-@pytest.fixture(scope="module")
-def digits():
-    X, y = load_digits(return_X_y=True)
-    return X.astype(np.float32), y
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_a_layout_trains_reports_and_embeds(name, digits, tmp_path, capsys):
-    X, y = digits
+    X, y = digits.X.astype(np.float32), digits.y
     path = train_bundle(
         X[:500],
         tmp_path / name,

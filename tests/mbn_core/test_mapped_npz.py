@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from digits_data import Digits
 
 from mbn_core.bundle import BundleError, load_bundle
 from mbn_core.bundle.load import load_exact
@@ -127,20 +128,14 @@ def test_bundles_saved_before_embed_identically_when_mapped(name: str, tmp_path:
     np.testing.assert_array_equal(embedding, EXPECTED[f"{name}/exact"])
 
 
-def test_a_new_bundle_maps_its_exact_model(tmp_path: Path) -> None:
-    from sklearn.datasets import load_digits
+def test_a_new_bundle_maps_its_exact_model(tmp_path: Path, digits: Digits) -> None:
+    from small_models import small_student
 
-    from mbn_core import MBN, CompressiveMBN
+    from mbn_core import MBN
     from mbn_core.bundle import save_bundle
 
-    x = load_digits().data[:300].astype(np.float32)
-    model = CompressiveMBN(
-        MBN(n_clusterings=5, random_state=0, n_jobs=1),
-        hidden_layer_sizes=(8,),
-        max_epochs=2,
-        report_folds=None,
-        random_state=0,
-    ).fit(x)
+    x = digits.X[:300].astype(np.float32)
+    model = small_student(MBN(n_clusterings=5, random_state=0, n_jobs=1), x)
     path = save_bundle(model, tmp_path / "m", name="m")
     bundle = load_bundle(path)
     exact = load_exact(path, mapped=True)

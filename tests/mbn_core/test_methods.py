@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 import toy_method
-from sklearn.datasets import load_digits
+from digits_data import Digits
 
 from mbn_core import cli
 from mbn_core.bundle import load_bundle
@@ -181,12 +181,14 @@ def test_cli_trains_and_embeds_with_a_registered_method(split, tmp_path, monkeyp
 @pytest.mark.parametrize(
     "name", ["mbn", pytest.param("modular_kpca", marks=pytest.mark.slow), "multilevel"]
 )
-def test_methods_that_declare_a_batch_independent_exact_map_have_one(name: str) -> None:
+def test_methods_that_declare_a_batch_independent_exact_map_have_one(
+    name: str, digits: Digits
+) -> None:
     """``batch_independent_exact`` lets a server merge requests into one ``transform`` call:
     each row must get the same bits whatever rows share its call."""
     method = get_method(name)
     assert method.batch_independent_exact
-    x = load_digits().data.astype(np.float32)
+    x = digits.X.astype(np.float32)
     params = {"n_clusterings": 10, "random_state": 0} if name == "mbn" else {}
     estimator = method.estimator(**params).fit(x[:300])
     new = x[400:520]

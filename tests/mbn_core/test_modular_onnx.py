@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from sklearn.datasets import load_digits
 
 from mbn_core import ModularBaseline, ModularKPCA
 from mbn_core.distill.onnx import OnnxEmbedder
@@ -16,8 +15,8 @@ PARAMS = {"n_modules": 4, "module_dim": 5, "n_landmarks": 120, "random_state": 0
 
 
 @pytest.fixture(scope="module")
-def data():
-    X, _ = load_digits(return_X_y=True)
+def data(digits):
+    X, _ = digits
     return X[:500], X[500:800]
 
 

@@ -5,7 +5,7 @@ import pytest
 from scipy.linalg import orthogonal_procrustes
 from scipy.stats import spearmanr
 from sklearn.cluster import KMeans
-from sklearn.datasets import load_digits, make_blobs, make_s_curve, make_swiss_roll
+from sklearn.datasets import make_blobs, make_s_curve, make_swiss_roll
 from sklearn.manifold import Isomap
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
@@ -208,8 +208,8 @@ def test_far_edges_keep_the_refinement_solvable(seed):
 
 
 @pytest.mark.slow
-def test_multilevel_kmeans_needs_no_more_final_iterations_than_random_kmeans():
-    X = load_digits().data[:900]
+def test_multilevel_kmeans_needs_no_more_final_iterations_than_random_kmeans(digits):
+    X = digits.X[:900]
     ours, plain = [], []
     for seed in range(6):
         model = MultilevelKMeans(n_clusters=10, random_state=seed).fit(X)

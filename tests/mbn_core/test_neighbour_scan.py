@@ -4,7 +4,6 @@ layers through the local backend, whose progress and stopping still work."""
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 
 from mbn_core import MBN
 from mbn_core.exceptions import TrainingStopped
@@ -87,8 +86,8 @@ def test_the_walk_serves_where_centers_are_few_or_lists_too_large(monkeypatch):
     assert not NeighbourLists.pays(codes, 20, 200, 400, 0.5)
 
 
-def test_a_fit_scans_its_upper_layers_with_the_saved_models_codes(monkeypatch):
-    X = load_digits().data[:400]
+def test_a_fit_scans_its_upper_layers_with_the_saved_models_codes(monkeypatch, digits):
+    X = digits.X[:400]
     walk_only = MBN(n_clusterings=70, random_state=0, n_jobs=2)
     monkeypatch.setattr(NeighbourLists, "pays", staticmethod(lambda *args: False))
     expected = walk_only.fit(X)
@@ -108,7 +107,7 @@ def test_a_fit_scans_its_upper_layers_with_the_saved_models_codes(monkeypatch):
     np.testing.assert_array_equal(model.transform(X), expected.transform(X))
 
 
-def test_a_fit_stopped_in_a_scanned_layer_stops_there(monkeypatch):
+def test_a_fit_stopped_in_a_scanned_layer_stops_there(monkeypatch, digits):
     monkeypatch.setattr(NeighbourLists, "pays", staticmethod(lambda *args: True))
     heard = []
 
@@ -118,7 +117,7 @@ def test_a_fit_stopped_in_a_scanned_layer_stops_there(monkeypatch):
 
     model = MBN(n_clusterings=70, random_state=0, n_jobs=2, callback=stop_in_layer_two)
     with pytest.raises(TrainingStopped, match="layer 2 after 64 of 70"):
-        model.fit(load_digits().data[:300])
+        model.fit(digits.X[:300])
     # Told group by group above the bottom layer; nothing after the stop.
     assert [h for h in heard if h[0] == 1] == [(1, 64, 70), (1, 70, 70)]
     assert heard[-1] == (2, 64, 70)

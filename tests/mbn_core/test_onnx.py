@@ -5,7 +5,6 @@ import onnx
 import pytest
 import scipy.sparse as sp
 from onnx import TensorProto, helper, numpy_helper
-from sklearn.datasets import load_digits
 
 from mbn_core import MBN, CompressiveMBN
 from mbn_core.distill.onnx import CLUSTER, EMBEDDING, INPUT, OnnxEmbedder, to_onnx
@@ -22,8 +21,8 @@ def fit_model(X, **params):
 
 
 @pytest.fixture(scope="module")
-def X():
-    return load_digits(return_X_y=True)[0]
+def X(digits):
+    return digits.X
 
 
 @pytest.fixture(scope="module")

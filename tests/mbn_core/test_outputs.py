@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 
 from mbn_core import MBN
 from mbn_core.mbn.outputs import (
@@ -17,9 +16,9 @@ from mbn_core.mbn.outputs.base import FittedOutput
 
 
 @pytest.fixture(scope="module")
-def codes():
+def codes(digits):
     """(bottom codes, top codes, ks) of the digits' training rows in a small network."""
-    X = load_digits().data[:300]
+    X = digits.X[:300]
     model = MBN(n_clusterings=20, delta=0.5, random_state=0).fit(X)
     return model.encode(X, 0), model.encode(X, -1), model.ks_
 

@@ -5,14 +5,13 @@ import threading
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 
 from mbn_core import MBN
 from mbn_core.mbn.phases import PHASES, PhaseTimes, phase, timed_phases
 
 
-def test_a_fit_records_every_phase():
-    X = load_digits().data[:400]
+def test_a_fit_records_every_phase(digits):
+    X = digits.X[:400]
     with timed_phases() as times:
         MBN(n_clusterings=20, random_state=0, n_jobs=1).fit(X)
     assert set(times.seconds) == set(PHASES)

@@ -2,16 +2,15 @@
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 from sklearn.manifold import trustworthiness
 
 from mbn_core.utils.trust import Trustworthiness
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_scores_equal_sklearns_bit_for_bit(seed):
+def test_scores_equal_sklearns_bit_for_bit(seed, digits):
     rng = np.random.default_rng(seed)
-    X = load_digits().data[rng.choice(1797, 200, replace=False)]  # whole numbers: many ties
+    X = digits.X[rng.choice(1797, 200, replace=False)]  # whole numbers: many ties
     faithful = Trustworthiness(X, 10)
     for size in (2, 16, 40):
         Z = X[:, rng.choice(64, size, replace=False)]

@@ -25,6 +25,7 @@ import pytest
 import sqlalchemy as sa
 from digits_data import Digits
 from servicetest import MAP_POINTS, REPO, Process, make_settings, running_app
+from small_models import small_student
 
 from mbn_core import MBN, CompressiveMBN
 from mbn_core.bundle import save_bundle, write_manifest
@@ -91,18 +92,29 @@ def write_bundle(tiny_model: CompressiveMBN) -> Callable[..., Path]:
 
 
 @pytest.fixture(scope="session")
+def digits_data_dir(
+    tmp_path_factory: pytest.TempPathFactory, write_bundle: Callable[..., Path]
+) -> Callable[[str], Path]:
+    """``digits_data_dir(prefix)``: a new data directory for a server, holding ``tiny_model``
+    as ``m-digits`` (named "digits")."""
+
+    def make(prefix: str) -> Path:
+        data_dir = tmp_path_factory.mktemp(prefix)
+        write_bundle(data_dir / "models", "m-digits", "digits")
+        return data_dir
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def slow_bundle(digits: tuple[np.ndarray, np.ndarray]) -> Callable[[Path], Path]:
     """Write a digits model whose exact mode is slow enough to be caught computing, as
     ``m-slow``: V = 100 clusterings (the tiny model has 10), so 8,192 rows of exact MBN take
     seconds however fast the machine."""
     x, y = digits
-    slow = CompressiveMBN(
-        MBN(n_clusterings=100, random_state=0, n_jobs=1),
-        hidden_layer_sizes=(16,),
-        max_epochs=2,
-        report_folds=None,  # five fits for a report no test reads
-        random_state=0,
-    ).fit(x, y)
+    slow = small_student(
+        MBN(n_clusterings=100, random_state=0, n_jobs=1), x, y, hidden_layer_sizes=(16,)
+    )
 
     def write(model_dir: Path) -> Path:
         model_dir.mkdir(parents=True, exist_ok=True)

@@ -43,6 +43,9 @@ TINY_PARAMS: dict[str, Any] = {
     "n_clusters": 10,
     "map_points": 300,
 }
+# Training parameters that keep a job running for minutes: a job to catch running, cancel,
+# kill or restart servers under.
+LONG_PARAMS: dict[str, Any] = {"n_clusterings": 3000, "hidden_layer_sizes": [16], "max_epochs": 2}
 # Points of the ``digits_map`` fixture's map.
 MAP_POINTS = 300
 # Fast-reacting job machinery, so recovery tests take seconds.
@@ -142,17 +145,39 @@ class Server(Process):
 
 
 @contextlib.contextmanager
-def serving(env: dict[str, str], log_path: Path, *, ready: bool = True) -> Iterator[Server]:
-    """``mbn serve`` with ``env``: started (and, with ``ready``, answering ``/health/ready``
-    200), stopped on leaving."""
-    server = Server(env, log_path).start()
+def serving(
+    env: dict[str, str],
+    log_path: Path,
+    *,
+    ready: bool = True,
+    wait: float = 60.0,
+    clean_log: bool = False,
+) -> Iterator[Server]:
+    """``mbn serve`` with ``env``: started (within ``wait`` seconds on a quiet machine, and,
+    with ``ready``, answering ``/health/ready`` 200), stopped on leaving. A failure inside
+    prints the server's log tail; with ``clean_log`` its log must hold no traceback once it
+    stopped (an unhandled error is a 500)."""
+    server = Server(env, log_path).start(wait=wait)
     try:
         if ready:
             with server.client() as client:
                 wait_for(lambda: client.get("/health/ready").status_code == 200, 60, "ready")
         yield server
+    except BaseException:
+        print(server.log_tail())  # noqa: T201 - shown by pytest on failure
+        raise
     finally:
         server.stop()
+    if clean_log:
+        assert "Traceback" not in server.log_path.read_text(), server.log_tail()
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    """Everything the server sends on a raw connection, until it closes it."""
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 # The shortest deadline of a wait: each wait ends as soon as its condition holds, so the

@@ -5,15 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pytest
+from digits_data import Digits
 from fastapi.testclient import TestClient
-from servicetest import assert_error, make_settings, running_app, wait_for_progress
+from servicetest import LONG_PARAMS, assert_error, make_settings, running_app, wait_for_progress
 
 from service.jobs import JobStore
-
-Digits = tuple[np.ndarray, np.ndarray]
-LONG_PARAMS = {"n_clusterings": 3000, "hidden_layer_sizes": [16], "max_epochs": 2}
 
 
 def test_openapi_documents_the_contract(api: Callable[..., TestClient]) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from servicetest import FAST_JOBS_ENV, REPO, TINY_PARAMS, Server, wait_for
+from servicetest import FAST_JOBS_ENV, REPO, TINY_PARAMS, Server, serving, wait_for
 
 from mbn_core.pipeline.training import train_bundle
 
@@ -60,9 +60,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, digits) -> Iterator[Server]
         "MBN_API_KEYS": KEY,
         "MBN_DEMO_MODEL": "false",
     }
-    server = Server(env, data_dir / "server.log").start(wait=180)  # a busy machine is slow
-    yield server
-    server.stop()
+    with serving(env, data_dir / "server.log", ready=False, wait=180) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

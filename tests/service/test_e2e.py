@@ -15,11 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from digits_data import Digits
 from servicetest import (
     FAST_JOBS_ENV,
+    LONG_PARAMS,
     TINY_PARAMS,
     Process,
     Server,
+    serving,
     wait_for,
     wait_for_job,
     wait_for_progress,
@@ -29,8 +32,6 @@ from servicetest import (
 pytestmark = pytest.mark.slow
 
 log = logging.getLogger(__name__)
-Digits = tuple[np.ndarray, np.ndarray]
-LONG_PARAMS = {"n_clusterings": 3000, "hidden_layer_sizes": [16], "max_epochs": 2}
 # Runs for seconds, then finishes: long enough to restart servers under it. No cross-fitted
 # report (five more fits), which this test does not look at.
 MEDIUM_PARAMS = {
@@ -44,22 +45,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     data_dir = tmp_path_factory.mktemp("e2e")
     env = {**FAST_JOBS_ENV, "MBN_DATA_DIR": str(data_dir), "MBN_DEMO_MODEL": "true"}
     started = time.monotonic()
-    srv = Server(env, data_dir / "server.log").start()
-    try:
-        with srv.client() as client:
-            wait_for(
-                lambda: client.get("/health/ready").status_code == 200,
-                120,
-                "the demo model (readiness)",
-                interval=0.25,
-            )
+    with serving(env, data_dir / "server.log") as srv:
         log.info("demo model ready %.1f s after start", time.monotonic() - started)
         yield srv
-    except BaseException:
-        print(srv.log_tail())  # noqa: T201 - shown by pytest on failure
-        raise
-    finally:
-        srv.stop()
 
 
 def test_demo_model_answers_at_once(server: Server, digits: Digits) -> None:

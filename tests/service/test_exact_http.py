@@ -14,14 +14,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from digits_data import Digits
 from servicetest import FAST_JOBS_ENV, Server, wait_for
 
 from mbn_core.bundle import load_bundle
 
 # Slow: real servers, and models large enough to be caught computing.
 pytestmark = pytest.mark.slow
-
-Digits = tuple[np.ndarray, np.ndarray]
 
 
 @pytest.fixture

@@ -20,14 +20,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from digits_data import Digits
 from servicetest import (
     FAST_JOBS_ENV,
+    LONG_PARAMS,
     Server,
     assert_error,
     wait_for,
     wait_for_progress,
 )
-from sklearn.datasets import load_digits
 
 from service.jobs import JobStore
 
@@ -36,7 +37,6 @@ pytestmark = pytest.mark.slow
 
 ROWS = [[float(i), float(i % 7)] for i in range(40)]
 SMALL_JOB = {"data": ROWS, "params": {"n_clusterings": 5, "n_components": 2}}
-LONG_PARAMS = {"n_clusterings": 3000, "hidden_layer_sizes": [16], "max_epochs": 2}
 MIB = 1 << 20
 
 
@@ -299,7 +299,10 @@ def _runtime_pid(client: httpx.Client) -> int:
 
 
 def test_sigterm_with_an_exact_request_running(
-    tmp_path: Path, serve: Callable[..., Server], slow_bundle: Callable[[Path], Path]
+    tmp_path: Path,
+    serve: Callable[..., Server],
+    slow_bundle: Callable[[Path], Path],
+    digits: Digits,
 ) -> None:
     """The exact runtime computes in its own process: SIGTERM answers the request it holds
     with 503 once the grace period ends, without waiting for the computation, and the server
@@ -312,7 +315,7 @@ def test_sigterm_with_an_exact_request_running(
         MBN_DEFAULT_MODEL="m-slow",
         MBN_EXACT_BATCH_ROWS="8192",  # one long step, to be caught computing
     )
-    rows = np.resize(load_digits().data, (8192, 64)).tolist()
+    rows = np.resize(digits.X, (8192, 64)).tolist()
     answer: dict[str, httpx.Response] = {}
     with server.client() as client:
         wait_for(lambda: _status(client, "/health/ready") == 200, 60, "ready")
@@ -345,7 +348,10 @@ def test_sigterm_with_an_exact_request_running(
 
 
 def test_kill_9_of_the_exact_runtime(
-    tmp_path: Path, serve: Callable[..., Server], slow_bundle: Callable[[Path], Path]
+    tmp_path: Path,
+    serve: Callable[..., Server],
+    slow_bundle: Callable[[Path], Path],
+    digits: Digits,
 ) -> None:
     """kill -9 of the exact runtime: the request it was computing gets 503 with Retry-After,
     exact requests meanwhile too; the fast path loses no request and readiness stays 200,
@@ -353,7 +359,7 @@ def test_kill_9_of_the_exact_runtime(
     slow_bundle(tmp_path / "data" / "models")
     server = serve(tmp_path / "data", MBN_EXACT_BATCH_ROWS="8192")
     exact_row = {"model": "m-slow", "inputs": [[0.0] * 64], "mode": "exact"}
-    big = {"model": "m-slow", "inputs": np.resize(load_digits().data, (8192, 64)).tolist(),
+    big = {"model": "m-slow", "inputs": np.resize(digits.X, (8192, 64)).tolist(),
            "mode": "exact"}  # fmt: skip
     fast_statuses: list[int] = []
     readiness: list[tuple[int, bool]] = []

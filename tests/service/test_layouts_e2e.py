@@ -4,11 +4,9 @@ monitor says "no exact map", and bad jobs are refused at submission."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
-from servicetest import FAST_JOBS_ENV, Server, assert_error, wait_for_job
+from servicetest import FAST_JOBS_ENV, assert_error, serving, wait_for, wait_for_job
 
 # Slow: an mbn serve process training layout methods.
 pytestmark = pytest.mark.slow
@@ -25,14 +23,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         "MBN_SHADOW_MAX_DELAY": "0.1",
     }
     # Up to 5 minutes: a busy machine imports the service and the layout libraries slowly.
-    srv = Server(env, data_dir / "server.log").start(wait=300.0)
-    try:
+    with serving(env, data_dir / "server.log", ready=False, wait=300.0) as srv:
         yield srv
-    except BaseException:
-        print(srv.log_tail())  # noqa: T201 - shown by pytest on failure
-        raise
-    finally:
-        srv.stop()
 
 
 def train(client, method: str, x, y, params: dict) -> dict:
@@ -77,13 +69,13 @@ def test_a_layout_trains_and_serves(server, digits, method, params):
             return
         message = assert_error(exact, 422, "invalid_input")["message"]
         assert "has no exact mode" in message and "fast path" in message
+
         # The monitor: novelty measured, no live fidelity, and it says why.
-        deadline = time.monotonic() + 60
-        while True:
+        def sampled() -> dict | None:
             monitor = client.get(f"/models/{manifest['id']}/monitor").json()
-            if monitor["window_sampled_rows"] or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+            return monitor if monitor["window_sampled_rows"] else None
+
+        monitor = wait_for(sampled, 60, "the monitor to sample the rows embedded", interval=0.5)
         assert monitor["live"]["state"] == "no exact map", monitor
         assert monitor["skipped_exact_busy"] == 0 and monitor["window_sampled_rows"] > 0
         assert monitor["note"].startswith("no exact map")

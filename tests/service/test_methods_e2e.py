@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from servicetest import FAST_JOBS_ENV, Server, assert_error, wait_for_job
+from servicetest import FAST_JOBS_ENV, assert_error, serving, wait_for_job
 
 # Slow: an mbn serve process training and serving a registered method.
 pytestmark = pytest.mark.slow
@@ -28,14 +28,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         "MBN_METHODS": "toy_method",
         "PYTHONPATH": path,
     }
-    srv = Server(env, data_dir / "server.log").start()
-    try:
+    with serving(env, data_dir / "server.log", ready=False) as srv:
         yield srv
-    except BaseException:
-        print(srv.log_tail())  # noqa: T201 - shown by pytest on failure
-        raise
-    finally:
-        srv.stop()
 
 
 @pytest.mark.parametrize("method", ["toy-exported", "toy-distilled", "multilevel"])

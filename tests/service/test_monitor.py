@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from digits_data import Digits
 from fastapi.testclient import TestClient
 from servicetest import assert_error, make_settings, running_app, wait_for
 from sklearn.metrics import r2_score
@@ -17,8 +18,6 @@ from sklearn.metrics import r2_score
 from mbn_core import CompressiveMBN
 from mbn_core.bundle import NOVELTY_FILE, load_bundle, save_bundle
 from mbn_core.pipeline.novelty import Novelty
-
-Digits = tuple[np.ndarray, np.ndarray]
 
 
 @pytest.fixture(scope="module")

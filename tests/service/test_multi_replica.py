@@ -7,10 +7,11 @@ import re
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
+from digits_data import Digits
 from servicetest import (
     FAST_JOBS_ENV,
+    LONG_PARAMS,
     MBN_COMMAND,
     TINY_PARAMS,
     Process,
@@ -22,9 +23,6 @@ from servicetest import (
 
 # Slow: API and worker processes sharing a PostgreSQL, training real jobs.
 pytestmark = pytest.mark.slow
-
-Digits = tuple[np.ndarray, np.ndarray]
-LONG_PARAMS = {"n_clusterings": 3000, "hidden_layer_sizes": [16], "max_epochs": 2}
 
 
 def test_two_apis_two_workers(

@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
-from servicetest import TINY_PARAMS, make_settings, wait_for
+from digits_data import Digits
+from servicetest import BUSY_MACHINE_SECONDS, TINY_PARAMS, make_settings, wait_for
 
 from service.jobs import JobFiles, JobStore, new_job_id
 from service.submission import Submitter, check_params
@@ -37,29 +37,48 @@ def test_a_queued_job_is_announced_to_listeners(postgres_url: str) -> None:
             job_id=new_job_id(), name="m", params={}, data_file="d.npy", n_rows=4,
             n_features=2, max_queued=None,
         )  # fmt: skip
-        assert heard.wait(30), "no notification for the queued job"
+        assert heard.wait(BUSY_MACHINE_SECONDS), "no notification for the queued job"
     finally:
         stop.set()
-        listener.join(30)
+        listener.join(BUSY_MACHINE_SECONDS)
         store.dispose()
         other.dispose()
     assert not listener.is_alive()
 
 
+class PollCounter(threading.Event):
+    """A worker's wake-up event that counts the waits that ended in a poll (timed out)
+    rather than in a wake-up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.polls = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        woken = super().wait(timeout)
+        if not woken:
+            self.polls += 1
+        return woken
+
+
 def test_an_idle_worker_is_woken_by_a_job_queued_elsewhere(
-    postgres_url: str, tmp_path: Path, digits: tuple[np.ndarray, np.ndarray]
+    postgres_url: str, tmp_path: Path, digits: Digits, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Polling once a minute: only the notification can start the job within the wait below.
+    # Polling once a minute, and every poll counted: the job must be taken with no poll in
+    # between. (Counted, not timed: the wait below gives a busy machine longer than a poll.)
     settings = make_settings(tmp_path / "data", database_url=postgres_url, poll_interval_seconds=60)
     settings.models_path.mkdir(parents=True)
     store = JobStore(settings.db_url)
     store.create_schema()
     worker = Worker(settings, store)
+    wake = PollCounter()
+    monkeypatch.setattr(worker, "_wake", wake)
     worker.start()
     api_store = JobStore(settings.db_url)  # the API replica that takes the job
     try:
         # Idle: the worker has looked at the (empty) queue and is waiting.
         wait_for(lambda: worker.waiting, 60, "an idle worker")
+        polls = wake.polls
         submitter = Submitter(settings, api_store, JobFiles(settings.jobs_path))
         job = submitter.submit_arrays("m", check_params(TINY_PARAMS), digits[0][:300], None)
         done = wait_for(
@@ -68,6 +87,7 @@ def test_an_idle_worker_is_woken_by_a_job_queued_elsewhere(
             "the worker to take the job (it polls only once a minute)",
         )
         assert done.worker_id == worker.worker_id
+        assert wake.polls == polls, "the job was taken at a poll: the notification was lost"
     finally:
         worker.stop(timeout=60)
         store.dispose()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from servicetest import Process, Server, wait_for
+from servicetest import Process, Server, read_answer, wait_for
 
 from service.admission import FAST_THREAD_NICENESS, RowBudget
 
@@ -49,13 +49,6 @@ def _post_head(length: int, key: str | None = KEY) -> bytes:
     )
 
 
-def _answer(sock: socket.socket) -> bytes:
-    chunks = []
-    while chunk := sock.recv(65536):
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def _status(answer: bytes) -> int:
     return int(answer.split(b" ", 2)[1])
 
@@ -77,18 +70,18 @@ def test_a_refused_client_still_sending_its_body_reads_the_429(
             with socket.create_connection(address, timeout=30) as probe:
                 body = b" " * (2 << 20)
                 probe.sendall(_post_head(len(body)) + body)
-                return _status(_answer(probe)) == 429
+                return _status(read_answer(probe)) == 429
 
         wait_for(refused, 30, "the held body to fill the server's bound")
 
         with socket.create_connection(address, timeout=30) as sender:
             sender.sendall(_post_head(len(BIG)) + BIG)
-            answer = _answer(sender)
+            answer = read_answer(sender)
         assert _status(answer) == 429
         assert b"retry-after: " in answer.lower()
 
         holder.sendall(b" " * (1 << 20))
-        assert _status(_answer(holder)) != 429  # the held request itself was admitted
+        assert _status(read_answer(holder)) != 429  # the held request itself was admitted
 
 
 def test_a_body_declared_but_not_sent_holds_no_room(one_request_server: Server) -> None:
@@ -102,7 +95,7 @@ def test_a_body_declared_but_not_sent_holds_no_room(one_request_server: Server) 
         with socket.create_connection(address, timeout=30) as sender:
             body = b" " * (8 << 20)
             sender.sendall(_post_head(len(body)) + body)
-            assert _status(_answer(sender)) == 422  # read and worked on: not JSON
+            assert _status(read_answer(sender)) == 422  # read and worked on: not JSON
 
 
 def test_any_answer_given_before_the_body_is_read_reaches_the_client(
@@ -112,7 +105,7 @@ def test_any_answer_given_before_the_body_is_read_reaches_the_client(
     address = ("127.0.0.1", one_request_server.port)
     with socket.create_connection(address, timeout=30) as sender:
         sender.sendall(_post_head(len(BIG), key=None) + BIG)
-        assert _status(_answer(sender)) == 401
+        assert _status(read_answer(sender)) == 401
 
 
 def test_work_threads_run_at_a_lower_priority_than_the_event_loop() -> None:

@@ -36,11 +36,8 @@ def test_parsers_refuse_every_mutated_case_cleanly(tmp_path: Path, fmt: str) -> 
 
 
 @pytest.fixture(scope="module")
-def fuzz_server(
-    tmp_path_factory: pytest.TempPathFactory, write_bundle: Callable[..., Path]
-) -> Iterator[Server]:
-    data = tmp_path_factory.mktemp("fuzz")
-    write_bundle(data / "models", "m-digits", "digits")
+def fuzz_server(digits_data_dir: Callable[[str], Path]) -> Iterator[Server]:
+    data = digits_data_dir("fuzz")
     with serving(fuzz.fuzz_server_env(data), data / "server.log") as server:
         yield server
 

@@ -11,14 +11,13 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import pytest
+from digits_data import Digits
 from fastapi.testclient import TestClient
 from servicetest import assert_error, make_settings, running_app
 
 from mbn_core.bundle import load_bundle
 from service.main import SWITCH_INTERVAL_SECONDS, configure_interpreter
 from service.routes.embed import _ENCODE_ROWS, _json_matrix
-
-Digits = tuple[np.ndarray, np.ndarray]
 
 
 @pytest.fixture(scope="module")

@@ -16,15 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from digits_data import Digits
 from fastapi.testclient import TestClient
 from servicetest import TINY_PARAMS, assert_error, make_settings, running_app, wait_for
 
 from mbn_core.data.readers import load_training_data
 from service.aliases import AliasFile
 from service.jobs import JobFiles
-
-Digits = tuple[np.ndarray, np.ndarray]
-
 
 LIMITS = {
     "max_queued_jobs": 3,

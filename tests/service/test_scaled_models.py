@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from digits_data import Digits
 from fastapi.testclient import TestClient
 from servicetest import assert_error
 
@@ -16,8 +17,6 @@ from mbn_core.bundle import REFERENCE_FILE, save_bundle
 from mbn_core.bundle.trained import TrainedModel
 from mbn_core.data.scaling import InputScaling, scale_graph_input
 from mbn_core.pipeline.alignment import ReferenceRows
-
-Digits = tuple[np.ndarray, np.ndarray]
 
 
 def scaled(model: CompressiveMBN, x: np.ndarray, factor0: float = 1.0) -> TrainedModel:

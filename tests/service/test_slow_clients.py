@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servicetest import Server, serving, wait_for
+from servicetest import Server, read_answer, serving, wait_for
 
 # Slow: a real mbn serve process, held by slow and malformed clients.
 pytestmark = pytest.mark.slow
@@ -30,11 +30,8 @@ MAX_HEADER_BYTES = 16 * 1024
 
 
 @pytest.fixture(scope="module")
-def server(
-    tmp_path_factory: pytest.TempPathFactory, write_bundle: Callable[..., Path]
-) -> Iterator[Server]:
-    data = tmp_path_factory.mktemp("slow-clients")
-    write_bundle(data / "models", "m-digits", "digits")
+def server(digits_data_dir: Callable[[str], Path]) -> Iterator[Server]:
+    data = digits_data_dir("slow-clients")
     env = {
         "MBN_DATA_DIR": str(data),
         "MBN_DEMO_MODEL": "false",
@@ -65,11 +62,7 @@ def _head(path: str, length: int, *, key: bool = True, extra: bytes = b"") -> by
 def _answer(sock: socket.socket, already: bytes = b"") -> tuple[int, dict[str, str], bytes]:
     """Status, headers and body of the answer, read until the server closes; ``already`` is
     what was read of it before (by ``_responses``)."""
-    chunks = [already]
-    while chunk := sock.recv(65536):
-        chunks.append(chunk)
-    raw = b"".join(chunks)
-    head, _, body = raw.partition(b"\r\n\r\n")
+    head, _, body = (already + read_answer(sock)).partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     headers = {}
     for line in lines[1:]:
@@ -209,10 +202,8 @@ def test_a_body_at_the_minimum_rate_is_read(server: Server) -> None:
         sock.sendall(payload[10:] + b"")
         sock.shutdown(socket.SHUT_WR)  # half-closed: the answer still comes back
         sock.settimeout(30)
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    assert chunks and chunks[0].startswith(b"HTTP/1.1 200"), chunks[:1]
+        answer = read_answer(sock)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
 
 
 def test_slow_headers_are_dropped_with_408(server: Server) -> None:

@@ -9,27 +9,17 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from digits_data import Digits
 from fastapi.testclient import TestClient
 from servicetest import assert_error, wait_for_job
-
-Digits = tuple[np.ndarray, np.ndarray]
-# A small model whose fast path follows its exact one (R^2 about 0.9 on digits).
-PARAMS = {
-    "n_clusterings": 20,
-    "k1": 0.1,
-    "delta": 0.5,
-    "hidden_layer_sizes": [32],
-    "max_epochs": 8,
-    "n_clusters": 5,
-    "map_points": 0,
-}
+from small_models import FOLLOWING_PARAMS
 
 
 def _train(client: TestClient, x: np.ndarray, seed: int, **extra) -> object:
     return client.post(
         "/train",
         json={"name": "digits", "data": x.tolist(),
-              "params": {**PARAMS, "random_state": seed}, **extra},
+              "params": {**FOLLOWING_PARAMS, "random_state": seed}, **extra},
     )  # fmt: skip
 
 
@@ -43,7 +33,7 @@ def test_align_to_is_checked_at_submission(api: Callable[..., TestClient], digit
     wide = client.post(
         "/train",
         json={"name": "d", "data": x.tolist(), "align_to": "m-digits",
-              "params": {**PARAMS, "n_components": 3}},
+              "params": {**FOLLOWING_PARAMS, "n_components": 3}},
     )  # fmt: skip
     assert "10 dimensions" in assert_error(wide, 422)["message"]
     # Sparse input keeps no reference rows: refused at submission, not by the job.

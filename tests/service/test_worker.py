@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from servicetest import TINY_PARAMS, make_settings, wait_for
+from digits_data import Digits
+from servicetest import LONG_PARAMS, TINY_PARAMS, make_settings, wait_for
 
 from mbn_core.bundle import load_bundle
 from service.aliases import Aliases, AliasFile
@@ -22,9 +23,7 @@ from service.worker import Worker, model_id_for
 # Slow: the worker with real training processes (each job trains for seconds).
 pytestmark = pytest.mark.slow
 
-Digits = tuple[np.ndarray, np.ndarray]
 # Long enough to be caught running (tens of seconds), stopped long before it ends.
-LONG_PARAMS = {"n_clusterings": 3000, "hidden_layer_sizes": [16], "max_epochs": 2}
 
 
 class Setup:

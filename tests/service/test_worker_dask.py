@@ -6,10 +6,10 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
-from servicetest import TINY_PARAMS, make_settings, wait_for
-from test_worker import LONG_PARAMS, Setup, alive, training_pid
+from digits_data import Digits
+from servicetest import LONG_PARAMS, TINY_PARAMS, make_settings, wait_for
+from test_worker import Setup, alive, training_pid
 
 from mbn_core.bundle import load_bundle
 
@@ -17,8 +17,6 @@ from mbn_core.bundle import load_bundle
 pytestmark = pytest.mark.slow
 
 pytest.importorskip("distributed")
-
-Digits = tuple[np.ndarray, np.ndarray]
 
 
 class DaskSetup(Setup):

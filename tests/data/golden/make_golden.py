@@ -6,6 +6,9 @@ Run once, on the code before the redesign (commit 458bad1), from the repository 
 
 It is kept as the record of how ``codes.npz`` and ``bundles/`` were made; tests/mbn_core/
 test_golden.py checks today's code against them. It uses only the public API.
+
+``bundles/retrained.npz`` is not written here: it holds what the modular KPCA bundle, retrained
+since its fit runs at one BLAS thread, embeds (docs/decisions/0035-modular-kpca-one-blas-thread.md).
 """
 
 from __future__ import annotations
