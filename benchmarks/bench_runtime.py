@@ -448,11 +448,13 @@ def measure_equal(model_dir: Path, path: Path, x: np.ndarray) -> list[str]:
 
 def measure_sizes(path: Path, x: np.ndarray, rounds: int) -> list[str]:
     estimator = load_bundle(path).load_exact().estimator
-    sizes = (1, 4, 16, 17, 32, 64, 128, 256)
+    # 2-64 rows: the small-batch kernel; 65 and more: the GEMM path.
+    sizes = (1, 2, 4, 8, 16, 32, 64, 65, 128, 256)
     per_row: dict[int, list[float]] = {n: [] for n in sizes}
     with threadpool_limits(limits=1):
         estimator.transform(x[:1].astype(np.float32))
         estimator.transform(x[:32].astype(np.float32))
+        estimator.transform(x[:64].astype(np.float32))
         for _ in range(rounds):
             for n in sizes:
                 calls = max(1, 64 // n)

@@ -275,12 +275,13 @@ class Settings(BaseSettings):
         "interleaved with the requests that arrive meanwhile.",
     )
     exact_max_wait_ms: float = Field(
-        default=5.0,
+        default=50.0,
         ge=0.0,
         le=1000.0,
-        description="Longest a step of the exact runtime waits for more requests to merge "
-        "with, after a step that merged several (a lone client never waits); never more than "
-        "a tenth of the last step's time. 0: never waits.",
+        description="Longest a step of the exact runtime waits, from the end of the last "
+        "step, for the requests it expects (those the last step answered and those waiting "
+        "then) to merge with; never more than a tenth of the last step's time, and never for "
+        "a lone client. 0: never waits.",
     )
     exact_timeout_seconds: float = Field(
         default=60.0,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from mbn_core.mbn._prefetch import prefetch
+
 
 @njit(inline="always")
 def _ordered(bits):
@@ -220,6 +222,15 @@ def bottom_codes_few(
             near_tie[i, v] = close > 1
 
 
+@njit(inline="always")
+def _prefetch_row(matrix, row):
+    """Ask for every cache line of C-contiguous ``matrix``'s row ``row`` (see ``_prefetch``)."""
+    width = matrix.shape[1]
+    step = max(1, 64 // matrix.itemsize)
+    for p in range(row * width, (row + 1) * width, step):
+        prefetch(matrix, p)
+
+
 # Rows and centers scored together in ``bottom_codes_batch``'s register tile: each pass over
 # a dimension loads 4 row values and 2 center values for 8 products.
 TILE_ROWS = 4
@@ -243,9 +254,10 @@ def bottom_codes_batch(
 
     ``X`` is the dense input (n, d); ``masks[v]`` is 1 on clustering v's chosen dimensions
     and 0 elsewhere; ``sq_norms`` comes from ``bottom_center_norms``. For each clustering the
-    rows are masked once, then each center's stored row is converted once and scored against
-    ``TILE_ROWS`` rows at a time (two centers per tile), so a row costs a fraction of what
-    ``bottom_codes_few`` costs it alone, which reads a masked copy of the row per center.
+    rows are gathered once on its active dimensions (chosen, and nonzero in some row), then
+    each center's stored row is gathered once on them and scored against ``TILE_ROWS`` rows
+    at a time (two centers per tile), so a row costs a fraction of what ``bottom_codes_few``
+    costs it alone, which reads a masked copy of the row per center.
     Scores are ``bottom_codes_few``'s (float32, any summation order: the error bound holds
     for all), and so are the tolerances.
 
@@ -260,33 +272,48 @@ def bottom_codes_batch(
     V, k = centers.shape
     unit = np.float64(np.finfo(np.float32).eps) / 2
     padded = (n_points + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
-    x = np.zeros((padded, d), np.float32)  # the padding rows stay zero
+    x = np.zeros((padded, d), np.float32)  # rows on the active dimensions; padding stays 0
     first_values = np.empty(d, np.float32)
     second_values = np.empty(d, np.float32)
     scores = np.empty((padded, k), np.float32)
+    active = np.empty(d, np.int64)
     n_ties = 0
     n_candidates = 0
     for v in range(V):
         n_chosen = np.int64(0)
         for f in range(d):
             n_chosen += np.int64(masks[v, f])
+        # The dimensions that can add to a score: chosen, and nonzero in some row (images
+        # are mostly zeros). A zero product adds nothing, so the scores are the same sums.
+        n_active = 0
+        for f in range(d):
+            if masks[v, f]:
+                nonzero = False
+                for i in range(n_points):
+                    nonzero |= X[i, f] != 0
+                if nonzero:
+                    active[n_active] = f
+                    n_active += 1
         for i in range(n_points):
-            for f in range(d):
-                x[i, f] = X[i, f] * np.float32(masks[v, f])
+            for t in range(n_active):
+                x[i, t] = X[i, active[t]]
         w_max = 0.0
         for j in range(k):
             w_max = max(w_max, np.float64(sq_norms[v, j]))
         w_max = np.sqrt(w_max)
         for j in range(0, k, 2):
             other = min(j + 1, k - 1)  # an odd k scores its last center twice
+            if j + 3 < k:  # the next pair's rows, scattered over the stored rows
+                _prefetch_row(center_data, np.int64(centers[v, j + 2]))
+                _prefetch_row(center_data, np.int64(centers[v, j + 3]))
             first_row = np.int64(centers[v, j])
             second_row = np.int64(centers[v, other])
-            for f in range(d):
-                first_values[f] = np.float32(center_data[first_row, f])
-                second_values[f] = np.float32(center_data[second_row, f])
+            for t in range(n_active):
+                first_values[t] = np.float32(center_data[first_row, active[t]])
+                second_values[t] = np.float32(center_data[second_row, active[t]])
             for i in range(0, padded, TILE_ROWS):
                 a0 = b0 = a1 = b1 = a2 = b2 = a3 = b3 = np.float32(0.0)
-                for f in range(d):
+                for f in range(n_active):
                     p = first_values[f]
                     q = second_values[f]
                     a0 += x[i, f] * p

@@ -33,10 +33,10 @@ METRICS = ("euclidean", "cosine")
 OUTPUTS = (AUTO, *output_names())
 # Requests of up to this many dense rows are encoded straight from the stored centers
 # (``BottomLayer.codes_few``, ``UpperLayer.codes_few``), on the calling thread; larger
-# batches share GEMMs and posting lists between their rows. Where the two cost the same per
-# row on an MNIST model (k = 2000 bottom centers): the GEMM path pays a fixed cost for
-# gathering every clustering's centers that a few rows do not recover.
-FEW_ROWS = 32
+# batches share GEMMs and posting lists between their rows. About where the two cost the same
+# per row on an MNIST model (k = 2000 bottom centers): the GEMM path pays a fixed cost for
+# gathering every clustering's centers that fewer rows do not recover.
+FEW_ROWS = 64
 
 
 class MBN(CheckedParams, TransformerMixin, BaseEstimator):

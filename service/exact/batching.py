@@ -18,10 +18,12 @@ Which rows a step takes:
   never for a large request's whole computation (continuous batching, as text-generation
   servers do).
 - **A short wait that adapts to load.** When the last step answered several requests, their
-  clients are likely to send again within a moment (closed-loop clients): the next step waits
-  up to ``max_wait`` (and at most a tenth of a step's duration) for as many requests as the
-  last one held. After a step that answered one request, nothing waits: a lone client never
-  pays for batching.
+  clients are likely to send again within a moment (closed-loop clients): the next step waits,
+  up to ``max_wait`` after the last step ended (and at most a tenth of a step's duration),
+  for as many requests as the last one answered plus those that were already waiting then.
+  So clients that take turns in two cohorts (one computing while the other's answers travel)
+  merge into one step, whose rows cost less each. After a step that answered one request
+  with none waiting, nothing waits: a lone client never pays for batching.
 
 Cancellation: a cancelled or expired request's waiting rows leave the queue at once and its
 share of the bounds is freed; a running step whose every request is gone is abandoned by the
@@ -150,7 +152,7 @@ class ExactQueue:
         batch_rows: int,
         background_rows: int = 32,
         max_background: int = 4,
-        max_wait: float = 0.005,
+        max_wait: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_requests = max_requests
@@ -169,9 +171,11 @@ class ExactQueue:
         self._running_rows = 0
         self._expired: list[Job] = []
         self._closed = False
-        # What the adaptive wait learns from the last client step.
+        # What the adaptive wait learns from the last client step: the requests to expect
+        # (those it answered and those waiting when it ended), its time, and when it ended.
         self._last_requests = 0
         self._last_step_seconds = 0.0
+        self._last_finished = float("-inf")
 
     # --- the connections' side ------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -275,8 +279,10 @@ class ExactQueue:
                     self._release(job)
                     complete.append(job)
             if step.priority == CLIENT:
-                self._last_requests = len(complete)
+                waiting = sum(1 for job in self._held[CLIENT] if job.waiting)
+                self._last_requests = len(complete) + waiting
                 self._last_step_seconds = seconds
+                self._last_finished = self._clock()
         return complete
 
     def abort(self, step: Step) -> list[Job]:
@@ -327,7 +333,7 @@ class ExactQueue:
 
     def _wait_until(self, jobs: list[Job], now: float) -> float | None:
         """When to take the step, if later than now: while fewer requests wait than the last
-        step answered, and the oldest has not waited its share yet."""
+        step expected, and neither the oldest nor the last step's end is its share past."""
         if (
             not jobs[0].mergeable
             or len(jobs) >= self._last_requests
@@ -335,7 +341,7 @@ class ExactQueue:
         ):
             return None
         budget = min(self.max_wait, WAIT_SHARE_OF_STEP * self._last_step_seconds)
-        until = jobs[0].arrived + budget
+        until = max(jobs[0].arrived, self._last_finished) + budget
         return until if until > now else None
 
     def _take(self, priority: int, jobs: list[Job], now: float) -> Step:

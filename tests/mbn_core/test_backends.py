@@ -104,7 +104,7 @@ def test_every_layer_of_fit_and_transform_runs_on_the_context_backend(rows, fitt
     model = MBN(**PARAMS, n_jobs=2)
     with use_backend(factory):
         embedding = model.fit_transform(rows)
-        new_rows = model.transform(rows[:40])
+        new_rows = model.transform(rows[:100])  # more than FEW_ROWS: through the backend
     n_upper = len(model.ks_) - 1
     assert n_upper >= 1
     fit_backend, transform_backend = backends
@@ -119,7 +119,7 @@ def test_every_layer_of_fit_and_transform_runs_on_the_context_backend(rows, fitt
     for name, array in model_to_arrays(fitted).items():
         np.testing.assert_array_equal(model_to_arrays(model)[name], array, err_msg=name)
     np.testing.assert_array_equal(embedding, fitted.transform(rows))
-    np.testing.assert_array_equal(new_rows, embedding[:40])
+    np.testing.assert_array_equal(new_rows, embedding[:100])
 
 
 def test_local_backend_layer_methods_give_the_models_codes(rows, fitted):
@@ -201,12 +201,12 @@ def test_a_backend_for_fitting_only_leaves_transform_to_the_local_backend(rows, 
     with use_backend(factory, purposes=FitOnly.purposes):
         assert choose_backend(TRANSFORM).name == "local"
         assert choose_backend(FIT).factory is factory
-        embedding = fitted.transform(rows[:40])
+        embedding = fitted.transform(rows[:100])
         assert backends == []  # never built for new rows
         MBN(**PARAMS, n_jobs=2).fit(rows)
     [fit_backend] = backends
     assert fit_backend.calls[0] == ("bottom_codes", 0) and fit_backend.closed
-    np.testing.assert_array_equal(embedding, fitted.transform(rows[:40]))
+    np.testing.assert_array_equal(embedding, fitted.transform(rows[:100]))
     with use_backend(FitOnly):  # a backend class says its own purposes
         assert choose_backend(TRANSFORM).name == "local"
 

@@ -164,6 +164,35 @@ def test_the_wait_adapts_to_how_many_requests_the_last_step_answered() -> None:
     assert q.next_step(timeout=0) is not None
 
 
+def test_clients_taking_turns_in_two_cohorts_merge_into_one_step() -> None:
+    # 8 closed-loop clients, 4 computing while the other 4 wait: the step that ends waits
+    # (from its end, at most max_wait) for its own 4 to send again, and takes all 8.
+    clock = Clock()
+    q = queue(clock, max_wait=0.05)
+    for i in range(4):
+        q.submit(job(clock, i, 1))
+    step = q.next_step(timeout=0)
+    assert step is not None and len(step.parts) == 4
+    clock.now += 0.5
+    for i in range(4, 8):
+        q.submit(job(clock, i, 1))  # arrived while the step computed
+    q.finish(step, 0.5)
+    assert q.next_step(timeout=0) is None  # 4 waiting, 8 expected
+    clock.now += 0.01
+    for i in range(10, 14):
+        q.submit(job(clock, i, 1))  # the answered clients again
+    step = q.next_step(timeout=0)
+    assert step is not None and len(step.parts) == 8
+    # When they do not come back within max_wait of the step's end, the step goes without.
+    clock.now += 0.5
+    q.finish(step, 0.5)
+    q.submit(job(clock, 20, 1))
+    assert q.next_step(timeout=0) is None
+    clock.now += 0.05
+    step = q.next_step(timeout=0)
+    assert step is not None and taken(step) == [(20, 0, 1)]
+
+
 def test_the_wait_is_a_tenth_of_a_step_at_most() -> None:
     clock = Clock()
     q = queue(clock, max_wait=1.0)
