@@ -79,10 +79,12 @@ def start_server(
     processes: int = 1,
     settings: dict[str, str] | None = None,
     cpus: set[int] | None = None,
+    ready: bool = True,
 ) -> tuple[Any, str]:
-    """``mbn serve`` on ``model_dir`` (no demo model, no worker), ready; ``settings``: more
-    ``MBN_*`` variables. None for ``onnx_threads`` keeps the service's default; ``cpus``
-    pins the server (and every thread it starts) to those CPUs."""
+    """``mbn serve`` on ``model_dir`` (no demo model, no worker), ready (unless ``ready`` is
+    False: a replica with no model never is); ``settings``: more ``MBN_*`` variables. None
+    for ``onnx_threads`` keeps the service's default; ``cpus`` pins the server (and every
+    thread it starts) to those CPUs."""
     port = free_port()
     env = {
         **os.environ,
@@ -102,7 +104,8 @@ def start_server(
     pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
     proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=pin)
     url = f"http://127.0.0.1:{port}"
-    wait_until_ready(proc, url, data_dir / "server.log", "server")
+    if ready:
+        wait_until_ready(proc, url, data_dir / "server.log", "server")
     return proc, url
 
 
