@@ -1,10 +1,11 @@
 """The exact runtime's queue and its adaptive batcher.
 
-Requests wait in one queue per replica. The compute thread takes a *step* at a time: rows of
-one model, from as many requests as fit under ``batch_rows``, computed in one ``transform``
-call and split back to their requests. Because ``transform`` of a method that declares
-``batch_independent_exact`` gives every row the same bits whatever rows share its call, a
-request's answer is bit for bit what ``transform`` of that request alone gives.
+Requests wait in one queue per replica. Each of the runtime's ``lanes`` (compute threads) takes
+a *step* at a time: rows of one model, from as many requests as fit under ``batch_rows``,
+computed in one ``transform`` call and split back to their requests. Because ``transform`` of
+a method that declares ``batch_independent_exact`` gives every row the same bits whatever rows
+share its call, a request's answer is bit for bit what ``transform`` of that request alone
+gives.
 
 Which rows a step takes:
 
@@ -12,24 +13,31 @@ Which rows a step takes:
   client row waits, and in steps of their own, so a client's rows never wait for them beyond
   the one background step already running (kept short: ``background_rows``).
 - **Model.** The model of the oldest waiting request of that priority.
+- **Every idle lane computes.** A client step takes only its lane's share of the waiting rows
+  of its model: ``ceil(waiting rows / idle lanes)``, this lane included, at most
+  ``batch_rows``; the next idle lane is woken for the rest. Sixteen one-row requests and two
+  idle lanes make two steps of eight computed at once, not one of sixteen while the other lane
+  idles (a row costs about the same in a call of eight as of sixteen).
 - **Fair shares.** Each waiting request of that model gets an equal share of the step first,
-  then what is left goes to the oldest. A large request is computed over several steps,
-  interleaved with the small ones that arrive meanwhile: a one-row request waits for one step,
-  never for a large request's whole computation (continuous batching, as text-generation
-  servers do).
-- **A short wait that adapts to load.** When the last step answered several requests, their
-  clients are likely to send again within a moment (closed-loop clients): the next step waits,
-  up to ``max_wait`` after the last step ended (and at most a tenth of a step's duration),
-  for as many requests as the last one answered plus those that were already waiting then.
-  So clients that take turns in two cohorts (one computing while the other's answers travel)
-  merge into one step, whose rows cost less each. After a step that answered one request
-  with none waiting, nothing waits: a lone client never pays for batching.
+  then what is left goes to the oldest (when more requests wait than the step has rows, the
+  oldest get one row each). A large request is computed over several steps, interleaved with
+  the small ones that arrive meanwhile: a one-row request waits for one step, never for a
+  large request's whole computation (continuous batching, as text-generation servers do).
+- **A short wait that adapts to load.** When a step answers several requests, their clients
+  are likely to send again within a moment (closed-loop clients): the next step waits, up to
+  ``max_wait`` after the last step ended (and at most a tenth of a step's duration), for the
+  requests *expected*: those waiting when a step ends, plus those that step answered, plus
+  those steps of other lanes answered whose clients have not sent again yet (each step taken
+  counts its requests off; a wait that runs out forgets the rest). So clients that take turns
+  in two cohorts (one computing while the other's answers travel) merge, and with several
+  lanes the merged requests are then split among the idle ones. After a step that answered
+  one request with none waiting or expected, nothing waits: a lone client never pays for
+  batching.
 
 Cancellation: a cancelled or expired request's waiting rows leave the queue at once and its
 share of the bounds is freed; a running step whose every request is gone is abandoned by the
 compute thread (``Step.wanted``), or, where the model cannot stop mid-call, computed and
-thrown away. Everything here runs under one lock; the compute thread sleeps on its
-condition.
+thrown away. Everything here runs under one lock; idle lanes sleep on its condition.
 """
 
 from __future__ import annotations
@@ -140,6 +148,9 @@ class ExactQueue:
         Background requests held at once (the monitor sends one batch at a time).
     max_wait : float
         Seconds a step may wait for more requests (0: never).
+    lanes : int
+        Compute threads taking steps from this queue: a client step takes its share of the
+        waiting rows among the idle ones.
     clock : callable
         ``time.monotonic`` (tests pass their own).
     """
@@ -153,14 +164,18 @@ class ExactQueue:
         background_rows: int = 32,
         max_background: int = 4,
         max_wait: float = 0.05,
+        lanes: int = 1,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if lanes < 1:
+            raise ValueError(f"lanes must be at least 1, not {lanes}")
         self.max_requests = max_requests
         self.max_rows = max_rows
         self.batch_rows = batch_rows
         self.background_rows = background_rows
         self.max_background = max_background
         self.max_wait = max_wait
+        self.lanes = lanes
         self._clock = clock
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -168,12 +183,15 @@ class ExactQueue:
         self._held: dict[int, dict[Job, None]] = {CLIENT: {}, BACKGROUND: {}}
         self._by_request: dict[tuple[object, int], Job] = {}
         self._client_rows = 0  # rows of held client jobs
+        # Steps handed to lanes and not finished or aborted yet (a lane runs one at a time).
+        self._running: dict[Step, None] = {}
         self._running_rows = 0
         self._expired: list[Job] = []
         self._closed = False
-        # What the adaptive wait learns from the last client step: the requests to expect
-        # (those it answered and those waiting when it ended), its time, and when it ended.
-        self._last_requests = 0
+        # What the adaptive wait learns from client steps: the requests to expect (waiting
+        # when a step ended, plus those answered and not taken again since; see the module
+        # docstring), the last step's time, and when it ended.
+        self._expected = 0
         self._last_step_seconds = 0.0
         self._last_finished = float("-inf")
 
@@ -256,13 +274,21 @@ class ExactQueue:
                         return None
                     continue
                 jobs = self._candidates(priority)
-                if priority == CLIENT:
-                    until = self._wait_until(jobs, now)
-                    if until is not None:
+                short = priority == CLIENT and self._short(jobs)
+                if short:
+                    until = self._wait_until(jobs)
+                    if until > now:
                         if not self._sleep(give_up, until):
                             return None
                         continue
-                return self._take(priority, jobs, now)
+                step = self._take(priority, jobs, now)
+                if priority == CLIENT:
+                    # The requests it took were expected, or, after a wait that ran out, the
+                    # rest are not coming soon: expect none more.
+                    self._expected = 0 if short else max(0, self._expected - len(step.parts))
+                if self._priority() is not None and len(self._running) < self.lanes:
+                    self._wake.notify()  # an idle lane takes the rest
+                return step
             return None
 
     def finish(self, step: Step, seconds: float) -> list[Job]:
@@ -271,7 +297,7 @@ class ExactQueue:
         Cancelled jobs are never returned."""
         complete = []
         with self._lock:
-            self._running_rows -= len(step.rows)
+            self._stop_running(step)
             for job, start, stop in step.parts:
                 job.done += stop - start
                 job.compute += seconds
@@ -279,8 +305,10 @@ class ExactQueue:
                     self._release(job)
                     complete.append(job)
             if step.priority == CLIENT:
+                # Its clients send again soon; so do those of other lanes' steps, counted
+                # already when they ended unless their requests were taken since.
                 waiting = sum(1 for job in self._held[CLIENT] if job.waiting)
-                self._last_requests = len(complete) + waiting
+                self._expected = max(self._expected, waiting) + len(complete)
                 self._last_step_seconds = seconds
                 self._last_finished = self._clock()
         return complete
@@ -288,7 +316,7 @@ class ExactQueue:
     def abort(self, step: Step) -> list[Job]:
         """``step`` failed: cancel its jobs; those that were not cancelled yet (to answer)."""
         with self._lock:
-            self._running_rows -= len(step.rows)
+            self._stop_running(step)
             failed = []
             for job in dict.fromkeys(step.jobs):
                 if not job.cancelled:
@@ -309,11 +337,16 @@ class ExactQueue:
 
     # --- figures ----------------------------------------------------------------------------
     def depth(self) -> tuple[int, int, int]:
-        """(requests held, rows waiting, rows in the running step)."""
+        """(requests held, rows waiting, rows in the running steps)."""
         with self._lock:
             requests = sum(len(jobs) for jobs in self._held.values())
             waiting = sum(job.waiting for jobs in self._held.values() for job in jobs)
             return requests, waiting, self._running_rows
+
+    def running(self) -> int:
+        """Steps the lanes compute now."""
+        with self._lock:
+            return len(self._running)
 
     # --- under the lock ---------------------------------------------------------------------
     def _priority(self) -> int | None:
@@ -331,23 +364,31 @@ class ExactQueue:
             return [first]
         return [job for job in waiting if job.mergeable and job.model == first.model]
 
-    def _wait_until(self, jobs: list[Job], now: float) -> float | None:
-        """When to take the step, if later than now: while fewer requests wait than the last
-        step expected, and neither the oldest nor the last step's end is its share past."""
-        if (
-            not jobs[0].mergeable
-            or len(jobs) >= self._last_requests
-            or sum(job.waiting for job in jobs) >= self.batch_rows
-        ):
-            return None
+    def _short(self, jobs: list[Job]) -> bool:
+        """Whether fewer client requests wait than expected (and could still merge)."""
+        return (
+            jobs[0].mergeable
+            and len(jobs) < self._expected
+            and sum(job.waiting for job in jobs) < self.batch_rows
+        )
+
+    def _wait_until(self, jobs: list[Job]) -> float:
+        """How long a short step may wait: neither the oldest request nor the last step's
+        end is its share past."""
         budget = min(self.max_wait, WAIT_SHARE_OF_STEP * self._last_step_seconds)
-        until = max(jobs[0].arrived, self._last_finished) + budget
-        return until if until > now else None
+        return max(jobs[0].arrived, self._last_finished) + budget
 
     def _take(self, priority: int, jobs: list[Job], now: float) -> Step:
-        cap = self.batch_rows if priority == CLIENT else self.background_rows
         if not jobs[0].mergeable:
             cap = jobs[0].waiting  # whole: its rows' results depend on their company
+        elif priority == CLIENT:
+            # This lane's share among the idle lanes (itself included), so that all compute.
+            idle = max(1, self.lanes - len(self._running))
+            rows = sum(job.waiting for job in jobs)
+            cap = min(self.batch_rows, -(-rows // idle))
+        else:
+            cap = self.background_rows
+        jobs = jobs[:cap]  # more requests than rows: the oldest, a row each
         share = max(1, cap // len(jobs))
         amounts = [min(job.waiting, share) for job in jobs]
         left = cap - sum(amounts)
@@ -365,8 +406,16 @@ class ExactQueue:
                 if job.first_step is None:
                     job.first_step = now
         step = Step(jobs[0].model, priority, parts, started=now)
+        self._running[step] = None
         self._running_rows += len(step.rows)
         return step
+
+    def _stop_running(self, step: Step) -> None:
+        """``step`` is no longer computed (idempotent: a step may be aborted after its
+        finish, when answering failed)."""
+        if step in self._running:
+            del self._running[step]
+            self._running_rows -= len(step.rows)
 
     def _expire(self, now: float) -> None:
         for jobs in self._held.values():

@@ -12,7 +12,8 @@ wait in the socket's backlog. It imports no web framework and no job store. Thre
   at its own lower priority took tens of seconds on a busy replica, which a restarted runtime
   pays before it answers again;
 - ``lanes`` compute threads each take steps from the queue (``service.exact.batching``), so
-  that as many steps run side by side (the rows of one large request too), compute them with
+  that as many steps run side by side (the rows of one large request too, and the merged
+  requests of many clients, split among the idle lanes), compute them with
   the model (``service.exact.models``) on their own thread and answer each request once all its
   rows are in. BLAS is held at one thread for the whole process: the lanes are the
   parallelism. Only the lanes run at the lower CPU priority (``niceness``): the threads that
@@ -272,11 +273,14 @@ class Runtime:
         self.device_note = device_note
         self.max_payload = config.max_payload
         self.segment_dir = None if config.segment_dir is None else Path(config.segment_dir)
+        # One lane on a GPU: a step there takes the card's memory as its budget.
+        self.lanes = 1 if device == "cuda" else config.lanes
         self.queue = ExactQueue(
             max_requests=config.max_requests,
             max_rows=config.max_rows,
             batch_rows=config.batch_rows,
             max_wait=config.max_wait,
+            lanes=self.lanes,
         )
         self.models = ModelCache(
             Path(config.model_dir),
@@ -293,10 +297,8 @@ class Runtime:
 
     # --- connections ----------------------------------------------------------------------
     def serve(self, listener: socket.socket) -> None:
-        # One lane on a GPU: a step there takes the card's memory as its budget.
-        lanes = 1 if self.device == "cuda" else self.config.lanes
         self._loader.submit(int).result()  # its thread started here, at this priority
-        for lane in range(lanes):
+        for lane in range(self.lanes):
             threading.Thread(
                 target=self._compute_loop, name=f"exact-compute-{lane}", daemon=True
             ).start()

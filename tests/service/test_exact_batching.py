@@ -3,6 +3,9 @@ priorities, the adaptive wait, cancellation and deadlines, with a clock the test
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -268,3 +271,191 @@ def test_close_hands_back_every_request_and_refuses_new_ones() -> None:
     assert q.next_step(timeout=0) is None
     with pytest.raises(QueueFull, match="stopping"):
         q.submit(job(clock, 2, 1))
+
+
+# --- several lanes ----------------------------------------------------------------------------
+
+
+def test_idle_lanes_split_the_waiting_rows_and_compute_at_once() -> None:
+    # 16 one-row requests and two idle lanes: two steps of 8 computed side by side, not one
+    # step of 16 while the other lane idles.
+    clock = Clock()
+    q = queue(clock, max_requests=64, lanes=2)
+    for i in range(16):
+        q.submit(job(clock, i, 1))
+    first = q.next_step(timeout=0)
+    second = q.next_step(timeout=0)
+    assert first is not None and second is not None
+    assert taken(first) == [(i, 0, 1) for i in range(8)]
+    assert taken(second) == [(i, 0, 1) for i in range(8, 16)]
+    assert q.running() == 2 and q.depth() == (16, 0, 16)
+    assert q.next_step(timeout=0) is None  # nothing left for a third
+    # One lane alone takes them all, as before.
+    q = queue(clock, max_requests=64)
+    for i in range(16):
+        q.submit(job(clock, i, 1))
+    step = q.next_step(timeout=0)
+    assert step is not None and len(step.parts) == 16
+
+
+def test_a_busy_lane_leaves_the_whole_share_to_the_idle_one() -> None:
+    clock = Clock()
+    q = queue(clock, lanes=2, batch_rows=256, max_requests=64)
+    q.submit(job(clock, 1, 300))  # a large request: split evenly over both lanes
+    first, second = q.next_step(timeout=0), q.next_step(timeout=0)
+    assert first is not None and second is not None
+    assert taken(first) == [(1, 0, 150)] and taken(second) == [(1, 150, 300)]
+    q.finish(first, 0.1)
+    for i in range(10, 20):  # while the other lane computes, this one takes them all
+        q.submit(job(clock, i, 1))
+    step = q.next_step(timeout=0)
+    assert step is not None and len(step.parts) == 10
+    q.finish(second, 0.1)
+    q.finish(step, 0.1)
+    assert q.running() == 0 and q.depth() == (0, 0, 0)
+    # Three lanes, 7 rows: 3, then 2 and 2; a step never takes more than batch_rows.
+    q = queue(clock, lanes=3, batch_rows=2)
+    q.submit(job(clock, 1, 7))
+    assert [len(step.rows) for step in (q.next_step(timeout=0) for _ in range(3)) if step] == [
+        2,
+        2,
+        2,
+    ]
+    q = queue(clock, lanes=3, max_requests=64)
+    q.submit(job(clock, 1, 7))
+    sizes = [len(step.rows) for step in (q.next_step(timeout=0) for _ in range(3)) if step]
+    assert sizes == [3, 2, 2]
+
+
+def test_a_step_takes_no_more_rows_than_its_bound_when_many_requests_wait() -> None:
+    clock = Clock()
+    q = queue(clock, batch_rows=4)
+    for i in range(6):
+        q.submit(job(clock, i, 1))
+    step = q.next_step(timeout=0)
+    assert step is not None and taken(step) == [(i, 0, 1) for i in range(4)]  # the oldest
+
+
+def test_lone_clients_never_wait_with_several_lanes() -> None:
+    clock = Clock()
+    q = queue(clock, lanes=2, max_wait=1.0)
+    q.submit(job(clock, 1, 1))
+    q.submit(job(clock, 2, 1))
+    a, b = q.next_step(timeout=0), q.next_step(timeout=0)  # one client on each lane
+    assert a is not None and b is not None and taken(a) == [(1, 0, 1)]
+    for round_ in range(3):
+        clock.now += 1.0
+        q.finish(a, 1.0)
+        q.submit(job(clock, 10 + round_, 1))  # its client again: taken at once
+        a = q.next_step(timeout=0)
+        assert a is not None and taken(a) == [(10 + round_, 0, 1)]
+        clock.now += 0.5
+        q.finish(b, 1.0)
+        q.submit(job(clock, 20 + round_, 1))
+        b = q.next_step(timeout=0)
+        assert b is not None and taken(b) == [(20 + round_, 0, 1)]
+    # A lone client's two-row requests are split over both lanes, and never wait.
+    q = queue(clock, lanes=2, max_wait=1.0)
+    for request in range(30, 33):
+        q.submit(job(clock, request, 2))
+        a, b = q.next_step(timeout=0), q.next_step(timeout=0)
+        assert a is not None and b is not None
+        assert taken(a) == [(request, 0, 1)] and taken(b) == [(request, 1, 2)]
+        clock.now += 1.0
+        assert q.finish(a, 1.0) == []
+        assert q.finish(b, 1.0)[0].request_id == request
+
+
+def test_two_lanes_cohorts_merge_then_split_among_the_idle_lanes() -> None:
+    # Two lanes of 8 closed-loop clients each. The answers of both steps are expected back
+    # (the second lane's end adds its 8 to the first's): the step waits for all 16, then the
+    # two lanes take 8 each.
+    clock = Clock()
+    q = queue(clock, lanes=2, max_requests=64, max_wait=0.05)
+    for i in range(16):
+        q.submit(job(clock, i, 1))
+    a, b = q.next_step(timeout=0), q.next_step(timeout=0)
+    assert a is not None and b is not None
+    clock.now += 0.5
+    q.finish(a, 0.5)
+    for i in range(100, 103):  # 3 of the first lane's clients are back
+        q.submit(job(clock, i, 1))
+    assert q.next_step(timeout=0) is None  # 3 waiting, 8 expected
+    clock.now += 0.001
+    q.finish(b, 0.5)
+    for i in range(103, 108):  # the first lane's other 5
+        q.submit(job(clock, i, 1))
+    assert q.next_step(timeout=0) is None  # 8 waiting, 16 expected
+    clock.now += 0.001
+    for i in range(108, 116):
+        q.submit(job(clock, i, 1))
+    a, b = q.next_step(timeout=0), q.next_step(timeout=0)
+    assert a is not None and b is not None  # the second lane takes the rest without waiting
+    assert len(a.parts) == 8 and len(b.parts) == 8
+    # When fewer come back than expected, the wait runs out and what is there is split.
+    clock.now += 0.5
+    q.finish(a, 0.5)
+    q.finish(b, 0.5)
+    for i in range(200, 206):
+        q.submit(job(clock, i, 1))
+    assert q.next_step(timeout=0) is None
+    clock.now += 0.05
+    a, b = q.next_step(timeout=0), q.next_step(timeout=0)
+    assert a is not None and b is not None and len(a.parts) == 3 and len(b.parts) == 3
+    # The first lane to end expects its own 3 back besides the one waiting, and takes all 4
+    # (the other lane computes).
+    q.submit(job(clock, 300, 1))
+    q.finish(a, 0.5)
+    assert q.next_step(timeout=0) is None
+    for i in range(301, 304):
+        q.submit(job(clock, i, 1))
+    step = q.next_step(timeout=0)
+    assert step is not None and len(step.parts) == 4
+
+
+def test_a_step_aborted_after_its_finish_frees_its_lane_once() -> None:
+    clock = Clock()
+    q = queue(clock, lanes=2)
+    q.submit(job(clock, 1, 2))
+    a, b = q.next_step(timeout=0), q.next_step(timeout=0)
+    assert a is not None and b is not None and q.running() == 2
+    q.finish(a, 0.1)
+    q.abort(a)  # answering failed after the finish (the runtime aborts the step again)
+    assert q.running() == 1 and q.depth() == (0, 0, 1)
+    q.abort(b)
+    assert q.running() == 0 and q.depth() == (0, 0, 0)
+
+
+def test_an_idle_lane_is_woken_for_the_rest_of_a_split_step() -> None:
+    # Two lane threads sleep in next_step while a cohort of 16 gathers (the wait for the
+    # requests a step answered); the one woken when the 16th arrives takes 8 and wakes the
+    # other for the other 8, long before the wait would have ended.
+    q = ExactQueue(max_requests=64, max_rows=1000, batch_rows=16, max_wait=5.0, lanes=2)
+    clock = Clock()
+    clock.now = time.monotonic()
+    for i in range(16):
+        q.submit(job(clock, i, 1))
+    first, second = q.next_step(timeout=0), q.next_step(timeout=0)
+    assert first is not None and second is not None
+    q.finish(first, 60.0)  # 8 answered by a long step each: 16 expected, a wait of 5 s
+    q.finish(second, 60.0)
+    steps: list[Step] = []
+
+    def lane() -> None:
+        step = q.next_step(timeout=10)
+        if step is not None:
+            steps.append(step)
+
+    threads = [threading.Thread(target=lane) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    started = time.monotonic()
+    for i in range(100, 116):
+        if i == 115:  # both asleep in next_step again (on a busy machine the test is weaker)
+            time.sleep(0.3)
+        clock.now = time.monotonic()
+        q.submit(job(clock, i, 1))  # wakes one lane
+    for thread in threads:
+        thread.join(timeout=10)
+    assert time.monotonic() - started < 2.5
+    assert sorted(len(step.parts) for step in steps) == [8, 8]
