@@ -203,7 +203,8 @@ def test_a_step_whose_client_left_stops_mid_computation(
     connection: the step stops as its layer's next clusterings finish, instead of running
     to its end, and a one-row request sent next is answered."""
     slow_bundle(tmp_path / "data" / "models")
-    server = serve(MBN_DEFAULT_MODEL="m-slow", MBN_EXACT_BATCH_ROWS="8192")
+    # One lane: with two, the idle lanes would share the rows (two steps of 4,096).
+    server = serve(MBN_DEFAULT_MODEL="m-slow", MBN_EXACT_BATCH_ROWS="8192", MBN_EXACT_THREADS="1")
     body = json.dumps({"inputs": np.resize(digits[0], (8192, 64)).tolist(), "mode": "exact"})
     head = (
         f"POST /embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
