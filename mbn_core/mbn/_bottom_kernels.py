@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from mbn_core.mbn._prefetch import prefetch
+from mbn_core.mbn._prefetch import prefetch_row
 
 
 @njit(inline="always")
@@ -222,15 +222,6 @@ def bottom_codes_few(
             near_tie[i, v] = close > 1
 
 
-@njit(inline="always")
-def _prefetch_row(matrix, row):
-    """Ask for every cache line of C-contiguous ``matrix``'s row ``row`` (see ``_prefetch``)."""
-    width = matrix.shape[1]
-    step = max(1, 64 // matrix.itemsize)
-    for p in range(row * width, (row + 1) * width, step):
-        prefetch(matrix, p)
-
-
 # Rows and centers scored together in ``bottom_codes_batch``'s register tile: each pass over
 # a dimension loads 4 row values and 2 center values for 8 products.
 TILE_ROWS = 4
@@ -304,8 +295,8 @@ def bottom_codes_batch(
         for j in range(0, k, 2):
             other = min(j + 1, k - 1)  # an odd k scores its last center twice
             if j + 3 < k:  # the next pair's rows, scattered over the stored rows
-                _prefetch_row(center_data, np.int64(centers[v, j + 2]))
-                _prefetch_row(center_data, np.int64(centers[v, j + 3]))
+                prefetch_row(center_data, np.int64(centers[v, j + 2]))
+                prefetch_row(center_data, np.int64(centers[v, j + 3]))
             first_row = np.int64(centers[v, j])
             second_row = np.int64(centers[v, other])
             for t in range(n_active):

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.extending import intrinsic
 
 _READ = 0
@@ -44,3 +44,12 @@ def _prefetch(typingctx, array, index):
 
 # Called from numba code as ``prefetch(array, index)`` (numba supplies the typing context).
 prefetch = cast(Callable[[Any, Any], None], _prefetch)
+
+
+@njit(inline="always")
+def prefetch_row(matrix, row):
+    """Ask for every cache line of C-contiguous ``matrix``'s row ``row``."""
+    width = matrix.shape[1]
+    step = max(1, 64 // matrix.itemsize)
+    for p in range(row * width, (row + 1) * width, step):
+        prefetch(matrix, p)

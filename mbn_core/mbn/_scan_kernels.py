@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from mbn_core.mbn._kernels import keep_flags
-from mbn_core.mbn._prefetch import prefetch
+from mbn_core.mbn._prefetch import prefetch, prefetch_row
 
 # A point's lists are met one per clustering, each somewhere else in memory: their bounds are
 # named to the prefetcher this many clusterings ahead, the lists half as many.
@@ -122,14 +122,6 @@ def group_members(center_rows, n_points, member, row_start, pairs):
 
 
 @njit(inline="always")
-def _prefetch_row(matrix, row):
-    width = matrix.shape[1]
-    step = max(1, 64 // matrix.itemsize)
-    for p in range(row * width, (row + 1) * width, step):
-        prefetch(matrix, p)
-
-
-@njit(inline="always")
 def _popcount(x):
     x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
     x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
@@ -207,7 +199,7 @@ def scan_points(
             if q + CODES_AHEAD < capacity:
                 upcoming = neighbours[i, q + CODES_AHEAD]
                 if upcoming >= 0 and member[upcoming] & undecided:
-                    _prefetch_row(codes, upcoming)
+                    prefetch_row(codes, upcoming)
             if member[r] & undecided:
                 _match_bits(codes[i], codes[r], match)
                 for e in range(row_start[r], row_start[r + 1]):
