@@ -9,7 +9,8 @@ Two heads end the MLP (``HEADS``):
 - ``"regression"``: the MLP regresses the embedding (squared error), as the paper's does. Right
   for an embedding that varies smoothly over the input (MBN's PCA output).
 - ``"atoms"``: k-means finds atoms in the training rows' embedding; the MLP classifies which
-  atom a row belongs to (cross-entropy), and its embedding is the mean of the atoms weighted
+  atoms a row belongs to (cross-entropy against soft targets: its ``ATOM_TARGETS`` nearest
+  atoms, weighted by their distance), and its embedding is the mean of the atoms weighted
   by the sharpened probabilities (``ATOM_TEMPERATURE``). Right for a layout (t-SNE, UMAP, ...),
   made of tight clusters and wide gaps: a regressor unsure between two clusters puts a row
   in the gap between them, where the layout puts no row, while the classifier commits to
@@ -29,6 +30,7 @@ from typing import TypeAlias
 import numpy as np
 import scipy.sparse as sp
 from sklearn.cluster import KMeans
+from sklearn.neighbors import NearestNeighbors
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 from threadpoolctl import threadpool_limits
 
@@ -48,15 +50,26 @@ _MLP_INTERRUPTED = "Training interrupted by user."
 HEADS = ("regression", "atoms")
 # The atom head sharpens the classifier's probabilities p into p^(1/T) / sum(p^(1/T)), folded
 # into the last layer (its weights divided by T): a row the MLP is fairly sure of lands on
-# its atoms instead of between them. Chosen among 1, 0.5 and 0.25 on MNIST-10k's t-SNE layout
-# (docs/decisions/0034-atom-student-head.md).
-ATOM_TEMPERATURE = 0.5
+# its atoms instead of between them. 0.5 with hard labels (decision 0034); the soft targets
+# (ATOM_TARGETS) leave the probabilities flatter, and 0.25 restores the commitment to one
+# cluster at no cost to MNIST's unseen rows (decision 0036).
+ATOM_TEMPERATURE = 0.25
 # Training rows per atom at least: fewer rows get fewer atoms, and under
 # ``MIN_ATOMS`` atoms the head is a regression (a two-class MLP has one logistic output).
 ROWS_PER_ATOM = 5
 MIN_ATOMS = 3
 # k-means restarts of the atoms (the lowest inertia is kept).
 _ATOM_RESTARTS = 3
+# The atom head's soft targets: each training row is taught its ATOM_TARGETS nearest atoms
+# (the MLP sees it once per atom, in the same epoch), weighted by exp(-(d^2 - d_1^2) / 2s^2),
+# d_1 the distance to its nearest atom and s^2 the median of d_1^2 over the training rows. A
+# row near the border of two atoms is taught both, instead of one side of a border k-means
+# drew through a cluster; new rows are placed better (docs/decisions/0036-soft-atom-targets.md).
+ATOM_TARGETS = 3
+# Most rows (repeated rows counted) in one partial_fit call of the atom head: scikit-learn
+# one-hot encodes a call's labels (rows x atoms, 8 bytes each), so a large epoch goes in
+# chunks of the rows, in an order drawn per epoch.
+ATOM_CHUNK_ROWS = 65_536
 
 Network: TypeAlias = MLPRegressor | MLPClassifier
 
@@ -141,9 +154,9 @@ class Distiller:
             input_map = InputMap.fit(X[train], self.input_components)
         target_mean, target_scale = target_scaling(embedding[train])
         Y_train = ((embedding[train] - target_mean) / target_scale).astype(np.float32)
-        atoms = atom_of = None
+        atoms = targets = None
         if self.head == "atoms":
-            atoms, atom_of = self._atoms(Y_train, rng)
+            atoms, targets = self._atoms(Y_train, rng)
         mlp, n_epochs, input_noise = self._fit_mlp(
             input_map.transform(X[train]),
             Y_train,
@@ -152,7 +165,7 @@ class Distiller:
             rng,
             callback,
             atoms,
-            atom_of,
+            targets,
         )
         return Student(
             input_map=input_map,
@@ -166,17 +179,19 @@ class Distiller:
             seconds=time.perf_counter() - started,
         )
 
-    def _atoms(self, Y_train: np.ndarray, rng) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """The atom head's atoms (k-means centroids of the scaled targets, float32) and each
-        training row's atom; (None, None) when the rows are too few for ``MIN_ATOMS``."""
+    def _atoms(self, Y_train: np.ndarray, rng) -> tuple[np.ndarray | None, AtomTargets | None]:
+        """The atom head's atoms (k-means centroids of the scaled targets, float32) and the
+        training rows' soft targets; (None, None) when the rows are too few for
+        ``MIN_ATOMS``."""
         n_atoms = min(int(self.n_atoms), len(Y_train) // ROWS_PER_ATOM)
         if n_atoms < MIN_ATOMS:
             log.info("%d training rows: too few for atoms, the student regresses", len(Y_train))
             return None, None
         with threadpool_limits(limits=self.threads):
             kmeans = KMeans(n_atoms, n_init=_ATOM_RESTARTS, random_state=draw_seed(rng))
-            atom_of = kmeans.fit_predict(Y_train)
-        return kmeans.cluster_centers_.astype(np.float32), atom_of.astype(np.int64)
+            kmeans.fit(Y_train)
+            atoms = kmeans.cluster_centers_.astype(np.float32)
+            return atoms, atom_targets(Y_train, atoms)
 
     def _fit_mlp(
         self,
@@ -187,7 +202,7 @@ class Distiller:
         rng,
         callback: EpochCallback | None,
         atoms: np.ndarray | None = None,
-        atom_of: np.ndarray | None = None,
+        targets: AtomTargets | None = None,
     ) -> tuple[Network, int, float]:
         network = MLPRegressor if atoms is None else MLPClassifier
         mlp = network(
@@ -200,13 +215,14 @@ class Distiller:
             shuffle=True,
             random_state=draw_seed(rng),
         )
-        # The regressor learns the targets; the classifier each row's atom.
-        fit_target = Y_train if atoms is None else atom_of
+        # The regressor learns the targets; the classifier each row's atoms.
         classes = None if atoms is None else np.arange(len(atoms))
         best_loss, best_weights, stale = np.inf, None, 0
         input_noise = self._input_noise(X_train)
-        # Drawn only when used, so that the other seeds stay those of a noiseless fit.
+        # Drawn only when used, so that the other seeds stay those of a noiseless fit (and
+        # of a regression).
         noise = np.random.RandomState(draw_seed(rng)) if input_noise > 0 else None
+        chunks = np.random.RandomState(draw_seed(rng)) if targets is not None else None
         epoch = 0
         with threadpool_limits(limits=self.threads, user_api="blas"):
             for epoch in range(1, self.max_epochs + 1):
@@ -217,7 +233,11 @@ class Distiller:
                     X_epoch = X_train + noise.normal(0.0, input_noise, X_train.shape).astype(
                         X_train.dtype
                     )
-                _partial_fit(mlp, X_epoch, fit_target, classes)
+                if targets is None:
+                    _partial_fit(mlp, X_epoch, Y_train)
+                else:
+                    assert classes is not None and chunks is not None
+                    _soft_epoch(mlp, X_epoch, targets, classes, chunks)
                 loss = np.nan
                 if X_val is not None:
                     residual = _output(mlp, atoms, X_val, ATOM_TEMPERATURE) - Y_val
@@ -254,6 +274,37 @@ class Distiller:
             return float(self.input_noise)
         with threadpool_limits(limits=self.threads):  # the neighbour search's too
             return auto_input_noise(X_train)
+
+
+@dataclass(frozen=True)
+class AtomTargets:
+    """The atom head's soft targets of n training rows (``ATOM_TARGETS``).
+
+    Attributes
+    ----------
+    atoms : ndarray of shape (n, k), int64
+        Each row's k nearest atoms, nearest first.
+    weights : ndarray of shape (n, k), float64
+        Their weights: a Gaussian of the distance, each row's summing to k (so that a row
+        weighs as much as k rows of hard labels would, the L2 penalty's balance unchanged).
+    """
+
+    atoms: np.ndarray
+    weights: np.ndarray
+
+
+def atom_targets(Y: np.ndarray, atoms: np.ndarray) -> AtomTargets:
+    """Soft targets of rows ``Y`` (scaled embedding) over ``atoms`` (``ATOM_TARGETS``)."""
+    k = min(ATOM_TARGETS, len(atoms))
+    distances, nearest = NearestNeighbors(n_neighbors=k).fit(atoms).kneighbors(Y)
+    squared = distances.astype(np.float64) ** 2
+    bandwidth = float(np.median(squared[:, 0]))
+    if bandwidth > 0:
+        weights = np.exp(-(squared - squared[:, :1]) / (2 * bandwidth))
+    else:  # most rows on an atom: each is taught its own
+        weights = (np.arange(k) == 0).astype(np.float64)[None, :].repeat(len(Y), axis=0)
+    weights *= k / weights.sum(axis=1, keepdims=True)
+    return AtomTargets(atoms=nearest.astype(np.int64), weights=weights)
 
 
 def target_scaling(targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -304,12 +355,30 @@ def sharpen(classifier: MLPClassifier, temperature: float) -> None:
         layers[-1] = (layers[-1] / temperature).astype(layers[-1].dtype)
 
 
-def _partial_fit(mlp: Network, X, Y, classes: np.ndarray | None = None) -> None:
+def _soft_epoch(mlp: MLPClassifier, X, targets: AtomTargets, classes: np.ndarray, order) -> None:
+    """One epoch of the atom classifier on rows ``X``: each row once per target atom, with
+    its weight; in chunks of at most ``ATOM_CHUNK_ROWS`` repeated rows, of equal size (none
+    smaller than a minibatch), the rows in an order drawn from ``order`` when there is more
+    than one chunk."""
+    k = targets.atoms.shape[1]
+    n_chunks = math.ceil(X.shape[0] * k / ATOM_CHUNK_ROWS)
+    rows = np.arange(X.shape[0]) if n_chunks == 1 else order.permutation(X.shape[0])
+    for chunk in np.array_split(rows, n_chunks):
+        _partial_fit(
+            mlp,
+            X[np.repeat(chunk, k)],  # sparse rows too
+            targets.atoms[chunk].reshape(-1),
+            classes,
+            targets.weights[chunk].reshape(-1),
+        )
+
+
+def _partial_fit(mlp: Network, X, Y, classes: np.ndarray | None = None, sample_weight=None) -> None:
     """One epoch of Adam; a Ctrl-C inside it is raised, not swallowed as sklearn does."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if classes is not None:  # the classifier: every atom a class from the first epoch
-            mlp.partial_fit(X, Y, classes=classes)
+            mlp.partial_fit(X, Y, classes=classes, sample_weight=sample_weight)
         else:
             # A single output goes in 1-D: sklearn warns about a column vector otherwise.
             mlp.partial_fit(X, Y.ravel() if Y.shape[1] == 1 else Y)

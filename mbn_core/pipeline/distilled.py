@@ -129,7 +129,8 @@ class DistilledEmbedding(CheckedParams, TransformerMixin, BaseEstimator):
         ("auto": atoms for a layout method, a regression for any other teacher).
         "regression": the MLP regresses the embedding (squared error). "atoms":
         k-means finds ``n_atoms`` atoms in the training rows' embedding, the MLP classifies
-        each row's atom (cross-entropy), and a row's embedding is the mean of the atoms
+        each row's atoms (cross-entropy against soft targets: its 3 nearest atoms, weighted
+        by their distance), and a row's embedding is the mean of the atoms
         weighted by the MLP's sharpened probabilities; a layout's tight clusters and wide
         gaps call for it, since a regressor unsure between two clusters puts a row in the
         gap between them. "auto": "atoms" for a layout method (t-SNE, UMAP, densMAP,

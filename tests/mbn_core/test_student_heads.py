@@ -5,13 +5,22 @@ import copy
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from sklearn.datasets import make_blobs
 from sklearn.decomposition import PCA
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 
+import mbn_core.distill.student as student_module
 from mbn_core import MBN, CompressiveMBN
 from mbn_core.distill.onnx import OnnxEmbedder, to_onnx
-from mbn_core.distill.student import ATOM_TEMPERATURE, MIN_ATOMS, ROWS_PER_ATOM, Distiller
+from mbn_core.distill.student import (
+    ATOM_TARGETS,
+    ATOM_TEMPERATURE,
+    MIN_ATOMS,
+    ROWS_PER_ATOM,
+    Distiller,
+    atom_targets,
+)
 from mbn_core.layouts import UMAP
 from mbn_core.pipeline.split import split_rows
 
@@ -44,7 +53,7 @@ def two_clusters(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 
 def fit(head: str, X, layout, **params):
-    split = split_rows(len(X), None, 0.1, np.random.RandomState(0))
+    split = split_rows(X.shape[0], None, 0.1, np.random.RandomState(0))
     return distiller(head=head, **params).distil(
         X, layout, split.validation, split.train, np.random.RandomState(1), None
     )
@@ -126,3 +135,45 @@ def test_the_head_is_a_checked_option():
         CompressiveMBN(PCA(2), student_head="knn").fit(X)
     with pytest.raises(ValueError, match="n_atoms"):
         CompressiveMBN(PCA(2), n_atoms=2).fit(X)
+
+
+def test_atom_targets_teach_a_row_on_a_border_both_atoms():
+    atoms = np.array([[0.0, 0.0], [10.0, 0.0], [100.0, 0.0]], dtype=np.float32)
+    # Most rows a unit from their atom (the bandwidth: median squared distance 1), one on
+    # an atom, one halfway between the first two.
+    Y = np.array([[0.0, 1.0]] * 5 + [[10.0, 1.0]] * 4 + [[0.0, 0.0], [5.0, 0.0]])
+    targets = atom_targets(Y, atoms)
+    assert targets.atoms.shape == targets.weights.shape == (len(Y), ATOM_TARGETS)
+    np.testing.assert_array_equal(targets.atoms[0], [0, 1, 2])
+    np.testing.assert_allclose(targets.weights.sum(axis=1), ATOM_TARGETS)
+    on_atom, border = targets.weights[-2], targets.weights[-1]
+    assert on_atom[0] > 0.99 * ATOM_TARGETS and on_atom[1] < 1e-6
+    np.testing.assert_allclose(border[:2], ATOM_TARGETS / 2, rtol=1e-6)
+    assert border[2] < 1e-6  # a far atom is taught nothing
+
+
+def test_the_classifier_sees_each_row_once_per_target_atom_with_its_weight(monkeypatch):
+    calls = []
+    original = MLPClassifier.partial_fit
+
+    def recording(self, X, y, classes=None, sample_weight=None):
+        calls.append((X.shape[0], np.asarray(sample_weight).sum()))
+        return original(self, X, y, classes=classes, sample_weight=sample_weight)
+
+    monkeypatch.setattr(MLPClassifier, "partial_fit", recording)
+    # At most 300 repeated rows per call: the epoch's 270 training rows in 3 calls of 90.
+    monkeypatch.setattr(student_module, "ATOM_CHUNK_ROWS", 300)
+    X, layout = two_clusters(300)
+    student = fit("atoms", X, layout, n_atoms=12, max_epochs=2)
+    assert student.head == "atoms"
+    per_epoch = [rows for rows, _ in calls[: len(calls) // 2]]
+    assert per_epoch == [90 * ATOM_TARGETS] * 3
+    # Each row's weights sum to ATOM_TARGETS.
+    np.testing.assert_allclose(sum(w for _, w in calls[: len(calls) // 2]), 270 * ATOM_TARGETS)
+
+
+def test_the_atom_head_trains_on_sparse_rows():
+    X, layout = two_clusters(400)
+    X = sp.csr_matrix(np.where(X > 1, X, 0).astype(np.float32))
+    student = fit("atoms", X, layout, n_atoms=12)
+    assert student.head == "atoms" and student.embed(X[:5]).shape == (5, 2)
