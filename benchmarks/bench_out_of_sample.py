@@ -3,11 +3,14 @@ has one, its own ``transform``, on rows none of them saw. Prints a markdown tabl
 
     python benchmarks/bench_out_of_sample.py                      # MNIST, digits, breast_cancer
     python benchmarks/bench_out_of_sample.py --sets digits --methods tsne,umap
+    python benchmarks/bench_out_of_sample.py --sets breast_cancer --seeds 0,1,2,3,4,5,6,7,8,9
     python benchmarks/bench_out_of_sample.py --sets mnist --option hidden_layer_sizes=[512,512]
 
-Each (set, method) is trained with ``train_bundle`` (the method's defaults, ``--seed``, the
+Each (set, method) is trained with ``train_bundle`` (the method's defaults, the seed, the
 labels only for the report), as ``mbn train --method NAME`` would, then measured on the set's
-unseen rows:
+unseen rows. With several ``--seeds`` (each a split of a small set into fitted and unseen
+rows, and the training's seed), a last table gives the medians over them: on a small set a
+single split's k-means NMI moves by more than the differences it is asked to show.
 
 - ``mnist``: the first 10,000 images of ``bench_data.load_mnist()`` fitted, 5,000 of the last
   10,000 (the test split) unseen;
@@ -87,13 +90,14 @@ def trust(X: np.ndarray, Z: np.ndarray, seed: int) -> float:
     return float(trustworthiness(X_rows, np.asarray(Z, dtype=np.float64)[rows], n_neighbors=10))
 
 
-def measure(set_name: str, method: str, args: argparse.Namespace) -> dict:
-    X_fit, y_fit, X_new, y_new = load(set_name, args.seed, args.data)
+def measure(set_name: str, method: str, seed: int, args: argparse.Namespace) -> dict:
+    X_fit, y_fit, X_new, y_new = load(set_name, seed, args.data)
     X_fit, X_new = X_fit.astype(np.float32), X_new.astype(np.float32)
     params = TrainingParams.from_dict(
-        {"method": method, "random_state": args.seed, "n_jobs": args.threads, **args.option}
+        {"method": method, "random_state": seed, "n_jobs": args.threads, **args.option}
     )
-    row: dict = {"set": set_name, "method": method, "n_fit": len(X_fit), "n_new": len(X_new)}
+    row: dict = {"set": set_name, "method": method, "seed": seed}
+    row.update(n_fit=len(X_fit), n_new=len(X_new))
     with tempfile.TemporaryDirectory() as scratch:
         started = time.perf_counter()
         path = train_bundle(X_fit, Path(scratch) / "model", name=method, params=params, y=y_fit)
@@ -105,8 +109,8 @@ def measure(set_name: str, method: str, args: argparse.Namespace) -> dict:
         row["layout_seconds"] = time.perf_counter() - started
         row["refit_difference"] = refit_difference(params, bundle, X_fit, layout)
         row.update(
-            layout_nmi=kmeans_nmi(layout, y_fit, args.seed),
-            layout_trust=trust(X_fit, layout, args.seed),
+            layout_nmi=kmeans_nmi(layout, y_fit, seed),
+            layout_trust=trust(X_fit, layout, seed),
             report_layout_nmi=report["nmi_labels_exact"],
             report_nmi=report["nmi_labels_fast"],
             report_r2=report["r2"],
@@ -122,8 +126,8 @@ def measure(set_name: str, method: str, args: argparse.Namespace) -> dict:
             singles.append(_timed(lambda one=one: bundle.embed(one))[0])
         row["fast_us_single_row"] = 1e6 * float(np.median(singles))
         fast = np.asarray(bundle.embed(X_new), dtype=np.float64)
-        row["student_nmi"] = kmeans_nmi(fast, y_new, args.seed)
-        row["student_trust"] = trust(X_new, fast, args.seed)
+        row["student_nmi"] = kmeans_nmi(fast, y_new, seed)
+        row["student_trust"] = trust(X_new, fast, seed)
         try:
             exact_model = bundle.load_exact()  # reading the arrays is not placing rows
             seconds, exact = _timed(lambda: bundle.embed(X_new, mode="exact", exact=exact_model))
@@ -132,8 +136,8 @@ def measure(set_name: str, method: str, args: argparse.Namespace) -> dict:
         else:
             exact = np.asarray(exact, dtype=np.float64)
             row["exact_ms_per_row"] = 1e3 * seconds / len(X_new)
-            row["transform_nmi"] = kmeans_nmi(exact, y_new, args.seed)
-            row["transform_trust"] = trust(X_new, exact, args.seed)
+            row["transform_nmi"] = kmeans_nmi(exact, y_new, seed)
+            row["transform_trust"] = trust(X_new, exact, seed)
     return row
 
 
@@ -161,30 +165,30 @@ def refit_difference(
     return float(np.max(np.abs(layout[rows].astype(np.float32) - reference.embedding)))
 
 
-def parametric_umap(set_name: str, args: argparse.Namespace) -> dict:
+def parametric_umap(set_name: str, seed: int, args: argparse.Namespace) -> dict:
     """umap-learn's ParametricUMAP on the same rows: its layout, and its encoder on the
     unseen rows (a row saying why, when TensorFlow is not installed)."""
-    row: dict = {"set": set_name, "method": "ParametricUMAP (reference)"}
+    row: dict = {"set": set_name, "method": "ParametricUMAP (reference)", "seed": seed}
     try:
         from umap.parametric_umap import ParametricUMAP
     except ImportError as error:
         return {**row, "skipped": f"needs TensorFlow ({error})"}
-    X_fit, y_fit, X_new, y_new = load(set_name, args.seed, args.data)
+    X_fit, y_fit, X_new, y_new = load(set_name, seed, args.data)
     X_fit, X_new = X_fit.astype(np.float32), X_new.astype(np.float32)
     row.update(n_fit=len(X_fit), n_new=len(X_new))
     started = time.perf_counter()
-    model = ParametricUMAP(random_state=args.seed, verbose=False)
+    model = ParametricUMAP(random_state=seed, verbose=False)
     layout = model.fit_transform(X_fit)
     row["train_seconds"] = time.perf_counter() - started
-    row["layout_nmi"] = kmeans_nmi(layout, y_fit, args.seed)
-    row["layout_trust"] = trust(X_fit, layout, args.seed)
+    row["layout_nmi"] = kmeans_nmi(layout, y_fit, seed)
+    row["layout_trust"] = trust(X_fit, layout, seed)
     model.transform(X_new[:10])  # the first call builds the encoder's graph
     seconds, placed = _timed(lambda: model.transform(X_new))
     row["fast_us_per_row"] = 1e6 * seconds / len(X_new)
     singles = [_timed(lambda i=i: model.transform(X_new[i : i + 1]))[0] for i in range(20)]
     row["fast_us_single_row"] = 1e6 * float(np.median(singles))
-    row["student_nmi"] = kmeans_nmi(placed, y_new, args.seed)
-    row["student_trust"] = trust(X_new, placed, args.seed)
+    row["student_nmi"] = kmeans_nmi(placed, y_new, seed)
+    row["student_trust"] = trust(X_new, placed, seed)
     row.update(
         report_nmi=None, report_layout_nmi=None, report_r2=None, report_knn=None,
         report_rows="-",
@@ -203,14 +207,15 @@ def _cell(value, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def table_row(row: dict) -> str:
+def table_row(row: dict, with_seed: bool = False) -> str:
+    seed = f", seed {row['seed']}" if with_seed else ""
     if "skipped" in row:
-        return f"| {row['set']} | {row['method']} | skipped: {row['skipped']} ||||||||"
+        return f"| {row['set']}{seed} | {row['method']} | skipped: {row['skipped']} ||||||||"
     speedup = None
     if row["exact_ms_per_row"] is not None:
         speedup = 1e3 * row["exact_ms_per_row"] / row["fast_us_per_row"]
     return (
-        f"| {row['set']} ({row['n_fit']} / {row['n_new']}) | {row['method']} "
+        f"| {row['set']} ({row['n_fit']} / {row['n_new']}{seed}) | {row['method']} "
         f"| {_cell(row['layout_nmi'])} / {_cell(row['layout_trust'])} "
         f"| {_cell(row['report_nmi'])} ({_cell(row['report_layout_nmi'])}) / "
         f"{_cell(row['report_r2'])} / "
@@ -223,6 +228,33 @@ def table_row(row: dict) -> str:
     )
 
 
+def seed_medians(rows: list[dict]) -> list[str]:
+    """Markdown rows, one per (set, method) measured with several seeds: the medians of the
+    layout's NMI on its fitted rows, the student's and the transform's on the unseen rows,
+    and of the gaps (layout minus the other) with their lowest and highest."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in rows:
+        if "skipped" not in row:
+            groups.setdefault((row["set"], row["method"]), []).append(row)
+    lines = []
+    for (set_name, method), runs in groups.items():
+        layout = np.array([run["layout_nmi"] for run in runs])
+        student = np.array([run["student_nmi"] for run in runs])
+        cells = [set_name, method, str(len(runs)), f"{np.median(layout):.3f}"]
+        cells += [f"{np.median(student):.3f}", _spread(layout - student)]
+        if all(run["transform_nmi"] is not None for run in runs):
+            transform = np.array([run["transform_nmi"] for run in runs])
+            cells += [f"{np.median(transform):.3f}", _spread(layout - transform)]
+        else:
+            cells += ["-", "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _spread(values: np.ndarray) -> str:
+    return f"{np.median(values):+.3f} ({values.min():+.3f} to {values.max():+.3f})"
+
+
 def _refit(difference: float | None) -> str:
     if difference is None:
         return "-"
@@ -233,7 +265,12 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sets", default=SETS)
     parser.add_argument("--methods", default=METHODS)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seeds",
+        default="0",
+        help="comma-separated seeds of the split (the small sets) and of the training; more "
+        "than one adds a table of medians over them",
+    )
     parser.add_argument("--threads", type=int, default=2, help="n_jobs of each training")
     parser.add_argument("--data", help="MNIST .npz (default: bench_data.load_mnist's search)")
     parser.add_argument("--json", help="also append each row as a JSON line to this file")
@@ -253,15 +290,27 @@ def main(argv=None) -> None:
         "| exact ms/row | exact / fast | train s | refit |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
+    seeds = [int(seed) for seed in args.seeds.split(",")]
+    rows = []
     for set_name in args.sets.split(","):
-        for method in args.methods.split(","):
-            row = measure(set_name, method, args)
-            if args.json:
-                with open(args.json, "a") as handle:
-                    handle.write(json.dumps(row) + "\n")
-            print(table_row(row), flush=True)
-        if args.reference == "parametric_umap":
-            print(table_row(parametric_umap(set_name, args)), flush=True)
+        for seed in seeds:
+            measured = [measure(set_name, method, seed, args) for method in args.methods.split(",")]
+            if args.reference == "parametric_umap":
+                measured.append(parametric_umap(set_name, seed, args))
+            for row in measured:
+                if args.json:
+                    with open(args.json, "a") as handle:
+                        handle.write(json.dumps(row) + "\n")
+                print(table_row(row, with_seed=len(seeds) > 1), flush=True)
+            rows += measured
+    if len(seeds) > 1:
+        print(
+            "\n| set | method | seeds | layout NMI (fitted) | student NMI (unseen) "
+            "| layout - student: median (lowest to highest) | transform NMI (unseen) "
+            "| layout - transform |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        print("\n".join(seed_medians(rows)))
 
 
 if __name__ == "__main__":
