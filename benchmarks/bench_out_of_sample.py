@@ -68,6 +68,8 @@ from mbn_core.pipeline.training import TrainingParams, train_bundle
 
 METHODS = "tsne,umap,densmap,pacmap,trimap"
 SETS = "mnist,digits,breast_cancer"
+# The published network beside the methods (``--reference``).
+REFERENCE = "parametric_umap"
 N_FIT_MNIST = 10_000
 N_NEW_MNIST = 5_000
 TRUST_ROWS = 1_000
@@ -276,8 +278,8 @@ def main(argv=None) -> None:
     parser.add_argument("--json", help="also append each row as a JSON line to this file")
     parser.add_argument(
         "--reference",
-        choices=["parametric_umap", "none"],
-        default="parametric_umap",
+        choices=[REFERENCE, "none"],
+        default=REFERENCE,
         help="a published network to compare with (default: ParametricUMAP, when installed)",
     )
     add_training_option(parser, "hidden_layer_sizes=[512,512]")
@@ -294,15 +296,20 @@ def main(argv=None) -> None:
     rows = []
     for set_name in args.sets.split(","):
         for seed in seeds:
-            measured = [measure(set_name, method, seed, args) for method in args.methods.split(",")]
-            if args.reference == "parametric_umap":
-                measured.append(parametric_umap(set_name, seed, args))
-            for row in measured:
+            methods = args.methods.split(",")
+            if args.reference == REFERENCE:
+                methods.append(REFERENCE)
+            for method in methods:
+                # Each row out as soon as it is measured: a long run that fails keeps the rest.
+                if method == REFERENCE:
+                    row = parametric_umap(set_name, seed, args)
+                else:
+                    row = measure(set_name, method, seed, args)
                 if args.json:
                     with open(args.json, "a") as handle:
                         handle.write(json.dumps(row) + "\n")
                 print(table_row(row, with_seed=len(seeds) > 1), flush=True)
-            rows += measured
+                rows.append(row)
     if len(seeds) > 1:
         print(
             "\n| set | method | seeds | layout NMI (fitted) | student NMI (unseen) "
