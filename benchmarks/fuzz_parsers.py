@@ -296,9 +296,68 @@ def mutate_csv(data: bytes, rng: random.Random) -> bytes:
     return generic(data, rng)
 
 
+# The layout methods' own options, with values their checks at submission must refuse
+# (out of range, of the wrong type, unknown names) or pass.
+LAYOUT_CHOICES: dict[str, dict[str, list]] = {
+    "tsne": {
+        "perplexity": [5.0, 30.0, 0, -3, 1e12, "5"],
+        "early_exaggeration": [12.0, 0, -1],
+        "n_iter": [10, 0, -5, 10**12],
+        "dof": [1.0, 0, 100],
+        "initialization": ["pca", "random", "spectral", "bogus"],
+        "neighbors": ["auto", "exact", "annoy", "x"],
+    },
+    "umap": {
+        "n_neighbors": [5, 1, 0, 10**9, 2.5],
+        "min_dist": [0.1, 5.0, -1],
+        "spread": [1.0, 0, 1e-9],
+        "metric": ["euclidean", "cosine", "haversine", "nope"],
+        "n_epochs": [10, 0, -1, None],
+        "init": ["spectral", "random", "pca", "x"],
+    },
+    "densmap": {
+        "n_neighbors": [5, 1],
+        "dens_lambda": [2.0, -1, 1e9],
+        "dens_frac": [0.3, 0, 1.5],
+        "dens_var_shift": [0.1, -1],
+    },
+    "pacmap": {
+        "n_neighbors": [5, 0, -1, 10**6],
+        "MN_ratio": [0.5, -1, 0, 1e9],
+        "FP_ratio": [2.0, 0, -2],
+        "num_iters": [10, 0, 10**12],
+        "distance": ["euclidean", "angular", "manhattan", "bogus"],
+    },
+    "trimap": {
+        "n_inliers": [5, 0, 10**6],
+        "n_outliers": [4, 0, -1],
+        "n_random": [3, 0],
+        "n_iters": [10, 0],
+        "opt_method": ["dbd", "sd", "momentum", "x"],
+    },
+}
+
+
+def train_method(rng: np.random.Generator) -> tuple[str | None, dict]:
+    """A job's method (None: the default, MBN) and its parameters: MBN's some of the time,
+    else a layout method's own options (``LAYOUT_CHOICES``), now and then with one of MBN's
+    (which that method must refuse by name)."""
+    if rng.random() < 0.6:
+        return None, train_params(rng)
+    method = str(rng.choice(list(LAYOUT_CHOICES)))
+    choices = LAYOUT_CHOICES[method]
+    params: dict = {"n_components": 2, "hidden_layer_sizes": [4], "max_epochs": 2}
+    for key in rng.choice(list(choices), size=int(rng.integers(0, 4)), replace=False):
+        options = choices[str(key)]
+        params[str(key)] = options[int(rng.integers(len(options)))]
+    if rng.random() < 0.1:
+        params["n_clusterings"] = 5
+    return method, params
+
+
 def train_params(rng: np.random.Generator) -> dict:
-    """Training parameters with some of the options whose checks run at submission: the
-    list parameters, the input scaling, the report's folds."""
+    """MBN's training parameters with some of the options whose checks run at submission:
+    the list parameters, the input scaling, the report's folds."""
     params: dict = {"n_clusterings": 5, "n_components": 2, "hidden_layer_sizes": [4]}
     choices = {
         "hidden_layer_sizes": [[4, 4], [1] * 17, [200_000, 200_000], [], [0], ["4"]],
@@ -316,11 +375,13 @@ def train_params(rng: np.random.Generator) -> dict:
 
 def multipart_seed(rng: np.random.Generator) -> tuple[bytes, str]:
     boundary = "fuzzboundary" + str(int(rng.integers(1_000_000)))
-    params = json.dumps(train_params(rng))
+    method, params = train_method(rng)
     parts = [
-        (b'name="params"', params.encode()),
+        (b'name="params"', json.dumps(params).encode()),
         (b'name="name"', b"fuzz"),
     ]
+    if method is not None:
+        parts.append((b'name="method"', method.encode()))
     extra = [
         (b'name="columns"', b"c0,c1,c2"),
         (b'name="drop"', b"2"),
@@ -398,7 +459,10 @@ def json_seed(rng: np.random.Generator, mode: str | None = None) -> bytes:
 
 def train_json_seed(rng: np.random.Generator) -> bytes:
     x, y = seed_arrays(rng)
-    body: dict = {"name": "fuzz", "data": x.round(4).tolist(), "params": train_params(rng)}
+    method, params = train_method(rng)
+    body: dict = {"name": "fuzz", "data": x.round(4).tolist(), "params": params}
+    if method is not None:
+        body["method"] = method
     if rng.random() < 0.5:
         body["labels"] = y.tolist()
     if rng.random() < 0.2:
