@@ -13,6 +13,8 @@ import httpx
 import pytest
 from servicetest import Server, fuzz_parsers, serving
 
+from mbn_core.methods import get_method
+
 fuzz = fuzz_parsers()
 
 CASES = 300
@@ -33,6 +35,14 @@ def test_parsers_refuse_every_mutated_case_cleanly(tmp_path: Path, fmt: str) -> 
     # The mutations reach past the first check: some cases are accepted, most refused.
     assert tally.outcomes["refused"] > CASES // 2
     assert tally.outcomes["accepted"] + tally.outcomes["refused"] == CASES
+
+
+def test_the_layout_seeds_name_the_methods_own_parameters() -> None:
+    # A renamed parameter would leave the seeds fuzzing a name every method refuses as
+    # unknown, never reaching the checks of the real one.
+    for method, choices in fuzz.LAYOUT_CHOICES.items():
+        names = {param.name for param in get_method(method).params()}
+        assert set(choices) <= names, (method, sorted(set(choices) - names))
 
 
 @pytest.fixture(scope="module")
