@@ -8,8 +8,8 @@
 the rows (``bench_data.load_mnist``: ``MBN_MNIST`` or the cache), none of them seen by the model.
 Each measure starts servers of its own, with the service's defaults unless said:
 
-- ``latency``: the fast path's one-row p99, alone and while 2 clients send one-row exact
-  requests back to back, in blocks that take turns within a round on the same server; the
+- ``latency``: the fast path's one-row p99, alone and while 2 clients (processes of their
+  own) send one-row exact requests back to back, in blocks that take turns within a round on the same server; the
   ratio of the two p99s (target <= 1.1), median over ``--rounds``;
 - ``throughput``: exact rows/s answered to 16 concurrent one-row clients for ``--seconds``,
   against the library's one-row-at-a-time ``transform`` rate on one thread measured in the
@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import argparse
 import base64
-import functools
 import json
+import multiprocessing
 import os
 import signal
 import socket
@@ -50,7 +50,9 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing.synchronize import Event
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -135,17 +137,16 @@ class Serving:
 # ---------------------------------------------------------------------------- measures
 
 
-def _at_least(items: list[int], count: int) -> bool:
-    return len(items) >= count
-
-
 def fast_latencies(url: str, x: np.ndarray, count: int) -> list[float]:
+    """One-row fast requests one after the other, the latency of each after 50 unmeasured
+    (ms); the bodies are made before the clock starts."""
+    bodies = [row_body(x[i % len(x)], "fast") for i in range(count + 50)]
     connection = Connection(url)
     latencies = []
     try:
-        for i in range(count + 50):
+        for i, body in enumerate(bodies):
             started = time.perf_counter()
-            status, _, _ = connection.post(row_body(x[i % len(x)], "fast"))
+            status, _, _ = connection.post(body)
             if status != 200:
                 sys.exit(f"fast request: {status}")
             if i >= 50:
@@ -175,38 +176,80 @@ def exact_clients(url: str, x: np.ndarray, clients: int, stop: threading.Event) 
     return statuses
 
 
+def _exact_client(url: str, rows: np.ndarray, sending: Event, done: Event, counts: Any) -> None:
+    """A process sending one-row exact requests back to back while ``sending`` is set, until
+    ``done``; ``counts`` holds (answers, answers not 200)."""
+    bodies = [row_body(row, "exact") for row in rows]
+    connection = Connection(url)
+    try:
+        i = 0
+        while not done.is_set():
+            if not sending.wait(0.05):
+                continue
+            status = connection.post(bodies[i % len(bodies)])[0]
+            with counts.get_lock():
+                counts[0] += 1
+                counts[1] += status != 200
+            i += 1
+    finally:
+        connection.close()
+
+
 def measure_latency(
     model_dir: Path, x: np.ndarray, rounds: int, count: int, blocks: int = 10
 ) -> list[str]:
     """Per round, ``blocks`` pairs of blocks of ``count / blocks`` fast requests, one alone and
     one while 2 clients send exact requests, taking turns (a busy neighbour's load then
-    weighs on both alike); the p99 of each condition over the round."""
+    weighs on both alike); the p99 of each condition over the round.
+
+    The exact clients are processes of their own, as other clients would be: as threads of
+    this one, their request bodies and answers took this process's interpreter lock from
+    under the fast client's clock."""
     ratios, alone_p99, busy_p99 = [], [], []
     per_block = max(1, count // blocks)
+    context = multiprocessing.get_context("spawn")
     with Serving(model_dir) as server:
         server.warm(x)
-        for _ in range(rounds):
-            alone, busy, answered, refused = [], [], 0, 0
-            for block in range(2 * blocks):
-                if block % 2 == 0:
-                    alone += fast_latencies(server.url, x, per_block)
-                    continue
-                stop = threading.Event()
-                statuses = exact_clients(server.url, x[5000:], 2, stop)
-                time.sleep(0.2)  # both are sending: a request queued, one computing
-                busy += fast_latencies(server.url, x, per_block)
-                stop.set()
-                wait(functools.partial(_at_least, statuses, 2), 120, "exact answers")
-                time.sleep(0.5)  # their last requests end
-                answered += len(statuses)
-                refused += sum(s != 200 for s in statuses)
-            a, b = percentile(alone, 99), percentile(busy, 99)
-            alone_p99.append(a)
-            busy_p99.append(b)
-            ratios.append(b / a)
-            print(f"  round: p99 alone {a:.2f} ms, with 2 exact clients {b:.2f} ms "
-                  f"(p50 {percentile(alone, 50):.2f} / {percentile(busy, 50):.2f}); "
-                  f"{answered} exact answers, {refused} not 200", flush=True)  # fmt: skip
+        sending, done = context.Event(), context.Event()
+        counts = context.Array("q", 2)
+        clients = [
+            context.Process(
+                target=_exact_client,
+                args=(server.url, x[5000 + i : 5400 : 2], sending, done, counts),
+                daemon=True,
+            )
+            for i in range(2)
+        ]
+        for client in clients:
+            client.start()
+        try:
+            for _ in range(rounds):
+                alone, busy = [], []
+                answered_before, refused_before = counts[0], counts[1]
+                for block in range(2 * blocks):
+                    if block % 2 == 0:
+                        alone += fast_latencies(server.url, x, per_block)
+                        continue
+                    sending.set()
+                    time.sleep(0.2)  # both are sending: a request queued, one computing
+                    busy += fast_latencies(server.url, x, per_block)
+                    sending.clear()
+                    time.sleep(0.5)  # their last requests end
+                answered = counts[0] - answered_before
+                refused = counts[1] - refused_before
+                if answered < 2:
+                    sys.exit("the exact clients got no answers")
+                a, b = percentile(alone, 99), percentile(busy, 99)
+                alone_p99.append(a)
+                busy_p99.append(b)
+                ratios.append(b / a)
+                print(f"  round: p99 alone {a:.2f} ms, with 2 exact clients {b:.2f} ms "
+                      f"(p50 {percentile(alone, 50):.2f} / {percentile(busy, 50):.2f}); "
+                      f"{answered} exact answers, {refused} not 200", flush=True)  # fmt: skip
+        finally:
+            done.set()
+            for client in clients:
+                client.join(10)
     return [
         "| fast one-row p99: with 2 exact clients / alone (median of rounds) | "
         f"**{statistics.median(ratios):.2f}x** ({min(ratios):.2f}-{max(ratios):.2f}); "
