@@ -35,6 +35,7 @@ import numpy as np
 
 from mbn_core.mbn import _kernels, _one_hot_kernels, _scan_kernels
 from mbn_core.mbn.keep_hash import keep_threshold
+from mbn_core.mbn.upper import lays_out_inline
 
 # Clusterings scanned together: one bit each in a 64-bit word.
 GROUP = 64
@@ -47,14 +48,27 @@ SCAN_DEPTH = 7.0
 LIST_MARGIN = 3.0
 # Seconds per unit of work, measured on one core of the development machine (MNIST-5k's
 # layers): an increment of the walk, a neighbour met while listing, a neighbour read by a
-# scan, a count of two points' kept shared codes, a kept-dimension hash.
+# scan, a count of two points' kept shared codes, a kept-dimension hash. The walk's increment
+# costs less where its lists are long and read in place (``upper.lays_out_inline``): measured
+# on MNIST-5k's layers 4-7 at 0.4-1.0 ns against 2.5-4 ns for the copied short lists of
+# layers 1-3 (``benchmarks/experiments/profile_fit.py``, every layer walked).
 WALK_INCREMENT = 4.5e-9
+WALK_INCREMENT_IN_PLACE = 1.0e-9
 LIST_ENTRY = 2.0e-9
 SCAN_STEP = 5.0e-9
 PAIR_COUNT = 85e-9
 HASH = 1.0e-9
 # Counts per point and clustering (about 1.5 on MNIST's layers).
 COUNTS_PER_POINT = 2.0
+
+
+def walk_entries(codes: np.ndarray, n_values: int) -> int:
+    """The entries of the walk's posting lists for a fit on ``codes`` (n, V): every point a
+    center row, each of its V lists whole (its own entry included), the sum over clusterings
+    of each code's point count squared."""
+    sizes = np.empty(codes.shape[1] * n_values, dtype=np.int64)
+    _one_hot_kernels.one_hot_counts(np.ascontiguousarray(codes.T), n_values, sizes)
+    return int(np.sum(sizes**2))
 
 
 @dataclass(frozen=True)
@@ -115,11 +129,12 @@ class NeighbourLists:
         width = min(NeighbourLists.size_for(n_points, n_centers), n_points - 1)
         if n_points < 2 or n_points * width * 6 > MAX_LIST_BYTES:
             return False
+        entries = walk_entries(codes, n_values)
         # Codes a point shares with all points, itself included: sum of its lists' lengths.
-        sizes = np.empty(n_clusterings * n_values, dtype=np.int64)
-        _one_hot_kernels.one_hot_counts(np.ascontiguousarray(codes.T), n_values, sizes)
-        per_point = float(np.sum(sizes.astype(np.float64) ** 2)) / n_points
-        walk = n_new * n_centers * fraction * per_point * WALK_INCREMENT
+        per_point = entries / n_points
+        inline = lays_out_inline(entries, n_points * n_clusterings, n_points)
+        increment = WALK_INCREMENT if inline else WALK_INCREMENT_IN_PLACE
+        walk = n_new * n_centers * fraction * per_point * increment
         depth = SCAN_DEPTH * n_points / n_centers
         scan = (
             n_points * per_point * LIST_ENTRY

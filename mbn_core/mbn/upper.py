@@ -201,6 +201,13 @@ INLINE_MAX_MEAN = 12.0
 INLINE_MAX_BYTES = 256 << 20
 
 
+def lays_out_inline(total: int, n_lists: int, n_points: int) -> bool:
+    """Whether ``Postings`` copies ``n_lists`` lists of ``total`` entries (points of a batch
+    of ``n_points``) per center row rather than reading them in place."""
+    point_bytes = np.dtype(smallest_uint(max(n_points - 1, 0))).itemsize
+    return total <= INLINE_MAX_MEAN * n_lists and total * point_bytes <= INLINE_MAX_BYTES
+
+
 @dataclass(frozen=True)
 class Postings:
     """Posting lists of a batch's previous-layer codes, located for a layer's center rows.
@@ -246,10 +253,7 @@ class Postings:
         _kernels.locate_postings(indptr, center_codes, n_values, start, length)
         total = int(length.sum(dtype=np.int64))
         if inline is None:
-            inline = (
-                total <= INLINE_MAX_MEAN * n_centers * n_clusterings
-                and total * np.dtype(point_dtype).itemsize <= INLINE_MAX_BYTES
-            )
+            inline = lays_out_inline(total, n_centers * n_clusterings, n_points)
         if inline:
             # Self matches are left out when the centers are the points.
             counts = length.astype(np.int64) - (1 if centers_are_points else 0)

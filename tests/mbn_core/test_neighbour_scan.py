@@ -10,8 +10,8 @@ from mbn_core.exceptions import TrainingStopped
 from mbn_core.mbn import neighbour_scan
 from mbn_core.mbn.backends.local import LocalBackend
 from mbn_core.mbn.encoders import UpperClusterings
-from mbn_core.mbn.neighbour_scan import GROUP, NeighbourLists
-from mbn_core.mbn.upper import Postings, upper_clustering_codes
+from mbn_core.mbn.neighbour_scan import GROUP, NeighbourLists, walk_entries
+from mbn_core.mbn.upper import Postings, lays_out_inline, upper_clustering_codes
 
 
 def walked(codes, n_values, centers, seeds, fraction):
@@ -84,6 +84,21 @@ def test_the_walk_serves_where_centers_are_few_or_lists_too_large(monkeypatch):
     assert not NeighbourLists.pays(codes, 20, 2, 400, 0.5)
     monkeypatch.setattr(neighbour_scan, "MAX_LIST_BYTES", 1000)
     assert not NeighbourLists.pays(codes, 20, 200, 400, 0.5)
+
+
+# Long lists (20 points a code, in groups), read in place; short ones (about 2), copied.
+@pytest.mark.parametrize(("n_values", "groups", "inline"), [(20, 5, False), (200, 400, True)])
+def test_the_cost_model_prices_the_walk_in_the_layout_the_walk_uses(n_values, groups, inline):
+    n_points, n_clusterings = 400, 40
+    codes, _, _ = random_layer(n_points, n_clusterings, n_values, 10, 1, seed=2, groups=groups)
+    entries = walk_entries(codes, n_values)
+    assert lays_out_inline(entries, n_points * n_clusterings, n_points) == inline
+    postings = Postings.build(codes, codes, n_values, centers_are_points=True)
+    assert (postings.segments is not None) == inline
+    if inline:  # the copied lists leave each point's own entry out
+        assert int(postings.segments[-1, -1]) == entries - n_points * n_clusterings
+    else:
+        assert int(postings.length.sum(dtype=np.int64)) == entries
 
 
 def test_a_fit_scans_its_upper_layers_with_the_saved_models_codes(monkeypatch, digits):
