@@ -159,11 +159,19 @@ class NeighbourLists:
         n_points, n_clusterings = codes.shape
         n_groups, k = center_rows.shape
         center_rows = np.ascontiguousarray(center_rows, dtype=np.int64)
+        seeds = np.asarray(seeds, dtype=np.uint64)
         masks = np.empty((n_groups, k, (n_clusterings + 63) // 64), dtype=np.uint64)
-        _scan_kernels.keep_masks(
-            codes, center_rows, np.asarray(seeds, dtype=np.uint64), n_values,
-            keep_threshold(fraction), fraction >= 1.0, masks,
-        )  # fmt: skip
+
+        def mask(part: tuple[int, int]) -> None:
+            # A hash per center row and dimension: at large k a fifth of the scan's time, so
+            # its clusterings are shared between the threads too.
+            first, last = part
+            _scan_kernels.keep_masks(
+                codes, center_rows[first:last], seeds[first:last], n_values,
+                keep_threshold(fraction), fraction >= 1.0, masks[first:last],
+            )  # fmt: skip
+
+        _in_parts(mask, n_groups, pool, n_threads)
         member = np.empty(n_points, dtype=np.uint64)
         row_start = np.empty(n_points + 1, dtype=np.int64)
         pairs = np.empty(n_groups * k, dtype=np.int64)
