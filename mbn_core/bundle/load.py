@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -32,10 +32,12 @@ from mbn_core.bundle.manifest import (
 )
 from mbn_core.bundle.mapped_npz import map_npz
 from mbn_core.data.scaling import SCALING_FILE, InputScaling
-from mbn_core.distill.onnx import OnnxEmbedder
 from mbn_core.exceptions import NoExactMap
 from mbn_core.methods import MODES, Method, get_method
 from mbn_core.utils.npz import arrays_from_npz
+
+if TYPE_CHECKING:
+    from mbn_core.distill.onnx import OnnxEmbedder
 
 T = TypeVar("T")
 
@@ -385,6 +387,10 @@ def load_bundle(directory: str | os.PathLike[str], *, threads: int = 1) -> Bundl
     for file_name in manifest["files"]:
         _verified_bytes(path, manifest, file_name, keep=False)
     onnx_bytes = _verified_bytes(path, manifest, ONNX_FILE)
+    # Imported here: ONNX Runtime is the fast path's, and a process that only reads exact
+    # models (the service's exact runtime) is spared its 25 MiB.
+    from mbn_core.distill.onnx import OnnxEmbedder
+
     try:
         embedder = OnnxEmbedder(onnx_bytes, threads=threads)
     except Exception as error:  # onnxruntime raises its own exception types

@@ -328,16 +328,17 @@ def test_a_gpu_that_is_not_there_is_reported_and_refused(
     "module", ["service.exact.process", "service.exact.frontend", "service.admission"]
 )
 def test_the_runtime_and_the_admission_logic_import_no_web_framework(module: str) -> None:
-    """The runtime process imports what computing needs, not the API's stack; what the API
-    processes keep of exact mode and of admission speaks domain errors, not HTTP."""
+    """The runtime process imports what computing needs, not the API's stack nor the fast
+    path's ONNX Runtime; what the API processes keep of exact mode and of admission speaks
+    domain errors, not HTTP."""
     import subprocess
     import sys
 
-    probe = (
-        f"import sys, {module}\n"
-        "print(sorted(m for m in ('fastapi', 'starlette', 'uvicorn', 'sqlalchemy', "
-        "'prometheus_client', 'pydantic', 'alembic', 'httpx') if m in sys.modules))"
-    )
+    unwanted = ["fastapi", "starlette", "uvicorn", "sqlalchemy", "prometheus_client"]
+    unwanted += ["pydantic", "alembic", "httpx"]
+    if module == "service.exact.process":
+        unwanted += ["onnxruntime", "onnx"]
+    probe = f"import sys, {module}\nprint(sorted(m for m in {unwanted!r} if m in sys.modules))"
     result = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=300
     )
