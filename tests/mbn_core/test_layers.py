@@ -197,6 +197,30 @@ def test_direct_bottom_codes_equal_the_gemm_path(metric, shift_fraction, integer
         )
 
 
+@pytest.mark.parametrize(
+    ("n_rows", "n_clusterings", "n_values", "dtype"),
+    [
+        (300, 40, 7, np.uint8),
+        (1000, 13, 300, np.uint16),
+        (1, 5, 3, np.uint8),
+        (50, 3, 200, np.uint32),
+    ],
+)
+def test_posting_lists_hold_each_codes_rows_in_order(n_rows, n_clusterings, n_values, dtype):
+    rng = np.random.default_rng(n_values)
+    # Some values never occur: their lists are empty.
+    codes = rng.integers(0, max(1, n_values - 2), size=(n_rows, n_clusterings)).astype(dtype)
+    indptr, rows = _kernels.build_postings(codes, n_values)
+    assert indptr.shape == (n_clusterings * n_values + 1,) and indptr[0] == 0
+    for v in range(n_clusterings):
+        for c in range(n_values):
+            key = v * n_values + c
+            np.testing.assert_array_equal(
+                rows[indptr[key] : indptr[key + 1]], np.flatnonzero(codes[:, v] == c)
+            )
+    assert indptr[-1] == rows.size == n_rows * n_clusterings
+
+
 @pytest.mark.parametrize("fraction", [0.5, 1.0])
 def test_point_postings_match_brute_force(fraction):
     rng = np.random.default_rng(8)
