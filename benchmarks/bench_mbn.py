@@ -252,11 +252,11 @@ def speed(args) -> None:
     print("| run | bare GEMMs | fit | fit / GEMMs | bottom / GEMMs | upper / bottom |")
     print("|---|---|---|---|---|---|")
     for i, (g, f, b, u) in enumerate(runs):
-        print(f"| {i} | {g:.1f} s | {f:.1f} s | {f / g:.2f} | {b / g:.2f} | {u / b:.0%} |")
+        print(f"| {i} | {g:.1f} s | {f:.1f} s | {f / g:.2f} | {b / g:.2f} | {u / b:.1%} |")
     print(
         f"| **median** | {np.median(gemm):.1f} s | {np.median(fit):.1f} s | "
         f"**{np.median(fit / gemm):.2f}** (target <= 1.5) | {np.median(bottom / gemm):.2f} | "
-        f"**{np.median(upper / bottom):.0%}** (target <= 25%) |"
+        f"**{np.median(upper / bottom):.1%}** (target <= 25%) |"
     )
     print()
     print(f"PCA and projection: {np.median(fit - bottom - upper):.1f} s (median)")
