@@ -54,8 +54,8 @@ def build_postings(codes, n_values):
 
     One clustering at a time: its counts and fill positions (n_values of them) stay in cache,
     and its rows fill one contiguous stretch; the column reads, strided, reuse each cache line
-    of ``codes`` over the next clusterings. Row by row over every clustering, the fills were
-    scattered over all V * n_values keys (3-5 times slower on MNIST's layers).
+    of ``codes`` over the next clusterings (row by row over every clustering, the fills would
+    scatter over all V * n_values keys).
     """
     n_rows, n_clusterings = codes.shape
     n_keys = n_clusterings * n_values
