@@ -9,8 +9,8 @@ the rows (``bench_data.load_mnist``: ``MBN_MNIST`` or the cache), none of them s
 Each measure starts servers of its own, with the service's defaults unless said:
 
 - ``latency``: the fast path's one-row p99, alone and while 2 clients (processes of their
-  own) send one-row exact requests back to back, in blocks that take turns within a round on the same server; the
-  ratio of the two p99s (target <= 1.1), median over ``--rounds``;
+  own) send one-row exact requests back to back, in blocks that take turns within a round
+  on the same server; the ratio of the two p99s (target <= 1.1), median over ``--rounds``;
 - ``throughput``: exact rows/s answered to 16 concurrent one-row clients for ``--seconds``,
   against the library's one-row-at-a-time ``transform`` rate on one thread measured in the
   same run just before (target >= 3x);
