@@ -156,43 +156,70 @@ def fast_latencies(url: str, x: np.ndarray, count: int) -> list[float]:
     return latencies
 
 
-def exact_clients(url: str, x: np.ndarray, clients: int, stop: threading.Event) -> list[int]:
-    """``clients`` threads sending one-row exact requests back to back until ``stop``;
-    returns the statuses (filled as they come)."""
-    statuses: list[int] = []
-
-    def client(offset: int) -> None:
-        connection = Connection(url)
-        try:
-            i = offset
-            while not stop.is_set():
-                statuses.append(connection.post(row_body(x[i % len(x)], "exact"))[0])
-                i += clients
-        finally:
-            connection.close()
-
-    for offset in range(clients):
-        threading.Thread(target=client, args=(offset,), daemon=True).start()
-    return statuses
-
-
 def _exact_client(url: str, rows: np.ndarray, sending: Event, done: Event, counts: Any) -> None:
     """A process sending one-row exact requests back to back while ``sending`` is set, until
-    ``done``; ``counts`` holds (answers, answers not 200)."""
+    ``done``; ``counts`` holds (answers, answers not 200). Each spell of sending opens its own
+    connection: the server closes one left idle past its keep-alive."""
     bodies = [row_body(row, "exact") for row in rows]
-    connection = Connection(url)
+    connection: Connection | None = None
+    i = 0
     try:
-        i = 0
         while not done.is_set():
             if not sending.wait(0.05):
+                if connection is not None:
+                    connection.close()
+                    connection = None
                 continue
+            if connection is None:
+                connection = Connection(url)
             status = connection.post(bodies[i % len(bodies)])[0]
             with counts.get_lock():
                 counts[0] += 1
                 counts[1] += status != 200
             i += 1
     finally:
-        connection.close()
+        if connection is not None:
+            connection.close()
+
+
+class ExactClients:
+    """``n`` processes sending one-row exact requests (rows of their own from ``x``) back to
+    back while ``sending`` is set; ``answered`` and ``refused`` count their answers.
+
+    Processes, as other clients would be: as threads of the measuring process, their request
+    bodies and answers took its interpreter lock from under its clock."""
+
+    def __init__(self, url: str, x: np.ndarray, n: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.sending, self._done = context.Event(), context.Event()
+        self._counts = context.Array("q", 2)
+        rows = x[: max(n, 400)]
+        self._processes = [
+            context.Process(
+                target=_exact_client,
+                args=(url, rows[i::n], self.sending, self._done, self._counts),
+                daemon=True,
+            )
+            for i in range(n)
+        ]
+
+    @property
+    def answered(self) -> int:
+        return int(self._counts[0])
+
+    @property
+    def refused(self) -> int:
+        return int(self._counts[1])
+
+    def __enter__(self) -> ExactClients:
+        for process in self._processes:
+            process.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        for process in self._processes:
+            process.join(10)
 
 
 def measure_latency(
@@ -200,56 +227,34 @@ def measure_latency(
 ) -> list[str]:
     """Per round, ``blocks`` pairs of blocks of ``count / blocks`` fast requests, one alone and
     one while 2 clients send exact requests, taking turns (a busy neighbour's load then
-    weighs on both alike); the p99 of each condition over the round.
-
-    The exact clients are processes of their own, as other clients would be: as threads of
-    this one, their request bodies and answers took this process's interpreter lock from
-    under the fast client's clock."""
+    weighs on both alike); the p99 of each condition over the round."""
     ratios, alone_p99, busy_p99 = [], [], []
     per_block = max(1, count // blocks)
-    context = multiprocessing.get_context("spawn")
-    with Serving(model_dir) as server:
+    with Serving(model_dir) as server, ExactClients(server.url, x[5000:], 2) as clients:
         server.warm(x)
-        sending, done = context.Event(), context.Event()
-        counts = context.Array("q", 2)
-        clients = [
-            context.Process(
-                target=_exact_client,
-                args=(server.url, x[5000 + i : 5400 : 2], sending, done, counts),
-                daemon=True,
-            )
-            for i in range(2)
-        ]
-        for client in clients:
-            client.start()
-        try:
-            for _ in range(rounds):
-                alone, busy = [], []
-                answered_before, refused_before = counts[0], counts[1]
-                for block in range(2 * blocks):
-                    if block % 2 == 0:
-                        alone += fast_latencies(server.url, x, per_block)
-                        continue
-                    sending.set()
-                    time.sleep(0.2)  # both are sending: a request queued, one computing
-                    busy += fast_latencies(server.url, x, per_block)
-                    sending.clear()
-                    time.sleep(0.5)  # their last requests end
-                answered = counts[0] - answered_before
-                refused = counts[1] - refused_before
-                if answered < 2:
-                    sys.exit("the exact clients got no answers")
-                a, b = percentile(alone, 99), percentile(busy, 99)
-                alone_p99.append(a)
-                busy_p99.append(b)
-                ratios.append(b / a)
-                print(f"  round: p99 alone {a:.2f} ms, with 2 exact clients {b:.2f} ms "
-                      f"(p50 {percentile(alone, 50):.2f} / {percentile(busy, 50):.2f}); "
-                      f"{answered} exact answers, {refused} not 200", flush=True)  # fmt: skip
-        finally:
-            done.set()
-            for client in clients:
-                client.join(10)
+        for _ in range(rounds):
+            alone, busy = [], []
+            answered_before, refused_before = clients.answered, clients.refused
+            for block in range(2 * blocks):
+                if block % 2 == 0:
+                    alone += fast_latencies(server.url, x, per_block)
+                    continue
+                clients.sending.set()
+                time.sleep(0.2)  # both are sending: a request queued, one computing
+                busy += fast_latencies(server.url, x, per_block)
+                clients.sending.clear()
+                time.sleep(0.5)  # their last requests end
+            answered = clients.answered - answered_before
+            refused = clients.refused - refused_before
+            if answered < 2:
+                sys.exit("the exact clients got no answers")
+            a, b = percentile(alone, 99), percentile(busy, 99)
+            alone_p99.append(a)
+            busy_p99.append(b)
+            ratios.append(b / a)
+            print(f"  round: p99 alone {a:.2f} ms, with 2 exact clients {b:.2f} ms "
+                  f"(p50 {percentile(alone, 50):.2f} / {percentile(busy, 50):.2f}); "
+                  f"{answered} exact answers, {refused} not 200", flush=True)  # fmt: skip
     return [
         "| fast one-row p99: with 2 exact clients / alone (median of rounds) | "
         f"**{statistics.median(ratios):.2f}x** ({min(ratios):.2f}-{max(ratios):.2f}); "
@@ -273,24 +278,24 @@ def measure_throughput(
     model_dir: Path, path: Path, x: np.ndarray, rounds: int, seconds: float
 ) -> list[str]:
     ratios, served_rates, library_rates, batch_means = [], [], [], []
-    with Serving(model_dir) as server:
+    with Serving(model_dir) as server, ExactClients(server.url, x[3000:], 16) as clients:
         server.warm(x)
         for _ in range(rounds):
             library = library_rate(path, x[2000:], 40)
-            stop = threading.Event()
             before_rows = figure(server.url, "mbn_exact_rows_total")
             before_batches = figure(server.url, "mbn_exact_batch_rows_count")
-            statuses = exact_clients(server.url, x[3000:], 16, stop)
+            refused_before = clients.refused
+            clients.sending.set()
             time.sleep(2)  # the 16 clients' loop settles
-            counted = len(statuses)
+            counted = clients.answered
             started = time.perf_counter()
             time.sleep(seconds)
-            served = (len(statuses) - counted) / (time.perf_counter() - started)
-            stop.set()
+            served = (clients.answered - counted) / (time.perf_counter() - started)
+            clients.sending.clear()
             time.sleep(3)
             rows = figure(server.url, "mbn_exact_rows_total") - before_rows
             batches = figure(server.url, "mbn_exact_batch_rows_count") - before_batches
-            refused = sum(s != 200 for s in statuses)
+            refused = clients.refused - refused_before
             ratios.append(served / library)
             served_rates.append(served)
             library_rates.append(library)

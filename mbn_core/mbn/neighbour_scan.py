@@ -160,6 +160,7 @@ class NeighbourLists:
         n_groups, k = center_rows.shape
         center_rows = np.ascontiguousarray(center_rows, dtype=np.int64)
         seeds = np.asarray(seeds, dtype=np.uint64)
+        threshold = keep_threshold(fraction)
         masks = np.empty((n_groups, k, (n_clusterings + 63) // 64), dtype=np.uint64)
 
         def mask(part: tuple[int, int]) -> None:
@@ -167,8 +168,8 @@ class NeighbourLists:
             # its clusterings are shared between the threads too.
             first, last = part
             _scan_kernels.keep_masks(
-                codes, center_rows[first:last], seeds[first:last], n_values,
-                keep_threshold(fraction), fraction >= 1.0, masks[first:last],
+                codes, center_rows[first:last], seeds[first:last], n_values, threshold,
+                fraction >= 1.0, masks[first:last],
             )  # fmt: skip
 
         _in_parts(mask, n_groups, pool, n_threads)
