@@ -184,10 +184,8 @@ def _exact_client(url: str, rows: np.ndarray, sending: Event, done: Event, count
 
 class ExactClients:
     """``n`` processes sending one-row exact requests (rows of their own from ``x``) back to
-    back while ``sending`` is set; ``answered`` and ``refused`` count their answers.
-
-    Processes, as other clients would be: as threads of the measuring process, their request
-    bodies and answers took its interpreter lock from under its clock."""
+    back while ``sending`` is set; ``answered`` and ``refused`` count their answers. Processes,
+    as other clients would be: threads would take the measuring process's interpreter lock."""
 
     def __init__(self, url: str, x: np.ndarray, n: int) -> None:
         context = multiprocessing.get_context("spawn")
