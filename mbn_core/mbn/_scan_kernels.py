@@ -23,19 +23,22 @@ CODES_AHEAD = 4
 
 
 @njit(nogil=True, cache=True)
-def neighbour_lists(codes, indptr, rows, n_values, first, last, neighbours, shared, left_out):
-    """Each point's neighbours (points sharing at least one code), most shared codes first.
+def neighbour_lists(
+    codes, indptr, rows, n_values, n_rows, own, first, last, neighbours, shared, left_out
+):  # fmt: skip
+    """Each point's neighbours (rows sharing at least one code), most shared codes first.
 
-    For points ``first:last``: ``neighbours[i, :m]`` are the first m = min(P, all) of them by
-    decreasing shared codes (ties in the order the posting lists meet them), ``shared[i, :m]``
-    their shared codes, the rest -1 and 0; ``left_out[i]`` is the most codes shared by a
-    neighbour not listed, -1 when every neighbour is. ``indptr``/``rows`` are the posting
-    lists of ``codes`` (``_kernels.build_postings``).
+    For points ``first:last`` of ``codes``: ``neighbours[i, :m]`` are the first m = min(P,
+    all) of them by decreasing shared codes (ties in the order the posting lists meet them),
+    ``shared[i, :m]`` their shared codes, the rest -1 and 0; ``left_out[i]`` is the most codes
+    shared by a neighbour not listed, -1 when every neighbour is. ``indptr``/``rows`` are the
+    posting lists of the ``n_rows`` rows' codes (``_kernels.build_postings``); ``own``: those
+    rows are the points themselves (a point is not its own neighbour).
     """
-    n_points, n_clusterings = codes.shape
+    n_clusterings = codes.shape[1]
     capacity = neighbours.shape[1]
-    count = np.zeros(n_points, np.int32)
-    met = np.empty(n_points, np.int64)
+    count = np.zeros(n_rows, np.int32)
+    met = np.empty(n_rows, np.int64)
     # Neighbours by shared codes (at most n_clusterings): a counting sort, stable, so ties
     # keep the order the lists met them in.
     at_count = np.zeros(n_clusterings + 2, np.int64)
@@ -53,11 +56,12 @@ def neighbour_lists(codes, indptr, rows, n_values, first, last, neighbours, shar
             key = v * n_values + np.int64(codes[i, v])
             for p in range(indptr[key], indptr[key + 1]):
                 r = rows[p]
-                if count[r] == 0 and r != i:
+                if count[r] == 0 and not (own and r == i):
                     met[n_met] = r
                     n_met += 1
                 count[r] += 1
-        count[i] = 0
+        if own:
+            count[i] = 0
         at_count[:] = 0
         for q in range(n_met):
             at_count[n_clusterings - count[met[q]] + 1] += 1  # most shared first
@@ -150,13 +154,14 @@ def _kept_shared(match, mask):
 
 @njit(nogil=True, cache=True)
 def scan_points(
-    codes, neighbours, shared, left_out, center_rows, masks, member, row_start, pairs, first,
-    last, out,
+    codes, point_codes, own, neighbours, shared, left_out, center_rows, masks, member,
+    row_start, pairs, first, last, out,
 ):  # fmt: skip
-    """Each point's center in every clustering of a group, for points ``first:last``.
+    """Each point's center in every clustering of a group, for points ``first:last`` of
+    ``point_codes``, among the rows of ``codes`` (``own``: the points are those rows).
 
     A point's center is the one with the most kept shared codes, the lowest index on ties,
-    0 when it shares none. The point is a candidate of its own when it is a center; then its
+    0 when it shares none. An own point is a candidate of its own when it is a center; then its
     neighbours are read most shared first, each counted where it is a center of a clustering
     still undecided, and a clustering is decided once the next neighbour shares fewer codes
     than its best: no later center can reach or tie it. A clustering still undecided where
@@ -173,14 +178,16 @@ def scan_points(
     for i in range(first, last):
         best[:] = 0
         best_at[:] = 0
-        for e in range(row_start[i], row_start[i + 1]):  # the point itself, as a center
+        own_first = row_start[i] if own else 0
+        own_last = row_start[i + 1] if own else 0
+        for e in range(own_first, own_last):  # the point itself, as a center
             g = pairs[e] // k
             j = pairs[e] - g * k
-            own = 0
+            kept = 0
             for w in range(n_words):
-                own += _popcount(masks[g, j, w])
-            if own > best[g]:
-                best[g] = own
+                kept += _popcount(masks[g, j, w])
+            if kept > best[g]:
+                best[g] = kept
                 best_at[g] = j
         undecided = every
         bound = np.int64(1) << 40
@@ -201,7 +208,7 @@ def scan_points(
                 if upcoming >= 0 and member[upcoming] & undecided:
                     prefetch_row(codes, upcoming)
             if member[r] & undecided:
-                _match_bits(codes[i], codes[r], match)
+                _match_bits(point_codes[i], codes[r], match)
                 for e in range(row_start[r], row_start[r + 1]):
                     g = pairs[e] // k
                     if (undecided >> np.uint64(g)) & np.uint64(1):
@@ -216,7 +223,7 @@ def scan_points(
                 top = 0
                 top_at = 0
                 for j in range(k):
-                    _match_bits(codes[i], codes[center_rows[g, j]], match)
+                    _match_bits(point_codes[i], codes[center_rows[g, j]], match)
                     c = _kept_shared(match, masks[g, j])
                     if c > top:
                         top = c

@@ -34,8 +34,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from mbn_core.mbn import _kernels, _one_hot_kernels, _scan_kernels
+from mbn_core.mbn.dtypes import smallest_uint
 from mbn_core.mbn.keep_hash import keep_threshold
-from mbn_core.mbn.upper import lays_out_inline
+from mbn_core.mbn.upper import UpperLayer, lays_out_inline
 
 # Clusterings scanned together: one bit each in a 64-bit word.
 GROUP = 64
@@ -60,6 +61,10 @@ PAIR_COUNT = 85e-9
 HASH = 1.0e-9
 # Counts per point and clustering (about 1.5 on MNIST's layers).
 COUNTS_PER_POINT = 2.0
+# New points (a transform) are scanned in batches of up to this many points per center of a
+# layer: the crossover with the walk lies at 6-25 on MNIST models of 10,000 and 54,000 rows
+# (every layer, 300-6,000 new rows, ``benchmarks/experiments/profile_transform.py``).
+NEW_POINTS_PER_CENTER = 12
 
 
 def walk_entries(codes: np.ndarray, n_values: int) -> int:
@@ -98,18 +103,41 @@ class NeighbourLists:
         pool: Executor | None = None,
         n_threads: int = 1,
     ) -> NeighbourLists:
-        """The lists of ``codes`` (n, V), values in [0, n_values), at most ``max_neighbours``
-        a point; rows split between ``n_threads`` of ``pool``."""
-        n_points, n_clusterings = codes.shape
+        """The lists of ``codes`` (n, V), values in [0, n_values), among themselves, at most
+        ``max_neighbours`` a point; rows split between ``n_threads`` of ``pool``."""
         indptr, rows = _kernels.build_postings(codes, n_values)
-        width = max(1, min(max_neighbours, n_points - 1))
+        return cls._listed(codes, indptr, rows, n_values, codes.shape[0], True, max_neighbours,
+                           pool, n_threads)  # fmt: skip
+
+    @classmethod
+    def of_new_points(
+        cls,
+        codes: np.ndarray,
+        postings: tuple[np.ndarray, np.ndarray],
+        n_values: int,
+        n_rows: int,
+        max_neighbours: int,
+        pool: Executor | None = None,
+        n_threads: int = 1,
+    ) -> NeighbourLists:
+        """The lists of new points' ``codes`` among ``n_rows`` fitted rows whose posting lists
+        (``indptr``, ``rows``: ``_kernels.build_postings`` of their codes) are ``postings``."""
+        return cls._listed(codes, *postings, n_values, n_rows, False, max_neighbours, pool,
+                           n_threads)  # fmt: skip
+
+    @classmethod
+    def _listed(
+        cls, codes, indptr, rows, n_values, n_rows, own, max_neighbours, pool, n_threads
+    ) -> NeighbourLists:
+        n_points, n_clusterings = codes.shape
+        width = max(1, min(max_neighbours, n_rows - 1 if own else n_rows))
         neighbours = np.empty((n_points, width), dtype=np.int32)
         shared = np.empty((n_points, width), np.uint16 if n_clusterings < 2**16 else np.int32)
         left_out = np.empty(n_points, dtype=np.int32)
 
         def fill(part: tuple[int, int]) -> None:
             _scan_kernels.neighbour_lists(
-                codes, indptr, rows, n_values, *part, neighbours, shared, left_out
+                codes, indptr, rows, n_values, n_rows, own, *part, neighbours, shared, left_out
             )
 
         _in_parts(fill, n_points, pool, n_threads)
@@ -156,7 +184,65 @@ class NeighbourLists:
         """(n, G) codes of the points in G <= ``GROUP`` clusterings whose centers are the
         rows ``center_rows`` (G, k) of ``codes``, with ``seeds`` (G,) of their dimension
         choices, keeping each one-hot dimension with probability ``fraction``."""
-        n_points, n_clusterings = codes.shape
+        group = ScanGroup.build(codes, center_rows, seeds, n_values, fraction, pool, n_threads)
+        return self.scan_group(codes, group, pool=pool, n_threads=n_threads)
+
+    def scan_group(
+        self,
+        codes: np.ndarray,
+        group: ScanGroup,
+        point_codes: np.ndarray | None = None,
+        pool: Executor | None = None,
+        n_threads: int = 1,
+    ) -> np.ndarray:
+        """(n, G) codes of the listed points in ``group``'s clusterings, whose centers are
+        rows of ``codes``: the points are those rows, or new points of ``point_codes``."""
+        own = point_codes is None
+        points = codes if point_codes is None else point_codes
+        out = np.empty((points.shape[0], group.center_rows.shape[0]), dtype=np.int32)
+
+        def fill(part: tuple[int, int]) -> None:
+            _scan_kernels.scan_points(
+                codes, points, own, self.neighbours, self.shared, self.left_out,
+                group.center_rows, group.masks, group.member, group.row_start, group.pairs,
+                *part, out,
+            )  # fmt: skip
+
+        _in_parts(fill, points.shape[0], pool, n_threads)
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return self.neighbours.nbytes + self.shared.nbytes + self.left_out.nbytes
+
+
+@dataclass(frozen=True)
+class ScanGroup:
+    """What a scan needs of G <= ``GROUP`` clusterings: their center rows (G, k), the bits
+    of the one-hot dimensions each keeps among its centers' (``masks``, G x k x words), and
+    which clusterings each row is a center of (``member``, ``row_start``, ``pairs``:
+    ``_scan_kernels.group_members``)."""
+
+    center_rows: np.ndarray
+    masks: np.ndarray
+    member: np.ndarray
+    row_start: np.ndarray
+    pairs: np.ndarray
+
+    @classmethod
+    def build(
+        cls,
+        codes: np.ndarray,
+        center_rows: np.ndarray,
+        seeds: np.ndarray,
+        n_values: int,
+        fraction: float,
+        pool: Executor | None = None,
+        n_threads: int = 1,
+    ) -> ScanGroup:
+        """The group of clusterings with centers ``center_rows`` (G, k) of ``codes`` and
+        dimension seeds ``seeds`` (G,), keeping each dimension with probability ``fraction``."""
+        n_rows, n_clusterings = codes.shape
         n_groups, k = center_rows.shape
         center_rows = np.ascontiguousarray(center_rows, dtype=np.int64)
         seeds = np.asarray(seeds, dtype=np.uint64)
@@ -173,24 +259,15 @@ class NeighbourLists:
             )  # fmt: skip
 
         _in_parts(mask, n_groups, pool, n_threads)
-        member = np.empty(n_points, dtype=np.uint64)
-        row_start = np.empty(n_points + 1, dtype=np.int64)
+        member = np.empty(n_rows, dtype=np.uint64)
+        row_start = np.empty(n_rows + 1, dtype=np.int64)
         pairs = np.empty(n_groups * k, dtype=np.int64)
-        _scan_kernels.group_members(center_rows, n_points, member, row_start, pairs)
-        out = np.empty((n_points, n_groups), dtype=np.int32)
-
-        def fill(part: tuple[int, int]) -> None:
-            _scan_kernels.scan_points(
-                codes, self.neighbours, self.shared, self.left_out, center_rows, masks,
-                member, row_start, pairs, *part, out,
-            )  # fmt: skip
-
-        _in_parts(fill, n_points, pool, n_threads)
-        return out
+        _scan_kernels.group_members(center_rows, n_rows, member, row_start, pairs)
+        return cls(center_rows, masks, member, row_start, pairs)
 
     @property
     def nbytes(self) -> int:
-        return self.neighbours.nbytes + self.shared.nbytes + self.left_out.nbytes
+        return sum(a.nbytes for a in (self.masks, self.member, self.row_start, self.pairs))
 
 
 def _in_parts(
@@ -205,3 +282,83 @@ def _in_parts(
             fill(part)
     else:
         list(pool.map(fill, ranges))
+
+
+def scans_new_points(layer: UpperLayer, n_points: int) -> bool:
+    """Whether ``new_point_codes`` beats the walk for a batch of ``n_points`` new points.
+
+    The walk visits every center's lists in every clustering however small the batch (work
+    in proportion to k), the scan about as much per point in every layer: so the scan serves
+    batches of up to ``NEW_POINTS_PER_CENTER`` points per center.
+    """
+    return n_points <= NEW_POINTS_PER_CENTER * layer.n_centers
+
+
+def new_point_codes(
+    layer: UpperLayer,
+    codes: np.ndarray,
+    pool: Executor | None = None,
+    n_threads: int = 1,
+    told: Callable[[int, int], None] | None = None,
+) -> np.ndarray:
+    """A fitted upper ``layer``'s codes of new points, from their previous-layer ``codes``,
+    by candidate scan among the layer's center rows: the codes ``upper_clustering_codes``
+    gives, bit for bit.
+
+    The points are listed a block at a time, each block's lists within ``MAX_LIST_BYTES``;
+    every block is scanned in every group of ``GROUP`` clusterings. ``told(done, total)``
+    after each block's group, counting the clusterings scanned for every block (a backend's
+    progress and cancellation).
+    """
+    center_codes = layer.center_codes
+    n_rows = center_codes.shape[0]
+    codes = np.ascontiguousarray(codes, dtype=center_codes.dtype)
+    n_points = codes.shape[0]
+    n_new, k = layer.centers.shape
+    width = max(1, min(NeighbourLists.size_for(n_rows, k), n_rows))
+    block = max(1, MAX_LIST_BYTES // (width * 6))
+    postings = _center_postings(layer, center_codes)
+    starts = range(0, n_new, GROUP)
+
+    def group(first: int) -> ScanGroup:
+        last = min(first + GROUP, n_new)
+        return ScanGroup.build(
+            center_codes, layer.centers[first:last], layer.seeds[first:last], layer.n_values,
+            layer.feature_fraction, pool, n_threads,
+        )  # fmt: skip
+
+    # Kept across blocks when there are several (each group's masks are V_prev bits per
+    # center), else built one at a time.
+    groups = [group(first) for first in starts] if n_points > block else None
+    out = np.empty((n_points, n_new), dtype=smallest_uint(k - 1))
+    total = n_new * -(-n_points // block)
+    for top in range(0, n_points, block):
+        rows = slice(top, min(top + block, n_points))
+        lists = NeighbourLists.of_new_points(
+            codes[rows], postings, layer.n_values, n_rows, width, pool, n_threads
+        )
+        for index, first in enumerate(starts):
+            scanned = group(first) if groups is None else groups[index]
+            columns = slice(first, first + scanned.center_rows.shape[0])
+            out[rows, columns] = lists.scan_group(
+                center_codes, scanned, point_codes=codes[rows], pool=pool, n_threads=n_threads
+            )
+            if told is not None:
+                told(top // block * n_new + columns.stop, total)
+    return out
+
+
+def _center_postings(layer: UpperLayer, center_codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(indptr, rows): the posting lists of a layer's center codes, as
+    ``_kernels.build_postings`` lays them out; read off the layer's ``CodeIndex`` when it
+    keeps one (every row has one code per clustering, so clustering v's lists start at
+    v * n_rows), else built."""
+    index = layer.index
+    if index is None:
+        return _kernels.build_postings(center_codes, layer.n_values)
+    n_clusterings = index.offsets.shape[0]
+    starts = np.arange(n_clusterings, dtype=np.int64)[:, None] * index.n_rows
+    indptr = np.empty(n_clusterings * layer.n_values + 1, dtype=np.int64)
+    indptr[:-1] = (index.offsets[:, :-1].astype(np.int64) + starts).ravel()
+    indptr[-1] = n_clusterings * index.n_rows
+    return indptr, index.rows

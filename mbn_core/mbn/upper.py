@@ -8,13 +8,14 @@ dense n x k matrix.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
-from mbn_core.mbn import _kernels
+from mbn_core.mbn import _kernels, _layout_kernels
 from mbn_core.mbn.dtypes import smallest_uint
 from mbn_core.mbn.keep_hash import keep_threshold
 
@@ -250,20 +251,26 @@ class Postings:
         start = np.empty(center_codes.shape, dtype=np.int32 if rows.size < 2**31 else np.int64)
         longest = int(np.diff(indptr).max()) if indptr.size > 1 else 0
         length = np.empty(center_codes.shape, dtype=smallest_uint(longest))
-        _kernels.locate_postings(indptr, center_codes, n_values, start, length)
+
+        def locate(part: tuple[int, int]) -> None:
+            rows_of = slice(*part)
+            _kernels.locate_postings(
+                indptr, center_codes[rows_of], n_values, start[rows_of], length[rows_of]
+            )
+
+        _in_halves(locate, n_centers, pool)
         total = int(length.sum(dtype=np.int64))
         if inline is None:
             inline = lays_out_inline(total, n_centers * n_clusterings, n_points)
         if inline:
             # Self matches are left out when the centers are the points.
-            counts = length.astype(np.int64) - (1 if centers_are_points else 0)
-            ends = np.cumsum(counts, axis=None).reshape(counts.shape)
+            skip = 1 if centers_are_points else 0
             segments = np.empty(
                 (n_centers, n_clusterings + 1), dtype=np.int32 if total < 2**31 else np.int64
             )
-            segments[:, :n_clusterings] = ends - counts
-            segments[:, n_clusterings] = ends[:, -1]
-            neighbors = np.zeros(int(ends[-1, -1]) + _kernels.ROW_PAD, dtype=point_dtype)
+            _layout_kernels.segment_starts(length, skip, segments)
+            kept = total - skip * n_centers * n_clusterings
+            neighbors = np.zeros(kept + _kernels.ROW_PAD, dtype=point_dtype)
 
             def fill(part: tuple[int, int]) -> None:
                 if centers_are_points:
@@ -274,13 +281,7 @@ class Postings:
                     )
 
             # Memory-latency bound: worth both cores even though it runs once per layer.
-            n_parts = n_clusterings if centers_are_points else n_centers
-            cuts = np.linspace(0, n_parts, 3 if pool is not None else 2).astype(int)
-            parts = list(zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True))
-            if pool is None:
-                fill(parts[0])
-            else:
-                list(pool.map(fill, parts))
+            _in_halves(fill, n_clusterings if centers_are_points else n_centers, pool)
             return cls(
                 n_points=n_points,
                 centers_are_points=centers_are_points,
@@ -290,6 +291,19 @@ class Postings:
         padded = np.zeros(rows.size + _kernels.ROW_PAD, dtype=point_dtype)
         padded[: rows.size] = rows
         return cls(n_points=n_points, rows=padded, start=start, length=length)
+
+
+def _in_halves(
+    fill: Callable[[tuple[int, int]], None], n_parts: int, pool: Executor | None
+) -> None:
+    """``fill`` over the two halves of ``range(n_parts)`` on two of ``pool``'s threads, or
+    over the whole range on this thread without a pool."""
+    cuts = np.linspace(0, n_parts, 3 if pool is not None else 2).astype(int)
+    parts = list(zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True))
+    if pool is None:
+        fill(parts[0])
+    else:
+        list(pool.map(fill, parts))
 
 
 @dataclass(frozen=True)

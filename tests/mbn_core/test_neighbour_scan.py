@@ -2,16 +2,19 @@
 ties, points sharing nothing, lists cut short, every dimension kept or few, and a fit's
 layers through the local backend, whose progress and stopping still work."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
 from mbn_core import MBN
 from mbn_core.exceptions import TrainingStopped
 from mbn_core.mbn import neighbour_scan
+from mbn_core.mbn.backends import local
 from mbn_core.mbn.backends.local import LocalBackend
 from mbn_core.mbn.encoders import UpperClusterings
-from mbn_core.mbn.neighbour_scan import GROUP, NeighbourLists, walk_entries
-from mbn_core.mbn.upper import Postings, lays_out_inline, upper_clustering_codes
+from mbn_core.mbn.neighbour_scan import GROUP, NeighbourLists, new_point_codes, walk_entries
+from mbn_core.mbn.upper import Postings, UpperLayer, lays_out_inline, upper_clustering_codes
 
 
 def walked(codes, n_values, centers, seeds, fraction):
@@ -146,3 +149,106 @@ def test_the_local_backend_groups_more_clusterings_than_a_word():
         got = backend.scan_upper_codes(1, codes, clusterings)
     np.testing.assert_array_equal(got, walked(codes, 12, centers, seeds, 0.5))
     assert got.dtype == np.uint8
+
+
+def fitted_layer(n, V, n_values, k, n_new, fraction, seed, indexed):
+    """A fitted upper layer over random codes (kept as its index or as the matrix)."""
+    codes, centers, seeds = random_layer(n, V, n_values, k, n_new, seed)
+    rows, inverse = np.unique(centers, return_inverse=True)
+    center_codes = codes[rows]
+    if indexed:  # the index is kept where row numbers are no wider than the codes
+        center_codes = center_codes.astype(np.uint16)
+    layer = UpperLayer.create(inverse.reshape(centers.shape).astype(np.int32), center_codes,
+                              seeds, n_values, fraction)  # fmt: skip
+    assert (layer.index is not None) == indexed
+    return layer
+
+
+def walked_new(layer, codes):
+    """New points' codes by the batch walk over every clustering of a fitted layer."""
+    center_codes = layer.center_codes
+    postings = Postings.build(codes.astype(center_codes.dtype), center_codes, layer.n_values)
+    return np.stack([
+        upper_clustering_codes(postings, center_codes, c.astype(np.int32), layer.n_values, s,
+                               layer.feature_fraction)
+        for c, s in zip(layer.centers, layer.seeds, strict=True)
+    ], axis=1)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("n", "V", "n_values", "k", "n_new", "fraction", "indexed", "depth", "list_bytes"),
+    [
+        (300, 40, 20, 100, 70, 0.5, True, 7.0, 64 << 20),  # two groups, one block
+        (300, 40, 20, 100, 70, 0.5, False, 7.0, 64 << 20),  # the code matrix kept
+        (300, 40, 20, 60, 20, 0.5, True, 0.02, 64 << 20),  # lists cut short
+        (200, 70, 8, 30, 10, 1.0, True, 7.0, 2000),  # every dimension kept, blocks of rows
+        (200, 12, 50, 150, 70, 0.05, True, 7.0, 3000),  # few kept: many share none; blocks
+    ],
+)
+def test_new_points_scan_to_the_walks_codes(
+    monkeypatch, n, V, n_values, k, n_new, fraction, indexed, depth, list_bytes
+):
+    monkeypatch.setattr(neighbour_scan, "SCAN_DEPTH", depth)
+    monkeypatch.setattr(neighbour_scan, "MAX_LIST_BYTES", list_bytes)
+    layer = fitted_layer(n, V, n_values, k, n_new, fraction, seed=n + k, indexed=indexed)
+    new, _, _ = random_layer(150, V, n_values, 1, 1, seed=V)
+    new[:5] = new[0]  # the same point five times
+    heard = []
+    with ThreadPoolExecutor(2) as pool:
+        got = new_point_codes(layer, new, pool, 2, lambda *told: heard.append(told))
+    np.testing.assert_array_equal(got, walked_new(layer, new))
+    np.testing.assert_array_equal(got, layer.codes_few(new))
+    assert got.dtype == np.uint8 and heard == sorted(heard)
+    assert heard[-1][0] == heard[-1][1] and len({total for _, total in heard}) == 1
+
+
+def test_a_new_point_sharing_no_code_takes_center_zero():
+    rng = np.random.default_rng(4)
+    center_codes = rng.integers(0, 9, (60, 20)).astype(np.uint16)  # value 9 never used
+    centers = np.stack([rng.choice(60, 30, replace=False) for _ in range(5)]).astype(np.int32)
+    seeds = rng.integers(0, 2**63, 5, dtype=np.int64).astype(np.uint64)
+    layer = UpperLayer.create(centers, center_codes, seeds, 10, 0.5)
+    new = np.full((2, 20), 9, dtype=np.uint16)
+    new[1, 0] = center_codes[centers[0, 7], 0]  # one code shared, with center 7's row
+    got = new_point_codes(layer, new)
+    assert got[0].tolist() == [0] * 5
+    np.testing.assert_array_equal(got, walked_new(layer, new))
+
+
+def test_a_transform_scans_new_points_to_the_walks_codes(monkeypatch, digits):
+    model = MBN(n_clusterings=70, random_state=0, n_jobs=2).fit(digits.X[:400])
+    new = digits.X[400:700]  # past the few-rows paths
+    monkeypatch.setattr(neighbour_scan, "NEW_POINTS_PER_CENTER", 0)
+    walked_layers = [model.encode(new, layer=layer) for layer in range(len(model.ks_))]
+    walked_embedding = model.transform(new)
+    scanned = []
+    original = local.new_point_codes
+
+    def spy(layer, codes, *args):
+        scanned.append(layer.n_centers)
+        return original(layer, codes, *args)
+
+    monkeypatch.setattr(neighbour_scan, "NEW_POINTS_PER_CENTER", 300)
+    monkeypatch.setattr(local, "new_point_codes", spy)
+    embedding = model.transform(new)
+    assert scanned == model.ks_[1:]
+    np.testing.assert_array_equal(embedding, walked_embedding)
+    for layer, expected in enumerate(walked_layers):
+        np.testing.assert_array_equal(model.encode(new, layer=layer), expected)
+
+
+def test_a_scanned_transform_reports_and_stops_between_groups(digits):
+    model = MBN(n_clusterings=70, random_state=0, n_jobs=2).fit(digits.X[:400])
+    layer = model.upper_layers_[0]
+    heard = []
+
+    def stop_halfway(index, done, total):
+        heard.append((index, done, total))
+        return index == 1 and done >= GROUP
+
+    with LocalBackend(n_jobs=2, callback=stop_halfway) as backend:
+        codes = backend.bottom_codes(model.bottom_layer_, digits.X[400:700])
+        assert neighbour_scan.scans_new_points(layer, 300)
+        with pytest.raises(TrainingStopped, match="layer 1 after 64 of 70"):
+            backend.upper_codes(1, codes, layer)
+    assert heard[-1] == (1, 64, 70)

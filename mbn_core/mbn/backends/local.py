@@ -15,7 +15,12 @@ from mbn_core.mbn.backends.base import LayerBackend, ProgressCallback, register_
 from mbn_core.mbn.bottom import BottomLayer
 from mbn_core.mbn.dtypes import smallest_uint
 from mbn_core.mbn.encoders import Encoder, UpperClusterings, bottom_encoder, upper_encoder
-from mbn_core.mbn.neighbour_scan import GROUP, NeighbourLists
+from mbn_core.mbn.neighbour_scan import (
+    GROUP,
+    NeighbourLists,
+    new_point_codes,
+    scans_new_points,
+)
 from mbn_core.mbn.upper import UpperLayer
 
 
@@ -79,10 +84,17 @@ class LocalBackend(LayerBackend):
         return out
 
     def upper_codes(self, index: int, codes: np.ndarray, layer: UpperLayer) -> np.ndarray:
+        n_clusterings = len(layer.centers)
         if layer.encodes_by_row(codes.shape[0]):  # a mid-size batch over the layer's index
             codes = layer.codes_few(codes)
-            self.report(index, len(layer.centers), len(layer.centers))
+            self.report(index, n_clusterings, n_clusterings)
             return codes
+        if scans_new_points(layer, codes.shape[0]):
+
+            def told(done: int, total: int) -> None:
+                self.report(index, done * n_clusterings // total, n_clusterings)
+
+            return new_point_codes(layer, codes, self.pool, self.n_threads, told)
         encode = upper_encoder(layer, codes, self.pool)
         return self.map_clusterings(
             index, len(layer.centers), encode, codes.shape[0], layer.n_centers
