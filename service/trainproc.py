@@ -105,11 +105,10 @@ def run(spec: TrainSpec, conn: Connection) -> None:
 
 
 def _train(spec: TrainSpec, conn: Connection, stopped: Any) -> tuple[str, str]:
-    from threadpoolctl import threadpool_limits
-
     from mbn_core import TrainingStopped
     from mbn_core.data.readers import load_training_data
     from mbn_core.pipeline.training import TrainingParams, train_bundle
+    from mbn_core.utils.blas import limited_threads
 
     parent = os.getppid()
     last_sent = 0.0
@@ -126,7 +125,7 @@ def _train(spec: TrainSpec, conn: Connection, stopped: Any) -> tuple[str, str]:
         return bool(stopped()) or os.getppid() != parent
 
     try:
-        with threadpool_limits(spec.threads), _cluster(spec):
+        with limited_threads(spec.threads), _cluster(spec):
             x, y = load_training_data(Path(spec.data_path))
             align_to = _align_target(spec)
             path = train_bundle(

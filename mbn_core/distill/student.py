@@ -32,11 +32,11 @@ import scipy.sparse as sp
 from sklearn.cluster import KMeans
 from sklearn.neighbors import NearestNeighbors
 from sklearn.neural_network import MLPClassifier, MLPRegressor
-from threadpoolctl import threadpool_limits
 
 from mbn_core.distill.input_map import InputMap
 from mbn_core.distill.input_noise import auto_input_noise
 from mbn_core.exceptions import TrainingStopped
+from mbn_core.utils.blas import limited_threads
 from mbn_core.utils.seeds import draw_seed
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ class Distiller:
         epoch on ``X[validation]``); ``callback(epoch, max_epochs, loss)`` after each epoch,
         True stops with ``TrainingStopped``."""
         started = time.perf_counter()
-        with threadpool_limits(limits=self.threads, user_api="blas"):
+        with limited_threads(self.threads, "blas"):
             input_map = InputMap.fit(X[train], self.input_components)
         target_mean, target_scale = target_scaling(embedding[train])
         Y_train = ((embedding[train] - target_mean) / target_scale).astype(np.float32)
@@ -187,7 +187,7 @@ class Distiller:
         if n_atoms < MIN_ATOMS:
             log.info("%d training rows: too few for atoms, the student regresses", len(Y_train))
             return None, None
-        with threadpool_limits(limits=self.threads):
+        with limited_threads(self.threads):
             kmeans = KMeans(n_atoms, n_init=_ATOM_RESTARTS, random_state=draw_seed(rng))
             kmeans.fit(Y_train)
             atoms = kmeans.cluster_centers_.astype(np.float32)
@@ -224,7 +224,7 @@ class Distiller:
         noise = np.random.RandomState(draw_seed(rng)) if input_noise > 0 else None
         chunks = np.random.RandomState(draw_seed(rng)) if targets is not None else None
         epoch = 0
-        with threadpool_limits(limits=self.threads, user_api="blas"):
+        with limited_threads(self.threads, "blas"):
             for epoch in range(1, self.max_epochs + 1):
                 if epoch > 1:  # the first epoch creates the optimizer at learning_rate
                     _set_step(mlp, self.learning_rate * step_factor(epoch, self.max_epochs))
@@ -272,7 +272,7 @@ class Distiller:
             return 0.0
         if self.input_noise != "auto":
             return float(self.input_noise)
-        with threadpool_limits(limits=self.threads):  # the neighbour search's too
+        with limited_threads(self.threads):  # the neighbour search's too
             return auto_input_noise(X_train)
 
 

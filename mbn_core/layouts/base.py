@@ -31,12 +31,12 @@ from typing import Any, ClassVar
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
-from threadpoolctl import threadpool_limits
 
 from mbn_core.data.checks import check_spread
 from mbn_core.distribution import install_hint
 from mbn_core.exceptions import MethodFailed, MethodUnavailable, NoExactMap, TrainingStopped
 from mbn_core.params import CheckedParams
+from mbn_core.utils.blas import limited_threads
 
 # The optional extra that installs every layout library.
 EXTRA = "methods"
@@ -290,7 +290,7 @@ def library_threads(n_jobs: int | None) -> Iterator[int]:
     before = numba.get_num_threads()
     numba.set_num_threads(threads)
     try:
-        with threadpool_limits(limits=threads):
+        with limited_threads(threads):
             yield threads
     finally:
         numba.set_num_threads(before)

@@ -39,13 +39,23 @@ class Distillation:
     def holdout_label(self) -> str:
         return "prefit teacher" if self.prefit else "outside the teacher's fit"
 
-    def fit(self, X, split: Split, rng, *, model: Any = None) -> FittedPath:
+    def fit(
+        self,
+        X,
+        split: Split,
+        rng,
+        *,
+        model: Any = None,
+        method_fitted: Callable[[Any], None] | None = None,
+    ) -> FittedPath:
         """Teacher on X, then the student on its ``split.train`` rows (best epoch on
         ``split.validation``). ``model``: the model's teacher, given for a fold of the
-        report, which reports no progress."""
+        report, which reports no progress. ``method_fitted(teacher)`` before the student."""
         started = time.perf_counter()
         teacher, embedding = self.fit_teacher(X, rng, quiet=model is not None, model_teacher=model)
         teacher_seconds = time.perf_counter() - started
+        if method_fitted is not None:
+            method_fitted(teacher)
         callback = self.callback if model is None else None
         # The model's own embedding is known now: a caller may start work on it (the
         # training job's map) beside the MLP and the report.

@@ -8,6 +8,7 @@ as a bundle runs it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +32,18 @@ class ExportedFastPath:
     head_on_heldout = False
     holdout_label = None
 
-    def fit(self, X, split: Split, rng, *, model: Any = None) -> FittedPath:
+    def fit(
+        self,
+        X,
+        split: Split,
+        rng,
+        *,
+        model: Any = None,
+        method_fitted: Callable[[Any], None] | None = None,
+    ) -> FittedPath:
         """Fit the estimator on every row of X (a report of an exported method is never
-        cross-fitted, so ``model`` is always None)."""
+        cross-fitted, so ``model`` is always None). ``method_fitted(estimator)`` once the
+        export is made too: nothing of the method's runs beside its own export."""
         from mbn_core.distill.onnx import OnnxEmbedder, add_cluster_head
 
         assert self.method.export is not None and model is None
@@ -42,6 +52,8 @@ class ExportedFastPath:
         detach_callback(self.estimator)
         seconds = time.perf_counter() - started
         embedder = OnnxEmbedder(add_cluster_head(self.method.export(self.estimator), None))
+        if method_fitted is not None:
+            method_fitted(self.estimator)
         return FittedPath(
             estimator=self.estimator,
             embedding=embedding,

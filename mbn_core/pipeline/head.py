@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 from sklearn.cluster import KMeans
-from threadpoolctl import threadpool_limits
 
+from mbn_core.utils.blas import limited_threads
 from mbn_core.utils.seeds import draw_seed
 
 # k-means restarts when fitting the clustering head.
@@ -20,7 +20,7 @@ def kmeans(embedding: np.ndarray, n_clusters: int, seed: int, n_init: int) -> KM
     """k-means of an embedding, lowest inertia of ``n_init`` runs."""
     # Low-dimensional embeddings make small problems: one thread is as fast, and extra
     # OpenMP threads only spin against the other work of a busy machine.
-    with threadpool_limits(limits=1):
+    with limited_threads(1):
         return KMeans(n_clusters, n_init=n_init, random_state=seed).fit(embedding)
 
 

@@ -16,16 +16,17 @@ held-out rows, say) slots in between them.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
+from mbn_core.pipeline.background_embedding import BackgroundEmbedding
 from mbn_core.pipeline.head import fit_head
 from mbn_core.pipeline.report import (
     FittedPath,
     FoldCallback,
-    as_embedding,
     cross_fitted_report,
     holdout_report,
 )
@@ -57,10 +58,19 @@ class FastPathMaker(Protocol):
     @property
     def holdout_label(self) -> str | None: ...
 
-    def fit(self, X, split: Split, rng, *, model: Any = None) -> FittedPath:
+    def fit(
+        self,
+        X,
+        split: Split,
+        rng,
+        *,
+        model: Any = None,
+        method_fitted: Callable[[Any], None] | None = None,
+    ) -> FittedPath:
         """Fit on rows X (``split``: their validation and train rows). ``model``: the
         estimator of the model's own fit, given when this is a fold of the report (quiet,
-        and making the same choices as the model)."""
+        and making the same choices as the model). ``method_fitted(estimator)``, when
+        given, is called as soon as the method is fitted, before its fast path."""
         ...
 
 
@@ -144,11 +154,16 @@ def run_pipeline(
         validation=np.searchsorted(fitted_rows, split.validation),
         train=np.searchsorted(fitted_rows, split.train),
     )
-    fitted = maker.fit(X_fitted, own_split, rng)
+    holdout = split.holdout
+    # The held-out rows' exact embedding starts once the method is fitted, beside its fast
+    # path's training.
+    held_out = BackgroundEmbedding(X[holdout]) if len(holdout) else None
+    fitted = maker.fit(
+        X_fitted, own_split, rng, method_fitted=None if held_out is None else held_out.start
+    )
 
     started = time.perf_counter()
-    holdout = split.holdout
-    exact = as_embedding(fitted.estimator.transform(X[holdout])) if len(holdout) else None
+    exact = None if held_out is None else held_out.result(fitted.estimator)
     centers = fit_head(_head_rows(fitted.embedding, exact, maker.head_on_heldout), n_clusters, rng)
     if n_folds is None:
         assert exact is not None
