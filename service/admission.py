@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TypeVar
 
+from mbn_core.utils.priority import lower_thread_priority
 from service.domain import Overloaded
 
 T = TypeVar("T")
@@ -33,19 +33,6 @@ log = logging.getLogger(__name__)
 # requests' bytes, waited in the run queue behind the very work it was meant to bound.
 # Raising one's own nice value needs no privilege.
 FAST_THREAD_NICENESS = 10
-
-
-def lower_thread_priority(increment: int) -> None:
-    """Raise the calling thread's nice value by ``increment`` (a pool initializer). Where the
-    platform cannot (not Linux, or a sandbox refusing it), the thread keeps the loop's
-    priority: answers stay correct, only less prompt under saturation."""
-    tid = threading.get_native_id()
-    try:
-        current = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, current + increment))
-    except (AttributeError, OSError) as error:
-        log.debug("could not lower a pool thread's priority: %s", error)
-
 
 # How long a chunk of a body being read waits for bodies already worked on to free the room
 # it needs (RowBudget.buffering). Work ends on its own, usually in well under a second;

@@ -6,7 +6,9 @@ MLP then trains on one BLAS thread and leaves the other core idle for most of it
 the pipeline starts the embedding as soon as the method is fitted (``BackgroundEmbedding.
 start``) and takes it when the report needs it (``BackgroundEmbedding.result``), from the
 very estimator it was started with: the values ``transform`` gives on the caller's thread,
-bit for bit (the BLAS limits the two hold are shared, ``mbn_core.utils.blas``).
+bit for bit (the BLAS limits the two hold are shared, ``mbn_core.utils.blas``). The thread
+runs at a lower priority than the student, which the job waits for first
+(``mbn_core.utils.priority``).
 
 A stopped or failed job abandons the thread: it finishes its ``transform`` and the result is
 dropped.
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from mbn_core.pipeline.report import as_embedding
+from mbn_core.utils.priority import HELD_OUT_NICENESS, lower_thread_priority
 
 
 class BackgroundEmbedding:
@@ -43,6 +46,7 @@ class BackgroundEmbedding:
         self._thread.start()
 
     def _run(self) -> None:
+        lower_thread_priority(HELD_OUT_NICENESS)
         try:
             self._result = as_embedding(self._estimator.transform(self.rows))
         except BaseException as error:  # handed to the caller by ``result``

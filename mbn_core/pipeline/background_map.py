@@ -6,7 +6,8 @@ core idle for much of their time (the MLP and most of the report run on one thre
 training starts the layout then (``BackgroundMap.start``), on one thread, and takes it when
 the bundle is assembled (``BackgroundMap.layout``), checking that it was made from the very
 embedding the model kept. The result is the layout ``lay_out`` makes on the caller's thread
-with the same options, bit for bit.
+with the same options, bit for bit. The thread runs at the lowest priority of the job's
+threads: its layout is wanted last (``mbn_core.utils.priority``).
 
 A stopped or failed job abandons the thread (t-SNE cannot be interrupted): it finishes its
 layout (seconds) and the result is dropped.
@@ -20,6 +21,7 @@ import threading
 import numpy as np
 
 from mbn_core.bundle.embedding_map import MapLayout, lay_out
+from mbn_core.utils.priority import MAP_NICENESS, lower_thread_priority
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,7 @@ class BackgroundMap:
         self._thread.start()
 
     def _run(self) -> None:
+        lower_thread_priority(MAP_NICENESS)
         try:
             self._result = lay_out(self._embedding, **self.options)
         except BaseException as error:  # handed to the caller by ``layout``

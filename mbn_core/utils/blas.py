@@ -1,12 +1,14 @@
 """Process-wide thread limits of BLAS and OpenMP, shared by the threads that hold them.
 
-A library's thread count is one setting for the whole process, but a training job holds
-limits on several threads at once: the map's layout on its own thread, the student's MLP and
-the exact embedding of held-out rows beside it. ``threadpoolctl.threadpool_limits`` cannot
-share it: it lets one Python thread at a time set OpenBLAS's count (the others' limits are
-silently ignored), and on leaving restores what it found on entering, whoever has set the
-count since. Here every holder registers its limit: while any is held the libraries run on
-the smallest of them, and the last to leave restores the count from before the first.
+A BLAS library's thread count is one setting for the whole process (OpenBLAS's own pool),
+but a training job holds limits on several threads at once: the map's layout on its own
+thread, the student's MLP and the exact embedding of held-out rows beside it.
+``threadpoolctl.threadpool_limits`` cannot share it: it lets one Python thread at a time set
+OpenBLAS's count (the others' limits are silently ignored), and on leaving restores what it
+found on entering, whoever has set the count since. Here every holder registers its limit:
+while any is held such a library runs on the smallest of them, and the last to leave
+restores the count from before the first. OpenMP keeps its count per thread: each holder
+sets its own thread's and restores it on leaving.
 
 ``threadpool_limits`` also finds the loaded libraries afresh at every call, milliseconds that
 hold the interpreter lock, which a server pays on every exact request of more than a few rows
@@ -47,12 +49,31 @@ def limited_threads(limit: int, user_api: str | None = None) -> Iterator[None]:
     with _lock:
         for api in apis:
             _hold(api, limit)
+        own = [
+            (library, library.num_threads)
+            for api in apis
+            for library in _controller_now().select(user_api=api).lib_controllers
+            if _per_thread(library)
+        ]
+    # A per-thread setting (OpenMP's) is this thread's alone: set here, restored here.
+    for library, _ in own:
+        library.set_num_threads(limit)
     try:
         yield
     finally:
+        for library, threads in reversed(own):
+            library.set_num_threads(threads)
         with _lock:
             for api in apis:
                 _release(api, limit)
+
+
+def _per_thread(library: Any) -> bool:
+    """Whether a library keeps its thread count per calling thread: OpenMP (and a BLAS built
+    on it) does, while OpenBLAS's own threads and other BLAS keep one for the process."""
+    return bool(
+        library.user_api == "openmp" or getattr(library, "threading_layer", None) == "openmp"
+    )
 
 
 def one_blas_thread() -> AbstractContextManager[None]:
@@ -73,10 +94,15 @@ def one_openmp_thread() -> AbstractContextManager[None]:
 def _hold(api: str, limit: int) -> None:
     held = _held[api]
     if not held:
-        libraries = _controller_now().select(user_api=api).lib_controllers
-        _before[api] = [(library, library.num_threads) for library in libraries]
-        _set(api, limit)
-    elif limit < min(held):
+        _before[api] = []
+    # Libraries loaded since the first holder came (an import under a held limit) join in.
+    known = {library.filepath for library, _ in _before[api]}
+    libraries = _controller_now().select(user_api=api).lib_controllers
+    for library in libraries:
+        if library.filepath not in known and not _per_thread(library):
+            _before[api].append((library, library.num_threads))
+            _set_threads(library, min([limit, *held]))
+    if held and limit < min(held):
         _set(api, limit)
     held.append(limit)
 

@@ -50,6 +50,7 @@ import numpy as np
 
 from mbn_core.exceptions import TrainingStopped
 from mbn_core.mbn.backends import stop_unless
+from mbn_core.utils.priority import lower_thread_priority
 from service.exact import segments, wire
 from service.exact.batching import ExactQueue, Job, QueueFull, Step
 from service.exact.models import HeldModel, ModelCache, ModelFailure, ModelKey
@@ -542,20 +543,6 @@ _TIMED_OUT = (
     "the exact-mode request was not computed within its deadline (MBN_EXACT_TIMEOUT_SECONDS); "
     "the queue is busy, retry later"
 )
-
-
-def lower_thread_priority(increment: int) -> None:
-    """Raise the calling thread's nice value by ``increment`` (Linux keeps one per thread;
-    threads it starts inherit it). Where the platform refuses, the thread keeps its
-    priority: answers stay the same, only the fast path's share of a busy CPU is smaller."""
-    if not increment:
-        return
-    tid = threading.get_native_id()
-    try:
-        current = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, current + increment))
-    except (AttributeError, OSError) as error:
-        log.debug("could not lower a compute lane's priority: %s", error)
 
 
 def _die_with_parent(parent: int) -> None:

@@ -88,3 +88,39 @@ def test_the_smallest_limit_held_applies_until_it_is_released():
 def test_an_unknown_library_kind_is_refused():
     with pytest.raises(ValueError, match="user_api='cuda'"), limited_threads(1, "cuda"):
         pass
+
+
+def _openmp_threads() -> list[int]:
+    return [info["num_threads"] for info in threadpool_info() if info["user_api"] == "openmp"]
+
+
+def test_an_openmp_limit_is_set_in_every_holders_own_thread():
+    # OpenMP keeps its count per thread: a second holder must set its own thread's even
+    # while another thread already holds the same limit.
+    import sklearn.cluster  # noqa: F401  (loads OpenMP)
+
+    if not _openmp_threads():
+        pytest.skip("no OpenMP library loaded")
+    before = _openmp_threads()
+    first_in, second_done = threading.Event(), threading.Event()
+    seen = {}
+
+    def first():
+        with limited_threads(1, "openmp"):
+            first_in.set()
+            second_done.wait(5)
+
+    def second():
+        first_in.wait(5)
+        with limited_threads(1, "openmp"):
+            seen["inside"] = _openmp_threads()
+        seen["after"] = _openmp_threads()
+        second_done.set()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert set(seen["inside"]) == {1}
+    assert seen["after"] == before and _openmp_threads() == before
