@@ -23,6 +23,10 @@ that clustering directly.
 It pays where a clustering's centers are a large share of the points (the scan stops after
 a few neighbours, since one of the first is a center); where they are few, or the lists would
 not fit in memory, the walk serves (``NeighbourLists.pays``).
+
+A transform's new rows are scanned the same way among a fitted layer's center rows
+(``new_point_codes``): the walk visits every center's lists in every clustering however few
+the rows, so the scan serves batches of up to a few rows per center (``scans_new_points``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import numpy as np
 from mbn_core.mbn import _kernels, _one_hot_kernels, _scan_kernels
 from mbn_core.mbn.dtypes import smallest_uint
 from mbn_core.mbn.keep_hash import keep_threshold
+from mbn_core.mbn.parts import in_parts
 from mbn_core.mbn.upper import UpperLayer, lays_out_inline
 
 # Clusterings scanned together: one bit each in a 64-bit word.
@@ -140,7 +145,7 @@ class NeighbourLists:
                 codes, indptr, rows, n_values, n_rows, own, *part, neighbours, shared, left_out
             )
 
-        _in_parts(fill, n_points, pool, n_threads)
+        in_parts(fill, n_points, pool, n_threads)
         return cls(neighbours=neighbours, shared=shared, left_out=left_out)
 
     @staticmethod
@@ -208,7 +213,7 @@ class NeighbourLists:
                 *part, out,
             )  # fmt: skip
 
-        _in_parts(fill, points.shape[0], pool, n_threads)
+        in_parts(fill, points.shape[0], pool, n_threads)
         return out
 
     @property
@@ -258,30 +263,12 @@ class ScanGroup:
                 fraction >= 1.0, masks[first:last],
             )  # fmt: skip
 
-        _in_parts(mask, n_groups, pool, n_threads)
+        in_parts(mask, n_groups, pool, n_threads)
         member = np.empty(n_rows, dtype=np.uint64)
         row_start = np.empty(n_rows + 1, dtype=np.int64)
         pairs = np.empty(n_groups * k, dtype=np.int64)
         _scan_kernels.group_members(center_rows, n_rows, member, row_start, pairs)
         return cls(center_rows, masks, member, row_start, pairs)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.masks, self.member, self.row_start, self.pairs))
-
-
-def _in_parts(
-    fill: Callable[[tuple[int, int]], None], n_rows: int, pool: Executor | None, n_threads: int
-) -> None:
-    """``fill`` over ``n_threads`` contiguous row ranges, on ``pool`` when there is one."""
-    parts = max(1, min(n_threads if pool is not None else 1, n_rows))
-    cuts = np.linspace(0, n_rows, parts + 1).astype(int)
-    ranges = list(zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True))
-    if pool is None or parts == 1:
-        for part in ranges:
-            fill(part)
-    else:
-        list(pool.map(fill, ranges))
 
 
 def scans_new_points(layer: UpperLayer, n_points: int) -> bool:

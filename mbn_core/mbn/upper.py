@@ -8,7 +8,6 @@ dense n x k matrix.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import cached_property
@@ -18,6 +17,7 @@ import numpy as np
 from mbn_core.mbn import _kernels, _layout_kernels
 from mbn_core.mbn.dtypes import smallest_uint
 from mbn_core.mbn.keep_hash import keep_threshold
+from mbn_core.mbn.parts import in_parts
 
 # Batches of up to this many rows are encoded row by row over a layer's ``CodeIndex``
 # (``UpperLayer.encodes_by_row``) rather than through the rebuilt code matrix.
@@ -258,7 +258,7 @@ class Postings:
                 indptr, center_codes[rows_of], n_values, start[rows_of], length[rows_of]
             )
 
-        _in_halves(locate, n_centers, pool)
+        in_parts(locate, n_centers, pool, 2)
         total = int(length.sum(dtype=np.int64))
         if inline is None:
             inline = lays_out_inline(total, n_centers * n_clusterings, n_points)
@@ -281,7 +281,7 @@ class Postings:
                     )
 
             # Memory-latency bound: worth both cores even though it runs once per layer.
-            _in_halves(fill, n_clusterings if centers_are_points else n_centers, pool)
+            in_parts(fill, n_clusterings if centers_are_points else n_centers, pool, 2)
             return cls(
                 n_points=n_points,
                 centers_are_points=centers_are_points,
@@ -291,19 +291,6 @@ class Postings:
         padded = np.zeros(rows.size + _kernels.ROW_PAD, dtype=point_dtype)
         padded[: rows.size] = rows
         return cls(n_points=n_points, rows=padded, start=start, length=length)
-
-
-def _in_halves(
-    fill: Callable[[tuple[int, int]], None], n_parts: int, pool: Executor | None
-) -> None:
-    """``fill`` over the two halves of ``range(n_parts)`` on two of ``pool``'s threads, or
-    over the whole range on this thread without a pool."""
-    cuts = np.linspace(0, n_parts, 3 if pool is not None else 2).astype(int)
-    parts = list(zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True))
-    if pool is None:
-        fill(parts[0])
-    else:
-        list(pool.map(fill, parts))
 
 
 @dataclass(frozen=True)
