@@ -20,8 +20,13 @@ from mbn_core.mbn.keep_hash import keep_threshold
 from mbn_core.mbn.parts import in_parts
 
 # Batches of up to this many rows are encoded row by row over a layer's ``CodeIndex``
-# (``UpperLayer.encodes_by_row``) rather than through the rebuilt code matrix.
+# (``UpperLayer.encodes_by_row``) rather than through the rebuilt code matrix...
 INDEXED_ROWS = 256
+# ...while they have fewer rows than this per center of the layer: a larger batch repays the
+# candidate scan's cost per layer (``neighbour_scan.new_point_codes``: V x k masks of kept
+# dimensions), after which a row costs a third to a half of its walk of the index (MNIST
+# models of 9,000 and 54,000 rows, layers of k 250-1,000, batches of 64-256 rows).
+INDEXED_ROWS_PER_CENTER = 0.25
 
 
 @dataclass(frozen=True)
@@ -151,8 +156,10 @@ class UpperLayer:
     def encodes_by_row(self, n_rows: int) -> bool:
         """Whether ``codes_few`` is the cheaper way to encode a batch of ``n_rows`` on the
         host: with an index, the batch path first rebuilds the code matrix, which costs as
-        much as a few hundred rows encoded over the index one by one."""
-        return self.index is not None and n_rows <= INDEXED_ROWS
+        much as a few hundred rows encoded over the index one by one, and the scan computes
+        masks for every center, which as many rows as a quarter of the centers repay."""
+        limit = min(INDEXED_ROWS, INDEXED_ROWS_PER_CENTER * self.n_centers)
+        return self.index is not None and n_rows <= limit
 
     def codes_few(self, codes: np.ndarray) -> np.ndarray:
         """This layer's codes of a few points from their previous-layer ``codes``.

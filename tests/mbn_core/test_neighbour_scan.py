@@ -252,3 +252,21 @@ def test_a_scanned_transform_reports_and_stops_between_groups(digits):
         with pytest.raises(TrainingStopped, match="layer 1 after 64 of 70"):
             backend.upper_codes(1, codes, layer)
     assert heard[-1] == (1, 64, 70)
+
+
+def test_a_batch_of_a_quarter_of_the_centers_leaves_the_index_for_the_scan(monkeypatch):
+    layer = fitted_layer(300, 40, 20, 100, 70, 0.5, seed=8, indexed=True)
+    new, _, _ = random_layer(60, 40, 20, 1, 1, seed=9)
+    scanned = []
+    original = local.new_point_codes
+
+    def spy(layer, codes, *args):
+        scanned.append(len(codes))
+        return original(layer, codes, *args)
+
+    monkeypatch.setattr(local, "new_point_codes", spy)
+    with LocalBackend(n_jobs=2) as backend:
+        for n in (20, 25, 26, 60):  # row by row up to k / 4 = 25 rows, then scanned
+            got = backend.upper_codes(1, new[:n].astype(np.uint16), layer)
+            np.testing.assert_array_equal(got, layer.codes_few(new[:n]))
+    assert scanned == [26, 60]
