@@ -47,12 +47,13 @@ def limited_threads(limit: int, user_api: str | None = None) -> Iterator[None]:
     if any(api not in APIS for api in apis):
         raise ValueError(f"user_api={user_api!r} must be one of {APIS} or None")
     with _lock:
-        for api in apis:
-            _hold(api, limit)
+        libraries = [(api, _controller_now().select(user_api=api).lib_controllers) for api in apis]
+        for api, found in libraries:
+            _hold(api, limit, [library for library in found if not _per_thread(library)])
         own = [
             (library, library.num_threads)
-            for api in apis
-            for library in _controller_now().select(user_api=api).lib_controllers
+            for _, found in libraries
+            for library in found
             if _per_thread(library)
         ]
     # A per-thread setting (OpenMP's) is this thread's alone: set here, restored here.
@@ -91,15 +92,16 @@ def one_openmp_thread() -> AbstractContextManager[None]:
     return limited_threads(1, "openmp")
 
 
-def _hold(api: str, limit: int) -> None:
+def _hold(api: str, limit: int, shared: list[Any]) -> None:
+    """Register ``limit`` for ``api``'s process-wide libraries ``shared`` (those loaded
+    now)."""
     held = _held[api]
     if not held:
         _before[api] = []
     # Libraries loaded since the first holder came (an import under a held limit) join in.
     known = {library.filepath for library, _ in _before[api]}
-    libraries = _controller_now().select(user_api=api).lib_controllers
-    for library in libraries:
-        if library.filepath not in known and not _per_thread(library):
+    for library in shared:
+        if library.filepath not in known:
             _before[api].append((library, library.num_threads))
             _set_threads(library, min([limit, *held]))
     if held and limit < min(held):

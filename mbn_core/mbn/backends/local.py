@@ -96,9 +96,7 @@ class LocalBackend(LayerBackend):
 
             return new_point_codes(layer, codes, self.pool, self.n_threads, told)
         encode = upper_encoder(layer, codes, self.pool)
-        return self.map_clusterings(
-            index, len(layer.centers), encode, codes.shape[0], layer.n_centers
-        )
+        return self.map_clusterings(index, n_clusterings, encode, codes.shape[0], layer.n_centers)
 
     def map_clusterings(
         self, layer: int, n_clusterings: int, encode: Encoder, n_rows: int, n_centers: int
