@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_data import load_mnist
 
-from mbn_core.mbn._integer_scores import _BlockGemm, integer_centers, kernel_is_exact
+from mbn_core.mbn._integer_scores import BlockGemm, integer_centers, kernel_is_exact
 
 
 def main() -> None:
@@ -111,7 +111,7 @@ def time_kernels(X_all: np.ndarray, k1: int, rng) -> tuple[float, float]:
     if not kernel_is_exact():
         return float("nan"), float("nan")
     centers = integer_centers(X_all, center_rows, features, 0, "euclidean")
-    gemm = _BlockGemm(centers.b, 1000, packed=True)
+    gemm = BlockGemm(centers.b, 1000, packed=True)
     gemm.rows(1000)[:] = rows
     gemm.run(1000)
     start = time.perf_counter()

@@ -41,7 +41,7 @@ MAX_INT32_SCORE_DIMENSIONS = (2**31 - 1) // (2 * (LEVELS - 1) * _B_OFFSET + (LEV
 # that reads them; at least one of the AMX kernel's 64-row strides.
 _BLOCK_BYTES = 1 << 20
 _MIN_BLOCK_ROWS = 64
-# Batches of at least this many rows score against centers packed once (``_BlockGemm``).
+# Batches of at least this many rows score against centers packed once (``BlockGemm``).
 PACKED_ROWS = 1024
 # Models of a constant b, by shape, that packed sessions load (with b supplied separately).
 _TEMPLATES_KEPT = 4
@@ -220,11 +220,11 @@ def integer_codes(rows: IntegerRows, features: np.ndarray, centers: IntegerCente
     center_term = centers.center_term.astype(np.int32) if fast else centers.center_term
     codes = np.empty(n_rows, dtype=np.int32)
     block = max(1, min(n_rows, max(_MIN_BLOCK_ROWS, _BLOCK_BYTES // (4 * max(n_centers, 1)))))
-    gemm = _BlockGemm(b, block, packed=n_rows >= PACKED_ROWS)
+    gemm = BlockGemm(b, block, packed=n_rows >= PACKED_ROWS)
     for start in range(0, n_rows, block):
         stop = min(start + block, n_rows)
         part = gemm.rows(stop - start)
-        _gather_columns(rows.shifted, start, features, part)
+        gather_columns(rows.shifted, start, features, part)
         dots = gemm.run(stop - start)
         if fast:
             euclidean_best(dots, center_term, codes[start:stop])
@@ -237,7 +237,7 @@ def integer_codes(rows: IntegerRows, features: np.ndarray, centers: IntegerCente
     return codes
 
 
-class _BlockGemm:
+class BlockGemm:
     """``a @ b`` for blocks of up to ``block`` rows, in buffers bound to a session once.
 
     ``session.run`` allocates each product and copies it into a new numpy array; binding the
@@ -285,7 +285,7 @@ class _BlockGemm:
 
 
 @njit(nogil=True, cache=True)
-def _gather_columns(values, start, columns, out):
+def gather_columns(values, start, columns, out):
     """out[i, c] = values[start + i, columns[c]] (a block of rows on the chosen columns)."""
     for i in range(out.shape[0]):
         for c in range(columns.shape[0]):

@@ -20,7 +20,7 @@ from functools import cached_property
 import numpy as np
 import scipy.sparse as sp
 
-from mbn_core.mbn import _bottom_kernels, _kernels
+from mbn_core.mbn import _bottom_kernels, _kernels, coarse_pass
 from mbn_core.mbn._integer_scores import (
     IntegerCenters,
     IntegerRows,
@@ -543,7 +543,12 @@ class BottomLayer:
     ) -> np.ndarray:
         if isinstance(X, IntegerRows):
             features = self.features(clustering)
-            return integer_codes(X, features, self.integer_centers(clustering, features, X.low))
+            centers = self.integer_centers(clustering, features, X.low)
+            if coarse_pass.pays(X.shape[0], centers):
+                codes = coarse_pass.coarse_codes(X, features, centers)
+                if codes is not None:
+                    return codes
+            return integer_codes(X, features, centers)
         if sp.issparse(X) and sp.issparse(self.center_data) and self.shift_masks is None:
             return bottom_codes_sparse(X, self, clustering, row_norms)
         if (
