@@ -102,7 +102,8 @@ def coarse_codes(
     gather_columns(rows.shifted, 0, features, x)
     y = _projected(x, shift, directions)
     y_w = (w.astype(np.float32) - shift) @ directions
-    top = float(max(np.abs(y).max(initial=0.0), np.abs(y_w).max(initial=0.0)))
+    # The largest magnitude, without an |y| the size of y.
+    top = float(max(y.max(initial=0.0), -y.min(initial=0.0), np.abs(y_w).max(initial=0.0)))
     if top == 0.0:
         return None
     scale = np.float32(top / LEVELS)
