@@ -9,7 +9,8 @@ consecutive integers, a clustering's nearest center needs no floating point at a
   out of the arg-min, so the nearest center maximises ``2 x'.b - |w'|^2`` with ``x' = x - low``,
   ``b = w' - 128`` and ``w' = w - low`` (a row constant ``128 * sum(x')`` dropped as well);
 - ``x'.b`` is a u8 x s8 integer GEMM (ONNX Runtime's ``MatMulInteger``, VNNI on x86), exact in
-  int32 while ``d * 255 * 128 < 2**31``; the rest is int64 in ``integer_best``.
+  int32 while ``d * 255 * 128 < 2**31``; the rest is int64 in ``integer_best``, or, for
+  cosine, float64 in ``cosine_best``.
 
 The float path ranks in float32 and re-ranks near ties in float64, which for whole numbers is
 exact: it returns the exact nearest center, lowest index on ties. These scores are exact, so
@@ -219,6 +220,8 @@ def integer_codes(rows: IntegerRows, features: np.ndarray, centers: IntegerCente
     fast = not cosine and n_chosen <= MAX_INT32_SCORE_DIMENSIONS
     center_term = centers.center_term.astype(np.int32) if fast else centers.center_term
     codes = np.empty(n_rows, dtype=np.int32)
+    if cosine:
+        norms, inverse_norms, center_offsets = cosine_center_terms(centers, rows.low)
     block = max(1, min(n_rows, max(_MIN_BLOCK_ROWS, _BLOCK_BYTES // (4 * max(n_centers, 1)))))
     gemm = BlockGemm(b, block, packed=n_rows >= PACKED_ROWS)
     for start in range(0, n_rows, block):
@@ -230,10 +233,12 @@ def integer_codes(rows: IntegerRows, features: np.ndarray, centers: IntegerCente
             euclidean_best(dots, center_term, codes[start:stop])
             continue
         row_sums = part.sum(axis=1, dtype=np.int64)
-        integer_best(
-            dots, center_term, centers.b_sums, row_sums, rows.low, n_chosen, cosine,
-            codes[start:stop],
-        )  # fmt: skip
+        if cosine:
+            # x.w = x'.b + (128 + low) (sum(x') + d low) + low sum(b): the row's part.
+            row_terms = (_B_OFFSET + rows.low) * (row_sums + n_chosen * rows.low)
+            cosine_best(dots, norms, inverse_norms, center_offsets, row_terms, codes[start:stop])
+            continue
+        integer_best(dots, center_term, codes[start:stop])
     return codes
 
 
@@ -315,35 +320,86 @@ def euclidean_best(dots, center_term, best):
 
 
 @njit(nogil=True, cache=True)
-def integer_best(dots, center_term, b_sums, row_sums, low, n_chosen, cosine, best):
-    """Each row's best center (the first arg-max) from the exact integer products ``dots``
-    (= x'.b).
-
-    Euclidean: maximise ``2 * dots - center_term`` (``center_term`` = |w'|^2). Cosine:
-    maximise ``x.w / sqrt(|w|^2)`` in float64, computed as the float path's re-rank computes
-    it, with ``x.w`` rebuilt exactly from x'.b, the row sums of x', the column sums of b
-    (``b_sums``) and the shift ``low`` (``center_term`` = |w|^2; a zero center scores 0).
-    """
+def integer_best(dots, center_term, best):
+    """Each row's best Euclidean center (the first arg-max of ``2 * dots - center_term``,
+    ``center_term`` = |w'|^2) from the exact integer products ``dots`` (= x'.b), in int64:
+    for more dimensions than ``euclidean_best``'s int32 scores hold."""
     n_rows, k = dots.shape
-    norms = np.empty(k, np.float64)
-    if cosine:
-        for j in range(k):
-            norms[j] = np.sqrt(np.float64(center_term[j]))
-    c = np.int64(_B_OFFSET) + np.int64(low)
     for i in range(n_rows):
-        top = -np.inf
+        top = np.int64(-(2**62))
         top_at = 0
-        row_term = c * row_sums[i] + np.int64(n_chosen) * np.int64(low) * c
         for j in range(k):
-            if cosine:
-                dot = np.int64(dots[i, j]) + row_term + np.int64(low) * b_sums[j]
-                score = np.float64(dot) / norms[j] if norms[j] > 0 else 0.0
-            else:
-                score = np.float64(2 * np.int64(dots[i, j]) - center_term[j])
+            score = 2 * np.int64(dots[i, j]) - center_term[j]
             if score > top:
                 top = score
                 top_at = j
         best[i] = top_at
+
+
+def cosine_center_terms(
+    centers: IntegerCenters, low: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(norms, inverse norms, per-center offsets) for ``cosine_best``: |w| as the float path
+    computes it (a zero center's is 0, and so is its inverse), and ``low * sum(b)``, the
+    center's part of x.w rebuilt from x'.b."""
+    norms = np.sqrt(centers.center_term.astype(np.float64))
+    inverse = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
+    return norms, inverse, np.int64(low) * centers.b_sums
+
+
+# Centers fall in this many stripes (center j in group j % n_groups) for ``cosine_best``'s
+# maxima: elementwise maxima of contiguous stripes vectorise, where a running maximum of
+# floats does not.
+_STRIPES = 16
+# ``cosine_best`` scores exactly every center whose product estimate lies within this share
+# of the best estimate: an estimate and the exact score differ by at most three units of
+# float64's roundoff of the score, so the best score and its ties always fall within it.
+COSINE_SLACK = 1e-12
+
+
+@njit(nogil=True, cache=True)
+def cosine_best(dots, norms, inverse_norms, center_offsets, row_terms, best):
+    """Each row's best cosine center (the first arg-max of ``x.w / |w|``, a zero center
+    scoring 0) from the exact integer products ``dots`` (= x'.b), with ``x.w`` rebuilt
+    exactly as ``dots + row_terms[i] + center_offsets[j]``.
+
+    The scores are estimated by a product with each center's inverse norm, which vectorises;
+    only the centers whose estimate is within ``COSINE_SLACK`` of the best are scored as the
+    float path scores them (a float64 division), and the best of those, lowest index on
+    ties, is the row's center.
+    """
+    n_rows, k = dots.shape
+    n_groups = (k + _STRIPES - 1) // _STRIPES
+    estimates = np.full(n_groups * _STRIPES, -np.inf)
+    group_top = np.empty(n_groups)
+    for i in range(n_rows):
+        row_term = row_terms[i]
+        for j in range(k):
+            dot = np.int64(dots[i, j]) + row_term + center_offsets[j]
+            estimates[j] = np.float64(dot) * inverse_norms[j]
+        group_top[:] = estimates[:n_groups]
+        for stripe in range(1, _STRIPES):
+            base = stripe * n_groups
+            for g in range(n_groups):
+                value = estimates[base + g]
+                group_top[g] = value if value > group_top[g] else group_top[g]
+        top = group_top[0]
+        for g in range(1, n_groups):
+            top = group_top[g] if group_top[g] > top else top
+        floor = top - COSINE_SLACK * abs(top)
+        best_score = -np.inf
+        best_at = k
+        for g in range(n_groups):
+            if group_top[g] < floor:
+                continue
+            for j in range(g, k, n_groups):
+                if estimates[j] >= floor:
+                    dot = np.int64(dots[i, j]) + row_term + center_offsets[j]
+                    score = np.float64(dot) / norms[j] if norms[j] > 0 else 0.0
+                    if score > best_score or (score == best_score and j < best_at):
+                        best_score = score
+                        best_at = j
+        best[i] = best_at
 
 
 _lock = threading.RLock()

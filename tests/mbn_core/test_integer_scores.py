@@ -248,9 +248,7 @@ def test_the_int32_arg_max_is_exact_at_its_bound():
     got = integer_codes(rows, features, block)
     np.testing.assert_array_equal(got, [1, 1, 1, 0, 2, 0])
     wide = np.empty(6, np.int32)
-    _integer_scores.integer_best(
-        dots, block.center_term, block.b_sums, np.zeros(6, np.int64), rows.low, d, False, wide
-    )
+    _integer_scores.integer_best(dots, block.center_term, wide)
     np.testing.assert_array_equal(got, wide)
 
 
@@ -263,3 +261,55 @@ def test_packed_sessions_keep_a_bounded_number_of_models(monkeypatch):
         got = _integer(X, centers, np.arange(12), "euclidean")
         np.testing.assert_array_equal(got, _float_codes(X, np.arange(12), centers, "euclidean"))
     assert len(_integer_scores._state["templates"]) <= _integer_scores._TEMPLATES_KEPT
+
+
+def _cosine_reference(dots, norms, offsets, row_terms):
+    # The float path's re-rank: x.w / |w| by a float64 division, a zero center scoring 0,
+    # the first arg-max.
+    x_w = dots.astype(np.int64) + row_terms[:, None] + offsets[None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scores = np.where(norms > 0, x_w / norms, 0.0)
+    return scores.argmax(axis=1)
+
+
+@pytest.mark.parametrize("k", [1, 7, 16, 33, 500])
+def test_the_cosine_arg_max_is_the_divisions(k):
+    rng = np.random.default_rng(k)
+    dots = rng.integers(-(2**20), 2**20, size=(40, k)).astype(np.int32)
+    center_term = rng.integers(0, 2**24, size=k)
+    center_term[::5] = 0  # zero centers score 0
+    block = _integer_scores.IntegerCenters(
+        b=np.zeros((1, k), np.int8), center_term=center_term,
+        b_sums=rng.integers(-5000, 5000, size=k), metric="cosine",
+    )  # fmt: skip
+    norms, inverse, offsets = _integer_scores.cosine_center_terms(block, 3)
+    row_terms = rng.integers(-(2**20), 2**20, size=40)
+    got = np.empty(40, np.int32)
+    _integer_scores.cosine_best(dots, norms, inverse, offsets, row_terms, got)
+    np.testing.assert_array_equal(got, _cosine_reference(dots, norms, offsets, row_terms))
+
+
+def test_the_cosine_arg_max_keeps_exact_ties_of_different_centers_apart():
+    # Center 2j + 1 is center 2j scaled by 2: |w| doubles exactly, and so does x.w, so the
+    # two scores are equal to the last bit; the lower index must win, whichever stripe each
+    # of the pair falls in.
+    rng = np.random.default_rng(5)
+    base_dots = rng.integers(0, 2**20, size=(64, 40))
+    base_terms = rng.integers(1, 2**22, size=40)
+    dots = np.empty((64, 80), np.int32)
+    dots[:, 0::2] = base_dots
+    dots[:, 1::2] = 2 * base_dots
+    center_term = np.empty(80, np.int64)
+    center_term[0::2] = base_terms
+    center_term[1::2] = 4 * base_terms
+    block = _integer_scores.IntegerCenters(
+        b=np.zeros((1, 80), np.int8), center_term=center_term, b_sums=np.zeros(80, np.int64),
+        metric="cosine",
+    )  # fmt: skip
+    norms, inverse, offsets = _integer_scores.cosine_center_terms(block, 0)
+    row_terms = np.zeros(64, np.int64)
+    got = np.empty(64, np.int32)
+    _integer_scores.cosine_best(dots, norms, inverse, offsets, row_terms, got)
+    expected = _cosine_reference(dots, norms, offsets, row_terms)
+    np.testing.assert_array_equal(got, expected)
+    assert (expected % 2 == 0).all()  # the tie always goes to the lower of the pair
