@@ -48,22 +48,11 @@ ROUNDING_MARGIN = 1e-4
 
 
 @njit(nogil=True, cache=False)
-def _exact_distance(x, w):
-    # int32 lanes: a squared distance over at most 784 pixels stays below 2**31.
-    # (numba widens int32 sums to int64; the casts keep the loop in int32 lanes.)
-    total = np.int32(0)
-    for d in range(x.shape[0]):
-        diff = np.int32(np.int32(x[d]) - np.int32(w[d]))
-        total = np.int32(total + np.int32(diff * diff))
-    return total
-
-
-@njit(nogil=True, cache=False)
 def first_limits(x_rows, w_rows, nearest, row_terms, limits, best, best_at):
     """Each row's exact squared distance to its projected-nearest center, and from it the
     limit its centers' shifted bounds must not pass to be scored exactly."""
     for i in range(x_rows.shape[0]):
-        distance = _exact_distance(x_rows[i], w_rows[nearest[i]])
+        distance = _coarse_kernels.squared_distance(x_rows[i], w_rows[nearest[i]])
         best[i] = distance
         best_at[i] = nearest[i]
         limits[i] = np.float32(distance) - row_terms[i]
@@ -96,7 +85,7 @@ def score_candidates(shifted, limits, x_rows, w_rows, best, best_at):
             for j in range(base, stop):
                 if row[j] <= limit:
                     scored += 1
-                    distance = _exact_distance(x_rows[i], w_rows[j])
+                    distance = _coarse_kernels.squared_distance(x_rows[i], w_rows[j])
                     if distance < best[i] or (distance == best[i] and j < best_at[i]):
                         best[i] = distance
                         best_at[i] = j

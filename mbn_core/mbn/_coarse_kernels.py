@@ -8,17 +8,17 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-# Centers fall in this many stripes (center j in group j % n_groups): a row's groups'
-# minima are elementwise minima of contiguous stripes, which vectorise, and a group is read
-# again only when its minimum is within the row's limit.
-STRIPES = 16
+from mbn_core.mbn._integer_scores import STRIPES
+
 _INT32_MAX = 2**31 - 1
 
 
 @njit(inline="always")
-def _squared_distance(x, w):
-    # int32 lanes (numba widens int32 sums to int64; the casts keep them narrow): the caller
-    # checked that d * 255**2 < 2**31.
+def squared_distance(x, w):
+    """|x - w|^2 of two uint8 rows, exactly.
+
+    int32 lanes (numba widens int32 sums to int64; the casts keep them narrow): the caller
+    checked that d * 255**2 < 2**31."""
     total = np.int32(0)
     for d in range(x.shape[0]):
         diff = np.int32(np.int32(x[d]) - np.int32(w[d]))
@@ -61,7 +61,7 @@ def nearest_within_reach(dots, center_terms, row_terms, per_distance, slack, x_r
         nearest = first
         while coarse[nearest] != group_lowest[first]:
             nearest += n_groups
-        best = _squared_distance(x_rows[i], w_rows[nearest])
+        best = squared_distance(x_rows[i], w_rows[nearest])
         best_at = nearest
         radius = np.sqrt(np.float64(best)) * per_distance + slack
         # Whole numbers within radius**2; the factor covers float64's rounding of it.
@@ -74,7 +74,7 @@ def nearest_within_reach(dots, center_terms, row_terms, per_distance, slack, x_r
             for j in range(g, k, n_groups):
                 if coarse[j] <= limit and j != nearest:
                     scored += 1
-                    distance = _squared_distance(x_rows[i], w_rows[j])
+                    distance = squared_distance(x_rows[i], w_rows[j])
                     if distance < best or (distance == best and j < best_at):
                         best = distance
                         best_at = j

@@ -347,10 +347,11 @@ def cosine_center_terms(
     return norms, inverse, np.int64(low) * centers.b_sums
 
 
-# Centers fall in this many stripes (center j in group j % n_groups) for ``cosine_best``'s
-# maxima: elementwise maxima of contiguous stripes vectorise, where a running maximum of
-# floats does not.
-_STRIPES = 16
+# Centers fall in this many stripes (center j in group j % n_groups) for a row's best score
+# (``cosine_best``, and ``_coarse_kernels``' coarse distances): elementwise extrema of
+# contiguous stripes vectorise, where a running extremum does not, and a group is read again
+# only when its extremum can hold the row's answer.
+STRIPES = 16
 # ``cosine_best`` scores exactly every center whose product estimate lies within this share
 # of the best estimate: an estimate and the exact score differ by at most three units of
 # float64's roundoff of the score, so the best score and its ties always fall within it.
@@ -369,8 +370,8 @@ def cosine_best(dots, norms, inverse_norms, center_offsets, row_terms, best):
     ties, is the row's center.
     """
     n_rows, k = dots.shape
-    n_groups = (k + _STRIPES - 1) // _STRIPES
-    estimates = np.full(n_groups * _STRIPES, -np.inf)
+    n_groups = (k + STRIPES - 1) // STRIPES
+    estimates = np.full(n_groups * STRIPES, -np.inf)
     group_top = np.empty(n_groups)
     for i in range(n_rows):
         row_term = row_terms[i]
@@ -378,7 +379,7 @@ def cosine_best(dots, norms, inverse_norms, center_offsets, row_terms, best):
             dot = np.int64(dots[i, j]) + row_term + center_offsets[j]
             estimates[j] = np.float64(dot) * inverse_norms[j]
         group_top[:] = estimates[:n_groups]
-        for stripe in range(1, _STRIPES):
+        for stripe in range(1, STRIPES):
             base = stripe * n_groups
             for g in range(n_groups):
                 value = estimates[base + g]

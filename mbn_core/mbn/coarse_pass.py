@@ -131,10 +131,11 @@ def coarse_codes(
     if top == 0.0:
         return None
     scale = np.float32(top / MAX_LEVEL)
-    error = _level_error(n_chosen, directions, largest_norm, float(scale))
+    exact_directions = directions.astype(np.float64)  # the float32 values, for the bound
+    error = _level_error(n_chosen, exact_directions, largest_norm, float(scale))
     if error > MAX_LEVEL_ERROR:
         return None
-    sigma = float(np.linalg.norm(directions.astype(np.float64), 2))
+    sigma = float(np.linalg.norm(exact_directions, 2))
     # Within reach of a row whose nearest-in-levels center is at squared distance d_ub:
     # |r_x - r_w| <= sqrt(d_ub) * per_distance + slack (the module's bound).
     per_distance = sigma * (1 + 1e-9) / float(scale)
@@ -160,6 +161,8 @@ def coarse_codes(
         stop = min(start + BLOCK_ROWS, n_rows)
         gemm.rows(stop - start)[:] = levels[start:stop]
         dots = gemm.run(stop - start)
+        # Gathered again (``_projected`` gathered them once): holding every row's chosen
+        # values would cost n * d bytes per thread, the block costs a few kilobytes.
         gather_columns(rows.shifted, start, features, x[: stop - start])
         scored += _coarse_kernels.nearest_within_reach(
             dots, center_terms, row_terms[start:stop], per_distance, slack, x[: stop - start],
@@ -207,9 +210,10 @@ def _level_error(n_chosen: int, directions: np.ndarray, largest_norm: float, sca
     magnitudes (in any order of summation), which Cauchy-Schwarz bounds by
     ``|x - shift| |P_k|``, at most ``largest_norm`` times the largest column norm of ``P``;
     the division adds one rounding, at most ``MAX_LEVEL + 1`` units of roundoff in levels.
+    ``directions`` are ``P``'s float32 values in float64.
     """
     gamma = n_chosen * _UNIT_ROUNDOFF / (1 - n_chosen * _UNIT_ROUNDOFF)
-    column_norm = float(np.sqrt((directions.astype(np.float64) ** 2).sum(axis=0)).max())
+    column_norm = float(np.sqrt((directions**2).sum(axis=0)).max())
     # Rounded up a little: the bound's own float64 arithmetic.
     dot_error = gamma * largest_norm * column_norm * (1 + 1e-9)
     return dot_error / scale + (MAX_LEVEL + 1) * _UNIT_ROUNDOFF
