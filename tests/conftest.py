@@ -21,6 +21,17 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return True if _WHOLLY_SLOW.search(collection_path.read_text(encoding="utf-8")) else None
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """The BLAS kernels in use: the goldens' float embeddings were computed with OpenBLAS's
+    SkylakeX ones (scripts/test chooses them where the CPU can run them)."""
+    from threadpoolctl import threadpool_info
+
+    kernels = sorted(
+        {str(pool["architecture"]) for pool in threadpool_info() if pool.get("architecture")}
+    )
+    return f"BLAS kernels: {', '.join(kernels) or 'none found'} (goldens: SkylakeX)"
+
+
 @pytest.fixture(scope="session")
 def digits() -> digits_data.Digits:
     """The digits, whole (``tests/digits_data.py``): every test module's data unless it says."""
