@@ -3,6 +3,9 @@
 ``tests/data/golden/make_golden.py`` wrote them with the code before the core was reorganised;
 every layer's codes and every embedding must come out identical today, and bundles saved then
 must still load and embed identically (or, where they use a removed option, be refused by name).
+
+The embeddings are floats from BLAS, whose last bits depend on the kernels OpenBLAS runs: they
+were saved with its SkylakeX ones, which ``scripts/test`` chooses wherever the CPU has them.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 Run once, on the code before the redesign (commit 458bad1), from the repository root:
 
-    python tests/data/golden/make_golden.py
+    OPENBLAS_CORETYPE=SkylakeX python tests/data/golden/make_golden.py
+
+(the embeddings' last bits depend on OpenBLAS's kernels: ``scripts/test`` runs these ones).
 
 It is kept as the record of how ``codes.npz`` and ``bundles/`` were made; tests/mbn_core/
 test_golden.py checks today's code against them. It uses only the public API.
