@@ -26,9 +26,8 @@ def pytest_report_header(config: pytest.Config) -> str:
     SkylakeX ones (scripts/test chooses them where the CPU can run them)."""
     from threadpoolctl import threadpool_info
 
-    kernels = sorted(
-        {str(pool["architecture"]) for pool in threadpool_info() if pool.get("architecture")}
-    )
+    blas = [pool for pool in threadpool_info() if pool["user_api"] == "blas"]
+    kernels = sorted({str(pool.get("architecture")) for pool in blas})
     return f"BLAS kernels: {', '.join(kernels) or 'none found'} (goldens: SkylakeX)"
 
 
